@@ -1,0 +1,205 @@
+"""Runs one release model's handshake flow for one D rank, in the release's order, stopping where it stops.
+
+Pure logic: the network and NIXL are behind HandshakeIO, so the same code runs inside a real rank process
+and in unit tests. The result is an Outcome: ok / assert / silent / error / hang, with the exact check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pdcheck.errors import NixlCallError
+from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
+from pdcheck.releases.rules import already_added
+from pdcheck.wire import FORMATS, WireError, WireFormat, strict_decode, tolerant_decode
+
+StatusT = Literal["ok", "assert", "silent", "error", "hang"]
+
+
+class FetchTimeout(Exception):
+    """No reply within the receive timeout (or pdcheck's own hang timeout)."""
+
+
+@dataclass(frozen=True)
+class Params:
+    """What D knows about the remote before any handshake (kv_transfer_params and config)."""
+
+    remote_engine_id: str
+    tp_size: int  # kv_transfer_params.get("tp_size", 1)
+    p_wire: str  # the wire era P speaks (corrected D reads whatever P speaks)
+    local_hash: str | None = None
+    enforce_hash: bool = True
+
+
+@dataclass
+class Outcome:
+    status: StatusT = "ok"
+    exception: str | None = None
+    check: str | None = None
+    assert_expr: str | None = None
+    message: str | None = None
+    hazard: str | None = None
+    handshake: int | None = None  # 1-based index of the handshake where it stopped
+    remote_rank: int | None = None
+    contacted: list[int] = field(default_factory=list)
+    recorded_num_blocks: int | None = None
+    rank_num_blocks: dict[int, int] = field(default_factory=dict)  # what each contacted rank advertised
+    stride: int | None = None  # remote descriptor-id stride the release will use
+    prepared: list[Prepared] = field(default_factory=list)
+    local_num_blocks: int = 0
+    findings: list[str] = field(default_factory=list)
+
+
+class _Stop(Exception):
+    def __init__(self, status: StatusT, exception: str | None, message: str | None, *, check: Check | None = None,
+                 expr: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.exception, self.message = status, exception, message
+        self.check, self.expr = check, expr
+
+
+def _run_steps(steps: tuple[Check | Action, ...], ctx: Ctx) -> None:
+    for step in steps:
+        if isinstance(step, Action):
+            step.run(ctx)
+            continue
+        if not step.when(ctx):
+            continue
+        if ctx.bypass_asserts and step.exc == "AssertionError":
+            continue  # python -O strips assert statements, raises stay
+        if not step.ok(ctx):
+            status: StatusT = "assert" if step.exc == "AssertionError" else "error"
+            raise _Stop(status, step.exc, step.render(ctx), check=step, expr=step.expr)
+
+
+class Handshaker:
+    def __init__(self, release: ReleaseModel, local: Local, params: Params, io: HandshakeIO,
+                 *, bypass_asserts: bool = False, hang_timeout_ms: int = 5000) -> None:
+        self.release, self.local, self.params, self.io = release, local, params, io
+        self.bypass = bypass_asserts
+        self.hang_timeout_ms = hang_timeout_ms
+        self.state = State.for_local(local)
+        self.n = 0
+        self.last_engine: str | None = None
+
+    @property
+    def fmt(self) -> WireFormat:
+        return FORMATS[self.params.p_wire if self.release.tolerant_decode else self.release.wire]
+
+    def handshake(self, p_rank: int, remote_tp_size: int | None) -> Ctx:
+        self.n += 1
+        self.state.contacted.append(p_rank)
+        timeout = self.release.recv_timeout_ms or self.hang_timeout_ms
+        try:
+            frames = self.io.fetch(self.fmt, p_rank, timeout)
+        except FetchTimeout:
+            if self.release.recv_timeout_ms is None:
+                raise _Stop("hang", None, f"no reply from P rank {p_rank}: this release blocks in recv() with no "
+                            f"timeout (reported after pdcheck's {timeout} ms)") from None
+            raise _Stop("error", "zmq.error.Again", "Resource temporarily unavailable") from None
+        try:
+            if self.release.tolerant_decode:
+                meta = tolerant_decode(frames).meta
+            else:
+                meta, _ = strict_decode(self.fmt, frames, self.params.local_hash, self.params.enforce_hash)
+        except WireError as exc:
+            status: StatusT = "assert" if exc.exc_type == "AssertionError" else "error"
+            raise _Stop(status, exc.exc_type, exc.message or None, expr=exc.expr) from None
+        self.last_engine = meta.engine_id
+        tp = remote_tp_size if remote_tp_size is not None else meta.tp_size
+        ctx = Ctx(local=self.local, meta=meta, remote_tp_rank=p_rank, remote_tp_size=tp if tp is not None else 1,
+                  expected_engine_id=self.params.remote_engine_id, state=self.state, io=self.io,
+                  bypass_asserts=self.bypass)
+        _run_steps(self.release.pre_add, ctx)
+        if already_added(ctx):
+            return ctx  # vLLM returns early for a rank it already added
+        _run_steps(self.release.add_remote, ctx)
+        return ctx
+
+    def flow(self) -> None:
+        flow, local, params = self.release.flow, self.local, self.params
+        if flow == "same_rank":
+            self.handshake(local.tp_rank, params.tp_size)
+        elif flow == "rank0_then_target":
+            ctx = self.handshake(0, None)
+            tp_ratio = self.state.tp_size[local.engine_id] // (ctx.meta.tp_size or 1)
+            p_remote_rank = local.tp_rank // tp_ratio
+            if p_remote_rank > 0:
+                self.handshake(p_remote_rank, None)
+        elif flow == "target_only":
+            tp_ratio = self.state.tp_size[local.engine_id] // params.tp_size
+            self.handshake(local.tp_rank // tp_ratio, params.tp_size)
+        elif flow == "corrected":
+            for p in corrected_targets(local, params.tp_size):
+                self.handshake(p, params.tp_size)
+        else:  # pragma: no cover - guarded by the registry
+            raise ValueError(flow)
+
+    def run(self) -> Outcome:
+        out = Outcome(local_num_blocks=self.local.num_blocks)
+        try:
+            self.flow()
+        except _Stop as stop:
+            out.status, out.exception, out.message = stop.status, stop.exception, stop.message
+            if stop.check is not None:
+                out.check, out.hazard = stop.check.id, stop.check.hazard
+            out.assert_expr = stop.expr if out.exception == "AssertionError" else None
+            if out.exception != "AssertionError" and stop.expr:
+                out.check = out.check or stop.expr
+            out.handshake, out.remote_rank = self.n, self.state.contacted[-1] if self.state.contacted else None
+        except NixlCallError as exc:
+            out.status, out.exception, out.message = "error", exc.status, str(exc)
+            out.handshake, out.remote_rank = self.n, self.state.contacted[-1] if self.state.contacted else None
+        except (ZeroDivisionError, KeyError, TypeError, ValueError) as exc:
+            # What the release's own Python raises on this input (e.g. tp_rank // 0 when P TP > D TP).
+            out.status, out.exception, out.message = "error", type(exc).__name__, str(exc)
+            out.handshake = self.n or None
+            out.remote_rank = self.state.contacted[-1] if self.state.contacted else None
+        self._finish(out)
+        return out
+
+    def _finish(self, out: Outcome) -> None:
+        out.contacted = list(self.state.contacted)
+        out.prepared = list(self.state.prepared.values())
+        engine = self.last_engine or self.params.remote_engine_id
+        if self.release.flow == "corrected":
+            out.rank_num_blocks = {p.p_rank: p.dlist_blocks for p in out.prepared}
+            if out.prepared:
+                out.recorded_num_blocks = out.prepared[0].dlist_blocks
+            return
+        out.recorded_num_blocks = self.state.dst_num_blocks.get(engine) if engine != self.local.engine_id else None
+        if engine == self.local.engine_id:
+            out.recorded_num_blocks = self.state.dst_num_blocks.get(engine)
+        out.stride = out.recorded_num_blocks
+        if out.status != "ok":
+            return
+        for prep in out.prepared:
+            if out.stride is not None and out.stride != prep.dlist_blocks:
+                out.status = "silent"
+                out.hazard = "H04"
+                out.findings.append(
+                    f"remote descriptor ids use stride {out.stride} (recorded for engine {engine}) but P rank "
+                    f"{prep.p_rank}'s list holds {prep.dlist_blocks} blocks per region: every region after the "
+                    "first reads other blocks, and NIXL reports DONE"
+                )
+        if out.findings:
+            out.message = out.findings[0]
+
+
+def corrected_targets(local: Local, p_tp: int) -> list[int]:
+    d_tp = local.tp_size
+    if d_tp >= p_tp:
+        ratio = max(1, d_tp // p_tp)
+        return [local.tp_rank // ratio]
+    ratio = p_tp // d_tp
+    first = local.tp_rank * ratio
+    if local.use_mla or p_tp >= local.geometry.total_kv_heads:
+        return [first]  # replicated KV: every P rank holds the same blocks, read one
+    return list(range(first, first + ratio))
+
+
+def run(release: ReleaseModel, local: Local, params: Params, io: HandshakeIO, *, bypass_asserts: bool = False,
+        hang_timeout_ms: int = 5000) -> Outcome:
+    return Handshaker(release, local, params, io, bypass_asserts=bypass_asserts,
+                      hang_timeout_ms=hang_timeout_ms).run()

@@ -1,0 +1,120 @@
+"""Starts rank processes from one forkserver that preloads NIXL, numpy, zmq and msgspec once.
+
+A fresh interpreter per rank would pay the imports 16 times on 2 cores; a forked child pays nothing.
+Every child is reaped on success, on error and on Ctrl-C (close() is idempotent and always runs).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+
+from pdcheck import messages as m
+
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks"]
+_CTX: mp.context.BaseContext | None = None
+
+
+def _context() -> mp.context.BaseContext:
+    global _CTX
+    if _CTX is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _CTX = ctx
+    return _CTX
+
+
+@dataclass
+class Rank:
+    role: str  # "P" or "D"
+    tp_rank: int
+    proc: BaseProcess
+    conn: Connection
+    done: bool = False  # sent its final message
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} rank {self.tp_rank}"
+
+    def send(self, msg: m.Msg) -> None:
+        try:
+            self.conn.send_bytes(m.pack(msg))
+        except (BrokenPipeError, ConnectionResetError, OSError):
+            pass  # the rank is gone; its sentinel reports that
+
+    def died(self) -> str | None:
+        if self.proc.is_alive():
+            return None
+        return f"{self.label} exited with code {self.proc.exitcode}"
+
+
+class Launcher:
+    def __init__(self) -> None:
+        self.ranks: list[Rank] = []
+
+    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> Rank:
+        ctx = _context()
+        parent, child = ctx.Pipe(duplex=True)
+        proc = ctx.Process(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
+        proc.start()
+        child.close()
+        rank = Rank(role, tp_rank, proc, parent)
+        self.ranks.append(rank)
+        return rank
+
+    def events(self, ranks: list[Rank], deadline: float) -> Iterator[tuple[Rank, m.Msg | None]]:
+        """Yield (rank, message) as they arrive; (rank, None) when a rank's process ends. Stops at deadline."""
+        while True:
+            live = [r for r in ranks if not r.done]
+            if not live:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            by_obj: dict[object, Rank] = {}
+            for r in live:
+                by_obj[r.conn] = r
+                by_obj[r.proc.sentinel] = r
+            for obj in wait(list(by_obj), timeout=left):
+                r = by_obj[obj]
+                if r.done:
+                    continue
+                if obj is r.conn:
+                    try:
+                        data = r.conn.recv_bytes()
+                    except (EOFError, OSError):
+                        r.done = True
+                        yield r, None
+                        continue
+                    yield r, m.unpack(data)
+                elif not r.conn.poll():  # process ended and nothing left to read
+                    r.proc.join(0.5)
+                    r.done = True
+                    yield r, None
+
+    def close(self) -> None:
+        for r in self.ranks:
+            if r.proc.is_alive():
+                r.proc.terminate()
+        t_end = time.monotonic() + 3.0
+        for r in self.ranks:
+            r.proc.join(max(0.0, t_end - time.monotonic()))
+            if r.proc.is_alive():
+                r.proc.kill()
+                r.proc.join(2.0)
+            r.conn.close()
+        self.ranks.clear()
+
+
+@contextmanager
+def launcher() -> Iterator[Launcher]:
+    lau = Launcher()
+    try:
+        yield lau
+    finally:
+        lau.close()

@@ -1,0 +1,152 @@
+"""Messages between the launcher and rank processes, and the per-rank results. msgspec, never pickle."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class Inject(msgspec.Struct, frozen=True):
+    """Test hooks: make a P rank die or go mute on its first request, or corrupt one tagged block."""
+
+    die_p: list[int] = []
+    mute_p: list[int] = []
+    corrupt: list[tuple[int, int, int]] = []  # (p_rank, region, block)
+
+
+class Req(msgspec.Struct, frozen=True):
+    req_id: str
+    remote_block_ids: list[int]
+    local_block_ids: list[int]
+
+
+class PrefillSpec(msgspec.Struct, frozen=True):
+    engine_id: str
+    tp_rank: int
+    tp_size: int
+    num_blocks: int
+    device_id: int
+    device: str
+    host: str
+    ports: list[int]  # one listener per modelled wire era
+    wires: list[str]
+    geometry: dict[str, object]
+    kv_cache_layout: str
+    compat_hash: str | None
+    inject: Inject
+
+
+class DecodeSpec(msgspec.Struct, frozen=True):
+    engine_id: str
+    tp_rank: int
+    tp_size: int
+    num_blocks: int
+    device_id: int
+    device: str
+    geometry: dict[str, object]
+    kv_cache_layout: str
+    releases: list[str]  # release names to model, "corrected" included
+    p_host: str
+    p_base_ports: dict[str, int]  # wire era -> the base port P serves it on
+    p_wire: str  # the era the corrected model reads
+    p_engine_tag: int
+    remote_engine_id: str
+    params_tp_size: int
+    hang_timeout_ms: int
+    transfer: bool
+    requests: list[Req]
+
+
+# ---- launcher <-> rank traffic ----------------------------------------------------------------------
+class Ready(msgspec.Struct, tag=True):
+    tp_rank: int
+    agent: str
+    setup_ms: float
+
+
+class Failed(msgspec.Struct, tag=True):
+    tp_rank: int
+    error: str
+
+
+class Go(msgspec.Struct, tag=True):
+    pass
+
+
+class TagReq(msgspec.Struct, tag=True):
+    ticket: int
+    p_rank: int
+    blocks: dict[int, list[int]]  # region -> physical block ids to tag
+
+
+class Tagged(msgspec.Struct, tag=True):
+    ticket: int
+
+
+class Stop(msgspec.Struct, tag=True):
+    pass
+
+
+class PrefillFinal(msgspec.Struct, tag=True):
+    tp_rank: int
+    served: int
+    notifs: list[str]
+    listener_dead: str | None
+
+
+class Mismatch(msgspec.Struct):
+    region: int
+    local_block: int
+    remote_block: int
+    p_rank: int
+    expected: str
+    found: str
+
+
+class TransferResult(msgspec.Struct):
+    status: str  # "ok" | "wrong" | "error" | "skipped"
+    blocks: int = 0
+    wrong: int = 0
+    first_mismatch: Mismatch | None = None
+    wrong_regions: list[int] = []
+    message: str | None = None
+    stride: int | None = None
+    bytes: int = 0
+    seconds: float = 0.0
+
+
+class Verdict(msgspec.Struct):
+    status: str
+    assert_expr: str | None
+    message: str | None
+    recorded_num_blocks: int | None
+    contacted: list[int]
+    exception: str | None = None
+    check: str | None = None
+    hazard: str | None = None
+    handshake: int | None = None
+    remote_rank: int | None = None
+    stride: int | None = None
+    rank_num_blocks: dict[int, int] = {}
+
+
+class DecodeResult(msgspec.Struct, tag=True):
+    tp_rank: int
+    num_blocks: int
+    verdicts: dict[str, Verdict]
+    transfer: dict[str, TransferResult] | None
+    bypassed: dict[str, Verdict] = {}  # the release re-run with asserts stripped, when they differ
+    elapsed_ms: float = 0.0
+
+
+Msg = Ready | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult
+
+_enc = msgspec.msgpack.Encoder()
+_dec = msgspec.msgpack.Decoder(Msg)
+
+
+def pack(msg: Msg) -> bytes:
+    return _enc.encode(msg)
+
+
+def unpack(data: bytes) -> Msg:
+    return _dec.decode(data)

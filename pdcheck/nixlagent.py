@@ -1,0 +1,144 @@
+"""A thin wrapper over one NIXL agent: registration, remote agents, prepped READs, notifications.
+
+Every NIXL failure becomes a NixlCallError that names the operation and the NIXL status, so reports
+can show NIXL's own words (for example ``NIXL_ERR_INVALID_PARAM``) instead of a traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from pdcheck.errors import NixlCallError
+
+# The agent logs one INFO line per backend; ranks run many agents, keep the terminal quiet.
+logging.getLogger("NIXL").setLevel(logging.WARNING)
+
+LOCAL = "NIXL_INIT_AGENT"  # NIXL's name for the local side of a prepped dlist
+
+
+def _status(exc: BaseException) -> str:
+    text = str(exc).strip()
+    for word in text.replace(":", " ").split():
+        if word.startswith("NIXL_"):
+            return word
+    return type(exc).__name__
+
+
+def _call(op: str, context: str, fn: Any, *args: Any, **kw: Any) -> Any:
+    try:
+        return fn(*args, **kw)
+    except NixlCallError:
+        raise
+    except Exception as exc:  # NIXL raises its own nixl*Error classes from the bindings
+        raise NixlCallError(op, _status(exc), f"{type(exc).__name__}: {exc}".strip(), context) from exc
+
+
+def descs_array(addrs: np.ndarray, length: int, dev: int) -> np.ndarray:
+    """Nx3 uint64 (addr, len, devId): the cheapest form NIXL accepts (no Python tuples)."""
+    out = np.empty((len(addrs), 3), dtype=np.uint64)
+    out[:, 0] = addrs
+    out[:, 1] = length
+    out[:, 2] = dev
+    return out
+
+
+class Agent:
+    """One NIXL agent with the UCX backend.
+
+    No progress thread by default: on small hosts it spins a core and distorts everything (see
+    transfer-bench-anchors §2.4); pdcheck polls from its own loop instead.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        progress_thread: bool = False,
+        error_mode: str | None = None,
+        telemetry: bool = False,
+        engine_config: str | None = None,
+    ) -> None:
+        from nixl._api import nixl_agent, nixl_agent_config
+
+        self.name = name
+        params: dict[str, str] = {}
+        if error_mode:
+            params["ucx_error_handling_mode"] = error_mode
+        if engine_config:
+            params["engine_config"] = engine_config
+        cfg = nixl_agent_config(
+            enable_prog_thread=progress_thread, backends=[], capture_telemetry=telemetry
+        )
+        self._a = _call("create agent", name, nixl_agent, name, cfg)
+        _call("create backend UCX", name, self._a.create_backend, "UCX", params)
+        self._registered: list[Any] = []
+
+    @property
+    def raw(self) -> Any:
+        return self._a
+
+    def register(self, regions: Sequence[tuple[int, int, int]], mem_type: str) -> None:
+        descs = _call(
+            "get_reg_descs", self.name, self._a.get_reg_descs,
+            [(a, n, d, "") for a, n, d in regions], mem_type,
+        )
+        _call("register_memory", self.name, self._a.register_memory, descs)
+        self._registered.append(descs)
+
+    def metadata(self) -> bytes:
+        return bytes(self._a.get_agent_metadata())
+
+    def add_remote(self, blob: bytes) -> str:
+        name = _call("add_remote_agent", self.name, self._a.add_remote_agent, blob)
+        return name.decode() if isinstance(name, bytes) else str(name)
+
+    def prep(self, agent: str, descs: np.ndarray, mem_type: str, context: str = "") -> Any:
+        xd = _call("get_xfer_descs", context or self.name, self._a.get_xfer_descs, descs, mem_type)
+        return _call("prep_xfer_dlist", context or agent, self._a.prep_xfer_dlist, agent, xd)
+
+    def read(
+        self,
+        local: Any,
+        local_ids: np.ndarray,
+        remote: Any,
+        remote_ids: np.ndarray,
+        notif: bytes = b"",
+        *,
+        timeout_s: float = 30.0,
+        context: str = "",
+    ) -> float:
+        """Post a prepped READ, busy-poll to completion, return seconds. Raises NixlCallError."""
+        lid = np.ascontiguousarray(local_ids, dtype=np.int32)
+        rid = np.ascontiguousarray(remote_ids, dtype=np.int32)
+        t0 = time.perf_counter()
+        h = _call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, lid, remote, rid, notif)
+        try:
+            state = _call("transfer", context, self._a.transfer, h)
+            deadline = t0 + timeout_s
+            while state not in ("DONE", "ERR"):
+                if time.perf_counter() > deadline:
+                    raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {timeout_s:g} s", context)
+                state = _call("check_xfer_state", context, self._a.check_xfer_state, h)
+            if state == "ERR":
+                raise NixlCallError("transfer", "NIXL_ERR_BACKEND", "transfer state ERR", context)
+            return time.perf_counter() - t0
+        finally:
+            self._a.release_xfer_handle(h)
+
+    def send_notif(self, agent: str, msg: bytes) -> None:
+        _call("send_notif", agent, self._a.send_notif, agent, msg)
+
+    def notifs(self) -> dict[str, list[bytes]]:
+        got = self._a.get_new_notifs()
+        return {(k.decode() if isinstance(k, bytes) else str(k)): list(v) for k, v in got.items()}
+
+
+def quiet_nixl_env() -> None:
+    """Called in rank processes before the agent exists: NIXL's C++ log goes to stderr."""
+    os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")

@@ -1,0 +1,205 @@
+"""The bodies of the fake rank processes. Each is a real NIXL agent with a registered KV cache.
+
+P ranks serve their metadata on the side channel, tag blocks on request and collect notifications.
+D ranks run every requested release model's handshake for real, then the transfer proof.
+Both talk to the launcher over a pipe with msgspec messages.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+
+from pdcheck import messages as m
+from pdcheck.engine import Outcome, Params, run
+from pdcheck.geometry import Geometry
+from pdcheck.kvcache import KVCache
+from pdcheck.nixlagent import Agent, descs_array, quiet_nixl_env
+from pdcheck.releases import CORRECTED, resolve
+from pdcheck.releases.base import Local, Prepared
+from pdcheck.sidechannel import Listener, fetch
+from pdcheck.transfer import LocalLists, prove
+from pdcheck.wire import FORMATS, WireFormat, encode_reply
+
+
+def _geometry(d: dict[str, Any]) -> Geometry:
+    return Geometry(**d)  # type: ignore[arg-type]
+
+
+def _gpu_index(device_id: int) -> int:
+    import torch
+
+    return device_id % max(1, torch.cuda.device_count())
+
+
+def _send(conn: Connection, msg: m.Msg) -> None:
+    conn.send_bytes(m.pack(msg))
+
+
+def _recv(conn: Connection) -> m.Msg:
+    return m.unpack(conn.recv_bytes())
+
+
+# ---------------------------------------------------------------------------------------------- prefill
+def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
+    quiet_nixl_env()
+    spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
+    t0 = time.perf_counter()
+    try:
+        g = _geometry(spec.geometry)
+        agent = Agent(f"{spec.engine_id}-p{spec.tp_rank}")
+        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0)
+        agent.register(kv.regions(spec.device_id), kv.mem_type)
+        values = {
+            "engine_id": spec.engine_id, "agent_metadata": agent.metadata(), "kv_caches_base_addr": kv.base_addrs,
+            "num_blocks": spec.num_blocks, "tp_size": spec.tp_size, "block_len": g.block_len,
+            "block_lens": [g.block_len] * g.num_regions, "block_strides": [g.block_len] * g.num_regions,
+            "attn_backend_name": g.attn_backend, "kv_cache_layout": spec.kv_cache_layout,
+            "device_id": spec.device_id, "block_size": g.block_size, "ssm_sizes": (0, 0),
+            "physical_blocks_per_logical_kv_block": 1,
+        }
+        ctx = zmq.Context()
+        listeners = []
+        for wire, port in zip(spec.wires, spec.ports, strict=True):
+            fmt = FORMATS[wire]
+            frames = encode_reply(fmt, values, spec.compat_hash)
+            listeners.append(Listener(ctx, spec.host, port, fmt, lambda _rank, f=frames: f))
+    except Exception as exc:  # reported to the launcher, which turns it into a harness error
+        _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        return
+    _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
+    inj = spec.inject
+    notifs: list[str] = []
+    poller = zmq.Poller()
+    for lst in listeners:
+        poller.register(lst.sock, zmq.POLLIN)
+    poller.register(conn.fileno(), zmq.POLLIN)
+    try:
+        while True:
+            events = dict(poller.poll(2))
+            for lst in listeners:
+                if lst.sock in events:
+                    if spec.tp_rank in inj.die_p:
+                        os._exit(17)  # test hook: a rank that dies mid-handshake
+                    lst.handle(mute=spec.tp_rank in inj.mute_p)
+            if conn.fileno() in events:
+                msg = _recv(conn)
+                if isinstance(msg, m.TagReq):
+                    for region, blocks in msg.blocks.items():
+                        kv.tag(_p_tag(spec), spec.tp_rank, region, np.asarray(blocks))
+                    for p, region, block in inj.corrupt:
+                        if p == spec.tp_rank and block in msg.blocks.get(region, []):
+                            kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
+                    _send(conn, m.Tagged(msg.ticket))
+                elif isinstance(msg, m.Stop):
+                    break
+            for got in agent.notifs().values():
+                notifs.extend(x.decode(errors="replace") for x in got)
+    finally:
+        for lst in listeners:
+            lst.close()
+        ctx.destroy(0)
+    dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
+    _send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
+
+
+def _p_tag(spec: m.PrefillSpec) -> int:
+    from pdcheck.kvcache import engine_tag
+
+    return engine_tag(spec.engine_id)
+
+
+# ----------------------------------------------------------------------------------------------- decode
+class RealIO:
+    """HandshakeIO over a real REQ socket and a real NIXL agent."""
+
+    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache) -> None:
+        self.zctx, self.spec, self.agent, self.kv = zctx, spec, agent, kv
+        self.handles: dict[int, Any] = {}
+
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
+        port = self.spec.p_base_ports[fmt.name] + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
+
+    def add_remote_agent(self, blob: bytes) -> str:
+        return self.agent.add_remote(blob)
+
+    def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
+        blocks = np.arange(prepared.dlist_blocks, dtype=np.uint64) * np.uint64(prepared.remote_block_len)
+        addrs = np.concatenate([np.uint64(a) + np.uint64(prepared.rank_offset) + blocks for a in prepared.base_addrs])
+        descs = descs_array(addrs, prepared.block_len, prepared.device_id)
+        self.handles[prepared.p_rank] = self.agent.prep(
+            prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")
+
+
+def _verdict(o: Outcome) -> m.Verdict:
+    return m.Verdict(
+        status=o.status, assert_expr=o.assert_expr, message=o.message, recorded_num_blocks=o.recorded_num_blocks,
+        contacted=o.contacted, exception=o.exception, check=o.check, hazard=o.hazard, handshake=o.handshake,
+        remote_rank=o.remote_rank, stride=o.stride, rank_num_blocks=o.rank_num_blocks,
+    )
+
+
+def decode_main(conn: Connection, spec_bytes: bytes) -> None:
+    quiet_nixl_env()
+    spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
+    t0 = time.perf_counter()
+    try:
+        g = _geometry(spec.geometry)
+        agent = Agent(f"{spec.engine_id}-d{spec.tp_rank}")
+        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0)
+        agent.register(kv.regions(spec.device_id), kv.mem_type)
+        lists = LocalLists(agent, kv, spec.device_id)
+        if spec.transfer:
+            lists.get(kv.block_len, 0)  # vLLM prepares the local list at registration
+    except Exception as exc:
+        _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        return
+    _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
+    if not isinstance(_recv(conn), m.Go):
+        return
+    t1 = time.perf_counter()
+    zctx = zmq.Context()
+    local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout, spec.device_id)
+    params = Params(spec.remote_engine_id, spec.params_tp_size, spec.p_wire)
+    verdicts: dict[str, m.Verdict] = {}
+    bypassed: dict[str, m.Verdict] = {}
+    transfers: dict[str, m.TransferResult] = {}
+    ticket = [0]
+
+    def tag(p_rank: int, blocks: dict[int, list[int]]) -> None:
+        ticket[0] += 1
+        _send(conn, m.TagReq(ticket[0], p_rank, blocks))
+        reply = _recv(conn)
+        assert isinstance(reply, m.Tagged) and reply.ticket == ticket[0]
+
+    tp_ratio = max(1, spec.tp_size // max(1, spec.params_tp_size))
+    try:
+        for name in spec.releases:
+            model = resolve(name)
+            io = RealIO(zctx, spec, agent, kv)
+            out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
+            verdicts[name] = _verdict(out)
+            if not spec.transfer:
+                continue
+            if model is not CORRECTED and out.status in ("assert",):
+                # Show what the release would have delivered with its asserts stripped (python -O).
+                io = RealIO(zctx, spec, agent, kv)
+                out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
+                bypassed[name] = _verdict(out)
+            if out.status in ("ok", "silent"):
+                transfers[name] = prove(
+                    agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles, lists=lists,
+                    requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif, tp_ratio=tp_ratio, tag=tag)
+            else:
+                transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
+    finally:
+        zctx.destroy(0)
+    _send(conn, m.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
+                               bypassed, (time.perf_counter() - t1) * 1e3))

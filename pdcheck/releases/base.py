@@ -1,0 +1,170 @@
+"""What a release model is: data (wire era, handshake flow, timeouts) plus an ordered list of steps.
+
+A step is either a Check (an assert or raise exactly as the release's source has it) or an Action (a
+state change such as recording num_blocks, or a real NIXL call routed through the HandshakeIO).
+The engine (pdcheck.engine) walks these in order and stops where the release stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+from pdcheck.geometry import Geometry
+from pdcheck.wire import AnyMeta
+
+if TYPE_CHECKING:
+    from pdcheck.wire import WireFormat
+
+
+@dataclass(frozen=True)
+class Local:
+    """The D worker's own facts, as its connector sees them after register_kv_caches."""
+
+    engine_id: str
+    tp_rank: int
+    tp_size: int
+    num_blocks: int
+    geometry: Geometry
+    kv_cache_layout: str
+    device_id: int
+    model: str = "pdcheck/fake-model"
+
+    @property
+    def block_len(self) -> int:
+        return self.geometry.block_len
+
+    @property
+    def block_size(self) -> int:
+        return self.geometry.block_size
+
+    @property
+    def use_mla(self) -> bool:
+        return self.geometry.use_mla
+
+    @property
+    def backend_name(self) -> str:
+        return self.geometry.attn_backend
+
+
+@dataclass
+class Prepared:
+    """One remote descriptor list, as the release prepared it (dlist of one P rank)."""
+
+    p_rank: int
+    agent: str
+    dlist_blocks: int  # blocks per region in the dlist: the remote rank's own advertised count
+    block_len: int  # bytes read per block (local block_len: the D rank's head slice)
+    remote_block_len: int  # bytes of a whole P block
+    rank_offset: int  # byte offset of the D slice inside a P block
+    local_offset: int = 0  # byte offset inside the local block (P TP > D TP: one chunk per P rank)
+    device_id: int = 0  # device id used in the remote descriptors
+    base_addrs: list[int] = field(default_factory=list)
+
+
+@dataclass
+class State:
+    """The D worker's per-engine dictionaries (seeded with its own entries, as vLLM does)."""
+
+    tp_size: dict[str, int] = field(default_factory=dict)
+    dst_num_blocks: dict[str, int] = field(default_factory=dict)
+    remote_agents: dict[str, dict[int, str]] = field(default_factory=dict)
+    prepared: dict[int, Prepared] = field(default_factory=dict)
+    contacted: list[int] = field(default_factory=list)
+
+    @classmethod
+    def for_local(cls, local: Local) -> State:
+        return cls(tp_size={local.engine_id: local.tp_size}, dst_num_blocks={local.engine_id: local.num_blocks})
+
+
+class HandshakeIO(Protocol):
+    """The side effects a handshake needs. Real ranks use ZMQ and NIXL; unit tests use bytes in memory."""
+
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]: ...
+
+    def add_remote_agent(self, blob: bytes) -> str: ...
+
+    def prep_remote(self, prepared: Prepared, mem_type: str) -> None: ...
+
+
+@dataclass
+class Ctx:
+    """Everything a check may look at: the vLLM names are kept so the expressions read the same."""
+
+    local: Local
+    meta: AnyMeta
+    remote_tp_rank: int
+    remote_tp_size: int  # from metadata (0.9.1) or kv_transfer_params (0.9.2+)
+    expected_engine_id: str
+    state: State
+    io: HandshakeIO
+    bypass_asserts: bool = False
+    scratch: dict[str, object] = field(default_factory=dict)
+
+    @property
+    def engine_id(self) -> str:
+        return self.meta.engine_id
+
+    @property
+    def tp_ratio(self) -> int:
+        # Python's // semantics, ZeroDivisionError included: the engine reports it as the release would.
+        return self.state.tp_size[self.local.engine_id] // self.state.tp_size[self.engine_id]
+
+    @property
+    def is_kv_replicated(self) -> bool:
+        return self.state.tp_size[self.engine_id] // self.local.geometry.total_kv_heads >= 1
+
+    def remote_block_len(self) -> int:
+        if self.meta.block_len is not None:
+            return self.meta.block_len
+        if self.meta.block_lens:
+            return self.meta.block_lens[0]
+        raise KeyError("block_len")
+
+
+Rule = Callable[[Ctx], bool]
+Text = str | Callable[[Ctx], str] | None
+
+
+def always(_: Ctx) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    expr: str  # the condition exactly as the release's source writes it, without `assert`
+    ok: Rule
+    message: Text = None  # None: a bare assert
+    exc: str = "AssertionError"
+    when: Rule = always
+    hazard: str | None = None
+
+    def render(self, ctx: Ctx) -> str | None:
+        return self.message(ctx) if callable(self.message) else self.message
+
+
+@dataclass(frozen=True)
+class Action:
+    id: str
+    run: Callable[[Ctx], None]
+
+
+Step = Check | Action
+Flow = Literal["same_rank", "rank0_then_target", "target_only", "all_targets", "corrected"]
+
+
+@dataclass(frozen=True)
+class ReleaseModel:
+    name: str  # what the user types / what reports show, e.g. "0.9.1"
+    versions: tuple[str, ...]  # releases of this line
+    wire: str  # key into pdcheck.wire.FORMATS
+    flow: Flow
+    tp_size_from: Literal["metadata", "params"]
+    recv_timeout_ms: int | None  # None: a blocking recv(); a dead P hangs the handshake
+    pre_add: tuple[Step, ...]  # after decode, before add_remote_agent
+    add_remote: tuple[Step, ...]  # the body of add_remote_agent, in source order
+    notif: str = "{req}:{tp_ratio}"
+    tolerant_decode: bool = False
+    summary: str = ""

@@ -1,0 +1,113 @@
+"""The corrected behaviour: what a connector that handles uneven ranks does.
+
+num_blocks is kept per (remote engine, remote rank) and remote descriptor ids use that rank's own count;
+no global num_blocks relation is asserted; only the target rank(s) are contacted; P TP > D TP is
+supported where divisible; real incompatibilities (shape, block size, layout, backend) are refused with
+a clear message instead of a bare assert. Reads any era's reply (tolerant decode).
+"""
+
+from __future__ import annotations
+
+from pdcheck.releases import rules
+from pdcheck.releases.base import Action, Check, Ctx, Prepared, ReleaseModel
+
+
+def _p_tp(c: Ctx) -> int:
+    return c.remote_tp_size
+
+
+def _replicated(c: Ctx) -> bool:
+    return c.local.use_mla or _p_tp(c) >= c.local.geometry.total_kv_heads
+
+
+def expected_remote_block_len(c: Ctx) -> int:
+    g = c.local.geometry
+    if _replicated(c):
+        return c.local.block_len
+    remote_heads = max(1, g.total_kv_heads // _p_tp(c))
+    return c.local.block_len * remote_heads // g.local_kv_heads
+
+
+def _record_rank(c: Ctx) -> None:
+    c.state.tp_size.setdefault(c.engine_id, c.remote_tp_size)
+
+
+def _prep(c: Ctx) -> None:
+    d_tp, p_tp = c.local.tp_size, _p_tp(c)
+    rlen = c.remote_block_len()
+    if d_tp >= p_tp:
+        ratio = d_tp // p_tp
+        rank_offset = 0 if _replicated(c) else (c.local.tp_rank % ratio) * c.local.block_len
+        read_len, local_offset = c.local.block_len, 0
+    else:
+        ratio = p_tp // d_tp
+        if _replicated(c):  # MLA / replicated KV: one P rank holds everything this D rank needs
+            read_len, local_offset, rank_offset = c.local.block_len, 0, 0
+        else:
+            read_len = c.local.block_len // ratio
+            local_offset, rank_offset = (c.remote_tp_rank % ratio) * read_len, 0
+    dev = c.meta.device_id if c.meta.device_id is not None else c.remote_tp_rank
+    prepared = Prepared(
+        p_rank=c.remote_tp_rank, agent=c.state.remote_agents[c.engine_id][c.remote_tp_rank],
+        dlist_blocks=c.meta.num_blocks, block_len=read_len, remote_block_len=rlen, rank_offset=rank_offset,
+        local_offset=local_offset, device_id=dev, base_addrs=list(c.meta.kv_caches_base_addr),
+    )
+    c.io.prep_remote(prepared, "DRAM")
+    c.state.prepared[c.remote_tp_rank] = prepared
+
+
+def _layout_known(c: Ctx) -> bool:
+    return not c.local.use_mla and c.meta.kv_cache_layout is not None
+
+
+MODEL = ReleaseModel(
+    name="corrected",
+    versions=(),
+    wire="any",
+    flow="corrected",
+    tp_size_from="params",
+    recv_timeout_ms=5000,
+    tolerant_decode=True,
+    pre_add=(
+        Check("engine_id_matches", "meta.engine_id == kv_transfer_params['remote_engine_id']",
+              lambda c: c.meta.engine_id == c.expected_engine_id,
+              message=lambda c: f"refused: the side channel answered for engine {c.meta.engine_id!r}, "
+              f"kv_transfer_params name {c.expected_engine_id!r} (wrong host/port?)",
+              exc="RuntimeError", hazard="H18"),
+        Check("engine_id_distinct", "meta.engine_id != local.engine_id",
+              lambda c: c.meta.engine_id != c.local.engine_id,
+              message=lambda c: f"refused: remote engine id {c.meta.engine_id!r} equals the local one",
+              exc="RuntimeError", hazard="H19"),
+    ),
+    add_remote=(
+        Check("tp_divisible", "max(tp) % min(tp) == 0",
+              lambda c: max(c.local.tp_size, _p_tp(c)) % min(c.local.tp_size, _p_tp(c)) == 0,
+              message=lambda c: f"refused: TP sizes D={c.local.tp_size} and P={_p_tp(c)} do not divide",
+              exc="RuntimeError", hazard="H11"),
+        Check("attn_backend", "meta.attn_backend_name in (None, local.backend_name)",
+              lambda c: c.meta.attn_backend_name in (None, c.local.backend_name),
+              message=lambda c: f"refused: attention backend P={c.meta.attn_backend_name} D={c.local.backend_name}",
+              exc="RuntimeError", hazard="H10"),
+        Check("kv_cache_layout", "meta.kv_cache_layout == local.kv_cache_layout",
+              lambda c: c.meta.kv_cache_layout == c.local.kv_cache_layout, when=_layout_known,
+              message=lambda c: f"refused: kv_cache_layout P={c.meta.kv_cache_layout} D={c.local.kv_cache_layout}",
+              exc="RuntimeError", hazard="H09"),
+        Check("block_size_equal", "meta.block_size == local.block_size",
+              lambda c: (c.meta.block_size if c.meta.block_size is not None
+                         else rules.remote_block_size_corrected(c)) == c.local.block_size,
+              message=lambda c: "refused: P block_size "
+              f"{c.meta.block_size if c.meta.block_size is not None else rules.remote_block_size_corrected(c)} "
+              f"!= D block_size {c.local.block_size}",
+              exc="RuntimeError", hazard="H07"),
+        Check("block_len", "meta.block_len == expected (heads, head_dim, dtype)",
+              lambda c: c.remote_block_len() == expected_remote_block_len(c),
+              message=lambda c: f"refused: P block is {c.remote_block_len()} B, D expects "
+              f"{expected_remote_block_len(c)} B (heads, head_dim or dtype differ)",
+              exc="RuntimeError", hazard="H08"),
+        Action("record_tp_size", _record_rank),
+        rules.NIXL_ADD,
+        Action("prep_remote_descs", _prep),  # stride for this rank = its own num_blocks
+    ),
+    notif="{req}:{tp_ratio}",
+    summary="target rank(s) only; num_blocks per remote rank; ids use that rank's count; P>D when divisible",
+)

@@ -1,0 +1,76 @@
+"""The ZMQ side channel: P's ROUTER listener and D's REQ fetch, framed per vLLM era.
+
+Binds to the scenario's host (loopback by default). Replies are prebuilt msgpack frames; nothing received
+is ever unpickled: requests are parsed with msgspec exactly as the modelled listener parses them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import zmq
+
+from pdcheck.engine import FetchTimeout
+from pdcheck.errors import HarnessError
+from pdcheck.wire import WireFormat, encode_request, parse_request
+
+
+class Listener:
+    """One vLLM-style handshake listener. `reply_for(tp_rank)` returns the frames for that rank."""
+
+    def __init__(self, ctx: zmq.Context, host: str, port: int, fmt: WireFormat,
+                 reply_for: Callable[[int | None], list[bytes]]) -> None:
+        self.fmt, self.reply_for, self.port = fmt, reply_for, port
+        self.sock = ctx.socket(zmq.ROUTER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        try:
+            self.sock.bind(f"tcp://{_bracket(host)}:{port}")
+        except zmq.ZMQError as exc:
+            self.sock.close(0)
+            raise HarnessError(f"side channel: cannot bind {host}:{port}: {exc}") from None
+        self.served = 0
+        self.dead: str | None = None  # why the listener thread would have died (F-H, H15)
+
+    def handle(self, mute: bool = False) -> bool:
+        """Answer one pending request. Returns False when nothing was pending."""
+        try:
+            identity, _empty, msg = self.sock.recv_multipart(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        except ValueError:
+            return True  # a malformed envelope: vLLM's unpack would fail the same way; drop it
+        if self.dead is not None or mute:
+            return True
+        try:
+            rank = parse_request(self.fmt, msg)
+        except Exception as exc:  # the listener of F-H decodes outside any try: its thread ends here
+            if self.fmt.listener_dies_on_bad_request:
+                self.dead = f"{type(exc).__name__}: {exc}"
+                return True
+            rank = None
+        self.sock.send_multipart([identity, b"", *self.reply_for(rank)])
+        self.served += 1
+        return True
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int) -> list[bytes]:
+    """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, reference §9)."""
+    sock = ctx.socket(zmq.REQ)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    try:
+        sock.connect(f"tcp://{_bracket(host)}:{port}")
+        sock.send(encode_request(fmt, tp_rank))
+        try:
+            return sock.recv_multipart()
+        except zmq.Again:
+            raise FetchTimeout(f"{host}:{port}") from None
+    finally:
+        sock.close(0)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host

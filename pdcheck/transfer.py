@@ -1,0 +1,105 @@
+"""The transfer proof on a D rank: real NIXL READs with the descriptor math a model chose, verified by coordinate.
+
+Local descriptor ids are region * local_num_blocks + block; remote ids are region * stride + block, where the
+stride is what the release recorded for the engine (dst_num_blocks) or, corrected, the remote rank's own count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from pdcheck.engine import Outcome
+from pdcheck.errors import NixlCallError
+from pdcheck.kvcache import CELL, KVCache, decode_cell, pattern
+from pdcheck.messages import Mismatch, Req, TransferResult
+from pdcheck.nixlagent import LOCAL, Agent, descs_array
+from pdcheck.releases.base import Local, Prepared
+
+TagFn = Callable[[int, dict[int, list[int]]], None]
+
+
+class LocalLists:
+    """Local dlists over the whole cache, one per (read length, offset in block): prepared once, like vLLM."""
+
+    def __init__(self, agent: Agent, kv: KVCache, device_id: int) -> None:
+        self.agent, self.kv, self.device_id = agent, kv, device_id
+        self._h: dict[tuple[int, int], Any] = {}
+
+    def get(self, read_len: int, offset: int) -> Any:
+        key = (read_len, offset)
+        if key not in self._h:
+            kv = self.kv
+            blocks = np.arange(kv.num_blocks, dtype=np.uint64) * np.uint64(kv.block_len) + np.uint64(offset)
+            addrs = np.concatenate([np.uint64(a) + blocks for a in kv.base_addrs])
+            self._h[key] = self.agent.prep(LOCAL, descs_array(addrs, read_len, self.device_id), kv.mem_type, "local")
+        return self._h[key]
+
+
+def _ids(regions: int, stride: int, blocks: list[int]) -> np.ndarray:
+    b = np.asarray(blocks, dtype=np.int64)
+    return (np.arange(regions, dtype=np.int64)[:, None] * stride + b[None, :]).reshape(-1)
+
+
+def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, corrected: bool, remote_handles: dict[int, Any],
+          lists: LocalLists, requests: list[Req], p_tag: int, notif: str, tp_ratio: int, tag: TagFn) -> TransferResult:
+    if not outcome.prepared:
+        return TransferResult("skipped", message="no remote descriptor list was prepared")
+    regions = kv.geometry.num_regions
+    res = TransferResult("ok", stride=None if corrected else outcome.stride)
+    wrong_regions: set[int] = set()
+    for req in requests:
+        for prep in outcome.prepared:
+            stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
+            lids = _ids(regions, kv.num_blocks, req.local_block_ids)
+            rids = _ids(regions, stride, req.remote_block_ids)
+            limit = regions * prep.dlist_blocks
+            phys: dict[int, list[int]] = {}
+            for rid in rids[rids < limit]:
+                phys.setdefault(int(rid // prep.dlist_blocks), []).append(int(rid % prep.dlist_blocks))
+            tag(prep.p_rank, phys)
+            for r in range(regions):
+                kv.clear(r, np.asarray(req.local_block_ids))
+            msg = notif.format(req=req.req_id, tp_ratio=tp_ratio).encode()
+            try:
+                res.seconds += agent.read(lists.get(prep.block_len, prep.local_offset), lids,
+                                          remote_handles[prep.p_rank], rids, msg,
+                                          context=f"{req.req_id} from P rank {prep.p_rank}")
+            except NixlCallError as exc:
+                res.status, res.message = "error", f"{exc.detail} [{exc.status}] ({exc.context})"
+                res.blocks += len(lids)
+                return res
+            _verify(kv, prep, req, p_tag, res, wrong_regions)
+    res.wrong_regions = sorted(wrong_regions)
+    if res.wrong:
+        res.status = "wrong"
+        regs = ", ".join(str(r) for r in res.wrong_regions)
+        res.message = f"READ DONE, {res.wrong} of {res.blocks} blocks wrong: region {regs} received other blocks"
+    return res
+
+
+def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int]) -> None:
+    remote = np.asarray(req.remote_block_ids, dtype=np.int64)
+    local_ids = np.asarray(req.local_block_ids, dtype=np.int64)
+    lo, n = prep.local_offset, prep.block_len
+    for region in range(kv.geometry.num_regions):
+        got = kv.read_blocks(region, local_ids)[:, lo:lo + n]
+        exp = pattern(p_tag, prep.p_rank, region, remote, prep.rank_offset, n)
+        bad = np.flatnonzero((got != exp).any(axis=1))
+        res.blocks += len(local_ids)
+        res.bytes += got.size
+        res.wrong += len(bad)
+        if len(bad):
+            wrong_regions.add(region)
+            if res.first_mismatch is None:
+                i = int(bad[0])
+                cell = int(np.flatnonzero(got[i] != exp[i])[0]) // CELL * CELL
+                found = decode_cell(got[i][cell:cell + CELL])
+                res.first_mismatch = Mismatch(
+                    region=region, local_block=int(local_ids[i]), remote_block=int(remote[i]), p_rank=prep.p_rank,
+                    expected=f"P rank {prep.p_rank} {kv.geometry.region_name(region)} (region {region}) block "
+                    f"{int(remote[i])} +{prep.rank_offset + cell}",
+                    found=found.describe(kv.geometry),
+                )
