@@ -140,7 +140,8 @@ _register_optional()
 
 def main() -> None:
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)  # click returns the exit code here instead of raising it
+        sys.exit(rc if isinstance(rc, int) else 0)
     except PdcheckError as exc:
         Console(stderr=True).print(f"[red]pdcheck: error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

@@ -82,7 +82,7 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
                 device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
                 kv_cache_layout=d.kv_cache_layout, releases=[x.name for x in releases] + [CORRECTED.name],
                 p_host=p.host, p_base_ports={w: _prefill_port(sc, i, 0, FORMATS[w].port_scheme == "per_rank") for i, w in enumerate(wires)},
-                p_wire=wires[0],
+                p_wire=wires[-1],  # corrected reads the newest era modelled (the most fields)
                 p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
                 transfer=opts.transfer, requests=requests)))

@@ -140,5 +140,10 @@ class Agent:
 
 
 def quiet_nixl_env() -> None:
-    """Called in rank processes before the agent exists: NIXL's C++ log goes to stderr."""
+    """Called first in rank processes: stdout belongs to the launcher's report (--json), so rank output
+    goes to stderr, and NIXL's per-agent INFO lines are dropped."""
     os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
+    os.dup2(2, 1)
+    for name in list(logging.root.manager.loggerDict):
+        if name.lower().startswith("nixl"):
+            logging.getLogger(name).setLevel(logging.WARNING)

@@ -120,7 +120,8 @@ class Ctx:
             return self.meta.block_len
         if self.meta.block_lens:
             return self.meta.block_lens[0]
-        raise KeyError("block_len")
+        # Era A (0.9.0) advertises no block length: 0.9.0 builds remote descriptors with its own block_len.
+        return self.local.block_len
 
 
 Rule = Callable[[Ctx], bool]

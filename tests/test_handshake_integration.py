@@ -1,0 +1,138 @@
+"""Real ranks: every P and D rank is a process with a NIXL agent, a registered cache and a ZMQ socket."""
+
+from __future__ import annotations
+
+import socket
+
+from conftest import SCENARIOS
+
+SEED = str(SCENARIOS / "seed-19338-tp8.toml")
+
+
+def _ranks(doc: dict, release: str) -> list[dict]:
+    return [d["verdicts"][release] for d in doc["decode_ranks"]]
+
+
+def test_seed_091_asserts_rank_by_rank_and_corrected_survives(pdcheck):
+    run = pdcheck("handshake", SEED, "--vllm", "0.9.1", "--json")
+    assert run.code == 1, run.err
+    doc = run.json()
+    v = _ranks(doc, "0.9.1")
+    assert v[0]["status"] == "ok" and v[0]["recorded_num_blocks"] == 111680 and v[0]["contacted"] == [0]
+    for r in (1, 2, 3, 4, 5, 7):  # 111488 < P rank 0's 111680 on the rank-0 pre-handshake
+        assert v[r]["status"] == "assert"
+        assert v[r]["assert_expr"] == "self.num_blocks >= nixl_agent_meta.num_blocks"
+        assert v[r]["contacted"] == [0] and v[r]["handshake"] == 1
+    assert v[6]["status"] == "assert" and v[6]["handshake"] == 2 and v[6]["contacted"] == [0, 6]
+    assert v[6]["assert_expr"] == "self.dst_num_blocks[engine_id] == nixl_agent_meta.num_blocks"
+    assert v[6]["recorded_num_blocks"] == 111680
+    corrected = _ranks(doc, "corrected")
+    assert [c["status"] for c in corrected] == ["ok"] * 8
+    assert [c["recorded_num_blocks"] for c in corrected] == [111680, *[111488] * 5, 112448, 111488]
+    # The transfer proof: the release's stride (asserts stripped) delivers wrong blocks, corrected none.
+    for d in doc["decode_ranks"]:
+        assert d["transfer"]["corrected"]["wrong"] == 0 and d["transfer"]["corrected"]["blocks"] > 0
+        if d["tp_rank"] != 0:
+            t = d["transfer"]["0.9.1"]
+            assert t["wrong"] > 0 and t["wrong_regions"] == [1]
+            assert t["first_mismatch"]["region"] == 1
+            assert t["stride"] == 111680
+    assert doc["survives"] == {"0.9.1": False}
+
+
+def test_seed_092_survives(pdcheck):
+    run = pdcheck("handshake", SEED, "--vllm", "0.9.2", "--json")
+    assert run.code == 0, run.err
+    doc = run.json()
+    assert [v["status"] for v in _ranks(doc, "0.9.2")] == ["ok"] * 8
+    assert [v["contacted"] for v in _ranks(doc, "0.9.2")] == [[r] for r in range(8)]
+    assert all(d["transfer"]["0.9.2"]["wrong"] == 0 for d in doc["decode_ranks"])
+
+
+def test_prefill_tp_greater_than_decode_tp(pdcheck):
+    run = pdcheck("handshake", "--prefill-tp", "4", "--decode-tp", "2", "--prefill-blocks", "640,600,600,600",
+                  "--decode-blocks", "700", "--vllm", "0.9.2", "--json")
+    assert run.code == 1, run.err
+    doc = run.json()
+    for v in _ranks(doc, "0.9.2"):  # tp_ratio = 2 // 4 = 0, then tp_rank // 0 before any request
+        assert v["status"] == "error" and v["exception"] == "ZeroDivisionError" and v["contacted"] == []
+    c = _ranks(doc, "corrected")
+    assert [x["contacted"] for x in c] == [[0, 1], [2, 3]]
+    assert c[0]["rank_num_blocks"] == {"0": 640, "1": 600}
+    assert all(d["transfer"]["corrected"]["wrong"] == 0 for d in doc["decode_ranks"])
+
+
+def test_out_of_range_descriptor_ids_surface_nixl_error(pdcheck):
+    # D rank 1 records P rank 0's 100 blocks; P rank 1's list holds 40 per region, so region 1 ids overflow.
+    run = pdcheck("handshake", "--prefill-tp", "2", "--decode-tp", "2", "--prefill-blocks", "100,40",
+                  "--decode-blocks", "100", "--vllm", "0.9.1", "--json")
+    assert run.code == 1, run.err
+    d1 = run.json()["decode_ranks"][1]
+    assert d1["verdicts"]["0.9.1"]["status"] == "assert"
+    t = d1["transfer"]["0.9.1"]
+    assert t["status"] == "error" and "NIXL_ERR_INVALID_PARAM" in t["message"]
+    assert "remote descriptors" not in t["message"] or "P rank 1" in t["message"]
+
+
+def test_corrupted_block_is_caught(pdcheck):
+    import msgspec
+
+    from pdcheck.handshake import make_requests
+    from pdcheck.scenario import load
+
+    sc = load(None, {"prefill": {"num_blocks": 256}, "decode": {"num_blocks": 256}})
+    victim = make_requests(sc)[0].remote_block_ids[3]
+    run = pdcheck("handshake", "--prefill-blocks", "256", "--decode-blocks", "256", "--vllm", "0.9.2", "--json",
+                  "--inject", f"corrupt:P0:1:{victim}")
+    assert run.code == 1, run.err
+    d0 = run.json()["decode_ranks"][0]
+    for name in ("0.9.2", "corrected"):
+        t = d0["transfer"][name]
+        assert t["wrong"] >= 1, msgspec.json.encode(t)
+        assert t["first_mismatch"]["remote_block"] == victim and t["first_mismatch"]["region"] == 1
+        assert "untagged" in t["first_mismatch"]["found"]
+    assert d0["verdicts"]["0.9.2"]["status"] == "silent"
+
+
+def _port_free(port: int) -> bool:
+    # SO_REUSEADDR as ZMQ binds: a TIME_WAIT left by the killed rank's connection is not a bound port.
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def test_rank_killed_mid_handshake_is_reported_and_reaped(pdcheck):
+    run = pdcheck("handshake", "--prefill-tp", "2", "--decode-tp", "2", "--prefill-blocks", "64",
+                  "--decode-blocks", "64", "--vllm", "0.9.2", "--prefill-base-port", "6711", "--inject", "die:P1",
+                  "--hang-timeout", "1", "--json")
+    assert run.code == 3, run.err
+    doc = run.json()
+    assert any("P rank 1" in e for e in doc["harness_errors"])
+    v = _ranks(doc, "0.9.2")
+    assert v[0]["status"] == "ok"
+    assert v[1]["status"] == "hang" and v[1]["contacted"] == [1]  # 0.9.2 has no receive timeout
+    assert _ranks(doc, "corrected")[1]["status"] == "error"
+    assert _port_free(6711) and _port_free(6712)
+
+
+def test_bad_flags_exit_2_with_one_line(pdcheck):
+    run = pdcheck("handshake", "--prefill-tp", "2", "--prefill-blocks", "1,2,3", "--decode-blocks", "4")
+    assert run.code == 2
+    assert "prefill.num_blocks" in run.err and "expected 2 entries" in run.err
+    assert "Traceback" not in run.err and len(run.err.strip().splitlines()) == 1
+    run = pdcheck("handshake", "--prefill-blocks", "12x", "--decode-blocks", "4")
+    assert run.code == 2 and "--prefill-blocks" in run.err and "Traceback" not in run.err
+    run = pdcheck("handshake", "--prefill-blocks", "8", "--decode-blocks", "4", "--vllm", "0.8.5")
+    assert run.code == 2 and "not modelled" in run.err
+
+
+def test_bad_scenario_file_exit_2(pdcheck, tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[prefill]\nengine_id = "p"\nnum_blocks = 10\ntp_size = "two"\n[decode]\nnum_blocks = 5\n')
+    run = pdcheck("handshake", str(bad))
+    assert run.code == 2
+    assert str(bad) in run.err and "prefill.tp_size" in run.err and "Traceback" not in run.err
