@@ -1,0 +1,693 @@
+"""The hazard catalogue (reference §11) and a pure evaluation of a scenario against it.
+
+`evaluate` looks only at the scenario's facts (both instances' per-rank counts, TP sizes, geometry, layout,
+backend, engine ids, kv_transfer_params, device ids) and at what each release model *is* (its flow, wire era
+and which checks it has). It starts no process and runs no handshake, so it is an independent cross-check of
+what the engine reports: each Hazard says whether the condition holds, names the ranks and numbers, and
+gives one line per release of what that release does about it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from pdcheck.geometry import Geometry
+from pdcheck.releases.base import ReleaseModel
+from pdcheck.releases.rules import MSG_SHAPE
+from pdcheck.scenario import Instance, Scenario
+
+CATALOGUE: dict[str, str] = {
+    "H01": "rank-0 num_blocks aliasing",
+    "H02": "decode has fewer blocks than prefill",
+    "H03": "uneven num_blocks across ranks of one engine (multi-rank handshake)",
+    "H04": "wrong descriptor stride",
+    "H05": "remote block id out of range",
+    "H06": "local blocks > remote blocks per request",
+    "H07": "block_size mismatch",
+    "H08": "block_len / heads / head_dim / dtype mismatch",
+    "H09": "kv_cache_layout mismatch",
+    "H10": "attention backend mismatch",
+    "H11": "TP direction or divisibility",
+    "H12": "tp_size missing or inconsistent",
+    "H13": "replicated KV plus P TP > D TP",
+    "H14": "cross-version schema skew",
+    "H15": "listener killed by a malformed/cross-era request",
+    "H16": "reply framing skew",
+    "H17": "compat hash mismatch",
+    "H18": "engine id mismatch",
+    "H19": "engine id collision",
+    "H20": "side-channel host/port misconfiguration",
+    "H21": "handshake hang / no timeout",
+    "H22": "failed handshake not propagated",
+    "H23": "multi-node instance",
+    "H24": "stale or reloaded NIXL agent",
+    "H25": "device_id mismatch",
+    "H26": "notification format skew",
+    "H27": "host-buffer specifics",
+    "H28": "P/D both correct but KV semantically stale",
+}
+
+CORRECTED = "corrected"
+_EQ = "`assert self.dst_num_blocks[engine_id] == nixl_agent_meta.num_blocks`"
+_GE = "`assert self.num_blocks >= nixl_agent_meta.num_blocks`"
+_PRE_LAYOUT_WIRES = ("A", "B", "C")  # kv_cache_layout enters the metadata in era D (0.10.1)
+_PRE_DEVICE_WIRES = ("A", "B", "C", "D", "E")  # device_id enters the metadata in era F (0.11.1)
+
+
+class Hazard(msgspec.Struct, kw_only=True):
+    id: str
+    name: str
+    applies: bool
+    detail: str
+    effects: dict[str, str] = msgspec.field(default_factory=dict)  # release name -> what it does about it
+
+
+class NumBlocksSpread(msgspec.Struct, frozen=True, kw_only=True):
+    min: int
+    max: int
+    mode: int
+    differing: list[int]  # ranks whose count differs from the mode
+
+
+def spread(blocks: Sequence[int]) -> NumBlocksSpread:
+    """Summary of one instance's per-rank counts. On a tie the count seen first (lowest rank) is the mode,
+    so with two ranks the rank that disagrees with rank 0 is the one reported (0.9.1 aliases to rank 0)."""
+    if not blocks:
+        raise ValueError("spread() needs at least one count")
+    mode = Counter(blocks).most_common(1)[0][0]
+    return NumBlocksSpread(min=min(blocks), max=max(blocks), mode=mode,
+                           differing=[r for r, n in enumerate(blocks) if n != mode])
+
+
+# ---- small formatting helpers -------------------------------------------------------------------------
+def ranks_text(ranks: Sequence[int]) -> str:
+    """[1, 2, 3, 4, 5, 7] -> "1-5,7": rank lists stay short even for TP 8."""
+    out: list[str] = []
+    rs = sorted(set(ranks))
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        out.append(str(rs[i]) if j == i else f"{rs[i]}-{rs[j]}" if j > i + 1 else f"{rs[i]},{rs[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def _plural(ranks: Sequence[int]) -> str:
+    return f"rank {ranks_text(ranks)}" if len(set(ranks)) == 1 else f"ranks {ranks_text(ranks)}"
+
+
+def _by_count(counts: Sequence[int], ranks: Sequence[int]) -> str:
+    """'111488 on P ranks 1-5,7; 112448 on P rank 6' for the given ranks."""
+    groups: dict[int, list[int]] = {}
+    for r in ranks:
+        groups.setdefault(counts[r], []).append(r)
+    return "; ".join(f"{n} on P {_plural(rs)}" for n, rs in groups.items())
+
+
+# ---- scenario facts ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Facts:
+    """What both instances advertise, computed once (the same numbers vLLM would derive)."""
+
+    sc: Scenario
+    p: Instance
+    d: Instance
+    pb: list[int]
+    db: list[int]
+    pg: Geometry
+    dg: Geometry
+    params_tp: int  # tp_size as D reads it from kv_transfer_params (.get("tp_size", 1))
+
+    @classmethod
+    def of(cls, sc: Scenario) -> Facts:
+        return cls(sc, sc.prefill, sc.decode, sc.prefill.blocks(), sc.decode.blocks(), sc.prefill.geometry(),
+                   sc.decode.geometry(), sc.params_tp_size())
+
+    @property
+    def p_tp(self) -> int:
+        return self.p.tp_size
+
+    @property
+    def d_tp(self) -> int:
+        return self.d.tp_size
+
+    @property
+    def tp_ok(self) -> bool:
+        """D TP a multiple of P TP: the only direction 0.9.x/0.10.0 support (H11)."""
+        return self.d_tp >= self.p_tp and self.d_tp % self.p_tp == 0
+
+    @property
+    def ratio(self) -> int:
+        return self.d_tp // self.p_tp if self.tp_ok else 0
+
+    @property
+    def collide(self) -> bool:
+        return self.sc.remote_engine_id() == self.d.engine_id or self.p.engine_id == self.d.engine_id
+
+
+# ---- what a release model is, read off its data ------------------------------------------------------
+def _ids(rel: ReleaseModel) -> set[str]:
+    return {s.id for s in (*rel.pre_add, *rel.add_remote)}
+
+
+def _has(rel: ReleaseModel, check_id: str) -> bool:
+    return check_id in _ids(rel)
+
+
+def _version(rel: ReleaseModel) -> tuple[int, ...]:
+    return tuple(int(x) for x in rel.versions[0].split(".")) if rel.versions else (99,)
+
+
+def _remote_tp(rel: ReleaseModel, f: Facts) -> int:
+    """P's TP size as the release learns it: P rank 0's metadata (0.9.1) or kv_transfer_params (0.9.2+)."""
+    return f.p_tp if rel.tp_size_from == "metadata" else f.params_tp
+
+
+def _corrected_targets(f: Facts, r: int) -> list[int]:
+    d, p = f.d_tp, f.params_tp
+    if d >= p:
+        return [r // max(1, d // p)]
+    ratio = p // d
+    if f.dg.use_mla or p >= f.dg.total_kv_heads:
+        return [r * ratio]  # replicated: every P rank holds the same blocks, read one
+    return list(range(r * ratio, (r + 1) * ratio))
+
+
+def targets(rel: ReleaseModel, f: Facts, r: int) -> list[int] | None:
+    """P ranks D rank r handshakes, in order; None when the flow dies before sending a request."""
+    if rel.flow == "same_rank":
+        return [r]  # 0.9.0: the port of its own rank number
+    if rel.flow == "rank0_then_target":
+        if not f.tp_ok:
+            return [0]  # the rank-0 add_remote_agent stops at the divisibility assert
+        p = r // f.ratio
+        return [0] if p == 0 else [0, p]
+    if rel.flow == "target_only":
+        ratio = f.d_tp // f.params_tp
+        return None if ratio == 0 else [r // ratio]  # tp_rank // 0: ZeroDivisionError
+    return _corrected_targets(f, r)
+
+
+@dataclass(frozen=True)
+class BlockPath:
+    """One D rank's num_blocks bookkeeping under one release, the other checks assumed to pass."""
+
+    stop: str | None  # "num_blocks_ge" / "dst_num_blocks_equal": the num_blocks assert that fires first
+    stop_p: int | None  # the P rank whose handshake it fires in
+    recorded: int  # dst_num_blocks[engine]: the stride remote ids use
+    target: int  # the P rank whose descriptor list this D rank reads
+    stripped_silent: bool  # with asserts stripped (python -O), stride != the target's own count
+
+
+def block_path(rel: ReleaseModel, f: Facts, r: int) -> BlockPath | None:
+    """None where the num_blocks checks are never reached (TP unsupported, or a P rank that does not exist)."""
+    if rel.flow == CORRECTED:
+        return None
+    tg = targets(rel, f, r)
+    if tg is None or any(p >= f.p_tp for p in tg) or (rel.flow == "rank0_then_target" and not f.tp_ok):
+        return None
+    has_ge, has_eq = _has(rel, "num_blocks_ge"), _has(rel, "dst_num_blocks_equal")
+    # vLLM seeds dst_num_blocks with its own engine: a colliding engine id starts from D's own count (H19).
+    recorded: int | None = f.db[r] if f.collide else None
+    stop: tuple[str, int] | None = None
+    for p in tg:
+        n = f.pb[p]
+        if stop is None and has_ge and f.db[r] < n:
+            stop = ("num_blocks_ge", p)
+        if recorded is None or not has_eq:
+            recorded = n  # 0.9.0 overwrites; the if/else of 0.9.1+ keeps the first count
+        elif n != recorded and stop is None:
+            stop = ("dst_num_blocks_equal", p)
+    assert recorded is not None
+    target = tg[-1]
+    return BlockPath(stop[0] if stop else None, stop[1] if stop else None, recorded, target,
+                     recorded != f.pb[target])
+
+
+def _paths(rel: ReleaseModel, f: Facts) -> dict[int, BlockPath]:
+    out: dict[int, BlockPath] = {}
+    for r in range(f.d_tp):
+        bp = block_path(rel, f, r)
+        if bp is not None:
+            out[r] = bp
+    return out
+
+
+Rule = str  # "plain" (0.9.1: MLA only), "replicated" (0.9.2+: MLA or tp_size >= heads), "corrected"
+
+
+def block_len_rule(rel: ReleaseModel) -> Rule:
+    # #19691 (0.9.2) added the `tp_size // total_kv_heads >= 1` replicated branch; 0.9.1 only knows MLA.
+    if rel.flow == CORRECTED:
+        return CORRECTED
+    return "replicated" if _version(rel) >= (0, 9, 2) else "plain"
+
+
+def expected_remote_block_len(f: Facts, rule: Rule, rtp: int) -> tuple[int, bool] | None:
+    """(the P block_len a block_len rule accepts when P's TP is `rtp`, whether it is the equality branch);
+    None where tp_ratio < 1 (the TP checks fail first, H11)."""
+    dl, heads = f.dg.block_len, f.dg.total_kv_heads
+    if rule == CORRECTED:
+        if f.dg.use_mla or rtp >= heads:
+            return dl, True
+        return dl * max(1, heads // rtp) // f.dg.local_kv_heads, False
+    ratio = f.d_tp // rtp
+    if ratio < 1:
+        return None
+    if f.dg.use_mla or (rule == "replicated" and rtp // heads >= 1):
+        return dl, True  # `assert self.block_len == nixl_agent_meta.block_len` (bare)
+    return dl * ratio, False  # `assert nixl_agent_meta.block_len == self.block_len * tp_ratio, MSG_SHAPE`
+
+
+def _expected(rel: ReleaseModel, f: Facts) -> tuple[int, bool] | None:
+    return expected_remote_block_len(f, block_len_rule(rel), _remote_tp(rel, f))
+
+
+# ---- one function per hazard -------------------------------------------------------------------------
+Rels = Sequence[ReleaseModel]
+
+
+def _h01(f: Facts, rels: Rels) -> Hazard:
+    if f.p_tp <= 1 or not f.tp_ok:
+        why = "P TP 1: there is only rank 0" if f.p_tp <= 1 else "TP sizes unsupported by 0.9.1 (H11)"
+        return _no("H01", why)
+    hit = [r for r in range(f.d_tp) if r // f.ratio != 0 and f.pb[r // f.ratio] != f.pb[0]]
+    if not hit:
+        return _no("H01", f"every P rank a D rank reads advertises P rank 0's {f.pb[0]}")
+    read = sorted({r // f.ratio for r in hit})
+    detail = (f"P rank 0 advertises {f.pb[0]}; D {_plural(hit)} read P {_plural(read)} "
+              f"({_by_count(f.pb, read)})")
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.flow == "rank0_then_target":
+            paths = _paths(rel, f)
+            eq = [r for r in hit if paths[r].stop == "dst_num_blocks_equal"]
+            ge = [r for r in hit if paths[r].stop == "num_blocks_ge"]
+            silent = [r for r in hit if paths[r].stripped_silent]
+            parts = [f"rank-0 pre-handshake records {f.pb[0]} for the engine"]
+            if eq:
+                parts.append(f"{_EQ} fires on D {_plural(eq)} ({f.pb[0]} vs {_by_count(f.pb, [r // f.ratio for r in eq])})")
+            if ge:
+                parts.append(f"D {_plural(ge)} stop earlier at {_GE} (H02)")
+            if silent:
+                parts.append(f"with asserts stripped D {_plural(silent)} read with stride {f.pb[0]}: "
+                             "silent wrong blocks (H04)")
+            effects[rel.name] = "; ".join(parts)
+        elif rel.flow == "target_only":
+            effects[rel.name] = ("handshakes only the target P rank (tp_size from kv_transfer_params): "
+                                 "each D rank records that rank's own count, no aliasing")
+        elif rel.flow == "same_rank":
+            effects[rel.name] = "handshakes only the P rank of its own number: no rank-0 aliasing"
+    effects[CORRECTED] = f"num_blocks kept per P rank; remote ids use {_by_count(f.pb, read)}"
+    return _yes("H01", detail, effects)
+
+
+def _h02_pairs(f: Facts) -> dict[int, list[int]]:
+    """P rank -> D ranks with fewer blocks than it, over the pairs D reads (its target, and P rank 0,
+    which 0.9.1 handshakes first on every D rank)."""
+    pairs: dict[int, list[int]] = {}
+    for r in range(f.d_tp):
+        cand = {0}
+        if f.tp_ok:
+            cand.add(r // f.ratio)
+        for p in sorted(cand):
+            if f.db[r] < f.pb[p]:
+                pairs.setdefault(p, []).append(r)
+    return pairs
+
+
+def _h02(f: Facts, rels: Rels) -> Hazard:
+    pairs = _h02_pairs(f)
+    if not pairs:
+        return _no("H02", f"no D rank has fewer blocks than a P rank it handshakes (D min {min(f.db)}, "
+                          f"P max {max(f.pb)})")
+    bits = []
+    for p, rs in pairs.items():
+        dcounts = sorted({f.db[r] for r in rs})
+        dtxt = str(dcounts[0]) if len(dcounts) == 1 else "/".join(map(str, dcounts))
+        bits.append(f"D {_plural(rs)} ({dtxt}) < P rank {p} ({f.pb[p]})")
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if _has(rel, "num_blocks_ge"):
+            fired = [r for r, bp in _paths(rel, f).items() if bp.stop == "num_blocks_ge"]
+            effects[rel.name] = (f"{_GE} fires on D {_plural(fired)}" if fired
+                                 else f"{_GE} is not reached on the ranks concerned")
+        elif rel.flow in ("target_only", "rank0_then_target"):
+            effects[rel.name] = "no `>=` check (dropped by #19532): D's count is never compared with P's"
+        elif rel.flow == "same_rank":
+            effects[rel.name] = "no num_blocks check at all"
+    effects[CORRECTED] = "no global relation needed: ids are checked per request against each rank's count"
+    return _yes("H02", "; ".join(bits), effects)
+
+
+def _multi_rank_readers(f: Facts) -> dict[int, list[int]]:
+    """D rank -> the P ranks it handshakes in one engine when that is more than one: 0.9.1's rank-0
+    pre-handshake, or P TP > D TP (0.14+, corrected) where one D rank reads several P ranks."""
+    out: dict[int, list[int]] = {}
+    for r in range(f.d_tp):
+        if f.tp_ok and f.p_tp > 1 and r // f.ratio != 0:
+            out[r] = [0, r // f.ratio]
+        elif f.p_tp > f.d_tp and f.p_tp % f.d_tp == 0 and not (f.dg.use_mla or f.p_tp >= f.dg.total_kv_heads):
+            k = f.p_tp // f.d_tp
+            out[r] = list(range(r * k, (r + 1) * k))
+    return out
+
+
+def _h03(f: Facts, rels: Rels) -> Hazard:
+    sp = spread(f.pb)
+    if not sp.differing:
+        return _no("H03", f"all {f.p_tp} P ranks advertise {sp.mode}")
+    same = [r for r in range(f.p_tp) if r not in sp.differing]
+    diff_counts = "/".join(str(f.pb[r]) for r in sp.differing)
+    verb = "differs" if len(sp.differing) == 1 else "differ"
+    detail = f"P {_plural(sp.differing)} {verb}: {diff_counts} vs {sp.mode} on {_plural(same)}"
+    uneven = {r: ps for r, ps in _multi_rank_readers(f).items() if len({f.pb[p] for p in ps}) > 1}
+    if not uneven:
+        return _no("H03", detail + "; no D rank handshakes two of them")
+    if f.tp_ok:
+        detail += f"; D {_plural(list(uneven))} handshake P rank 0 and then a P rank with another count"
+    else:
+        detail += "; " + "; ".join(f"D rank {r} reads P ranks {ranks_text(ps)}" for r, ps in uneven.items())
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.flow == "rank0_then_target" and f.tp_ok:
+            paths = _paths(rel, f)
+            eq = [r for r, bp in paths.items() if bp.stop == "dst_num_blocks_equal"]
+            ge = [r for r in uneven if paths[r].stop == "num_blocks_ge"]
+            line = f"{_EQ} fires on D {_plural(eq)}" if eq else f"{_EQ} not reached"
+            if ge:
+                line += f" (D {_plural(ge)} stop earlier at {_GE})"
+            effects[rel.name] = line
+        elif rel.flow == "target_only" and f.tp_ok:
+            effects[rel.name] = f"one handshake per D rank and engine: {_EQ} cannot fire"
+        elif rel.flow == "same_rank":
+            effects[rel.name] = "one handshake per D rank: counts are never compared"
+        else:
+            effects[rel.name] = "P TP > D TP is unsupported here, it fails first (H11); from 0.14 the equality assert fires"
+    effects[CORRECTED] = "each P rank's list and ids use that rank's own count: nothing to compare"
+    return _yes("H03", detail, effects)
+
+
+def _h04(f: Facts, rels: Rels) -> Hazard:
+    effects: dict[str, str] = {}
+    for rel in rels:
+        paths = _paths(rel, f)
+        silent = [r for r, bp in paths.items() if bp.stripped_silent]
+        if silent:
+            strides = sorted({paths[r].recorded for r in silent})
+            lists = _by_count(f.pb, sorted({paths[r].target for r in silent}))
+            live = [r for r in silent if paths[r].stop is None]
+            how = f"silent on D {_plural(live)} as shipped" if live else "with asserts stripped (python -O)"
+            effects[rel.name] = (f"{how}: D {_plural(silent)} use stride {'/'.join(map(str, strides))} "
+                                 f"for lists of {lists}: region >= 1 reads other blocks, NIXL reports DONE")
+    if not effects:
+        return _no("H04", "every modelled release uses the target rank's own count as the remote stride")
+    effects[CORRECTED] = "remote ids use the read rank's own count"
+    return _yes("H04", "remote descriptor ids would use a count recorded from another rank or engine", effects)
+
+
+def _geometry_diff(f: Facts) -> str:
+    pairs = [("block_size", f.p.block_size, f.d.block_size), ("kv_heads", f.p.kv_heads, f.d.kv_heads),
+             ("head_dim", f.p.head_dim, f.d.head_dim), ("dtype", f.p.dtype, f.d.dtype),
+             ("use_mla", f.p.use_mla, f.d.use_mla), ("attn_backend", f.p.attn_backend, f.d.attn_backend)]
+    diffs = [f"{k} {a} vs {b}" for k, a, b in pairs if a != b]
+    return ", ".join(diffs) if diffs else "same model geometry"
+
+
+def _h07(f: Facts, rels: Rels) -> Hazard:
+    if f.p.block_size == f.d.block_size:
+        return _no("H07", f"both use {f.d.block_size}-token blocks")
+    pl, dl = f.pg.block_len, f.dg.block_len
+    detail = f"P block_size {f.p.block_size} vs D {f.d.block_size} (P block_len {pl} B, D {dl} B)"
+    effects: dict[str, str] = {}
+    for rel in rels:
+        got = _expected(rel, f)
+        exp = got[0] if got else None
+        if rel.flow == "same_rank":
+            effects[rel.name] = (f"no check: remote descriptors step by D's block_len {dl} B through P's "
+                                 f"{pl} B blocks: wrong bytes, no error")
+        elif exp is None:
+            effects[rel.name] = "not reached: TP sizes fail first (H11)"
+        elif exp != pl:
+            effects[rel.name] = (f"block_size is not on the wire and the block_len check fires first: '{MSG_SHAPE}' "
+                                 f"({pl} B vs {exp} B); the block-size assert behind it cannot fire")
+        else:
+            effects[rel.name] = (f"block_len matches ({pl} B), so the derived remote block size equals D's: "
+                                 "undetected, tokens land in the wrong slots")
+    effects[CORRECTED] = f"refused: P block_size {f.p.block_size} != D block_size {f.d.block_size}"
+    return _yes("H07", detail, effects)
+
+
+def _h08(f: Facts, rels: Rels) -> Hazard:
+    pl, dl = f.pg.block_len, f.dg.block_len
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.flow == "same_rank":
+            if pl != dl:  # 0.9.0 steps through remote blocks with its own block_len, whatever P's is
+                effects[rel.name] = f"no check: P blocks of {pl} B are read as {dl} B blocks (silent)"
+            continue
+        got = _expected(rel, f)
+        if got is None or got[0] == pl:
+            continue
+        exp, equal = got
+        effects[rel.name] = (f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})"
+                             if equal else
+                             f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: "
+                             f"'{MSG_SHAPE}' ({pl} B vs {exp} B)")
+    got = expected_remote_block_len(f, CORRECTED, f.params_tp)
+    if got is not None and got[0] != pl:
+        effects[CORRECTED] = f"refused: P block is {pl} B, D expects {got[0]} B"
+    if not effects:
+        return _no("H08", f"P block_len {pl} B matches what every release expects")
+    effects.setdefault(CORRECTED, f"accepts: P's {pl} B matches the heads/head_dim/dtype it expects")
+    why = _geometry_diff(f)
+    if why == "same model geometry" and f.p_tp != f.d_tp:
+        why += f" (only a release without heterogeneous TP expects D's own {dl} B)"
+    detail = (f"P block_len {pl} B ({f.pg.block_size} tokens x {f.pg.local_kv_heads} heads x {f.pg.head_dim} x "
+              f"{f.pg.elem_size} B{' x2 (K+V)' if f.pg.flashinfer and not f.pg.use_mla else ''}), D block_len "
+              f"{dl} B, tp_ratio {f.d_tp}//{f.p_tp}; {why}")
+    return _yes("H08", detail, effects)
+
+
+def _h09(f: Facts, rels: Rels) -> Hazard:
+    if f.dg.use_mla:
+        return _no("H09", "MLA: one latent per token, no head layout to disagree on")
+    if f.p.kv_cache_layout == f.d.kv_cache_layout:
+        return _no("H09", f"both {f.d.kv_cache_layout}")
+    ratio = f.ratio
+    detail = f"P {f.p.kv_cache_layout} vs D {f.d.kv_cache_layout}, tp_ratio {ratio if ratio else 'n/a'}"
+    if ratio > 1:
+        what = (f"each D rank's head slice at (tp_rank % {ratio}) x {f.dg.block_len} B reads all heads of a "
+                "fraction of the tokens instead: silent")
+    else:
+        what = "whole blocks are read and used in the other layout: silent"
+    effects = {rel.name: (f"kv_cache_layout is not on the wire (era {rel.wire}) and not compared; {what}"
+                          if rel.wire in _PRE_LAYOUT_WIRES else "compared (not modelled here)") for rel in rels}
+    effects[CORRECTED] = ("refused when P advertises kv_cache_layout (era D, 0.10.1+); a P of eras A-C "
+                          "does not, so it cannot be seen")
+    return _yes("H09", detail, effects)
+
+
+def _h10(f: Facts, rels: Rels) -> Hazard:
+    if f.p.attn_backend == f.d.attn_backend:
+        return _no("H10", f"both {f.d.attn_backend}")
+    detail = f"P {f.p.attn_backend} vs D {f.d.attn_backend}"
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if _has(rel, "attn_backend"):
+            effects[rel.name] = ("bare `assert nixl_agent_meta.attn_backend_name == self.backend_name` on every "
+                                 "D rank, first handshake")
+        else:
+            effects[rel.name] = "not on the wire, not checked: blocks of the other backend's layout are read"
+    effects[CORRECTED] = f"refused: attention backend P={f.p.attn_backend} D={f.d.attn_backend}"
+    return _yes("H10", detail, effects)
+
+
+def _h11(f: Facts, rels: Rels) -> Hazard:
+    if f.tp_ok:
+        return _no("H11", f"D TP {f.d_tp} is a multiple of P TP {f.p_tp}")
+    d, p = f.d_tp, f.p_tp
+    detail = (f"P TP {p} > D TP {d}" if p > d else f"D TP {d} is not a multiple of P TP {p}")
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.flow == "rank0_then_target":
+            effects[rel.name] = ("`assert self._tp_size[self.engine_id] % self._tp_size[engine_id] == 0` "
+                                 "'Local TP size must be divisible by remote TP size.' on every D rank (rank-0 handshake)")
+        elif rel.flow == "target_only":
+            effects[rel.name] = _h11_target_only(f)
+        elif rel.flow == "same_rank":
+            missing = [r for r in range(d) if r >= p]
+            effects[rel.name] = ("no heterogeneous TP: each D rank asks the P rank of its own number"
+                                 + (f"; D {_plural(missing)} ask ports nobody listens on and block in recv()"
+                                    if missing else ""))
+    big, small = max(d, p), min(d, p)
+    effects[CORRECTED] = (f"supported: each D rank reads {p // d} P ranks" if p > d and p % d == 0
+                          else f"refused: TP sizes D={d} and P={p} do not divide" if big % small else "supported")
+    return _yes("H11", detail, effects)
+
+
+def _h11_target_only(f: Facts) -> str:
+    ptp = f.params_tp
+    if ptp > f.d_tp:
+        return (f"`tp_ratio = {f.d_tp} // {ptp}` is 0 and `self.tp_rank // tp_ratio` raises ZeroDivisionError "
+                "in _nixl_handshake before any request, on every D rank")
+    if f.d_tp % ptp == 0:
+        return f"tp_size {ptp} from kv_transfer_params divides D TP {f.d_tp}: passes (see H12)"
+    ratio = f.d_tp // ptp
+    asked = {r: r // ratio for r in range(f.d_tp)}
+    dead = [r for r, t in asked.items() if t >= f.p_tp]
+    live = [r for r, t in asked.items() if t < f.p_tp]
+    line = f"`divide({f.d_tp}, {ptp})`: '{f.d_tp} is not divisible by {ptp}' on D {_plural(live)}"
+    if dead:
+        line += f"; D {_plural(dead)} ask P ranks that do not exist and block in recv() (H21)"
+    return line
+
+
+def _h12(f: Facts, rels: Rels) -> Hazard:
+    kv = f.sc.kv_transfer_params
+    if not kv.omit_tp_size and (kv.tp_size is None or kv.tp_size == f.p_tp):
+        return _no("H12", f"kv_transfer_params carry tp_size {f.params_tp}, P runs TP {f.p_tp}")
+    detail = (f"kv_transfer_params lack tp_size: D reads 1 while P runs TP {f.p_tp}" if kv.omit_tp_size
+              else f"kv_transfer_params say tp_size {kv.tp_size} while P runs TP {f.p_tp}")
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.tp_size_from == "metadata":
+            effects[rel.name] = f"reads tp_size from P rank 0's metadata ({f.p_tp}): unaffected"
+        elif rel.flow == "same_rank":
+            effects[rel.name] = "no heterogeneous TP: tp_size is not used"
+        else:
+            effects[rel.name] = _h12_params(rel, f)
+    got = expected_remote_block_len(f, CORRECTED, f.params_tp)
+    exp = got[0] if got else None
+    effects[CORRECTED] = ("trusts kv_transfer_params too, but its block_len check refuses the wrong ratio "
+                          f"({f.pg.block_len} B vs {exp} B)" if exp != f.pg.block_len
+                          else "reads the rank tp_size points at; geometry happens to match")
+    return _yes("H12", detail, effects)
+
+
+def _h12_params(rel: ReleaseModel, f: Facts) -> str:
+    ptp = f.params_tp
+    if ptp > f.d_tp:
+        return f"tp_ratio {f.d_tp} // {ptp} = 0: ZeroDivisionError before any request"
+    got = _expected(rel, f)
+    exp = got[0] if got else None
+    tgt = sorted({r // (f.d_tp // ptp) for r in range(f.d_tp)})
+    if exp is not None and exp != f.pg.block_len:
+        return (f"tp_ratio {f.d_tp // ptp}: D ranks ask P {_plural(tgt)} and fail '{MSG_SHAPE}' "
+                f"({f.pg.block_len} B vs {exp} B)")
+    return f"tp_ratio {f.d_tp // ptp}: D ranks ask P {_plural(tgt)}; block_len happens to match"
+
+
+def _h13(f: Facts, rels: Rels) -> Hazard:
+    if f.dg.use_mla or not (f.p_tp >= f.dg.total_kv_heads and f.p_tp > f.d_tp):
+        return _no("H13", f"P TP {f.p_tp}, D TP {f.d_tp}, {f.dg.total_kv_heads} KV heads"
+                   + (", MLA" if f.dg.use_mla else ""))
+    effects = {rel.name: "P TP > D TP is unsupported here (H11)" for rel in rels}
+    effects[CORRECTED] = "replicated KV: each D rank reads one P rank"
+    return _yes("H13", f"P TP {f.p_tp} >= {f.dg.total_kv_heads} KV heads and > D TP {f.d_tp}", effects)
+
+
+def _h18(f: Facts, rels: Rels) -> Hazard:
+    exp = f.sc.remote_engine_id()
+    if exp == f.p.engine_id:
+        return _no("H18", f"kv_transfer_params name the engine P answers for ({f.p.engine_id})")
+    detail = f"kv_transfer_params name {exp!r}, the side channel answers for {f.p.engine_id!r}"
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if _has(rel, "engine_id_matches"):
+            effects[rel.name] = (f"RuntimeError: Remote NIXL agent engine ID mismatch. Expected {exp},"
+                                 f"received {f.p.engine_id}.")
+        else:
+            effects[rel.name] = "no check: the other instance's agent is registered under the expected id"
+    effects[CORRECTED] = f"refused: answered for {f.p.engine_id!r}, expected {exp!r} (wrong host/port?)"
+    return _yes("H18", detail, effects)
+
+
+def _h19(f: Facts, rels: Rels) -> Hazard:
+    if not f.collide:
+        return _no("H19", f"remote {f.sc.remote_engine_id()!r} differs from local {f.d.engine_id!r}")
+    detail = f"remote engine id equals D's own {f.d.engine_id!r}"
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if _has(rel, "engine_id_conflict"):
+            effects[rel.name] = "`assert engine_id != self.engine_id, \"Conflict engine id found!\"`"
+            continue
+        rtp = _remote_tp(rel, f)
+        if rtp != f.d_tp:
+            effects[rel.name] = (f"no guard: `assert self._tp_size[engine_id] == ...` compares D's own TP "
+                                 f"{f.d_tp} with {rtp} and fires (misleading)")
+            continue
+        paths = _paths(rel, f)
+        eq = [r for r, bp in paths.items() if bp.stop == "dst_num_blocks_equal"]
+        ge = [r for r, bp in paths.items() if bp.stop == "num_blocks_ge"]
+        bits = []
+        if eq:
+            bits.append(f"{_EQ} compares D's own count and fires on D {_plural(eq)}")
+        if ge:
+            bits.append(f"{_GE} fires on D {_plural(ge)}")
+        quiet = [r for r in paths if r not in eq and r not in ge]
+        if quiet:
+            bits.append(f"D {_plural(quiet)} pass and overwrite their own engine's entries "
+                        "(kv_caches_base_addr) silently")
+        effects[rel.name] = "no guard: " + "; ".join(bits)
+    effects[CORRECTED] = "refused: the remote engine id equals the local one"
+    return _yes("H19", detail, effects)
+
+
+def _h21(f: Facts, rels: Rels) -> Hazard:
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.recv_timeout_ms is not None:
+            continue
+        missing = [r for r in range(f.d_tp) if (tg := targets(rel, f, r)) is not None and any(p >= f.p_tp for p in tg)]
+        if missing:
+            effects[rel.name] = (f"D {_plural(missing)} ask P ports nobody listens on; recv() has no timeout: "
+                                 "the handshake blocks forever")
+    if not effects:
+        return _no("H21", "every modelled D rank asks a P rank that exists")
+    effects[CORRECTED] = "asks only existing ranks; a 5 s receive timeout on a fresh socket per attempt"
+    return _yes("H21", "a D rank asks a P rank that does not exist (P TP too small for the flow)", effects)
+
+
+def _h25(f: Facts, rels: Rels) -> Hazard:
+    moved = [p for p in range(f.p_tp) if f.p.device_id(p) != p]
+    if not moved:
+        return _no("H25", "every P rank registered the device of its own rank number")
+    regs = ", ".join(f"P rank {p} on device {f.p.device_id(p)}" for p in moved)
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if rel.wire in _PRE_DEVICE_WIRES:
+            who = "D's own rank" if rel.flow == "same_rank" else "remote_tp_rank"
+            effects[rel.name] = (f"remote descriptors name device = {who}, not the registered device: "
+                                 "NIXL lookup failure (NOT_FOUND/BACKEND) or the wrong device")
+    effects[CORRECTED] = ("uses the advertised device_id (era F, 0.11.1+); a pre-F P does not advertise it, "
+                          "so the rank number is used and the same failure follows")
+    return _yes("H25", f"{regs}; pre-F releases use the rank number as the device", effects)
+
+
+def _yes(hid: str, detail: str, effects: dict[str, str]) -> Hazard:
+    return Hazard(id=hid, name=CATALOGUE[hid], applies=True, detail=detail, effects=effects)
+
+
+def _no(hid: str, detail: str) -> Hazard:
+    return Hazard(id=hid, name=CATALOGUE[hid], applies=False, detail=detail)
+
+
+EVALUATORS: dict[str, Callable[[Facts, Rels], Hazard]] = {
+    "H01": _h01, "H02": _h02, "H03": _h03, "H04": _h04, "H07": _h07, "H08": _h08, "H09": _h09, "H10": _h10,
+    "H11": _h11, "H12": _h12, "H13": _h13, "H18": _h18, "H19": _h19, "H21": _h21, "H25": _h25,
+}
+
+
+def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
+    """Every evaluated hazard, applicable or not, in id order. Effects name each given release (the
+    corrected model is skipped if passed: its line is always added under "corrected")."""
+    rels = [r for r in releases if r.flow != CORRECTED]
+    f = Facts.of(sc)
+    return [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]
