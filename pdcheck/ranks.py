@@ -92,6 +92,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                 msg = _recv(conn)
                 if isinstance(msg, m.TagReq):
                     for region, blocks in msg.blocks.items():
+                        if not 0 <= region < len(kv.views):
+                            continue  # a D whose geometry differs asks for regions P does not have
                         kv.tag(_p_tag(spec), spec.tp_rank, region, np.asarray(blocks))
                     for p, region, block in inj.corrupt:
                         if p == spec.tp_rank and block in msg.blocks.get(region, []):

@@ -55,7 +55,7 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
             lids = _ids(regions, kv.num_blocks, req.local_block_ids)
             rids = _ids(regions, stride, req.remote_block_ids)
-            limit = regions * prep.dlist_blocks
+            limit = len(prep.base_addrs) * prep.dlist_blocks  # the remote list's real size (P's regions)
             phys: dict[int, list[int]] = {}
             for rid in rids[rids < limit]:
                 phys.setdefault(int(rid // prep.dlist_blocks), []).append(int(rid % prep.dlist_blocks))
