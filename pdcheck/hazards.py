@@ -102,6 +102,13 @@ def _plural(ranks: Sequence[int]) -> str:
     return f"rank {ranks_text(ranks)}" if len(set(ranks)) == 1 else f"ranks {ranks_text(ranks)}"
 
 
+def _v(ranks: Sequence[int], verb: str) -> str:
+    """'D rank 6 stops' / 'D ranks 1-5,7 stop': subject and verb agree."""
+    if len(set(ranks)) > 1:
+        return f"D {_plural(ranks)} {verb}"
+    return f"D {_plural(ranks)} {verb}{'es' if verb.endswith(('sh', 'ss')) else 's'}"
+
+
 def _by_count(counts: Sequence[int], ranks: Sequence[int]) -> str:
     """'111488 on P ranks 1-5,7; 112448 on P rank 6' for the given ranks."""
     groups: dict[int, list[int]] = {}
@@ -281,7 +288,7 @@ def _h01(f: Facts, rels: Rels) -> Hazard:
     if not hit:
         return _no("H01", f"every P rank a D rank reads advertises P rank 0's {f.pb[0]}")
     read = sorted({r // f.ratio for r in hit})
-    detail = (f"P rank 0 advertises {f.pb[0]}; D {_plural(hit)} read P {_plural(read)} "
+    detail = (f"P rank 0 advertises {f.pb[0]}; {_v(hit, 'read')} P {_plural(read)} "
               f"({_by_count(f.pb, read)})")
     effects: dict[str, str] = {}
     for rel in rels:
@@ -294,9 +301,9 @@ def _h01(f: Facts, rels: Rels) -> Hazard:
             if eq:
                 parts.append(f"{_EQ} fires on D {_plural(eq)} ({f.pb[0]} vs {_by_count(f.pb, [r // f.ratio for r in eq])})")
             if ge:
-                parts.append(f"D {_plural(ge)} stop earlier at {_GE} (H02)")
+                parts.append(f"{_v(ge, 'stop')} earlier at {_GE} (H02)")
             if silent:
-                parts.append(f"with asserts stripped D {_plural(silent)} read with stride {f.pb[0]}: "
+                parts.append(f"with asserts stripped {_v(silent, 'read')} with stride {f.pb[0]}: "
                              "silent wrong blocks (H04)")
             effects[rel.name] = "; ".join(parts)
         elif rel.flow == "target_only":
@@ -382,7 +389,7 @@ def _h03(f: Facts, rels: Rels) -> Hazard:
             ge = [r for r in uneven if paths[r].stop == "num_blocks_ge"]
             line = f"{_EQ} fires on D {_plural(eq)}" if eq else f"{_EQ} not reached"
             if ge:
-                line += f" (D {_plural(ge)} stop earlier at {_GE})"
+                line += f" ({_v(ge, 'stop')} earlier at {_GE})"
             effects[rel.name] = line
         elif rel.flow == "target_only" and f.tp_ok:
             effects[rel.name] = f"one handshake per D rank and engine: {_EQ} cannot fire"
@@ -524,7 +531,7 @@ def _h11(f: Facts, rels: Rels) -> Hazard:
         elif rel.flow == "same_rank":
             missing = [r for r in range(d) if r >= p]
             effects[rel.name] = ("no heterogeneous TP: each D rank asks the P rank of its own number"
-                                 + (f"; D {_plural(missing)} ask ports nobody listens on and block in recv()"
+                                 + (f"; {_v(missing, 'ask')} ports nobody listens on and {'blocks' if len(missing) == 1 else 'block'} in recv()"
                                     if missing else ""))
     big, small = max(d, p), min(d, p)
     effects[CORRECTED] = (f"supported: each D rank reads {p // d} P ranks" if p > d and p % d == 0
@@ -545,7 +552,7 @@ def _h11_target_only(f: Facts) -> str:
     live = [r for r, t in asked.items() if t < f.p_tp]
     line = f"`divide({f.d_tp}, {ptp})`: '{f.d_tp} is not divisible by {ptp}' on D {_plural(live)}"
     if dead:
-        line += f"; D {_plural(dead)} ask P ranks that do not exist and block in recv() (H21)"
+        line += f"; {_v(dead, 'ask')} P ranks that do not exist and {'blocks' if len(dead) == 1 else 'block'} in recv() (H21)"
     return line
 
 
@@ -633,7 +640,7 @@ def _h19(f: Facts, rels: Rels) -> Hazard:
             bits.append(f"{_GE} fires on D {_plural(ge)}")
         quiet = [r for r in paths if r not in eq and r not in ge]
         if quiet:
-            bits.append(f"D {_plural(quiet)} pass and overwrite their own engine's entries "
+            bits.append(f"{_v(quiet, 'pass')} and overwrite{'s' if len(quiet) == 1 else ''} their own engine's entries "
                         "(kv_caches_base_addr) silently")
         effects[rel.name] = "no guard: " + "; ".join(bits)
     effects[CORRECTED] = "refused: the remote engine id equals the local one"
@@ -647,7 +654,7 @@ def _h21(f: Facts, rels: Rels) -> Hazard:
             continue
         missing = [r for r in range(f.d_tp) if (tg := targets(rel, f, r)) is not None and any(p >= f.p_tp for p in tg)]
         if missing:
-            effects[rel.name] = (f"D {_plural(missing)} ask P ports nobody listens on; recv() has no timeout: "
+            effects[rel.name] = (f"{_v(missing, 'ask')} P ports nobody listens on; recv() has no timeout: "
                                  "the handshake blocks forever")
     if not effects:
         return _no("H21", "every modelled D rank asks a P rank that exists")
