@@ -246,17 +246,17 @@ def _paths(rel: ReleaseModel, f: Facts) -> dict[int, BlockPath]:
     return out
 
 
-Rule = str  # "plain" (0.9.1: MLA only), "replicated" (0.9.2+: MLA or tp_size >= heads), "corrected"
+LenRule = str  # "plain" (0.9.1: MLA only), "replicated" (0.9.2+: MLA or tp_size >= heads), "corrected"
 
 
-def block_len_rule(rel: ReleaseModel) -> Rule:
+def block_len_rule(rel: ReleaseModel) -> LenRule:
     # #19691 (0.9.2) added the `tp_size // total_kv_heads >= 1` replicated branch; 0.9.1 only knows MLA.
     if rel.flow == CORRECTED:
         return CORRECTED
     return "replicated" if _version(rel) >= (0, 9, 2) else "plain"
 
 
-def expected_remote_block_len(f: Facts, rule: Rule, rtp: int) -> tuple[int, bool] | None:
+def expected_remote_block_len(f: Facts, rule: LenRule, rtp: int) -> tuple[int, bool] | None:
     """(the P block_len a block_len rule accepts when P's TP is `rtp`, whether it is the equality branch);
     None where tp_ratio < 1 (the TP checks fail first, H11)."""
     dl, heads = f.dg.block_len, f.dg.total_kv_heads
@@ -611,7 +611,10 @@ def _h18(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = (f"RuntimeError: Remote NIXL agent engine ID mismatch. Expected {exp},"
                                  f"received {f.p.engine_id}.")
         else:
-            effects[rel.name] = "no check: the other instance's agent is registered under the expected id"
+            # _remote_agents gets the expected id, but _tp_size/dst_num_blocks/handles the id P sent, so the
+            # first _read_blocks looks up self._tp_size[<expected>] and fails (reference §3.8, H22).
+            effects[rel.name] = ("no check: the other instance's agent is registered under the expected id, its "
+                                 f"counts under {f.p.engine_id!r}; the first read then raises KeyError")
     effects[CORRECTED] = f"refused: answered for {f.p.engine_id!r}, expected {exp!r} (wrong host/port?)"
     return _yes("H18", detail, effects)
 
