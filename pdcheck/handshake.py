@@ -119,7 +119,10 @@ def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], 
              harness: list[str]) -> tuple[dict[int, m.DecodeResult], dict[int, m.PrefillFinal]]:
     results: dict[int, m.DecodeResult] = {}
     finals: dict[int, m.PrefillFinal] = {}
-    owner: dict[tuple[int, int], Rank] = {}  # (P rank, ticket) -> the D rank waiting for those tags
+    # The launcher issues its own ticket ids: each D rank numbers its requests from 1, so two D ranks
+    # reading one P rank would otherwise collide and one would wait forever.
+    owner: dict[int, tuple[int, Rank, int]] = {}  # global ticket -> (P rank, D rank, the D rank's ticket)
+    next_ticket = 0
     deadline = time.monotonic() + opts.run_timeout_s
     everyone = [*p_ranks.values(), *d_ranks.values()]
     for rank, msg in lau.events(everyone, deadline):
@@ -129,21 +132,22 @@ def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], 
             elif rank.role == "P" and rank.tp_rank not in finals:
                 harness.append(f"{rank.label} died (exit code {rank.proc.exitcode})")
             # A D rank waiting for tags from a dead P gets an answer so it can report the failed READ.
-            for (p_rank, ticket), d_rank in list(owner.items()):
+            for gid, (p_rank, d_rank, ticket) in list(owner.items()):
                 if rank.role == "P" and p_rank == rank.tp_rank:
                     d_rank.send(m.Tagged(ticket))
-                    owner.pop((p_rank, ticket))
+                    owner.pop(gid)
         elif isinstance(msg, m.TagReq):
             target = p_ranks.get(msg.p_rank)
             if target is None or target.done:
                 rank.send(m.Tagged(msg.ticket))
             else:
-                owner[(msg.p_rank, msg.ticket)] = rank
-                target.send(msg)
+                next_ticket += 1
+                owner[next_ticket] = (msg.p_rank, rank, msg.ticket)
+                target.send(m.TagReq(next_ticket, msg.p_rank, msg.blocks))
         elif isinstance(msg, m.Tagged):
-            d_rank = owner.pop((rank.tp_rank, msg.ticket), None)
-            if d_rank is not None:
-                d_rank.send(msg)
+            entry = owner.pop(msg.ticket, None)
+            if entry is not None:
+                entry[1].send(m.Tagged(entry[2]))
         elif isinstance(msg, m.DecodeResult):
             results[rank.tp_rank] = msg
             rank.done = True

@@ -40,9 +40,44 @@ def offset_word(coord: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     return (offsets.astype(np.uint64) << np.uint64(32)) | check
 
 
-def pattern(tag: int, p_rank: int, region: int, blocks: np.ndarray, start: int, length: int) -> np.ndarray:
+@dataclass(frozen=True)
+class BlockView:
+    """How bytes of a block map to (head, token): the logical offset a cell is tagged with.
+
+    The logical offset is the byte offset the same element would have in a heads-first (HND) block. For an
+    HND block it is the byte offset itself; for a tokens-first (NHD) block the two differ, so a reader that
+    assumes the wrong layout finds other logical offsets than it expects (hazard H09).
+    """
+
+    heads_first: bool = True
+    heads: int = 1
+    block_size: int = 1
+    head_bytes: int = CELL
+
+    @classmethod
+    def of(cls, layout: str, heads: int, block_size: int, head_bytes: int, *, plain: bool = False) -> BlockView:
+        # MLA and FlashInfer blocks are not modelled per head: byte offset is the logical offset.
+        if plain or head_bytes % CELL or heads <= 1:
+            return cls()
+        heads_first = layout.index("H") < layout.index("N") if "H" in layout and "N" in layout else True
+        return cls(heads_first, heads, block_size, head_bytes)
+
+    def logical(self, offsets: np.ndarray) -> np.ndarray:
+        if self.heads_first:
+            return offsets
+        hb = np.uint64(self.head_bytes)
+        token = offsets // (hb * np.uint64(self.heads))
+        head = (offsets // hb) % np.uint64(self.heads)
+        return (head * np.uint64(self.block_size) + token) * hb + offsets % hb
+
+
+PLAIN = BlockView()
+
+
+def pattern(tag: int, p_rank: int, region: int, blocks: np.ndarray, start: int, length: int,
+            view: BlockView = PLAIN) -> np.ndarray:
     """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8."""
-    cells = np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64) * np.uint64(CELL)
+    cells = view.logical(np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64) * np.uint64(CELL))
     coord = coord_word(tag, p_rank, region, np.asarray(blocks))[:, None]
     out = np.empty((len(blocks), len(cells), 2), dtype=np.uint64)
     out[:, :, 0] = coord
@@ -78,8 +113,12 @@ def decode_cell(cell: np.ndarray) -> Found:
 class KVCache:
     """num_regions buffers of num_blocks * block_len bytes, registered with one NIXL agent."""
 
-    def __init__(self, geometry: Geometry, num_blocks: int, device: str = "cpu", gpu_index: int = 0) -> None:
+    def __init__(self, geometry: Geometry, num_blocks: int, device: str = "cpu", gpu_index: int = 0,
+                 layout: str = "HND") -> None:
         self.geometry, self.num_blocks, self.device = geometry, num_blocks, device
+        g = geometry
+        self.view = BlockView.of(layout, g.local_kv_heads, g.block_size, g.elem_size * g.head_dim,
+                                 plain=g.use_mla or g.flashinfer)
         self.block_len = geometry.block_len
         self.region_bytes = num_blocks * self.block_len
         self._keep: list[Any] = []
@@ -133,7 +172,7 @@ class KVCache:
     def tag(self, tag: int, p_rank: int, region: int, blocks: np.ndarray) -> None:
         blocks = np.unique(np.asarray(blocks, dtype=np.int64))
         if len(blocks):
-            self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len))
+            self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len, self.view))
 
     def clear(self, region: int, blocks: np.ndarray) -> None:
         blocks = np.unique(np.asarray(blocks, dtype=np.int64))

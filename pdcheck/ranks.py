@@ -54,7 +54,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     try:
         g = _geometry(spec.geometry)
         agent = Agent(f"{spec.engine_id}-p{spec.tp_rank}")
-        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0)
+        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
+                     spec.kv_cache_layout)
         agent.register(kv.regions(spec.device_id), kv.mem_type)
         values = {
             "engine_id": spec.engine_id, "agent_metadata": agent.metadata(), "kv_caches_base_addr": kv.base_addrs,
@@ -155,7 +156,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     try:
         g = _geometry(spec.geometry)
         agent = Agent(f"{spec.engine_id}-d{spec.tp_rank}")
-        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0)
+        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
+                     spec.kv_cache_layout)
         agent.register(kv.regions(spec.device_id), kv.mem_type)
         lists = LocalLists(agent, kv, spec.device_id)
         if spec.transfer:

@@ -105,76 +105,69 @@ def to_json(rep: Report) -> bytes:
 _STYLE = {"ok": "green", "assert": "bold red", "silent": "bold magenta", "error": "red", "hang": "yellow"}
 
 
-def _cell(v: m.Verdict | None) -> Text:
+def _detail(v: m.Verdict) -> str:
+    if v.status == "assert":
+        msg = f', "{v.message}"' if v.message else ""
+        return f"assert {v.assert_expr}{msg}"
+    exc = f"{v.exception}: " if v.exception else ""
+    return f"{exc}{v.message or ''}"
+
+
+def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]) -> Text:
+    """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
     if v is None:
         return Text("-")
-    t = Text(v.status.upper(), style=_STYLE.get(v.status, ""))
-    if v.status == "assert":
-        where = f" (handshake {v.handshake}, P rank {v.remote_rank})" if v.handshake else ""
-        t.append(f"{where}\nassert {v.assert_expr}")
-        if v.message:
-            t.append(f', "{v.message}"')
-    elif v.status != "ok" and v.message:
-        exc = f"{v.exception}: " if v.exception else ""
-        t.append(f"\n{exc}{v.message}")
-    return t
-
-
-def _transfer_cell(t: m.TransferResult | None) -> Text:
-    if t is None:
-        return Text("-")
-    if t.status == "skipped":
-        return Text("skipped", style="dim")
-    if t.status == "error":
-        return Text(f"ERROR {t.message}", style="red")
-    txt = Text(f"{t.wrong}/{t.blocks} wrong", style="bold magenta" if t.wrong else "green")
-    if t.first_mismatch:
-        fm = t.first_mismatch
-        txt.append(f"\nfirst: expected {fm.expected}\n       found {fm.found}")
-    return txt
+    text = Text(v.status.upper(), style=_STYLE.get(v.status, ""))
+    if v.status != "ok":
+        key = notes.setdefault(_detail(v), chr(ord("a") + len(notes)))
+        where = f" @hs{v.handshake}" if v.handshake else ""
+        text.append(f" [{key}]{where}")
+    rec = v.rank_num_blocks or ({} if v.recorded_num_blocks is None else {-1: v.recorded_num_blocks})
+    recs = ",".join(str(x) if k == -1 else f"{x}" for k, x in rec.items()) or "-"
+    text.append(f"\nP{','.join(map(str, v.contacted)) or '-'} n={recs}", style="dim")
+    if t is not None and t.status != "skipped":
+        if t.status == "error":
+            text.append("\nxfer ERROR", style="red")
+        else:
+            text.append(f"\nxfer {t.wrong}/{t.blocks} wrong", style="bold magenta" if t.wrong else "green")
+    return text
 
 
 def render(rep: Report, console: Console) -> None:
-    console.print(f"[bold]pdcheck handshake[/] {rep.scenario} [dim]({rep.source})[/]  device={rep.device}")
+    console.print(f"[bold]pdcheck handshake[/] {rep.scenario} [dim]({rep.source}, device {rep.device})[/]")
     for side, sp in rep.num_blocks_spread.items():
-        diff = f", ranks {', '.join(map(str, sp.differing_ranks))} differ from {sp.mode}" if sp.differing_ranks else ""
+        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
         console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")
-    shown = [n for n in rep.releases] + [CORRECTED.name]
-    table = Table(show_lines=True, title="Decode ranks")
-    table.add_column("D rank", justify="right")
-    table.add_column("num_blocks", justify="right")
+    shown = [*rep.releases, CORRECTED.name]
+    table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
+    table.add_column("D", justify="right")
+    table.add_column("blocks", justify="right")
     for n in shown:
-        table.add_column(f"vLLM {n}" if n != CORRECTED.name else "corrected")
-        table.add_column("contacted / recorded", justify="right")
-    has_transfer = any(d.transfer for d in rep.decode_ranks)
-    if has_transfer:
-        for n in shown:
-            table.add_column(f"transfer {n}")
+        table.add_column(n if n == CORRECTED.name else f"vLLM {n}")
+    notes: dict[str, str] = {}
     for d in rep.decode_ranks:
-        row: list[Text | str] = [str(d.tp_rank), str(d.num_blocks)]
-        for n in shown:
-            v = d.verdicts.get(n)
-            row.append(_cell(v))
-            if v is None:
-                row.append("-")
-            else:
-                rec = v.rank_num_blocks or ({} if v.recorded_num_blocks is None else {"": v.recorded_num_blocks})
-                recs = ", ".join(f"P{k}:{x}" if k != "" else str(x) for k, x in rec.items()) or "none"
-                row.append(f"P {','.join(map(str, v.contacted)) or '-'}\n{recs}")
-        if has_transfer:
-            for n in shown:
-                row.append(_transfer_cell((d.transfer or {}).get(n)))
-        table.add_row(*row)
+        table.add_row(str(d.tp_rank), str(d.num_blocks),
+                      *(_cell(d.verdicts.get(n), (d.transfer or {}).get(n), notes) for n in shown))
     console.print(table)
+    for text, key in notes.items():
+        console.print(Text(f"  [{key}] {text}"))  # Text: "[a]" must not be read as markup
+    for n in shown:
+        firsts = [(d.tp_rank, t) for d in rep.decode_ranks if (t := (d.transfer or {}).get(n)) and t.message]
+        if firsts:
+            r, t = firsts[0]
+            line = f"  transfer {n}, D rank {r}: {t.message}"
+            if t.first_mismatch:
+                fm = t.first_mismatch
+                line += f"; first mismatch: expected {fm.expected}, found {fm.found}"
+            console.print(line, highlight=False)
     applied = [h for h in rep.hazards if h.applies]
     if applied:
-        ht = Table(title="Hazards that apply", show_lines=True)
+        ht = Table(title="Hazards that apply (reference §11)", show_lines=True)
         ht.add_column("id")
-        ht.add_column("hazard")
-        ht.add_column("detail")
+        ht.add_column("hazard / detail")
         for h in applied:
-            eff = "\n".join(f"{k}: {v}" for k, v in h.effects.items())
-            ht.add_row(h.id, h.name, h.detail + (f"\n{eff}" if eff else ""))
+            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
+            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
         console.print(ht)
     for e in rep.harness_errors:
         console.print(f"[red]harness:[/] {e}")

@@ -13,7 +13,7 @@ import numpy as np
 
 from pdcheck.engine import Outcome
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import CELL, KVCache, decode_cell, pattern
+from pdcheck.kvcache import CELL, BlockView, KVCache, decode_cell, pattern
 from pdcheck.messages import Mismatch, Req, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent, descs_array
 from pdcheck.releases.base import Local, Prepared
@@ -84,9 +84,15 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     remote = np.asarray(req.remote_block_ids, dtype=np.int64)
     local_ids = np.asarray(req.local_block_ids, dtype=np.int64)
     lo, n = prep.local_offset, prep.block_len
+    # D reads the P block as if it had D's own layout (vLLM assumes equal layouts): check it that way.
+    g = kv.geometry
+    head_bytes = g.elem_size * g.head_dim
+    p_heads = max(1, prep.remote_block_len // max(1, g.block_size * head_bytes))
+    view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, head_bytes,
+                        plain=g.use_mla or g.flashinfer)
     for region in range(kv.geometry.num_regions):
         got = kv.read_blocks(region, local_ids)[:, lo:lo + n]
-        exp = pattern(p_tag, prep.p_rank, region, remote, prep.rank_offset, n)
+        exp = pattern(p_tag, prep.p_rank, region, remote, prep.rank_offset, n, view)
         bad = np.flatnonzero((got != exp).any(axis=1))
         res.blocks += len(local_ids)
         res.bytes += got.size
