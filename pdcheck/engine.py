@@ -174,6 +174,14 @@ class Handshaker:
         out.stride = out.recorded_num_blocks
         if out.status != "ok":
             return
+        if self.last_engine is not None and self.last_engine != self.params.remote_engine_id:
+            # Before 0.10.0 nothing compares the engine ids: the handshake passes, state is keyed by the id P
+            # sent, and the first _read_blocks looks up the id kv_transfer_params named (H18).
+            out.status, out.exception, out.hazard = "error", "KeyError", "H18"
+            out.message = (f"{self.params.remote_engine_id!r}: raised by the first _read_blocks "
+                           f"(self._tp_size[dst_engine_id]); the side channel answered for {self.last_engine!r}")
+            out.prepared = []
+            return
         for prep in out.prepared:
             if out.stride is not None and out.stride != prep.dlist_blocks:
                 out.status = "silent"
@@ -194,7 +202,7 @@ def corrected_targets(local: Local, p_tp: int) -> list[int]:
         return [local.tp_rank // ratio]
     ratio = p_tp // d_tp
     first = local.tp_rank * ratio
-    if local.use_mla or p_tp >= local.geometry.total_kv_heads:
+    if local.use_mla or p_tp > local.geometry.total_kv_heads:
         return [first]  # replicated KV: every P rank holds the same blocks, read one
     return list(range(first, first + ratio))
 

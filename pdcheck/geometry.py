@@ -35,7 +35,8 @@ class Geometry:
 
     @property
     def kv_replicated(self) -> bool:
-        return self.use_mla or self.tp_size >= self.total_kv_heads
+        # tp == heads still gives every rank its own head; only tp > heads repeats heads across ranks.
+        return self.use_mla or self.tp_size > self.total_kv_heads
 
     @property
     def local_kv_heads(self) -> int:

@@ -404,10 +404,12 @@ class TestV0100:
         assert (o.status, o.exception, o.check, o.hazard) == ("error", "RuntimeError", "engine_id_matches", "H18")
         assert o.message == "Remote NIXL agent engine ID mismatch. Expected P-expected,received P-other."
         assert o.assert_expr is None
-        # 0.9.2 has no such check: the handshake goes through with the other instance's metadata (the KeyError
-        # that follows in _read_blocks is outside the handshake)
+        # 0.9.2 has no such check: the handshake goes through with the other instance's metadata, keyed by the
+        # id P sent, and the first _read_blocks raises KeyError on the id kv_transfer_params named.
         o = run_rank(V092, p, d, 0, expected="P-expected")
-        assert (o.check, o.exception, o.contacted, o.recorded_num_blocks) == (None, None, [0], 2048)
+        assert (o.status, o.exception, o.hazard, o.contacted) == ("error", "KeyError", "H18", [0])
+        assert o.message is not None and o.message.startswith("'P-expected': raised by the first _read_blocks")
+        assert o.check is None and o.prepared == []
 
     def test_engine_id_match(self) -> None:
         assert run_rank(V0100, side("P", 2, 2048), side("D", 2, 2048), 0).status == "ok"

@@ -17,7 +17,8 @@ def _p_tp(c: Ctx) -> int:
 
 
 def _replicated(c: Ctx) -> bool:
-    return c.local.use_mla or _p_tp(c) >= c.local.geometry.total_kv_heads
+    # Strict: at P TP == heads each P rank holds one distinct head (vLLM 0.34 uses `>` too).
+    return c.local.use_mla or _p_tp(c) > c.local.geometry.total_kv_heads
 
 
 def expected_remote_block_len(c: Ctx) -> int:
@@ -36,8 +37,13 @@ def _prep(c: Ctx) -> None:
     d_tp, p_tp = c.local.tp_size, _p_tp(c)
     rlen = c.remote_block_len()
     if d_tp >= p_tp:
-        ratio = d_tp // p_tp
-        rank_offset = 0 if _replicated(c) else (c.local.tp_rank % ratio) * c.local.block_len
+        # The D rank's first head, and where it sits inside its P rank's block. With D TP > heads several
+        # D ranks share a head, so this is not simply (tp_rank % ratio).
+        g = c.local.geometry
+        first_head = c.local.tp_rank * g.total_kv_heads // d_tp
+        p_heads = max(1, g.total_kv_heads // p_tp)
+        head_len = c.local.block_len // g.local_kv_heads  # one head's slice of a block (HND)
+        rank_offset = 0 if _replicated(c) else (first_head % p_heads) * head_len
         read_len, local_offset = c.local.block_len, 0
     else:
         ratio = p_tp // d_tp
@@ -92,18 +98,15 @@ MODEL = ReleaseModel(
               lambda c: c.meta.kv_cache_layout == c.local.kv_cache_layout, when=_layout_known,
               message=lambda c: f"refused: kv_cache_layout P={c.meta.kv_cache_layout} D={c.local.kv_cache_layout}",
               exc="RuntimeError", hazard="H09"),
-        Check("block_size_equal", "meta.block_size == local.block_size",
-              lambda c: (c.meta.block_size if c.meta.block_size is not None
-                         else rules.remote_block_size_corrected(c)) == c.local.block_size,
-              message=lambda c: "refused: P block_size "
-              f"{c.meta.block_size if c.meta.block_size is not None else rules.remote_block_size_corrected(c)} "
-              f"!= D block_size {c.local.block_size}",
-              exc="RuntimeError", hazard="H07"),
         Check("block_len", "meta.block_len == expected (heads, head_dim, dtype)",
               lambda c: c.remote_block_len() == expected_remote_block_len(c),
               message=lambda c: f"refused: P block is {c.remote_block_len()} B, D expects "
-              f"{expected_remote_block_len(c)} B (heads, head_dim or dtype differ)",
+              f"{expected_remote_block_len(c)} B (block_size, heads, head_dim or dtype differ)",
               exc="RuntimeError", hazard="H08"),
+        Check("block_size_equal", "meta.block_size == local.block_size",
+              lambda c: c.meta.block_size == c.local.block_size, when=lambda c: c.meta.block_size is not None,
+              message=lambda c: f"refused: P block_size {c.meta.block_size} != D block_size {c.local.block_size}",
+              exc="RuntimeError", hazard="H07"),
         Action("record_tp_size", _record_rank),
         rules.NIXL_ADD,
         Action("prep_remote_descs", _prep),  # stride for this rank = its own num_blocks
