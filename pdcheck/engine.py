@@ -12,7 +12,7 @@ from typing import Literal
 from pdcheck.errors import NixlCallError
 from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
 from pdcheck.releases.rules import already_added
-from pdcheck.wire import FORMATS, WireError, WireFormat, strict_decode, tolerant_decode
+from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
 StatusT = Literal["ok", "assert", "silent", "error", "hang"]
 
@@ -119,6 +119,13 @@ class Handshaker:
 
     def flow(self) -> None:
         flow, local, params = self.release.flow, self.local, self.params
+        if self.release.pre_flow:
+            # Checks the release makes before sending anything: they see only local facts and params.
+            empty = AnyMeta(engine_id=params.remote_engine_id, agent_metadata=b"", kv_caches_base_addr=[], num_blocks=0)
+            _run_steps(self.release.pre_flow, Ctx(local=local, meta=empty, remote_tp_rank=-1,
+                                                  remote_tp_size=params.tp_size,
+                                                  expected_engine_id=params.remote_engine_id, state=self.state,
+                                                  io=self.io, bypass_asserts=self.bypass))
         if flow == "same_rank":
             self.handshake(local.tp_rank, params.tp_size)
         elif flow == "rank0_then_target":
@@ -130,6 +137,9 @@ class Handshaker:
         elif flow == "target_only":
             tp_ratio = self.state.tp_size[local.engine_id] // params.tp_size
             self.handshake(local.tp_rank // tp_ratio, params.tp_size)
+        elif flow == "all_targets":
+            for p in release_targets(local, params.tp_size):
+                self.handshake(p, params.tp_size)
         elif flow == "corrected":
             for p in corrected_targets(local, params.tp_size):
                 self.handshake(p, params.tp_size)
@@ -205,6 +215,16 @@ def corrected_targets(local: Local, p_tp: int) -> list[int]:
     if local.use_mla or p_tp > local.geometry.total_kv_heads:
         return [first]  # replicated KV: every P rank holds the same blocks, read one
     return list(range(first, first + ratio))
+
+
+def release_targets(local: Local, p_tp: int) -> list[int]:
+    """0.14+ get_target_remote_ranks: the P rank(s) a D rank reads; MLA with P TP > D TP reads one rank."""
+    d_tp = local.tp_size
+    if d_tp >= p_tp:
+        return [local.tp_rank // (d_tp // p_tp)]
+    ratio = p_tp // d_tp
+    first = local.tp_rank * ratio
+    return [first] if local.use_mla else list(range(first, first + ratio))
 
 
 def run(release: ReleaseModel, local: Local, params: Params, io: HandshakeIO, *, bypass_asserts: bool = False,

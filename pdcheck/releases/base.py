@@ -153,6 +153,8 @@ class Action:
 
 
 Step = Check | Action
+# same_rank: 0.9.0; rank0_then_target: 0.9.1; target_only: 0.9.2-0.13; all_targets: 0.14+ (P TP > D TP makes
+# one D rank handshake |tp_ratio| P ranks in a row, on one REQ socket); corrected: pdcheck's fixed model.
 Flow = Literal["same_rank", "rank0_then_target", "target_only", "all_targets", "corrected"]
 
 
@@ -164,8 +166,12 @@ class ReleaseModel:
     flow: Flow
     tp_size_from: Literal["metadata", "params"]
     recv_timeout_ms: int | None  # None: a blocking recv(); a dead P hangs the handshake
-    pre_add: tuple[Step, ...]  # after decode, before add_remote_agent
+    pre_add: tuple[Step, ...]  # after decode (and the hash check), before add_remote_agent
     add_remote: tuple[Step, ...]  # the body of add_remote_agent, in source order
     notif: str = "{req}:{tp_ratio}"
     tolerant_decode: bool = False
     summary: str = ""
+    pre_flow: tuple[Step, ...] = ()  # before any request (e.g. 0.14's tp_ratio divisibility); ctx.meta is empty
+    version: str = ""  # the exact release modelled (resolve() fills it in); hashed as vllm_version in G/H
+    connector_version: int | None = None  # NIXL_CONNECTOR_VERSION (G/H)
+    hash_factors: tuple[str, ...] = ()  # compatibility-hash factor keys (G/H); empty: no hash on the wire
