@@ -14,12 +14,12 @@ from pdcheck.errors import HarnessError
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import Launcher, Rank, launcher
 from pdcheck.ranks import decode_main, prefill_main
-from pdcheck.releases import CORRECTED
+from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.scenario import Scenario
-from pdcheck.wire import FORMATS
+from pdcheck.scenario import Instance, Scenario
+from pdcheck.wire import FORMATS, compat
 
-ERA_PORT_SPAN = 100  # several eras in one run: era k listens at base_port + 100*k
+ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens from base_port + 100*k
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,66 +45,110 @@ def make_requests(sc: Scenario) -> list[m.Req]:
     ]
 
 
-def _wires(releases: list[ReleaseModel]) -> list[str]:
-    out: list[str] = []
-    for r in releases:
-        if r.wire not in out:
-            out.append(r.wire)
+def compat_hash_for(release: ReleaseModel, inst: Instance) -> str | None:
+    """What an instance of `release` puts on the wire (G/H) or checks against; None before 0.13."""
+    if not release.hash_factors:
+        return None
+    f = compat.factors(release.hash_factors, vllm_version=release.version or release.name,
+                       connector_version=release.connector_version or 0, model=inst.model, dtype=inst.dtype,
+                       num_kv_heads=inst.kv_heads, head_size=inst.head_dim, num_hidden_layers=inst.layers,
+                       attn_backend_name=inst.attn_backend)
+    return compat.compat_hash(f)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """What P serves for one modelled release: its wire era and hash, on its own base port."""
+
+    wire: str
+    compat_hash: str | None
+    base_port: int  # A-E: rank r listens on base + dp*tp + r; F-H: P rank 0 listens on base + dp
+
+
+def plan_profiles(sc: Scenario, releases: list[ReleaseModel]) -> dict[str, Profile]:
+    """Release name -> P profile. P speaks the modelled release, or its own (prefill.vllm) in cross-release pairs.
+    Distinct profiles get distinct ports: profile k listens from base_port + 100*k."""
+    p_own = resolve(sc.prefill.vllm) if sc.prefill.vllm else None
+    keys: list[tuple[str, str | None]] = []
+    out: dict[str, Profile] = {}
+    for r in [*releases, CORRECTED]:
+        served = p_own or (releases[-1] if r is CORRECTED else r)
+        key = (served.wire, compat_hash_for(served, sc.prefill))
+        if key not in keys:
+            keys.append(key)
+        out[r.name] = Profile(key[0], key[1], sc.prefill.base_port + ERA_PORT_SPAN * keys.index(key))
     return out
 
 
-def _prefill_port(sc: Scenario, wire_index: int, tp_rank: int, per_rank: bool) -> int:
+def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int) -> list[m.ListenerSpec]:
     p = sc.prefill
-    base = p.base_port + wire_index * ERA_PORT_SPAN + (p.dp_rank * p.tp_size if per_rank else p.dp_rank)
-    return base + (tp_rank if per_rank else 0)
+    seen: set[int] = set()
+    out: list[m.ListenerSpec] = []
+    for prof in profiles.values():
+        if prof.base_port in seen:
+            continue
+        seen.add(prof.base_port)
+        if FORMATS[prof.wire].port_scheme == "per_rank":
+            out.append(m.ListenerSpec(prof.wire, prof.base_port + p.dp_rank * p.tp_size + tp_rank, prof.compat_hash,
+                                      [tp_rank]))
+        elif tp_rank == 0:  # the scheduler's listener serves every TP rank of its DP rank
+            out.append(m.ListenerSpec(prof.wire, prof.base_port + p.dp_rank, prof.compat_hash,
+                                      list(range(p.tp_size))))
+    return out
 
 
 def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
     t0 = time.perf_counter()
-    wires = _wires(releases)
+    profiles = plan_profiles(sc, releases)
     requests = make_requests(sc)
     p, d = sc.prefill, sc.decode
     harness: list[str] = []
+
+    def d_release(r: ReleaseModel) -> m.DRelease:
+        prof = profiles[r.name]
+        base = prof.base_port + (p.dp_rank * p.tp_size if FORMATS[r.wire if r is not CORRECTED else prof.wire]
+                                 .port_scheme == "per_rank" else p.dp_rank)
+        return m.DRelease(r.name, base, prof.wire, compat_hash_for(r, d))
+
     with launcher() as lau:
         p_ranks = {
             r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p.host,
-                ports=[_prefill_port(sc, i, r, FORMATS[w].port_scheme == "per_rank") for i, w in enumerate(wires)],
-                wires=wires,
-                geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout,
-                compat_hash=None, inject=opts.inject)))
+                geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout, inject=opts.inject)))
             for r in range(p.tp_size)
         }
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
                 device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
-                kv_cache_layout=d.kv_cache_layout, releases=[x.name for x in releases] + [CORRECTED.name],
-                p_host=p.host, p_base_ports={w: _prefill_port(sc, i, 0, FORMATS[w].port_scheme == "per_rank") for i, w in enumerate(wires)},
-                p_wire=wires[-1],  # corrected reads the newest era modelled (the most fields)
-                p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
+                kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*releases, CORRECTED]],
+                p_host=p.host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
                 transfer=opts.transfer, requests=requests)))
             for r in range(d.tp_size)
         }
         ready = _await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s)
+        values = {r: ready[f"P rank {r}"][1] for r in p_ranks}
+        for r, rank in p_ranks.items():
+            rank.send(m.Serve(_listeners(sc, profiles, r), values))
+        _await_serving(lau, list(p_ranks.values()), opts.start_timeout_s)
         t_ready = time.perf_counter()
         for rank in d_ranks.values():
             rank.send(m.Go())
         results, p_final = _collect(lau, p_ranks, d_ranks, opts, harness)
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
-                         setup_ms={lbl: ms for lbl, ms in ready.items()})
+                         setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
     return rp.build(sc, releases, opts.device, requests, results, p_final, harness, timings, opts.transfer)
 
 
-def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str, float]:
+def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str, tuple[float, bytes]]:
     pending = {r.label: r for r in ranks}
-    setup: dict[str, float] = {}
+    setup: dict[str, tuple[float, bytes]] = {}
     for rank, msg in lau.events(ranks, time.monotonic() + timeout_s):
         if isinstance(msg, m.Ready):
-            setup[rank.label] = msg.setup_ms
+            setup[rank.label] = (msg.setup_ms, msg.values)
             pending.pop(rank.label, None)
             if not pending:
                 return setup
@@ -113,6 +157,20 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str
         elif msg is None:
             raise HarnessError(f"{rank.label} died during start-up (exit code {rank.proc.exitcode})")
     raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s")
+
+
+def _await_serving(lau: Launcher, ranks: list[Rank], timeout_s: float) -> None:
+    pending = {r.label for r in ranks}
+    for rank, msg in lau.events(ranks, time.monotonic() + timeout_s):
+        if isinstance(msg, m.Serving):
+            pending.discard(rank.label)
+            if not pending:
+                return
+        elif isinstance(msg, m.Failed):
+            raise HarnessError(f"{rank.label} could not open its side channel: {msg.error}")
+        elif msg is None:
+            raise HarnessError(f"{rank.label} died while opening its side channel (exit code {rank.proc.exitcode})")
+    raise HarnessError(f"{', '.join(sorted(pending))} not serving after {timeout_s:g} s")
 
 
 def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], opts: Options,

@@ -27,12 +27,27 @@ class PrefillSpec(msgspec.Struct, frozen=True):
     device_id: int
     device: str
     host: str
-    ports: list[int]  # one listener per modelled wire era
-    wires: list[str]
     geometry: dict[str, object]
     kv_cache_layout: str
-    compat_hash: str | None
     inject: Inject
+
+
+class ListenerSpec(msgspec.Struct, frozen=True):
+    """One side-channel listener a P rank opens: A-E one per rank, F-H one per DP rank (on P rank 0)."""
+
+    wire: str
+    port: int
+    compat_hash: str | None
+    ranks: list[int]  # whose metadata it serves
+
+
+class DRelease(msgspec.Struct, frozen=True):
+    """One release a D rank models, and where the P side of it listens."""
+
+    name: str
+    p_base_port: int
+    p_wire: str
+    local_hash: str | None
 
 
 class DecodeSpec(msgspec.Struct, frozen=True):
@@ -44,10 +59,8 @@ class DecodeSpec(msgspec.Struct, frozen=True):
     device: str
     geometry: dict[str, object]
     kv_cache_layout: str
-    releases: list[str]  # release names to model, "corrected" included
+    releases: list[DRelease]  # "corrected" included
     p_host: str
-    p_base_ports: dict[str, int]  # wire era -> the base port P serves it on
-    p_wire: str  # the era the corrected model reads
     p_engine_tag: int
     remote_engine_id: str
     params_tp_size: int
@@ -61,6 +74,16 @@ class Ready(msgspec.Struct, tag=True):
     tp_rank: int
     agent: str
     setup_ms: float
+    values: bytes = b""  # P: msgpack of this rank's metadata values, for per-DP listeners on P rank 0
+
+
+class Serve(msgspec.Struct, tag=True):
+    listeners: list[ListenerSpec]
+    values: dict[int, bytes]  # P rank -> metadata values (msgpack)
+
+
+class Serving(msgspec.Struct, tag=True):
+    tp_rank: int
 
 
 class Failed(msgspec.Struct, tag=True):
@@ -138,7 +161,7 @@ class DecodeResult(msgspec.Struct, tag=True):
     elapsed_ms: float = 0.0
 
 
-Msg = Ready | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult
+Msg = Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Msg)

@@ -65,16 +65,31 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             "device_id": spec.device_id, "block_size": g.block_size, "ssm_sizes": (0, 0),
             "physical_blocks_per_logical_kv_block": 1,
         }
-        ctx = zmq.Context()
-        listeners = []
-        for wire, port in zip(spec.wires, spec.ports, strict=True):
-            fmt = FORMATS[wire]
-            frames = encode_reply(fmt, values, spec.compat_hash)
-            listeners.append(Listener(ctx, spec.host, port, fmt, lambda _rank, f=frames: f))
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
+    _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3, msgspec.msgpack.encode(values)))
+    serve = _recv(conn)
+    if not isinstance(serve, m.Serve):
+        return
+    ctx = zmq.Context()
+    listeners: list[Listener] = []
+    try:
+        per_rank = {r: msgspec.msgpack.decode(v) for r, v in serve.values.items()}
+        for ls in serve.listeners:
+            fmt = FORMATS[ls.wire]
+            frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
+            own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
+            # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
+            listeners.append(Listener(ctx, spec.host, ls.port, fmt,
+                                      lambda rank, f=frames, o=own: o if rank is None else f[rank]))
+    except Exception as exc:
+        for lst in listeners:
+            lst.close()
+        ctx.destroy(0)
+        _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        return
+    _send(conn, m.Serving(spec.tp_rank))
     inj = spec.inject
     notifs: list[str] = []
     poller = zmq.Poller()
@@ -122,12 +137,13 @@ def _p_tag(spec: m.PrefillSpec) -> int:
 class RealIO:
     """HandshakeIO over a real REQ socket and a real NIXL agent."""
 
-    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache) -> None:
-        self.zctx, self.spec, self.agent, self.kv = zctx, spec, agent, kv
+    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache, rel: m.DRelease) -> None:
+        self.zctx, self.spec, self.agent, self.kv, self.rel = zctx, spec, agent, kv, rel
         self.handles: dict[int, Any] = {}
 
     def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
-        port = self.spec.p_base_ports[fmt.name] + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        # D addresses P by its own era's port scheme; P may speak another era (cross-release pairs).
+        port = self.rel.p_base_port + (p_rank if fmt.port_scheme == "per_rank" else 0)
         return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:
@@ -171,7 +187,6 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     t1 = time.perf_counter()
     zctx = zmq.Context()
     local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout, spec.device_id)
-    params = Params(spec.remote_engine_id, spec.params_tp_size, spec.p_wire)
     verdicts: dict[str, m.Verdict] = {}
     bypassed: dict[str, m.Verdict] = {}
     transfers: dict[str, m.TransferResult] = {}
@@ -185,16 +200,18 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
 
     tp_ratio = max(1, spec.tp_size // max(1, spec.params_tp_size))
     try:
-        for name in spec.releases:
+        for rel in spec.releases:
+            name = rel.name
             model = resolve(name)
-            io = RealIO(zctx, spec, agent, kv)
+            params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
+            io = RealIO(zctx, spec, agent, kv, rel)
             out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
             verdicts[name] = _verdict(out)
             if not spec.transfer:
                 continue
             if model is not CORRECTED and out.status in ("assert",):
                 # Show what the release would have delivered with its asserts stripped (python -O).
-                io = RealIO(zctx, spec, agent, kv)
+                io = RealIO(zctx, spec, agent, kv, rel)
                 out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
                 bypassed[name] = _verdict(out)
             if out.status in ("ok", "silent"):

@@ -43,12 +43,13 @@ class Listener:
             return True
         try:
             rank = parse_request(self.fmt, msg)
-        except Exception as exc:  # the listener of F-H decodes outside any try: its thread ends here
+            frames = self.reply_for(rank)
+        except Exception as exc:  # F-H decode and look up outside any try: the listener thread ends here
             if self.fmt.listener_dies_on_bad_request:
                 self.dead = f"{type(exc).__name__}: {exc}"
                 return True
-            rank = None
-        self.sock.send_multipart([identity, b"", *self.reply_for(rank)])
+            frames = self.reply_for(None)
+        self.sock.send_multipart([identity, b"", *frames])
         self.served += 1
         return True
 
