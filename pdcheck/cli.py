@@ -104,8 +104,42 @@ def handshake(
         inject=_parse_inject(inject or [])))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
+    elif len(releases) > 2:
+        console = Console()
+        report.render_matrix(rep, console)
+        for e in rep.harness_errors:
+            console.print(f"[red]harness:[/] {e}")
+        console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code} (one release: full report)[/]")
     else:
         report.render(rep, Console())
+    raise typer.Exit(rep.exit_code)
+
+
+@app.command()
+def smoke(
+    directory: Annotated[Path, typer.Argument(help="Directory of scenario TOML files with [expect] tables.")] = Path(
+        "scenarios"),
+    junit: Annotated[Path | None, Opt(help="Write JUnit XML here (GitHub/GitLab test reports).")] = None,
+    json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of the table.")] = False,
+    transfer: Annotated[bool, Opt("--transfer/--no-transfer", help="Prove verdicts with real NIXL READs.")] = True,
+    hang_timeout: Annotated[float, Opt(help="Seconds before a reply-less handshake counts as a hang.")] = 2.0,
+) -> None:
+    """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
+    from pdcheck import handshake as hs
+    from pdcheck import smoke as sm
+
+    rep = sm.run(directory, hs.Options(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
+    if junit is not None:
+        try:
+            junit.write_bytes(sm.junit(rep))
+        except OSError as exc:
+            raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
+    if json_out:
+        import msgspec
+
+        sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+    else:
+        sm.render(rep, Console())
     raise typer.Exit(rep.exit_code)
 
 

@@ -55,6 +55,8 @@ class Report(msgspec.Struct):
     requests: list[m.Req]
     harness_errors: list[str]
     survives: dict[str, bool]  # release -> every decode rank ok
+    matrix: dict[str, list[str]]  # release -> status per decode rank (corrected included)
+    first_surviving: str | None  # the first modelled release (in the order given) that survives
     exit_code: int
     timings: Timings
 
@@ -88,12 +90,13 @@ def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: lis
         n: len(decode) == sc.decode.tp_size and all(d.verdicts[n].status == "ok" for d in decode) for n in names
     }
     code = EXIT_HARNESS if harness else (EXIT_OK if all(survives.values()) else EXIT_HAZARD)
+    matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
     return Report(
         tool="pdcheck", version=__version__, scenario=sc.name, source=sc.source, releases=names, device=device,
         decode_ranks=decode, prefill_ranks=prefill,
         num_blocks_spread={"prefill": spread(sc.prefill.blocks()), "decode": spread(sc.decode.blocks())},
         hazards=evaluate(sc, releases), requests=requests, harness_errors=harness, survives=survives,
-        exit_code=code, timings=timings,
+        matrix=matrix, first_surviving=next((n for n in names if survives[n]), None), exit_code=code, timings=timings,
     )
 
 
@@ -131,6 +134,28 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
         else:
             text.append(f"\nxfer {t.wrong}/{t.blocks} wrong", style="bold magenta" if t.wrong else "green")
     return text
+
+
+def render_matrix(rep: Report, console: Console) -> None:
+    """Rows are releases, columns decode ranks (a count summary when there are more than 8)."""
+    wide = len(rep.decode_ranks) <= 8
+    table = Table(title=f"Version matrix: {rep.scenario}")
+    table.add_column("release", no_wrap=True)
+    if wide:
+        for d in rep.decode_ranks:
+            table.add_column(f"D{d.tp_rank}", justify="center")
+    else:
+        table.add_column("decode ranks")
+    for n, row in rep.matrix.items():
+        label = n if n == CORRECTED.name else f"vLLM {n}"
+        if wide:
+            table.add_row(label, *(Text(x, style=_STYLE.get(x, "")) for x in row))
+        else:
+            counts = {x: row.count(x) for x in dict.fromkeys(row)}
+            table.add_row(label, ", ".join(f"{k} {v}" for k, v in counts.items()))
+    console.print(table)
+    first = rep.first_surviving
+    console.print(f"first release that survives: [bold]{first}[/]" if first else "[bold red]no modelled release survives[/]")
 
 
 def render(rep: Report, console: Console) -> None:

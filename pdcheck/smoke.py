@@ -1,0 +1,109 @@
+"""`pdcheck smoke`: run every scenario of a directory and check each one's [expect] table, for CI."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from xml.etree import ElementTree as ET
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from pdcheck import handshake as hs
+from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck.releases import CORRECTED, resolve
+from pdcheck.scenario import Scenario, load
+
+
+class Case(msgspec.Struct):
+    scenario: str
+    file: str
+    release: str
+    passed: bool
+    expected: list[str]
+    got: list[str]
+    seconds: float
+    message: str = ""
+
+
+class SmokeReport(msgspec.Struct):
+    directory: str
+    cases: list[Case]
+    passed: int
+    failed: int
+    seconds: float
+    exit_code: int
+
+
+def discover(directory: Path) -> list[Scenario]:
+    if not directory.is_dir():
+        raise BadInput(f"{directory}: not a directory of scenarios")
+    files = sorted(directory.glob("*.toml"))
+    if not files:
+        raise BadInput(f"{directory}: no *.toml scenarios")
+    scenarios = [load(f) for f in files]  # every file is validated before anything runs
+    for sc in scenarios:
+        if not sc.expect:
+            raise BadInput(f"{sc.source}: expect: no expected outcomes (add an [expect] table)")
+    return scenarios
+
+
+def run_one(sc: Scenario, opts: hs.Options) -> list[Case]:
+    releases = [resolve(r) for r in sc.expect if r != CORRECTED.name]
+    t0 = time.perf_counter()
+    rep = hs.run(sc, releases, opts)
+    secs = time.perf_counter() - t0
+    cases = []
+    for release, exp in sc.expect.items():
+        want = list(exp) if isinstance(exp, list) else [exp] * sc.decode.tp_size
+        got = rep.matrix.get(resolve(release).name if release != CORRECTED.name else release, [])
+        msg = "; ".join(rep.harness_errors)
+        if got != want and not msg:
+            diff = [f"D{i}: {g} (expected {w})" for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
+            msg = ", ".join(diff) or f"{len(got)} decode ranks reported, {len(want)} expected"
+        cases.append(Case(sc.name, sc.source, release, got == want and not rep.harness_errors, want, got, secs, msg))
+    return cases
+
+
+def run(directory: Path, opts: hs.Options) -> SmokeReport:
+    scenarios = discover(directory)
+    t0 = time.perf_counter()
+    cases = [c for sc in scenarios for c in run_one(sc, opts)]
+    failed = sum(not c.passed for c in cases)
+    return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
+                       EXIT_OK if not failed else EXIT_HAZARD)
+
+
+def junit(rep: SmokeReport) -> bytes:
+    """JUnit XML: one testsuite per scenario, one testcase per release (GitHub and GitLab render it)."""
+    root = ET.Element("testsuites", name="pdcheck smoke", tests=str(len(rep.cases)), failures=str(rep.failed),
+                      time=f"{rep.seconds:.3f}")
+    by_scenario: dict[str, list[Case]] = {}
+    for c in rep.cases:
+        by_scenario.setdefault(c.scenario, []).append(c)
+    for name, cases in by_scenario.items():
+        suite = ET.SubElement(root, "testsuite", name=name, tests=str(len(cases)),
+                              failures=str(sum(not c.passed for c in cases)), errors="0",
+                              time=f"{cases[0].seconds:.3f}")
+        for c in cases:
+            tc = ET.SubElement(suite, "testcase", classname=f"pdcheck.{name}", name=f"vllm {c.release}",
+                               file=c.file, time=f"{c.seconds / len(cases):.3f}")
+            if not c.passed:
+                fail = ET.SubElement(tc, "failure", message=c.message, type="ExpectationMismatch")
+                fail.text = f"expected {c.expected}\ngot      {c.got}"
+    return ET.tostring(root, encoding="utf-8", xml_declaration=True)
+
+
+def render(rep: SmokeReport, console: Console) -> None:
+    table = Table(title=f"pdcheck smoke: {rep.directory}")
+    for col in ("scenario", "release", "result", "decode ranks", "detail"):
+        table.add_column(col, no_wrap=col in ("scenario", "release", "result"))
+    for c in rep.cases:
+        summary = ", ".join(f"{k} {c.got.count(k)}" for k in dict.fromkeys(c.got)) or "-"
+        table.add_row(c.scenario, c.release, "[green]pass[/]" if c.passed else "[bold red]FAIL[/]", summary, c.message)
+    console.print(table)
+    console.print(f"{rep.passed} passed, {rep.failed} failed in {rep.seconds:.1f} s")
+
+
+__all__ = ["EXIT_BAD_INPUT", "SmokeReport", "junit", "render", "run"]
