@@ -81,8 +81,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
             own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
             # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
-            listeners.append(Listener(ctx, spec.host, ls.port, fmt,
-                                      lambda rank, f=frames, o=own: o if rank is None else f[rank]))
+            listeners.append(Listener(ctx, spec.host, ls.port, fmt, _replier(fmt, frames, own)))
     except Exception as exc:
         for lst in listeners:
             lst.close()
@@ -125,6 +124,16 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         ctx.destroy(0)
     dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
     _send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
+
+
+def _replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -> Any:
+    def reply(rank: int | None) -> list[bytes]:
+        out = own if rank is None else frames[rank]
+        if fmt.reply_frames == 2:  # era H: the listener's perf_counter at reply time, for D's clock sync
+            return [out[0], msgspec.msgpack.encode(time.perf_counter())]
+        return out
+
+    return reply
 
 
 def _p_tag(spec: m.PrefillSpec) -> int:
