@@ -183,10 +183,14 @@ def main() -> None:
         sys.exit(130)
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
-    except Exception as exc:  # click usage errors arrive here with standalone_mode=False
+    except Exception as exc:  # usage errors arrive here with standalone_mode=False
         import click
 
-        if isinstance(exc, click.exceptions.ClickException):
+        try:  # typer >= 0.29 vendors its own click; catch both
+            from typer._click.exceptions import ClickException as TyperClickException
+        except ImportError:
+            TyperClickException = click.exceptions.ClickException  # noqa: N806
+        if isinstance(exc, (click.exceptions.ClickException, TyperClickException)):
             exc.show()
             sys.exit(exc.exit_code)
         raise

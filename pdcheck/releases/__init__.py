@@ -3,40 +3,72 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
+from typing import Any
 
 from pdcheck.errors import BadInput
-from pdcheck.releases import corrected, v0_9_0, v0_9_1, v0_9_2
+from pdcheck.geometry import Geometry
+from pdcheck.releases import corrected, v0_9_0, v0_9_1, v0_9_2, v0_10_1, v0_11_0, v0_11_1, v0_13, v0_14, v0_26
 from pdcheck.releases.base import ReleaseModel
 
 CORRECTED = corrected.MODEL
 
-# (first, last) inclusive release ranges -> model. Order matters only for readability.
+_ANY = 10**9  # every patch release of a minor line
+
+# (first, last) inclusive release ranges -> model. Each range is one behaviour: wire era, checks, connector
+# version and hash factors; resolve() stamps the exact release typed into name and version.
 _LINES: list[tuple[tuple[int, int, int], tuple[int, int, int], ReleaseModel]] = [
     ((0, 9, 0), (0, 9, 0), v0_9_0.MODEL),
     ((0, 9, 1), (0, 9, 1), v0_9_1.MODEL),
     ((0, 9, 2), (0, 9, 99), v0_9_2.MODEL),
     ((0, 10, 0), (0, 10, 0), v0_9_2.MODEL_0_10_0),
+    ((0, 10, 1), (0, 10, _ANY), v0_10_1.MODEL),  # era D: 0.10.1, 0.10.1.1, 0.10.2
+    ((0, 11, 0), (0, 11, 0), v0_11_0.MODEL),  # era E
+    ((0, 11, 1), (0, 12, _ANY), v0_11_1.MODEL),  # era F
+    ((0, 13, 0), (0, 13, _ANY), v0_13.MODEL),  # era G, compatibility hash
+    ((0, 14, 0), (0, 15, _ANY), v0_14.MODEL),  # P TP > D TP, all target ranks
+    ((0, 16, 0), (0, 19, _ANY), v0_14.MODEL_0_16),  # + cross_layers_blocks in the hash
+    ((0, 20, 0), (0, 23, _ANY), v0_14.MODEL_0_20),  # G20, + is_hma_enabled
+    ((0, 24, 0), (0, 25, _ANY), v0_14.MODEL_0_24),  # G24, connector version 4
+    ((0, 26, 0), (0, 27, _ANY), v0_26.MODEL),  # era H: two reply frames, version 5
+    ((0, 28, 0), (0, 30, _ANY), v0_26.MODEL_0_28),  # version 7, + speculative_config, transfer_mode
+    ((0, 31, 0), (0, 33, _ANY), v0_26.MODEL_0_31),  # H31, version 13, KVCacheLayout names
+    ((0, 34, 0), (0, 34, _ANY), v0_26.MODEL_0_34),  # H34, version 16, per-region checks
 ]
 
-MODELLED = [m for _, _, m in _LINES]
+_RANGE = "0.9.0 to 0.34.x"
+
+_cache: dict[str, ReleaseModel] = {}
 
 
-def _parse(text: str) -> tuple[int, int, int]:
-    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.\d+)*(?:[a-z+].*)?", text.strip())
+def _parse(text: str) -> tuple[tuple[int, int, int], str]:
+    """(major, minor, patch) for the lookup, and the normalised release: 'v0.14' -> '0.14.0', '0.10.1.1' kept,
+    local/pre-release suffixes ('+cu128', 'rc1') dropped."""
+    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?((?:\.\d+)*)(?:[a-z+].*)?", text.strip())
     if not m:
         raise BadInput(f"--vllm: {text!r} is not a release number (expected e.g. 0.9.1)")
-    return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    v = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
+    return v, ".".join(map(str, v)) + (m.group(4) or "")
 
 
 def resolve(text: str) -> ReleaseModel:
+    """The model of one release. Its name and version are the normalised release typed, e.g. '0.14.1'."""
     if text.strip() == "corrected":
         return CORRECTED
-    v = _parse(text)
+    v, norm = _parse(text)
+    if norm in _cache:
+        return _cache[norm]
     for first, last, model in _LINES:
         if first <= v <= last:
-            return model
-    known = ", ".join(m.name for m in MODELLED)
-    raise BadInput(f"--vllm: release {text!r} is not modelled (modelled: {known}, corrected)")
+            _cache[norm] = replace(model, name=norm, version=norm)
+            return _cache[norm]
+    raise BadInput(f"--vllm: release {text.strip()!r} is not modelled (modelled: {_RANGE}, corrected)")
+
+
+# One representative per line, for `--vllm all`.
+REPRESENTATIVES = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.11.1", "0.13.0", "0.14.0",
+                   "0.16.0", "0.20.0", "0.24.0", "0.26.0", "0.31.0", "0.34.0")
+MODELLED = [resolve(v) for v in REPRESENTATIVES]
 
 
 def resolve_many(text: str) -> list[ReleaseModel]:
@@ -50,3 +82,20 @@ def resolve_many(text: str) -> list[ReleaseModel]:
     if not out:
         raise BadInput("--vllm: name at least one release")
     return out
+
+
+def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdcheck/fake-model", *,
+                    cache_dtype: str = "auto", extra: dict[str, Any] | None = None) -> str | None:
+    """The NIXL compatibility hash an instance of `release` computes (§3.5), or None before 0.13 (no hash).
+
+    D uses its Local's geometry and model for Params.local_hash; a fake P uses its own for encode_reply."""
+    from pdcheck.wire.compat import compat_hash, factors
+
+    if not release.hash_factors or release.connector_version is None:
+        return None
+    f = factors(release.hash_factors, vllm_version=release.version or release.versions[0],
+                connector_version=release.connector_version, model=model, dtype=geometry.dtype,
+                num_kv_heads=geometry.total_kv_heads, head_size=geometry.head_dim,
+                num_hidden_layers=geometry.layers, attn_backend_name=geometry.attn_backend,
+                cache_dtype=cache_dtype, extra=extra)
+    return compat_hash(f)

@@ -170,3 +170,287 @@ def remote_block_size_corrected(ctx: Ctx) -> int:
     elem_heads = g.elem_size * g.head_dim * (1 if g.use_mla else max(1, g.total_kv_heads // ctx.remote_tp_size))
     size = ctx.remote_block_len() // elem_heads
     return size // 2 if (g.flashinfer and not g.use_mla) else size
+
+
+# ---- 0.10.1 - 0.34 (eras D - H) ------------------------------------------------------------------------------
+# Shared steps of the later release files. Only additions: the steps above keep their behaviour.
+
+RECORD_TP_SIZE = Action("record_tp_size", _record_tp_size)  # `if engine_id not in self._tp_size: ... = remote`
+RECORD_DST_NUM_BLOCKS = Action("record_dst_num_blocks", _record_blocks)  # `if engine_id not in dst_num_blocks`
+
+
+def is_replicated(ctx: Ctx) -> bool:
+    """MLA, or TpKVTopology.is_kv_replicated up to 0.31: `remote_tp_size // total_num_kv_heads >= 1`."""
+    return ctx.local.use_mla or ctx.is_kv_replicated
+
+
+def is_replicated_strict(ctx: Ctx) -> bool:
+    """0.34: `remote_tp_size > total_num_kv_heads` (at P TP == heads every P rank still holds its own head)."""
+    return ctx.local.use_mla or ctx.state.tp_size[ctx.engine_id] > ctx.local.geometry.total_kv_heads
+
+
+def not_replicated(ctx: Ctx) -> bool:
+    return not is_replicated(ctx)
+
+
+def signed_tp_ratio(ctx: Ctx) -> int:
+    """0.14+ TpKVTopology.tp_ratio: D // P when D >= P, else -(P // D) (#27274). ≤0.13 is `ctx.tp_ratio`."""
+    d, p = ctx.state.tp_size[ctx.local.engine_id], ctx.state.tp_size[ctx.engine_id]
+    return d // p if d >= p else -p // d
+
+
+def block_size_ratio(ctx: Ctx) -> int:
+    """TpKVTopology.block_size_ratio: local kernel block size // the remote's advertised block_size (F+)."""
+    return ctx.local.block_size // (ctx.meta.block_size or 0)
+
+
+def block_len_per_layer(ctx: Ctx) -> list[int]:
+    """The D worker's block_len_per_layer (0.11.0+): one entry per registered region."""
+    return [ctx.local.block_len] * ctx.local.geometry.num_regions
+
+
+def remote_block_lens(ctx: Ctx) -> list[int]:
+    return list(ctx.meta.block_lens or [])
+
+
+class _ListIndexError(IndexError, KeyError):
+    """`list[i]` past the end, as vLLM's per-layer loops raise it (IndexError). It also derives from KeyError only
+    so that the engine, which catches KeyError among the exceptions a release's own Python raises, reports it."""
+
+    def __str__(self) -> str:
+        return "list index out of range"
+
+
+_ListIndexError.__name__ = _ListIndexError.__qualname__ = "IndexError"
+
+
+def remote_block_len_at(ctx: Ctx, i: int) -> int:
+    """`nixl_agent_meta.block_lens[i]`, IndexError past the end as in vLLM's per-layer loops."""
+    lens = remote_block_lens(ctx)
+    if i >= len(lens):
+        raise _ListIndexError("list index out of range")
+    return lens[i]
+
+
+# ---- checks made by 0.10.1 - 0.11.0 (eras D and E)
+
+def _tp_ratio_above_one(ctx: Ctx) -> bool:
+    return not is_replicated(ctx) and ctx.tp_ratio > 1
+
+
+# 0.10.1-0.11.0: `if tp_ratio > 1: assert nixl_agent_meta.kv_cache_layout == self.kv_cache_layout` (non-replicated
+# branch only): homogeneous TP with different layouts passes (H09).
+LAYOUT_HETERO_TP_BARE = Check(
+    "kv_cache_layout", "nixl_agent_meta.kv_cache_layout == self.kv_cache_layout",
+    lambda c: c.meta.kv_cache_layout == c.local.kv_cache_layout, when=_tp_ratio_above_one, hazard="H09",
+)
+
+MSG_REPLICATED = "KV cache sizes must match between P and D when replicated"
+
+# 0.11.0
+BLOCK_LENS_EQUAL_REPLICATED_110 = Check(
+    "block_lens_equal_replicated", "self.block_len_per_layer == nixl_agent_meta.block_lens",
+    lambda c: block_len_per_layer(c) == remote_block_lens(c), message=MSG_REPLICATED, when=is_replicated,
+    hazard="H08",
+)
+
+REMOTE_LAYERS_SAME_BLOCK_LEN = Check(
+    "remote_layers_same_block_len", "block_len == remote_block_len",
+    lambda c: all(x == c.remote_block_len() for x in remote_block_lens(c)),
+    message="All remote layers must have the same block size", when=not_replicated, hazard="H08",
+)
+
+BLOCK_LEN_TP_RATIO_110 = Check(
+    "block_len_tp_ratio", "remote_block_len == self.block_len_per_layer[0] * tp_ratio",
+    lambda c: c.remote_block_len() == c.local.block_len * c.tp_ratio, message=MSG_SHAPE, when=not_replicated,
+    hazard="H08",
+)
+
+BASE_ADDR_LEN = Check(
+    "kv_caches_base_addr_len", "len(nixl_agent_meta.kv_caches_base_addr) == len(self.block_len_per_layer)",
+    lambda c: len(c.meta.kv_caches_base_addr) == len(block_len_per_layer(c)), hazard="H08",
+)
+
+
+# ---- checks made by 0.11.1 - 0.34 (eras F - H)
+
+def _tp_divisible_msg(c: Ctx) -> str:
+    return (f"Local tensor parallel size {c.local.tp_size} is not divisible by remote tensor parallel size "
+            f"{c.remote_tp_size}.")
+
+
+# TpKVTopology.tp_ratio, called by _nixl_handshake (get_target_remote_rank) before any request is sent: pre_flow.
+# ≤0.13 knows only D >= P, so P TP > D TP fails here too (2 % 4 != 0).
+TP_RATIO_DIVISIBLE_111 = Check(
+    "tp_ratio_divisible", "self.tp_size % remote_tp_size == 0",
+    lambda c: c.local.tp_size % c.remote_tp_size == 0, message=_tp_divisible_msg, hazard="H11",
+)
+
+# 0.14+: both directions (#27274)
+TP_RATIO_DIVISIBLE_LOCAL = Check(
+    "tp_ratio_divisible", "self.tp_size % remote_tp_size == 0",
+    lambda c: c.local.tp_size % c.remote_tp_size == 0, message=_tp_divisible_msg,
+    when=lambda c: c.local.tp_size >= c.remote_tp_size, hazard="H11",
+)
+TP_RATIO_DIVISIBLE_REMOTE = Check(
+    "tp_ratio_divisible", "remote_tp_size % self.tp_size == 0",
+    lambda c: c.remote_tp_size % c.local.tp_size == 0,
+    message=lambda c: (f"Remote tensor parallel size {c.remote_tp_size} is not divisible by local tensor parallel "
+                       f"size {c.local.tp_size}."),
+    when=lambda c: c.local.tp_size < c.remote_tp_size, hazard="H11",
+)
+
+# 0.11.1-0.13 _nixl_handshake, right before add_remote_agent
+NP_GT_ND = Check(
+    "block_size_le", "metadata.block_size <= self.block_size",
+    lambda c: (c.meta.block_size or 0) <= c.local.block_size, message="nP > nD is not supported yet.", hazard="H07",
+)
+
+BLOCK_SIZE_RATIO = Check(
+    "block_size_ratio", "self.block_size % remote_block_size == 0",
+    lambda c: c.local.block_size % (c.meta.block_size or 0) == 0,
+    message=lambda c: (f"Local block size {c.local.block_size} is not divisible by remote block size "
+                       f"{c.meta.block_size} or vice versa."),
+    hazard="H07",
+)
+
+# _validate_remote_agent_handshake: the tp_size was recorded at the top of add_remote_agent if the engine was new
+TP_SIZE_ASSERT = Check(
+    "tp_size_consistent", "self._tp_size[remote_engine_id] == remote_tp_size",
+    lambda c: c.state.tp_size[c.engine_id] == c.remote_tp_size, hazard="H12",
+)
+
+MSG_LAYOUT_111 = (
+    "Heterogeneous TP expects same kv_cache_layout. Or enable experimental feature to use HND to NHD support by "
+    "setting 'enable_permute_local_kv'=True in --kv-transfer-config."
+)
+
+# Enum names of KVCacheLayout (0.31+) and the older strings they replace.
+LAYOUT_ENUM = {"HND": "LBHNC", "NHD": "LBNHC"}
+
+
+def layout_enum(value: str | None) -> str | None:
+    """How a 0.31+ release names a layout: old strings map to their KVCacheLayout names, enum names stay."""
+    return LAYOUT_ENUM.get(value, value) if value is not None else None
+
+
+def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111) -> Check:
+    """0.11.1+: RuntimeError on any layout difference (homogeneous TP too), non-MLA only. pdcheck models the
+    default enable_permute_local_kv=False, so the permute escape never applies.
+
+    enum_names (0.31+): the release compares KVCacheLayout names; a P advertising the pre-0.31 string of the same
+    layout (pdcheck's fake P does) is read as that enum name."""
+
+    def ok(c: Ctx) -> bool:
+        if enum_names:
+            return layout_enum(c.meta.kv_cache_layout) == layout_enum(c.local.kv_cache_layout)
+        return c.meta.kv_cache_layout == c.local.kv_cache_layout
+
+    return Check(
+        "kv_cache_layout", "nixl_agent_meta.kv_cache_layout == kv_cache_layout", ok, message=message,  # type: ignore[arg-type]
+        exc="RuntimeError", when=lambda c: not c.local.use_mla, hazard="H09",
+    )
+
+
+def _replicated_lens_ok(c: Ctx) -> bool:
+    bsr = block_size_ratio(c)
+    return all(x // bsr == remote_block_len_at(c, i) for i, x in enumerate(block_len_per_layer(c)))
+
+
+BLOCK_LENS_EQUAL_REPLICATED = Check(
+    "block_lens_equal_replicated", "self.block_len_per_layer[i] // block_size_ratio == nixl_agent_meta.block_lens[i]",
+    _replicated_lens_ok, message=MSG_REPLICATED, when=is_replicated, hazard="H08",
+)
+
+BLOCK_LEN_TP_RATIO_111 = Check(
+    "block_len_tp_ratio", "remote_block_len == (self.block_len_per_layer[0] * tp_ratio) // block_size_ratio",
+    lambda c: c.remote_block_len() == (c.local.block_len * c.tp_ratio) // block_size_ratio(c), message=MSG_SHAPE,
+    when=not_replicated, hazard="H08",
+)
+
+DST_NUM_BLOCKS_ASSERT = Check(
+    "dst_num_blocks_equal", "self.dst_num_blocks[remote_engine_id] == nixl_agent_meta.num_blocks",
+    lambda c: c.state.dst_num_blocks[c.engine_id] == c.meta.num_blocks, hazard="H03",
+)
+
+
+# ---- 0.14+ (P TP > D TP, #27274)
+
+def _p_gt_d(c: Ctx) -> bool:
+    return signed_tp_ratio(c) < 0
+
+
+def _split_pos(c: Ctx) -> bool:
+    return not_replicated(c) and signed_tp_ratio(c) > 0
+
+
+def _split_neg(c: Ctx) -> bool:
+    return not_replicated(c) and signed_tp_ratio(c) < 0
+
+
+# Bare in 0.14. MLA is left out: its P > D path reads one rank and notifies the others (reference H13: non-MLA).
+NOT_P_GT_D_REPLICATED = Check(
+    "p_gt_d_replicated", "not (tp_ratio < 0 and is_kv_replicated)",
+    lambda c: not (signed_tp_ratio(c) < 0 and c.is_kv_replicated), when=lambda c: not c.local.use_mla, hazard="H13",
+)
+
+BLOCK_LEN_TP_RATIO_14 = Check(
+    "block_len_tp_ratio", "remote_block_len == (self.block_len_per_layer[0] * tp_ratio) // block_size_ratio",
+    lambda c: c.remote_block_len() == (c.local.block_len * signed_tp_ratio(c)) // block_size_ratio(c),
+    message=MSG_SHAPE, when=_split_pos, hazard="H08",
+)
+
+P_GT_D_SAME_BLOCK_SIZE = Check(
+    "p_gt_d_block_size", "block_size_ratio == 1", lambda c: block_size_ratio(c) == 1,
+    message="Different local/remote block sizes are not supported when P TP > D TP.", when=_split_neg, hazard="H07",
+)
+
+MSG_SHAPE_P_GT_D = (
+    "Remote P worker KV layer cache must be of shape [2, N, local_kv_heads/tp_ratio, page_size, head_dim] and "
+    "same dtype."
+)
+
+BLOCK_LEN_P_GT_D = Check(
+    "block_len_p_gt_d", "remote_block_len == self.block_len_per_layer[0] // (-tp_ratio)",
+    lambda c: c.remote_block_len() == c.local.block_len // (-signed_tp_ratio(c)), message=MSG_SHAPE_P_GT_D,
+    when=_split_neg, hazard="H08",
+)
+
+
+def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offsets: bool = False) -> Action:
+    """F+ remote descriptors of one handshaken (target) rank: the device id P advertised, the head slice when D TP
+    > P TP, the remote sub-block when D's block is a multiple of P's (block_size_ratio), and, 0.14+, a local chunk
+    per P rank when P TP > D TP (non-MLA).
+
+    head_offsets (0.34, per-rank physical head counts): the slice starts at the D rank's first head inside its P
+    rank, which differs from `tp_rank % tp_ratio` once D TP exceeds the KV heads."""
+
+    def run(ctx: Ctx) -> None:
+        ratio = signed_tp_ratio(ctx) if signed else ctx.tp_ratio
+        bsr = block_size_ratio(ctx)
+        rep = replicated(ctx)  # type: ignore[operator]
+        read_len = ctx.local.block_len
+        remote_kv_block_len = read_len // bsr
+        if bsr > 1:
+            read_len = remote_kv_block_len  # using the remote kv_block_len as the transfer unit
+        local_offset = 0
+        if ratio < 0 and not ctx.local.use_mla:
+            read_len //= -ratio  # P TP > D TP: read a chunk of the local block from each P rank
+            local_offset = (ctx.remote_tp_rank % -ratio) * read_len
+        rank_offset = (ctx.local.tp_rank % ratio) * remote_kv_block_len if (ratio > 0 and not rep) else 0
+        if head_offsets and ratio > 0 and not rep:
+            g = ctx.local.geometry
+            first_head = ctx.local.tp_rank * g.total_kv_heads // ctx.local.tp_size
+            p_heads = max(1, g.total_kv_heads // ctx.state.tp_size[ctx.engine_id])
+            rank_offset = (first_head % p_heads) * (remote_kv_block_len // g.local_kv_heads)
+        dev = ctx.meta.device_id if ctx.meta.device_id is not None else ctx.remote_tp_rank
+        prepared = Prepared(
+            p_rank=ctx.remote_tp_rank, agent=ctx.state.remote_agents[ctx.engine_id][ctx.remote_tp_rank],
+            dlist_blocks=ctx.meta.num_blocks, block_len=read_len, remote_block_len=ctx.remote_block_len(),
+            rank_offset=rank_offset, local_offset=local_offset, device_id=dev,
+            base_addrs=list(ctx.meta.kv_caches_base_addr),
+        )
+        ctx.io.prep_remote(prepared, "DRAM")
+        ctx.state.prepared[ctx.remote_tp_rank] = prepared
+
+    return Action("prep_remote_descs", run)

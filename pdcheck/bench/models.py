@@ -1,0 +1,106 @@
+"""Model presets and the KV shape a rank holds.
+
+Shapes follow the models' HF configs. GQA models keep K and V per layer (two vLLM regions per layer);
+MLA models (DeepSeek-V2/V3/R1) keep one latent region per layer of kv_lora_rank + qk_rope_head_dim
+values per token, and that latent KV is replicated on every TP rank, not split.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pdcheck.errors import BadInput
+
+DTYPE_BYTES: dict[str, int] = {
+    "bf16": 2, "bfloat16": 2,
+    "fp16": 2, "float16": 2, "half": 2,
+    "fp32": 4, "float32": 4, "float": 4,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    layers: int
+    kv_heads: int  # total KV heads (GQA); 1 for MLA (the latent vector is one "head")
+    head_dim: int  # per head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
+    dtype: str = "bf16"
+    mla: bool = False
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def regions(self) -> int:
+        """vLLM registers K and V of a layer as separate regions; MLA has one region per layer."""
+        return self.layers if self.mla else 2 * self.layers
+
+    def kv_bytes_per_token(self) -> int:
+        """Whole-model KV per token (all heads, all layers): what one TP-1 rank holds."""
+        return self.regions * self.kv_heads * self.head_dim * self.dtype_bytes
+
+
+PRESETS: dict[str, ModelShape] = {
+    m.name.lower(): m
+    for m in (
+        ModelShape("Llama-3.1-8B", layers=32, kv_heads=8, head_dim=128),
+        ModelShape("Llama-3.1-70B", layers=80, kv_heads=8, head_dim=128),
+        ModelShape("Llama-3.1-405B", layers=126, kv_heads=8, head_dim=128),
+        ModelShape("Qwen3-8B", layers=36, kv_heads=8, head_dim=128),
+        ModelShape("Qwen3-32B", layers=64, kv_heads=8, head_dim=128),
+        ModelShape("Qwen3-235B-A22B", layers=94, kv_heads=4, head_dim=128),
+        # kv_lora_rank 512 + qk_rope_head_dim 64 = 576 latent values per token per layer.
+        ModelShape("DeepSeek-V3", layers=61, kv_heads=1, head_dim=576, mla=True),
+        ModelShape("DeepSeek-R1", layers=61, kv_heads=1, head_dim=576, mla=True),
+    )
+}
+
+
+def preset_names() -> list[str]:
+    return [m.name for m in PRESETS.values()]
+
+
+def _positive(flag: str, value: int | None) -> None:
+    if value is not None and value <= 0:
+        raise BadInput(f"{flag} must be a positive integer, got {value}")
+
+
+def resolve_shape(
+    model: str | None,
+    *,
+    layers: int | None = None,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
+    dtype: str | None = None,
+    mla: bool | None = None,
+) -> ModelShape:
+    """A preset with explicit flags layered on top, or a fully explicit shape when no preset is named."""
+    for flag, val in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
+        _positive(flag, val)
+    if dtype is not None and dtype.lower() not in DTYPE_BYTES:
+        raise BadInput(f"--dtype {dtype!r} is not one of: bf16, fp16, fp32, fp8")
+    if model:
+        base = PRESETS.get(model.lower())
+        if base is None:
+            raise BadInput(f"--model {model!r} is not a known preset; known: {', '.join(preset_names())}")
+    else:
+        missing = [f for f, v in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim))
+                   if v is None and not (f == "--kv-heads" and mla)]
+        if missing:
+            raise BadInput(f"without --model, give an explicit shape: missing {', '.join(missing)}")
+        base = ModelShape("custom", layers=layers or 1, kv_heads=kv_heads or 1, head_dim=head_dim or 1)
+    shape = replace(
+        base,
+        layers=layers or base.layers,
+        kv_heads=kv_heads or base.kv_heads,
+        head_dim=head_dim or base.head_dim,
+        dtype=(dtype or base.dtype).lower(),
+        mla=base.mla if mla is None else mla,
+    )
+    if shape.mla:
+        shape = replace(shape, kv_heads=1)
+    if shape != base and model:
+        shape = replace(shape, name=f"{base.name} (modified)")
+    return shape

@@ -1,0 +1,131 @@
+"""The run's configuration and its sweep plan: rows, requests per row, pool sizes, checked up front.
+
+Everything that can be wrong with the flags is found here, before any process starts.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pdcheck.bench import layout
+from pdcheck.bench.envinfo import host
+from pdcheck.bench.models import ModelShape
+from pdcheck.bench.transport import Preset
+from pdcheck.errors import BadInput
+
+
+@dataclass
+class BenchConfig:
+    shape: ModelShape
+    block_sizes: list[int]
+    tokens: list[int]
+    transport: Preset
+    run_length: int = 1
+    requests: int = 0  # 0: enough to cycle through 4x the LLC per side
+    ptp: int = 1
+    dtp: int = 1
+    iters: int = 0  # 0: as many as fit in min_time
+    warmup: int = 3
+    min_time: float = 0.3
+    seed: int = 0
+    error_mode: str | None = None  # overrides the preset's
+    progress_thread: bool = False
+    target_poll: bool = False  # poll the prefill worker every 1 ms instead of busy-progressing it
+    notif: bool = True
+    pin: bool = True
+    device: str = "cpu"
+    timeout: float = 120.0
+    corrupt: int = -1
+    log_dir: Path | None = None
+    max_mem_fraction: float = 0.6
+
+    @property
+    def target_busy(self) -> bool:
+        return self.transport.target_busy or not self.target_poll
+
+    @property
+    def effective_error_mode(self) -> str:
+        return self.error_mode or self.transport.error_mode or "peer"
+
+
+@dataclass
+class Plan:
+    rows: list[layout.RowPlan]
+    pool_p: list[int]  # bytes per prefill rank
+    pool_d: list[int]  # bytes per decode rank
+    llc: int
+    labels: list[str] = field(default_factory=list)
+
+
+def _check_ints(cfg: BenchConfig) -> None:
+    for flag, vals in (("--block-size", cfg.block_sizes), ("--tokens", cfg.tokens)):
+        if not vals:
+            raise BadInput(f"{flag} needs at least one value")
+        for v in vals:
+            if v <= 0:
+                raise BadInput(f"{flag} values must be positive integers, got {v}")
+    for flag, v, lo in (("--run-length", cfg.run_length, 1), ("--prefill-tp", cfg.ptp, 1),
+                        ("--decode-tp", cfg.dtp, 1), ("--requests", cfg.requests, 0), ("--iters", cfg.iters, 0),
+                        ("--warmup", cfg.warmup, 0)):
+        if v < lo:
+            raise BadInput(f"{flag} must be >= {lo}, got {v}")
+    if cfg.requests > layout.MAX_REQUESTS:
+        raise BadInput(f"--requests must be <= {layout.MAX_REQUESTS}, got {cfg.requests}")
+    if cfg.ptp + cfg.dtp > 64:
+        raise BadInput("--prefill-tp + --decode-tp must be <= 64 rank processes")
+    if not (cfg.min_time > 0 and math.isfinite(cfg.min_time)):
+        raise BadInput(f"--min-time must be a positive number of seconds, got {cfg.min_time}")
+    if not (cfg.timeout > 0 and math.isfinite(cfg.timeout)):
+        raise BadInput(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
+    if cfg.device not in ("cpu", "cuda"):
+        raise BadInput(f"--device {cfg.device!r} is not one of: cpu, cuda")
+    if cfg.device == "cuda" and not os.path.exists("/dev/nvidiactl"):
+        raise BadInput("--device cuda: no NVIDIA GPU on this host (/dev/nvidiactl is missing)")
+    if cfg.target_poll and cfg.transport.target_busy:
+        raise BadInput(f"--target-poll: --transport {cfg.transport.name} only moves data while the target "
+                       "busy-progresses")
+    if cfg.error_mode not in (None, "peer", "none"):
+        raise BadInput(f"--error-mode {cfg.error_mode!r} is not one of: peer, none")
+
+
+def make_plan(cfg: BenchConfig) -> Plan:
+    _check_ints(cfg)
+    shape = cfg.shape
+    llc = layout.llc_bytes()
+    rows: list[layout.RowPlan] = []
+    pool_p = [0] * cfg.ptp
+    pool_d = [0] * cfg.dtp
+    for tokens in cfg.tokens:
+        for bt in cfg.block_sizes:
+            head_bytes = bt * shape.head_dim * shape.dtype_bytes
+            if head_bytes % 8:
+                raise BadInput(f"block of {bt} tokens x head dim {shape.head_dim} x {shape.dtype_bytes} B is "
+                               f"{head_bytes} B per head: must be a multiple of 8")
+            plans = [layout.read_plan(shape, cfg.ptp, cfg.dtp, d, bt) for d in range(cfg.dtp)]
+            blocks = math.ceil(tokens / bt)
+            req_bytes = shape.regions * blocks * plans[0].d.block_bytes
+            requests = cfg.requests or layout.auto_requests(req_bytes, 4 * llc)
+            row = layout.plan_row(len(rows), bt, tokens, requests, cfg.run_length, cfg.seed)
+            if shape.regions * row.num_blocks >= 2**31:
+                raise BadInput(f"row {row.label()}: {shape.regions * row.num_blocks} descriptors exceed int32 ids")
+            rows.append(row)
+            for p in range(cfg.ptp):
+                g = layout.rank_geom(shape, cfg.ptp, p, bt)
+                pool_p[p] = max(pool_p[p], layout.pool_bytes(shape, g, row.num_blocks))
+            for d, rp in enumerate(plans):
+                pool_d[d] = max(pool_d[d], layout.pool_bytes(shape, rp.d, row.num_blocks))
+    if 0 <= cfg.corrupt and cfg.corrupt >= shape.regions * min(r.blocks for r in rows):
+        raise BadInput(f"--corrupt-block {cfg.corrupt} is past the {shape.regions * min(r.blocks for r in rows)} "
+                       "descriptors of a request")
+    total = sum(pool_p) + sum(pool_d)
+    if cfg.device == "cpu":
+        mem = int(host(llc)["mem_bytes"] or 0)
+        if mem and total > cfg.max_mem_fraction * mem:
+            raise BadInput(f"the pools need {total / 2**30:.1f} GiB of host memory, more than "
+                           f"{cfg.max_mem_fraction:.0%} of {mem / 2**30:.1f} GiB; lower --tokens, --requests, "
+                           "--layers or the largest --block-size")
+    labels = [f"P{i}" for i in range(cfg.ptp)] + [f"D{i}" for i in range(cfg.dtp)]
+    return Plan(rows, pool_p, pool_d, llc, labels)

@@ -1,0 +1,211 @@
+"""Drives one transfer-bench run: plan, start ranks, sweep the rows, stop, diagnose, summarise."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import statistics
+import tempfile
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+import pdcheck
+from pdcheck.bench import envinfo, layout, measure, schema
+from pdcheck.bench import protocol as pr
+from pdcheck.bench.plan import BenchConfig, Plan, make_plan
+from pdcheck.bench.procs import Ranks, assign_cores, rank_env
+from pdcheck.bench.transport import diagnose, parse_proto_info, warnings_for
+
+ProgressFn = Callable[[int, int, str], None]
+FOREIGN_LIMIT = 0.15  # CPU-s/s used by other processes during a row before it counts as disturbed
+
+MEMCPY_METHOD = {
+    "cpu": "numpy.copyto, 1 thread, same bytes as the row's transfer, rotating over the row's working set",
+    "cuda": "torch copy_ inside the decode GPU (device to device), same bytes as the row's transfer",
+}
+WIRE_METHOD = "the same bytes as ONE descriptor per READ over the same transport, rotating over the pools"
+
+
+@dataclass
+class Outcome:
+    config: schema.Config
+    env: schema.Env
+    transport: schema.Transport
+    rows: list[schema.Row]
+    ceilings: schema.Ceilings
+    warnings: list[str]
+
+
+def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
+    plan = make_plan(cfg)  # all bad input surfaces here, before any process exists
+    cores, pin_note = assign_cores(cfg.ptp, cfg.dtp, cfg.pin)
+    warnings: list[str] = []
+    for k, v in cfg.transport.env.items():
+        if k in os.environ and os.environ[k] != v:
+            warnings.append(f"{k}={os.environ[k]} from the environment replaced by --transport "
+                            f"{cfg.transport.name} ({k}={v})")
+    env = rank_env(cfg.transport.env)
+    log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="pdcheck-bench-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with Ranks(plan.labels, env, log_dir, uuid.uuid4().hex[:8]) as ranks:
+            rows, ready, target_cpu = _drive(cfg, plan, ranks, cores, progress)
+        # UCX prints its protocol tables on stderr; read both streams of every decode rank.
+        proto = "\n".join((log_dir / f"{lbl}.{ext}").read_text(errors="replace")
+                          for lbl in plan.labels if lbl.startswith("D") for ext in ("out", "err"))
+    finally:
+        if cfg.log_dir is None:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+    diag = diagnose(parse_proto_info(proto))
+    pinning = {lbl: ready[lbl].cores for lbl in plan.labels}
+    pinned = cfg.pin and all(cores[lbl] for lbl in plan.labels)
+    error_mode = cfg.effective_error_mode
+    warnings += warnings_for(diag, preset_name=cfg.transport.name, error_mode=error_mode, device=cfg.device,
+                             progress_thread=cfg.progress_thread, target_busy=cfg.target_busy, target_cpu=target_cpu, pinned=pinned,
+                             pin_note=pin_note)
+    warnings += _row_warnings(rows, plan.llc, cfg)
+    costs = list(cfg.transport.costs)
+    if error_mode == "none" and not any("peer-failure" in c for c in costs):
+        costs.insert(0, "no peer-failure detection: error mode none means a dead peer hangs transfers")
+    transport = schema.Transport(
+        preset=cfg.transport.name, summary=cfg.transport.summary, data=diag.data, notifications=diag.notif,
+        error_mode=error_mode, progress_thread=cfg.progress_thread,
+        target_progress="busy-polled (get_new_notifs loop, like vLLM's progress thread)" if cfg.target_busy
+        else "polled every 1 ms",
+        costs=costs,
+    )
+    first = next(iter(ready.values()))
+    envs = schema.Env(
+        pdcheck=pdcheck.__version__, nixl=envinfo.version_of("nixl"), ucx=first.ucx_version,
+        numpy=np.__version__, ucx_env=envinfo.ucx_env(env),
+        transports=sorted(set(diag.data_transports) | set(diag.notif_transports)),
+        pinning=pinning, pin_note=pin_note or ("pinned, one core per rank" if pinned else "not pinned"),
+        host=envinfo.host(plan.llc),
+    )
+    ceilings = schema.Ceilings(
+        memcpy_gbps=statistics.median(r.memcpy_gbps for r in rows),
+        wire_gbps=statistics.median(r.wire_gbps for r in rows),
+        memcpy_method=MEMCPY_METHOD[cfg.device], wire_method=WIRE_METHOD, bytes=[r.bytes for r in rows],
+    )
+    return Outcome(_config(cfg), envs, transport, rows, ceilings, warnings)
+
+
+def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[str, list[int]],
+           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[str, pr.Ready], float | None]:
+    t = cfg.timeout
+    labels = plan.labels
+    ps = [lbl for lbl in labels if lbl.startswith("P")]
+    ds = [lbl for lbl in labels if lbl.startswith("D")]
+    s = cfg.shape
+    shape = pr.ShapeMsg(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
+    ranks.gather(labels, pr.Hello, t, "starting")
+    for lbl in labels:
+        rank = int(lbl[1:])
+        is_p = lbl.startswith("P")
+        ranks.send([lbl], pr.Setup(
+            agent_name=f"pdcheck-{lbl}", pool_bytes=(plan.pool_p if is_p else plan.pool_d)[rank],
+            device=cfg.device, gpu=rank if is_p else cfg.ptp + rank, cores=cores[lbl],
+            error_mode=cfg.error_mode or cfg.transport.error_mode, progress_thread=cfg.progress_thread,
+            target_busy=cfg.target_busy, shape=shape, ptp=cfg.ptp, dtp=cfg.dtp, seed=cfg.seed,
+            iters=cfg.iters, warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif, llc=plan.llc,
+        ))
+    ready = ranks.gather(labels, pr.Ready, t, "creating agents and registering memory")
+    peers = [pr.PeerInfo(int(lbl[1:]), r.agent_name, r.metadata, r.addr, r.dev)
+             for lbl, r in ready.items() if lbl.startswith("P")]
+    ranks.send(ds, pr.Peers(peers))
+    ranks.gather(ds, pr.Ack, t, "loading prefill metadata")
+
+    rows: list[schema.Row] = []
+    target_cpu: list[float] = []
+    meter = envinfo.ForeignCpu([os.getpid()] + [p.popen.pid for p in ranks.procs.values()])
+    for row in plan.rows:
+        what = f"row {row.label()}"
+        msg = pr.RowMsg(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
+                        row.num_blocks, pr.arr_bytes(row.tables_p), pr.arr_bytes(row.tables_d), cfg.corrupt)
+        ranks.send(ps, msg)
+        filled = ranks.gather(ps, pr.Filled, t, f"filling {what}")
+        ranks.send(ds, msg)
+        ranks.gather(ds, pr.Armed, t, f"preparing {what}")
+        ranks.send(ps, pr.Poll())
+        before = ranks.gather(ps, pr.Stats, t, f"polling {what}")
+        meter.restart()
+        ranks.send(ds, pr.Go())
+        results = ranks.gather(ds, pr.RankRow, t, f"measuring {what}")
+        foreign = meter.read()
+        ranks.send(ps, pr.Poll())
+        after = ranks.gather(ps, pr.Stats, t, f"polling {what}")
+        cpu = sum((after[p].cpu_s - before[p].cpu_s) / max(1e-9, after[p].wall_s - before[p].wall_s) for p in ps)
+        target_cpu.append(cpu)
+        fill_ms = max(f.fill_ms for f in filled.values())
+        rows.append(aggregate(cfg, row, [results[d] for d in ds], cpu, fill_ms, plan.llc, foreign))
+        if progress:
+            progress(len(rows), len(plan.rows), row.label())
+    ranks.send(labels, pr.Stop())
+    ranks.gather(labels, pr.Bye, t, "stopping")
+    ranks.wait_exit(10.0)
+    return rows, ready, statistics.median(target_cpu) if target_cpu else None
+
+
+def aggregate(cfg: BenchConfig, row: layout.RowPlan, rr: list[pr.RankRow], target_cpu: float | None,
+              fill_ms: float, llc: int, foreign_cpu: float = 0.0) -> schema.Row:
+    """Decode ranks pull at the same time: sum their bytes and GB/s, pool their latencies."""
+    lat = np.concatenate([np.frombuffer(r.lat_ns, dtype="<i8") for r in rr])
+    sm = measure.summarize(lat)
+    gbps = sum(r.nbytes * r.iters / r.wall_ns for r in rr)
+    memcpy = sum(statistics.mean(c.gbps for c in r.memcpy) for r in rr)
+    wire = sum(r.wire.gbps for r in rr)
+    merged = None if any(not r.desc_merged for r in rr) else round(sum(statistics.mean(r.desc_merged) for r in rr))
+    ws = min(r.working_set for r in rr)
+    first = next((r.first_wrong for r in rr if r.first_wrong), None)
+    return schema.Row(
+        index=row.index, label=row.label(), block_tokens=row.block_tokens, tokens=row.tokens, blocks=row.blocks,
+        regions=cfg.shape.regions, requests=row.requests, run_length=row.run_length,
+        block_bytes=rr[0].block_bytes, bytes=sum(r.nbytes for r in rr), desc_count=sum(r.desc_count for r in rr),
+        desc_count_merged=merged, desc_runs=round(sum(r.desc_runs for r in rr)), iters=min(r.iters for r in rr),
+        time_us=sm.time_us, gbps=gbps, p50_us=sm.p50_us, p90_us=sm.p90_us, p99_us=sm.p99_us,
+        p999_us=sm.p999_us, max_us=sm.max_us, min_us=sm.min_us, cv_pct=sm.cv_pct,
+        wrong=sum(r.wrong for r in rr), checked=sum(r.checked for r in rr),
+        first_wrong=f"decode rank {next(r.rank for r in rr if r.first_wrong)}: {first}" if first else None,
+        memcpy_gbps=memcpy, wire_gbps=wire, wire_p50_us=statistics.median(r.wire.p50_us for r in rr),
+        wire_wrong=sum(r.wire.wrong for r in rr),
+        pct_memcpy=100 * gbps / memcpy if memcpy else 0.0, pct_wire=100 * gbps / wire if wire else 0.0,
+        working_set_bytes=ws, cache_hot=ws < 2 * llc, prep_ms=max(r.prep_ms for r in rr),
+        make_us=max(r.make_us for r in rr), verify_ms=max(r.verify_ms for r in rr),
+        cpu_initiator=statistics.mean(r.cpu_s / (r.wall_ns / 1e9) for r in rr), cpu_target=target_cpu,
+        fill_ms=fill_ms, foreign_cpu=foreign_cpu,
+    )
+
+
+def _row_warnings(rows: list[schema.Row], llc: int, cfg: BenchConfig) -> list[str]:
+    out = []
+    hot = [r.label for r in rows if r.cache_hot]
+    if hot:
+        out.append(f"cache-hot rows ({', '.join(hot)}): working set under 2x the {llc >> 20} MiB LLC, bandwidth "
+                   "partly measures cache; raise --requests or --tokens")
+    if any(r.desc_count_merged is None for r in rows):
+        out.append("NIXL telemetry gave no descCount: merged descriptor counts are unknown")
+    busy = [f"{r.label} {r.foreign_cpu:.2f}" for r in rows if r.foreign_cpu > FOREIGN_LIMIT]
+    if busy:
+        out.append(f"other processes used CPU while rows were measured ({', '.join(busy)} CPU-s/s): those "
+                   "figures are disturbed; rerun on a quiet host")
+    bad_wire = [r.label for r in rows if r.wire_wrong]
+    if bad_wire:
+        out.append(f"the one-descriptor wire-ceiling READ delivered wrong bytes ({', '.join(bad_wire)})")
+    if cfg.corrupt >= 0:
+        out.append(f"self-test: descriptor {cfg.corrupt} of request 0 was corrupted at the source on purpose")
+    return out
+
+
+def _config(cfg: BenchConfig) -> schema.Config:
+    s = cfg.shape
+    return schema.Config(
+        model=s.name, layers=s.layers, kv_heads=s.kv_heads, head_dim=s.head_dim, dtype=s.dtype, mla=s.mla,
+        prefill_tp=cfg.ptp, decode_tp=cfg.dtp, block_sizes=cfg.block_sizes, tokens=cfg.tokens,
+        run_length=cfg.run_length, requests=cfg.requests, seed=cfg.seed, iters=cfg.iters, warmup=cfg.warmup,
+        min_time_s=cfg.min_time, device=cfg.device, notif=cfg.notif,
+    )

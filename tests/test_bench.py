@@ -1,0 +1,257 @@
+"""transfer-bench: real rank processes, real NIXL agents (UCX), host memory, small shapes.
+
+Every CLI test runs `python -m pdcheck.bench transfer-bench` in a fresh interpreter, as a user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from pdcheck.bench import layout, output, pattern, schema
+from pdcheck.bench.models import resolve_shape
+from pdcheck.errors import BadInput
+
+ROOT = Path(__file__).resolve().parent.parent
+# 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; 4 requests of 256 tokens.
+SMALL = ["--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
+         "--requests", "4", "--iters", "40", "--min-time", "0.05"]
+RANK_MODULE = "pdcheck.bench.rank"
+
+
+def bench(*args: str, timeout: float = 120, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
+    return subprocess.run([sys.executable, "-m", "pdcheck.bench", "transfer-bench", *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def rank_pids() -> list[int]:
+    """Live rank processes of transfer-bench, from /proc (zombies excluded)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if RANK_MODULE in cmd and state != "Z":
+            out.append(int(d.name))
+    return out
+
+
+def test_json_follows_schema_and_every_block_arrives() -> None:
+    p = bench(*SMALL, "--block-size", "16,32", "--json", "--min-bw", "0.001")
+    assert p.returncode == 0, p.stderr
+    report = msgspec.json.decode(p.stdout, type=schema.Report)  # strict: every field, every type
+    doc = json.loads(p.stdout)
+    assert doc["schema"] == schema.SCHEMA and doc["ok"] is True
+    assert [r["block_tokens"] for r in doc["rows"]] == [16, 32]
+    for r, blocks in zip(doc["rows"], (16, 8), strict=True):
+        for key in ("block_bytes", "bytes", "desc_count", "desc_count_merged", "gbps", "p50_us", "p99_us",
+                    "p999_us", "wrong"):
+            assert key in r
+        assert r["wrong"] == 0 and r["first_wrong"] is None
+        assert r["checked"] == 4 * 4 * blocks  # requests x regions x blocks: every block compared
+        assert r["desc_count"] == 4 * blocks and r["bytes"] == r["desc_count"] * r["block_bytes"]
+        assert r["block_bytes"] == r["block_tokens"] * 2 * 64 * 2
+        assert 1 <= r["desc_count_merged"] <= r["desc_count"]
+        assert r["gbps"] > 0 and r["memcpy_gbps"] > 0 and r["wire_gbps"] > 0
+        assert r["p50_us"] <= r["p99_us"] <= r["p999_us"] <= r["max_us"]
+        assert r["wire_wrong"] == 0 and r["cache_hot"] is True  # 256 KiB x 4 requests is far below the LLC
+    assert doc["ceilings"]["memcpy_gbps"] > 0 and doc["ceilings"]["wire_gbps"] > 0
+    assert report.transport.data, "the UCX transport that carried the READs was not identified"
+    assert report.transport.progress_thread is False
+    assert report.env.nixl != "not installed" and report.env.ucx != "unknown"
+    assert set(report.env.pinning) == {"P0", "D0"}
+    assert any("cache-hot" in w for w in report.warnings)
+
+
+def test_contiguous_runs_are_merged_as_predicted() -> None:
+    # 16 blocks per request in runs of 8 on both sides: NIXL must merge each run into one descriptor.
+    p = bench(*SMALL, "--block-size", "16", "--run-length", "8", "--csv")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    head = lines[0].split(",")
+    row = dict(zip(head, lines[1].split(","), strict=True))
+    assert len(lines) == 2
+    assert int(row["desc_count"]) == 64
+    assert int(row["desc_runs"]) == 8  # 4 regions x 2 runs
+    assert int(row["desc_count_merged"]) == 8
+    assert int(row["wrong"]) == 0
+
+
+def test_block_corrupted_at_the_source_is_caught() -> None:
+    p = bench(*SMALL, "--block-size", "16", "--json", "--corrupt-block", "5")
+    assert p.returncode == 1, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["ok"] is False
+    row = doc["rows"][0]
+    assert row["wrong"] == 1
+    block = row["block_bytes"]
+    assert "layer 0 K" in row["first_wrong"] and f"byte offset {block // 2}" in row["first_wrong"]
+
+
+def test_floors_set_the_exit_code() -> None:
+    slow = bench(*SMALL, "--block-size", "16", "--min-bw", "1e9")
+    assert slow.returncode == 1, slow.stderr
+    assert "FAILED" in slow.stdout and "--min-bw" in slow.stdout
+    tail = bench(*SMALL, "--block-size", "16", "--max-p99", "0.001", "--jsonl")
+    assert tail.returncode == 1, tail.stderr
+    lines = [json.loads(x) for x in tail.stdout.splitlines()]
+    assert [x["type"] for x in lines] == ["header", "row", "summary"]
+    assert lines[-1]["ok"] is False and "--max-p99" in lines[-1]["floors"]["failures"][0]
+
+
+def test_table_names_transport_progress_thread_and_ceilings(tmp_path: Path) -> None:
+    png = tmp_path / "bench.png"
+    p = bench(*SMALL, "--block-size", "16", "--plot", str(png))
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for text in ("#wrong", "GB/s", "memcpy", "wire", "progress thread off", "transport:", "p999"):
+        assert text in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not rank_pids()
+
+
+def test_diagnosis_flags_tcp_fallback_and_a_spinning_progress_thread() -> None:
+    # UCX restricted to TCP by the environment: what CMA-less containers get, silently.
+    p = bench(*SMALL, "--block-size", "16", "--json", "--progress-thread", UCX_TLS="tcp,self")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert any(d.startswith("tcp/") for d in doc["transport"]["data"])
+    warnings = " | ".join(doc["warnings"])
+    assert "fell back to TCP" in warnings
+    assert "progress thread enabled" in warnings and "CPU-s/s" in warnings
+    assert doc["transport"]["progress_thread"] is True
+
+
+def test_best_and_shm_transports_say_what_they_cost() -> None:
+    best = bench(*SMALL, "--block-size", "16", "--json", "--transport", "best")
+    assert best.returncode == 0, best.stderr
+    doc = json.loads(best.stdout)
+    t = doc["transport"]
+    assert t["error_mode"] == "none" and t["preset"] == "best"
+    assert any(d.startswith("cma/") for d in t["data"])
+    # error mode none moves notifications off tcp/lo onto shared memory
+    assert t["notifications"] and not any("tcp" in n for n in t["notifications"])
+    assert any("peer-failure" in c for c in t["costs"])
+    shm = bench(*SMALL, "--block-size", "16", "--json", "--transport", "shm")
+    assert shm.returncode == 0, shm.stderr
+    doc = json.loads(shm.stdout)
+    t = doc["transport"]
+    assert any("software emulation" in d for d in t["data"])
+    assert any("busy core" in c for c in t["costs"])
+    assert doc["env"]["ucx_env"]["UCX_TLS"] == "posix,sysv,self"
+    assert doc["rows"][0]["wrong"] == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "Llama-9000"], "Llama-9000"),
+        (["--tokens", "-5"], "--tokens"),
+        (["--block-size", "16,abc"], "--block-size"),
+        (["--dtype", "int3"], "--dtype"),
+        (["--iters", "many"], "--iters"),
+        (["--transport", "warp"], "--transport"),
+        (["--prefill-tp", "2", "--decode-tp", "1"], "decode TP 1 < prefill TP 2"),
+        (["--kv-heads", "3", "--decode-tp", "2"], "KV heads"),
+        (["--json", "--csv"], "exclusive"),
+        (["--model=", "--layers", "2"], "--kv-heads"),
+        (["--min-bw", "-1"], "--min-bw"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    p = bench(*args, timeout=30)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_ctrl_c_reaps_every_rank() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    # Long enough to be interrupted mid-sweep.
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck.bench", "transfer-bench", *SMALL, "--block-size",
+                             "16,16,16,16,16,16", "--min-time", "1", "--iters", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        ranks: list[int] = []
+        while time.monotonic() < deadline and len(ranks) < 2:
+            time.sleep(0.1)
+            ranks = rank_pids()
+        assert len(ranks) == 2, "the ranks never started"
+        time.sleep(1.0)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert len(err.strip().splitlines()) == 1 and "interrupted" in err
+    assert not rank_pids()
+
+
+# --- pure functions: no processes -----------------------------------------------------------------
+
+
+def test_presets_get_the_kv_shapes_right() -> None:
+    ds = resolve_shape("DeepSeek-V3")
+    assert (ds.mla, ds.layers, ds.regions, ds.head_dim) == (True, 61, 61, 576)
+    # MLA latent KV is replicated: every TP rank holds the whole latent block.
+    g = layout.rank_geom(ds, 8, 5, 64)
+    assert (g.heads, g.head_start, g.block_bytes) == (1, 0, 64 * 576 * 2)
+    l70 = resolve_shape("llama-3.1-70b")
+    assert (l70.layers, l70.kv_heads, l70.head_dim, l70.regions) == (80, 8, 128, 160)
+    q = resolve_shape("Qwen3-8B", dtype="fp8")
+    assert (q.layers, q.kv_heads, q.dtype_bytes) == (36, 8, 1)
+    assert layout.rank_geom(l70, 16, 3, 16).head_start == 1  # TP 16 > 8 heads: pairs of ranks share a head
+    plan = layout.read_plan(l70, 2, 4, 3, 16)  # decode rank 3 holds head 6..7: second half of prefill rank 1
+    assert (plan.p.rank, plan.offset, plan.d.heads) == (1, 2 * 16 * 128 * 2, 2)
+    with pytest.raises(BadInput):
+        resolve_shape("Llama-3.1-8B", dtype="int4")
+
+
+def test_block_tables_come_in_runs_and_never_share_blocks() -> None:
+    tables, nb = layout.block_tables(5, 10, 4, np.random.default_rng(1))
+    assert tables.shape == (5, 10) and nb == 5 * 3 * 4
+    assert len(set(tables.ravel().tolist())) == 50
+    for t in tables:
+        for start in (0, 4, 8):
+            run = t[start:start + 4]
+            assert (np.diff(run) == 1).all()
+    ids = layout.desc_ids(3, nb, tables[0])
+    assert ids.dtype == np.int32 and ids[10] == nb + tables[0][0]  # region-major: region * num_blocks + block
+
+
+def test_pattern_catches_a_swapped_block() -> None:
+    keys = pattern.block_keys(7, 2, 8)
+    pool = np.empty((2, 8, 16), dtype=np.uint64)
+    pattern.fill(pool, keys, 0)
+    p_ids = np.array([1, 2, 3])
+    got = pool[1][[1, 3, 2]]  # blocks 2 and 3 swapped in transit
+    chk = pattern.check_region(got, keys[1], p_ids, np.array([0, 1, 2]), 0, 1, False)
+    assert (chk.checked, chk.wrong) == (3, 2) and "layer 0 V" in (chk.first or "")
+    ok = pattern.check_region(pool[1][p_ids], keys[1], p_ids, p_ids, 0, 1, False)
+    assert ok.wrong == 0
+
+
+def test_plot_without_matplotlib_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(BadInput, match="matplotlib"):
+        output.check_plot_available()
