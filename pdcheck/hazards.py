@@ -656,6 +656,11 @@ def _h21(f: Facts, rels: Rels) -> Hazard:
         if rel.recv_timeout_ms is not None:
             continue
         missing = [r for r in range(f.d_tp) if (tg := targets(rel, f, r)) is not None and any(p >= f.p_tp for p in tg)]
+        p_rel = _p_release(f)
+        if p_rel is not None and _port_scheme(p_rel) == "per_dp" and _port_scheme(rel) == "per_rank":
+            # A per-rank D asks base + rank; a scheduler-style P listens on base + dp only.
+            missing = sorted(set(missing) | {r for r in range(f.d_tp)
+                                             if any(p > 0 for p in (targets(rel, f, r) or [r]))})
         if missing:
             effects[rel.name] = (f"{_v(missing, 'ask')} P ports nobody listens on; recv() has no timeout: "
                                  "the handshake blocks forever")
@@ -681,6 +686,61 @@ def _h25(f: Facts, rels: Rels) -> Hazard:
     return _yes("H25", f"{regs}; pre-F releases use the rank number as the device", effects)
 
 
+def _port_scheme(rel: ReleaseModel) -> str:
+    from pdcheck.wire import FORMATS
+
+    return FORMATS[rel.wire].port_scheme
+
+
+def _p_release(f: Facts) -> ReleaseModel | None:
+    """The prefill's own release in a cross-release pair (prefill.vllm), else None."""
+    from pdcheck.releases import resolve
+
+    return resolve(f.p.vllm) if f.p.vllm else None
+
+
+def _h14(f: Facts, rels: Rels) -> Hazard:
+    p_rel = _p_release(f)
+    if p_rel is None:
+        return _no("H14", "P and D model the same release (no prefill.vllm)")
+    from pdcheck.wire import FORMATS, WireError, encode_reply, strict_decode
+
+    probe = {"engine_id": "", "agent_metadata": b"", "kv_caches_base_addr": [], "num_blocks": 1, "tp_size": 1,
+             "block_len": 1, "block_lens": [1], "block_strides": [1], "attn_backend_name": "", "kv_cache_layout": "",
+             "device_id": 0, "block_size": 1, "ssm_sizes": (0, 0), "physical_blocks_per_logical_kv_block": 1}
+    frames = encode_reply(FORMATS[p_rel.wire], probe, "")
+    effects: dict[str, str] = {}
+    for rel in rels:
+        try:
+            strict_decode(FORMATS[rel.wire], frames, None)
+        except WireError as exc:
+            effects[rel.name] = f"{exc.exc_type}: {exc.message or exc.expr} (P era {p_rel.wire}, D era {rel.wire})"
+    if not effects:
+        return _no("H14", f"P {p_rel.name}'s metadata decodes under every modelled D release")
+    effects[CORRECTED] = "reads any era (optional fields), detects the era and refuses with a clear message"
+    return _yes("H14", f"P runs {p_rel.name} (era {p_rel.wire}); D releases read another schema", effects)
+
+
+def _h15(f: Facts, rels: Rels) -> Hazard:
+    p_rel = _p_release(f)
+    from pdcheck.wire import FORMATS, encode_request, parse_request
+
+    p_fmt = FORMATS[p_rel.wire] if p_rel else None
+    if p_fmt is None or not p_fmt.listener_dies_on_bad_request:
+        return _no("H15", "no P listener of eras F-H receives requests of another era")
+    effects: dict[str, str] = {}
+    for rel in rels:
+        try:
+            parse_request(p_fmt, encode_request(FORMATS[rel.wire], 0))
+        except Exception as exc:  # what the real listener thread would die of
+            effects[rel.name] = (f"its request kills P's listener ({type(exc).__name__}); every later handshake "
+                                 "to that P times out")
+    if not effects:
+        return _no("H15", f"every modelled D release frames requests as P {p_rel.name} expects")
+    effects[CORRECTED] = "never probes a live P with a request of another era; P should catch per request"
+    return _yes("H15", f"P {p_rel.name}'s listener decodes requests outside any try (era {p_rel.wire})", effects)
+
+
 def _yes(hid: str, detail: str, effects: dict[str, str]) -> Hazard:
     return Hazard(id=hid, name=CATALOGUE[hid], applies=True, detail=detail, effects=effects)
 
@@ -691,7 +751,7 @@ def _no(hid: str, detail: str) -> Hazard:
 
 EVALUATORS: dict[str, Callable[[Facts, Rels], Hazard]] = {
     "H01": _h01, "H02": _h02, "H03": _h03, "H04": _h04, "H07": _h07, "H08": _h08, "H09": _h09, "H10": _h10,
-    "H11": _h11, "H12": _h12, "H13": _h13, "H18": _h18, "H19": _h19, "H21": _h21, "H25": _h25,
+    "H11": _h11, "H12": _h12, "H13": _h13, "H14": _h14, "H15": _h15, "H18": _h18, "H19": _h19, "H21": _h21, "H25": _h25,
 }
 
 

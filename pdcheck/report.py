@@ -177,7 +177,8 @@ def render(rep: Report, console: Console) -> None:
     for text, key in notes.items():
         console.print(Text(f"  [{key}] {text}"))  # Text: "[a]" must not be read as markup
     for n in shown:
-        firsts = [(d.tp_rank, t) for d in rep.decode_ranks if (t := (d.transfer or {}).get(n)) and t.message]
+        firsts = [(d.tp_rank, t) for d in rep.decode_ranks
+                  if (t := (d.transfer or {}).get(n)) and t.message and t.status != "skipped"]
         if firsts:
             r, t = firsts[0]
             line = f"  transfer {n}, D rank {r}: {t.message}"

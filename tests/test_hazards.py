@@ -86,6 +86,7 @@ APPLIES = {
     "block-size-mismatch": {"H07", "H08"},
     "kv-heads-mismatch": {"H08"},
     "layout-mismatch": {"H09"},
+    "cross-release-listener-death": {"H15", "H21"},
     "attn-backend-mismatch": {"H08", "H10"},
     "mla": {"H01", "H02", "H03", "H04", "H21"},
 }

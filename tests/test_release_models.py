@@ -467,10 +467,13 @@ def scenario_statuses(sc: Scenario, release: str) -> list[str]:
 # problem, so only the real transfer (tagged blocks) or the scenario's own facts (pdcheck.hazards) see it.
 _NO_BLOCK_LEN = ("era A carries no block_len: 0.9.0 strides P's larger blocks with its own block_len, which only "
                  "the tagged transfer shows")
+_P_SIDE = "P of another release whose listener dies: a P-side effect the per-rank pure engine does not model"
 _NO_LAYOUT = "eras B/C carry no kv_cache_layout: the head-slice misread (H09) is invisible to the handshake"
 ENGINE_GAPS = {
     ("block-size-mismatch", "0.9.0"): _NO_BLOCK_LEN,
     ("hetero-d4-p2", "0.9.0"): _NO_BLOCK_LEN,
+    ("cross-release-listener-death", "0.11.0"): _P_SIDE,
+    ("cross-release-listener-death", "corrected"): _P_SIDE,
     ("layout-mismatch", "0.9.1"): _NO_LAYOUT,
     ("layout-mismatch", "0.9.2"): _NO_LAYOUT,
     ("layout-mismatch", "0.10.0"): _NO_LAYOUT,

@@ -14,7 +14,8 @@ from pdcheck.scenario import load
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 BUNDLED = sorted(SCENARIOS.glob("*.toml"))
 NEEDED = {"seed-19338-tp8", "decode-fewer-blocks", "hetero-d4-p2", "hetero-p4-d2", "block-size-mismatch",
-          "kv-heads-mismatch", "layout-mismatch", "attn-backend-mismatch", "mla"}
+          "kv-heads-mismatch", "layout-mismatch", "attn-backend-mismatch", "mla",
+          "cross-release-listener-death"}
 MINIMAL = '[prefill]\nnum_blocks = 64\n[decode]\nnum_blocks = 64\n'
 
 
