@@ -136,3 +136,18 @@ def test_bad_scenario_file_exit_2(pdcheck, tmp_path):
     run = pdcheck("handshake", str(bad))
     assert run.code == 2
     assert str(bad) in run.err and "prefill.tp_size" in run.err and "Traceback" not in run.err
+
+
+def test_seed_version_matrix_all_releases(pdcheck):
+    # Equal TP, one handshake per D rank from 0.9.2 on (reference §5): only 0.9.1's rank-0 pre-handshake fails.
+    run = pdcheck("handshake", SEED, "--vllm", "all", "--no-transfer", "--json")
+    assert run.code == 1, run.err
+    doc = run.json()
+    assert not doc["harness_errors"]
+    rows = doc["matrix"]
+    assert list(rows)[:4] == ["0.9.0", "0.9.1", "0.9.2", "0.10.0"] and "0.34.0" in rows and "corrected" in rows
+    assert len(rows) == 16
+    assert rows["0.9.1"] == ["ok", *["assert"] * 7]
+    assert all(r == ["ok"] * 8 for k, r in rows.items() if k != "0.9.1")
+    assert doc["first_surviving"] == "0.9.0"
+    assert doc["survives"]["0.9.1"] is False and doc["survives"]["0.34.0"] is True
