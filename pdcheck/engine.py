@@ -161,7 +161,7 @@ class Handshaker:
         except NixlCallError as exc:
             out.status, out.exception, out.message = "error", exc.status, str(exc)
             out.handshake, out.remote_rank = self.n, self.state.contacted[-1] if self.state.contacted else None
-        except (ZeroDivisionError, KeyError, TypeError, ValueError) as exc:
+        except (ZeroDivisionError, LookupError, TypeError, ValueError) as exc:
             # What the release's own Python raises on this input (e.g. tp_rank // 0 when P TP > D TP).
             out.status, out.exception, out.message = "error", type(exc).__name__, str(exc)
             out.handshake = self.n or None

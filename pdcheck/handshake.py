@@ -9,6 +9,7 @@ import msgspec
 import numpy as np
 
 from pdcheck import messages as m
+from pdcheck import releases
 from pdcheck import report as rp
 from pdcheck.errors import HarnessError
 from pdcheck.kvcache import engine_tag
@@ -17,7 +18,7 @@ from pdcheck.ranks import decode_main, prefill_main
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Instance, Scenario
-from pdcheck.wire import FORMATS, compat
+from pdcheck.wire import FORMATS
 
 ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens from base_port + 100*k
 
@@ -47,13 +48,7 @@ def make_requests(sc: Scenario) -> list[m.Req]:
 
 def compat_hash_for(release: ReleaseModel, inst: Instance) -> str | None:
     """What an instance of `release` puts on the wire (G/H) or checks against; None before 0.13."""
-    if not release.hash_factors:
-        return None
-    f = compat.factors(release.hash_factors, vllm_version=release.version or release.name,
-                       connector_version=release.connector_version or 0, model=inst.model, dtype=inst.dtype,
-                       num_kv_heads=inst.kv_heads, head_size=inst.head_dim, num_hidden_layers=inst.layers,
-                       attn_backend_name=inst.attn_backend)
-    return compat.compat_hash(f)
+    return releases.compat_hash_for(release, inst.geometry(), inst.model)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -62,7 +62,7 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
             tag(prep.p_rank, phys)
             for r in range(regions):
                 kv.clear(r, np.asarray(req.local_block_ids))
-            msg = notif.format(req=req.req_id, tp_ratio=tp_ratio).encode()
+            msg = notif.format(req=req.req_id, tp_ratio=tp_ratio, d_world_size=local.tp_size).encode()
             try:
                 res.seconds += agent.read(lists.get(prep.block_len, prep.local_offset), lids,
                                           remote_handles[prep.p_rank], rids, msg,
