@@ -7,19 +7,30 @@ bundled scenario through the same engine and compares it with the scenario's [ex
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
+from releasekit import (
+    MemIO,
+    Side,
+    assert_bare,
+    assert_msg,
+    ctx_for,
+    local,
+    params,
+    run_all,
+    run_rank,
+    side,
+    statuses,
+    step,
+)
 
-from pdcheck.engine import FetchTimeout, Handshaker, Outcome, Params, run
-from pdcheck.geometry import Geometry
+from pdcheck.engine import Handshaker, Params, run
 from pdcheck.releases import CORRECTED, resolve
-from pdcheck.releases.base import Ctx, Local, Prepared, ReleaseModel, State
+from pdcheck.releases.base import Local
 from pdcheck.releases.rules import MSG_SHAPE
 from pdcheck.scenario import Scenario, load
-from pdcheck.wire import AnyMeta, WireFormat, encode_reply
 
 V090, V091, V092, V0100 = (resolve(v) for v in ("0.9.0", "0.9.1", "0.9.2", "0.10.0"))
 SEED = [111680, 111488, 111488, 111488, 111488, 111488, 112448, 111488]
@@ -36,121 +47,6 @@ EXPR_LEN_TP = "nixl_agent_meta.block_len == self.block_len * tp_ratio"
 EXPR_BS = "self.block_size == remote_block_size"
 EXPR_GE = "self.num_blocks >= nixl_agent_meta.num_blocks"
 EXPR_EQ = "self.dst_num_blocks[engine_id] == nixl_agent_meta.num_blocks"
-
-
-# ---- fixtures: one instance side, and an IO that serves its ranks from memory ------------------------
-@dataclass
-class Side:
-    engine_id: str
-    tp: int
-    blocks: list[int]
-    kv_heads: int = 8
-    head_dim: int = 128
-    block_size: int = 16
-    dtype: str = "bfloat16"
-    backend: str = "FLASH_ATTN_VLLM_V1"
-    mla: bool = False
-    layout: str = "HND"
-
-    @property
-    def geometry(self) -> Geometry:
-        return Geometry(tp_size=self.tp, block_size=self.block_size, layers=1, total_kv_heads=self.kv_heads,
-                        head_dim=self.head_dim, dtype=self.dtype, attn_backend=self.backend, use_mla=self.mla)
-
-
-def side(engine_id: str, tp: int, blocks: int | list[int], **kw: Any) -> Side:
-    counts = blocks if isinstance(blocks, list) else [blocks] * tp
-    assert len(counts) == tp
-    return Side(engine_id, tp, counts, **kw)
-
-
-@dataclass
-class MemIO:
-    """The P instance as D's handshake sees it: metadata per rank, NIXL calls recorded, no sockets."""
-
-    p: Side
-    override: dict[int, dict[str, Any]] = field(default_factory=dict)  # per-rank metadata edits
-    mute: set[int] = field(default_factory=set)  # ranks that never answer
-    asked: list[int] = field(default_factory=list)
-    added: list[bytes] = field(default_factory=list)
-    prepared: list[Prepared] = field(default_factory=list)
-
-    def values(self, p_rank: int) -> dict[str, Any]:
-        g = self.p.geometry
-        vals: dict[str, Any] = dict(
-            engine_id=self.p.engine_id, agent_metadata=f"{self.p.engine_id}/{p_rank}".encode(),
-            kv_caches_base_addr=[(p_rank + 1) << 32 | reg << 24 for reg in range(g.num_regions)],
-            num_blocks=self.p.blocks[p_rank], tp_size=self.p.tp, block_len=g.block_len,
-            block_lens=[g.block_len] * g.num_regions, attn_backend_name=g.attn_backend,
-            kv_cache_layout=self.p.layout, device_id=p_rank, block_size=self.p.block_size,
-        )
-        vals.update(self.override.get(p_rank, {}))
-        return vals
-
-    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
-        self.asked.append(p_rank)
-        if p_rank in self.mute or p_rank >= self.p.tp:  # nobody listens on that port
-            raise FetchTimeout(f"P rank {p_rank}")
-        return encode_reply(fmt, self.values(p_rank))
-
-    def add_remote_agent(self, blob: bytes) -> str:
-        self.added.append(blob)
-        return blob.decode()
-
-    def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
-        self.prepared.append(prepared)
-
-
-def local(d: Side, r: int) -> Local:
-    return Local(d.engine_id, r, d.tp, d.blocks[r], d.geometry, d.layout, r)
-
-
-def params(rel: ReleaseModel, p: Side, *, tp: int | None = None, expected: str | None = None,
-           p_wire: str | None = None) -> Params:
-    wire = p_wire or (rel.wire if rel.wire != "any" else "C")
-    return Params(expected or p.engine_id, p.tp if tp is None else tp, wire)
-
-
-def run_rank(rel: ReleaseModel, p: Side, d: Side, r: int, *, io: MemIO | None = None, bypass: bool = False,
-             **kw: Any) -> Outcome:
-    return run(rel, local(d, r), params(rel, p, **kw), io or MemIO(p), bypass_asserts=bypass)
-
-
-def run_all(rel: ReleaseModel, p: Side, d: Side, **kw: Any) -> list[Outcome]:
-    return [run_rank(rel, p, d, r, **kw) for r in range(d.tp)]
-
-
-def statuses(outs: list[Outcome]) -> list[str]:
-    return [o.status for o in outs]
-
-
-def assert_bare(o: Outcome, check: str, expr: str, *, hazard: str | None = None) -> None:
-    """A bare `assert expr` as the release writes it: AssertionError with no message."""
-    assert (o.status, o.exception, o.check, o.assert_expr, o.message) == ("assert", "AssertionError", check, expr, None)
-    if hazard is not None:
-        assert o.hazard == hazard
-
-
-def assert_msg(o: Outcome, check: str, expr: str, message: str) -> None:
-    assert (o.status, o.exception, o.check, o.assert_expr, o.message) == (
-        "assert", "AssertionError", check, expr, message)
-
-
-def ctx_for(d: Side, r: int, p: Side, p_rank: int, **meta: Any) -> Ctx:
-    """A Ctx as add_remote_agent sees it after the tp_size bookkeeping, for checking one step directly."""
-    values = MemIO(p).values(p_rank)
-    values.update(meta)
-    m = AnyMeta(**{k: values[k] for k in AnyMeta.__struct_fields__ if k in values})
-    state = State.for_local(local(d, r))
-    state.tp_size[p.engine_id] = p.tp
-    return Ctx(local=local(d, r), meta=m, remote_tp_rank=p_rank, remote_tp_size=p.tp,
-               expected_engine_id=p.engine_id, state=state, io=MemIO(p))
-
-
-def step(rel: ReleaseModel, step_id: str) -> Any:
-    found = [s for s in (*rel.pre_add, *rel.add_remote) if s.id == step_id]
-    assert len(found) == 1, f"{rel.name} has no single step {step_id}"
-    return found[0]
 
 
 # ---- 0.9.1 ---------------------------------------------------------------------------------------------
@@ -317,13 +213,13 @@ class TestV092:
         """Homogeneous TP never reaches it; a worker that already recorded the engine does."""
         p, d = side("P", 8, SEED), side("D", 8, SEED)
         assert run_rank(V092, p, d, 6, bypass=False).status == "ok"
-        h = Handshaker(V092, local(d, 6), params(V092, p), MemIO(p))
+        h = Handshaker(V092, local(d, 6), params(V092, p, d), MemIO(p))
         h.state.dst_num_blocks["P"] = 111680  # an earlier handshake with this engine
         assert_bare(h.run(), "dst_num_blocks_equal", EXPR_EQ)
 
     def test_tp_size_consistency(self) -> None:
         p, d = side("P", 2, 3000), side("D", 4, 3000)
-        h = Handshaker(V092, local(d, 0), params(V092, p), MemIO(p))
+        h = Handshaker(V092, local(d, 0), params(V092, p, d), MemIO(p))
         h.state.tp_size["P"] = 4  # an earlier request for this engine carried tp_size 4
         assert_bare(h.run(), "tp_size_consistent", EXPR_TP_092, hazard="H12")
         assert run_rank(V092, p, d, 0).status == "ok"
