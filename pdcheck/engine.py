@@ -178,9 +178,7 @@ class Handshaker:
             if out.prepared:
                 out.recorded_num_blocks = out.prepared[0].dlist_blocks
             return
-        out.recorded_num_blocks = self.state.dst_num_blocks.get(engine) if engine != self.local.engine_id else None
-        if engine == self.local.engine_id:
-            out.recorded_num_blocks = self.state.dst_num_blocks.get(engine)
+        out.recorded_num_blocks = self.state.dst_num_blocks.get(engine)
         out.stride = out.recorded_num_blocks
         if out.status != "ok":
             return

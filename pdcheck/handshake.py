@@ -135,7 +135,7 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                          setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
-    return rp.build(sc, releases, opts.device, requests, results, p_final, harness, timings, opts.transfer)
+    return rp.build(sc, releases, opts.device, requests, results, p_final, harness, timings)
 
 
 def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str, tuple[float, bytes]]:

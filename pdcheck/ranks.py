@@ -19,7 +19,7 @@ import zmq
 from pdcheck import messages as m
 from pdcheck.engine import Outcome, Params, run
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import KVCache
+from pdcheck.kvcache import KVCache, engine_tag
 from pdcheck.nixlagent import Agent, descs_array, quiet_nixl_env
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
@@ -90,6 +90,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         return
     _send(conn, m.Serving(spec.tp_rank))
     inj = spec.inject
+    p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
     poller = zmq.Poller()
     for lst in listeners:
@@ -109,7 +110,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                     for region, blocks in msg.blocks.items():
                         if not 0 <= region < len(kv.views):
                             continue  # a D whose geometry differs asks for regions P does not have
-                        kv.tag(_p_tag(spec), spec.tp_rank, region, np.asarray(blocks))
+                        kv.tag(p_tag, spec.tp_rank, region, np.asarray(blocks))
                     for p, region, block in inj.corrupt:
                         if p == spec.tp_rank and block in msg.blocks.get(region, []):
                             kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
@@ -134,12 +135,6 @@ def _replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) 
         return out
 
     return reply
-
-
-def _p_tag(spec: m.PrefillSpec) -> int:
-    from pdcheck.kvcache import engine_tag
-
-    return engine_tag(spec.engine_id)
 
 
 # ----------------------------------------------------------------------------------------------- decode

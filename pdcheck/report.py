@@ -71,7 +71,7 @@ def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
 
 def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: list[m.Req],
           results: dict[int, m.DecodeResult], finals: dict[int, m.PrefillFinal], harness: list[str],
-          timings: Timings, transfer: bool) -> Report:
+          timings: Timings) -> Report:
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
     for r in range(sc.decode.tp_size):
