@@ -109,7 +109,8 @@ def handshake(
         report.render_matrix(rep, console)
         for e in rep.harness_errors:
             console.print(f"[red]harness:[/] {e}")
-        console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code} (one release: full report)[/]")
+        console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
+                      "For the per-rank report (asserts, contacted ranks, transfer proof): --vllm <one release>[/]")
     else:
         report.render(rep, Console())
     raise typer.Exit(rep.exit_code)
