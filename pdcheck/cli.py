@@ -131,8 +131,9 @@ def handshake(
         report.render_matrix(rep, console)
         for e in rep.harness_errors:
             console.print(f"[red]harness:[/] {e}")
+        one = rep.fails[0] if rep.fails else rep.releases[0]
         console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
-                      "For the per-rank report (asserts, contacted ranks, transfer proof): --vllm <one release>[/]")
+                      f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
         report.render(rep, Console())
     raise typer.Exit(rep.exit_code)

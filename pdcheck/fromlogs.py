@@ -185,7 +185,7 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             label, dp, _tp, _rank, _pid = _process(line)
             tokens = int(m.group("tokens").replace(",", ""))
             kv_sizes[dp] = Found((tokens, bool(m.group("conc"))), f"{name}:{n}{f' ({label})' if label else ''}: "
-                                 f"KV cache size: {tokens:,} tokens")
+                                 f"{m.group(0).removesuffix(', Maximum')}")
         elif (m := _ENGINE_INIT.search(line)) is not None:
             label = _process(line)[0]
             put("vllm", m.group("ver"), n, label, f"Initializing a V1 LLM engine (v{m.group('ver')})")
@@ -342,6 +342,9 @@ def _per_rank_note(facts: LogFacts) -> str:
 SCENARIO_KEYS = ("tp_size", "num_blocks", "block_size", "layers", "kv_heads", "head_dim", "dtype",
                  "kv_cache_layout", "attn_backend", "use_mla", "dp_rank", "model", "engine_id")
 ALWAYS_MISSING = {"layers": "not logged by any release", "kv_cache_layout": "not logged at INFO"}
+# Keys P and D share when they serve one model: read on one side only, the other side takes that value
+# rather than a default that would differ from it and raise a mismatch the deployment does not have.
+SHARED_MODEL_KEYS = ("kv_heads", "head_dim", "dtype", "use_mla", "attn_backend", "model", "block_size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -374,8 +377,16 @@ def build(p: LogFacts, d: LogFacts, p_path: str, d_path: str) -> FromLogs:
                 inst[key] = f"{side}-engine"
                 sources[side][key] = "not in the log (no kv_transfer_config engine_id): a placeholder"
             else:
-                missing[side][key] = ALWAYS_MISSING.get(key, "not in the log")
+                missing[side][key] = ALWAYS_MISSING.get(key, "not in the log") + "; the scenario default is used"
         doc[side] = inst
+    for side, other in (("prefill", "decode"), ("decode", "prefill")):
+        for key in SHARED_MODEL_KEYS:
+            if key not in doc[side] and key in doc[other] and key in sources[other]:
+                doc[side][key] = doc[other][key]
+                sources[side][key] = (f"not in the {side} log: the {other} log's value (P and D serve one model); "
+                                      + sources[other][key])
+                if key in missing[side]:
+                    missing[side][key] = f"not in the {side} log; the {other} log's value is used"
     if "vllm" in d.fields:
         doc["vllm"] = [_release(d.fields["vllm"].value)]
         sources["top"]["vllm"] = "from " + d.fields["vllm"].where
@@ -414,7 +425,7 @@ def missing_report(fl: FromLogs, overrides: dict[str, Any]) -> list[str]:
     """One line per field read from neither log nor given by a flag: why, and the flag that sets it."""
     out = []
     if "vllm" in fl.missing["top"]:
-        out.append(f"release: {fl.missing['top']['vllm']}; set it with --vllm")
+        out.append(f"release: {fl.missing['top']['vllm']}; the scenario default (0.9.1) is used; set it with --vllm")
     keys = dict.fromkeys([*fl.missing["prefill"], *fl.missing["decode"]])
     for key in keys:
         sides = [s for s in ("prefill", "decode") if key in fl.missing[s] and key not in overrides.get(s, {})]
@@ -426,7 +437,7 @@ def missing_report(fl: FromLogs, overrides: dict[str, Any]) -> list[str]:
         else:
             flag = " / ".join(FLAG_FOR.get(key, f"--{key.replace('_', '-')}").format(side=s) for s in sides)
         where = "both logs" if len(sides) == 2 else f"the {sides[0]} log"
-        out.append(f"{key}: {why} ({where}); the scenario default is used; set it with {flag}")
+        out.append(f"{key}: {why} ({where}); set it with {flag}")
     return out
 
 
@@ -470,7 +481,7 @@ def to_toml(fl: FromLogs, overrides: dict[str, Any] | None = None) -> str:
             elif key in inst:
                 out.append(_comment(fl.sources[side][key]))
                 out.append(f"{key} = {_toml_value(inst[key])}")
-        unread = [k for k in fl.missing[side] if k not in flagged]
+        unread = [k for k in fl.missing[side] if k not in flagged and k not in inst]
         if unread:
             out.append(_comment(f"not in the log, scenario defaults apply: {', '.join(unread)}"))
         for note in fl.notes[side]:
