@@ -185,7 +185,7 @@ def scenario_from_logs(
     _report_missing(fl, overrides)
 
 
-@app.command()
+@app.command(epilog=EPILOG)
 def smoke(
     directory: Annotated[Path, typer.Argument(metavar="[DIRECTORY]",
                                               help="Directory of scenario TOML files with expect tables.")] = Path(
