@@ -80,11 +80,11 @@ def _report_missing(fl: Any, overrides: dict[str, Any]) -> None:
 @scenario_flags
 def handshake(
     scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file (flags override its keys).",
-                                                    metavar="[SCENARIO.toml]", show_default=False)] = None,
+                                                    metavar="SCENARIO.toml", show_default=False)] = None,
     *,
     overrides: dict[str, Any],
     from_logs: Annotated[tuple[Path, Path] | None, Opt(
-        "--from-logs", metavar="PREFILL.log DECODE.log", rich_help_panel="Scenario", show_default=False,
+        "--from-logs", metavar="P.log D.log", rich_help_panel="Scenario", show_default=False,
         help="Read the scenario from the two instances' vLLM start-up logs (as `pdcheck scenario from-logs`); "
              "flags still override.")] = None,
     vllm: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,

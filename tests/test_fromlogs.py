@@ -111,6 +111,14 @@ def test_unlabelled_dp_workers_091() -> None:
     assert facts.fields["num_blocks"].value == [200, 201] and facts.fields["dp_rank"].value == 1
 
 
+def test_dp_label_from_an_outer_engine_core_prefix() -> None:
+    regs = [f"{CYAN}(EngineCore_{dp} pid={9 + dp}){RESET} " + _reg_091(r, 10 + 10 * dp + r, 100 * (dp + 1) + r)
+            for dp in (1, 0) for r in (1, 0)]
+    facts = _parse("\n".join(regs))
+    assert facts.fields["num_blocks"].value == [100, 101] and facts.dp_ranks == [0, 1]
+    assert _parse("\n".join(regs), dp_rank=1).fields["num_blocks"].value == [200, 201]
+
+
 def test_restart_in_one_log_uses_the_last_start() -> None:
     text = "\n".join([_reg_091(0, 10, 100), _reg_091(0, 30, 90)])
     facts = _parse(text)
