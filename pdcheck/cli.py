@@ -162,6 +162,17 @@ def _parse_inject(items: list[str]) -> Any:
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
 
 
+def _register_live() -> None:
+    """Commands that meet real deployments live in their own modules."""
+    from pdcheck import probe, serve
+
+    probe.register(app)
+    serve.register(app)
+
+
+_register_live()
+
+
 def _register_optional() -> None:
     try:
         from pdcheck.bench.command import register

@@ -30,6 +30,8 @@ class PrefillSpec(msgspec.Struct, frozen=True):
     geometry: dict[str, object]
     kv_cache_layout: str
     inject: Inject
+    log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
+    tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
 
 
 class ListenerSpec(msgspec.Struct, frozen=True):

@@ -1,0 +1,402 @@
+"""`pdcheck probe`: read the side channel of a live prefill instance, read-only, in exactly one release's era.
+
+Never registers memory, never adds a remote agent, never reads a block: it sends the era's metadata request
+to each P TP rank on a fresh REQ socket with a receive timeout (closed with linger 0 on every path), decodes
+the reply with that release's strict decoder, and evaluates the hazard catalogue against a decode
+configuration with the same pure engine as `pdcheck handshake` (pdcheck.hazards.evaluate).
+
+Only requests of the given release's era are sent: a 0.11.1+ listener thread dies on a request it cannot
+unpack (reference §3.2, §9, H15), so a wrong guess would take a production P down.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+import zmq
+
+from pdcheck import __version__, releases
+from pdcheck.engine import FetchTimeout
+from pdcheck.errors import BadInput, HarnessError
+from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
+from pdcheck.releases.base import ReleaseModel
+from pdcheck.scenario import LAYOUTS, Instance, Scenario
+from pdcheck.sidechannel import fetch
+from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
+
+Status = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
+
+Opt = typer.Option
+
+
+class ProbeRank(msgspec.Struct, kw_only=True):
+    tp_rank: int
+    port: int
+    status: Status
+    message: str | None = None  # why a reply was refused, as the release would raise it
+    reply_ms: float | None = None
+    frames: int | None = None
+    reply_bytes: int | None = None
+    era_seen: str | None = None  # the era the reply looks like (tolerant decode), when it is not the expected one
+    engine_id: str | None = None
+    agent_name: str | None = None
+    num_blocks: int | None = None
+    block_len: int | None = None
+    block_lens: list[int] | None = None
+    block_size: int | None = None
+    layout: str | None = None
+    device_id: int | None = None
+    tp_size: int | None = None
+    attn_backend: str | None = None
+    regions: int | None = None
+    compat_hash: str | None = None
+    compat_hash_expected: str | None = None  # what a D of this release with the decode configuration computes
+    hash_match: bool | None = None
+
+
+class ProbeReport(msgspec.Struct, kw_only=True):
+    tool: str
+    version: str
+    command: str
+    endpoint: str
+    release: str
+    wire: str
+    dp_rank: int
+    ports: list[int]
+    prefill_ranks: list[ProbeRank]
+    num_blocks_spread: NumBlocksSpread | None
+    decode: str | None  # where the decode configuration came from; None: no hazards evaluated
+    hazards: list[Hazard]
+    notes: list[str]
+    verdict: str  # "ok" | "hazard" | "unreadable"
+    exit_code: int
+
+
+def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise BadInput(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:5600)")
+    return host, int(port)
+
+
+def rank_port(fmt: WireFormat, base: int, dp_rank: int, tp_size: int, tp_rank: int) -> int:
+    """Where P rank `tp_rank` answers: A-E each worker on base + dp*tp + rank, F-H the scheduler on base + dp."""
+    if fmt.port_scheme == "per_rank":
+        return base + dp_rank * tp_size + tp_rank
+    return base + dp_rank
+
+
+def agent_name(blob: bytes) -> str | None:
+    """The agent name inside a NIXL metadata blob ('nixlSerDes|Agent' + u64 length + name), read without
+    loading the blob into an agent (loading it would open connections to a live instance)."""
+    head = b"nixlSerDes|Agent"
+    if not blob.startswith(head) or len(blob) < len(head) + 8:
+        return None
+    n = int.from_bytes(blob[len(head):len(head) + 8], "little")
+    name = blob[len(head) + 8:len(head) + 8 + n]
+    return name.decode(errors="replace") if len(name) == n else None
+
+
+def _look(frames: list[bytes]) -> str | None:
+    """The era a reply looks like, for a wrong-era verdict; None when it is not metadata of any era."""
+    try:
+        t = tolerant_decode(frames)
+    except Exception:  # garbage: nothing to name
+        return None
+    era = t.era
+    return era if era != "G" or t.compat_hash is None else "G/H (one frame)"
+
+
+def _fill(pr: ProbeRank, meta: AnyMeta, remote_hash: str | None, expected: str | None) -> None:
+    pr.engine_id, pr.num_blocks, pr.device_id = meta.engine_id, meta.num_blocks, meta.device_id
+    pr.agent_name = agent_name(meta.agent_metadata)
+    pr.block_len = meta.block_len if meta.block_len is not None else (meta.block_lens or [None])[0]
+    pr.block_lens, pr.block_size, pr.layout = meta.block_lens, meta.block_size, meta.kv_cache_layout
+    pr.tp_size, pr.attn_backend, pr.regions = meta.tp_size, meta.attn_backend_name, len(meta.kv_caches_base_addr)
+    pr.compat_hash, pr.compat_hash_expected = remote_hash, expected
+    pr.hash_match = None if remote_hash is None or expected is None else remote_hash == expected
+
+
+def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int,
+        expected_hash: str | None) -> tuple[ProbeRank, AnyMeta | None]:
+    """One request of era `fmt` for `tp_rank`, one strict decode. Never raises for what P sends."""
+    pr = ProbeRank(tp_rank=tp_rank, port=port, status="ok")
+    t0 = time.perf_counter()
+    try:
+        frames = fetch(ctx, host, port, fmt, tp_rank, timeout_ms)
+    except FetchTimeout:
+        pr.status = "no_reply"
+        pr.message = (f"no reply from {host}:{port} within {timeout_ms} ms (nothing listening, another host, "
+                      "or a listener thread that already died, H15)")
+        return pr, None
+    pr.reply_ms = (time.perf_counter() - t0) * 1e3
+    pr.frames, pr.reply_bytes = len(frames), sum(len(f) for f in frames)
+    try:
+        # The hash is reported and compared below, not enforced: probing must show what P runs.
+        meta, remote_hash = strict_decode(fmt, frames, expected_hash, enforce_hash=False)
+    except WireError as exc:
+        seen = _look(frames)
+        pr.status = "wrong_era" if seen is not None else "garbled"
+        pr.era_seen = seen
+        what = exc.message or f"assert {exc.expr}"
+        pr.message = (f"{exc.exc_type}: {what}" + (f" (the reply looks like era {seen}, expected era {fmt.name})"
+                                                   if seen else " (not NIXL metadata of any era)"))
+        return pr, None
+    except Exception as exc:  # noqa: BLE001 - anything else a hostile peer can provoke is a verdict too
+        pr.status = "garbled"
+        pr.message = f"{type(exc).__name__}: {exc}"
+        return pr, None
+    _fill(pr, meta, remote_hash, expected_hash)
+    return pr, meta
+
+
+def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
+                timeout_ms: int = 2000, expected_hash: str | None = None
+                ) -> tuple[list[ProbeRank], list[AnyMeta | None], list[str]]:
+    """Ask every P TP rank once. The number of ranks: tp_size if given; else era B's advertised tp_size; else
+    in the per-worker eras (A-E) the next port that does not answer; else (F-H) rank 0 only, since asking a
+    rank the scheduler does not serve raises KeyError in its listener thread and kills it."""
+    fmt = FORMATS[release.wire]
+    notes: list[str] = []
+    ranks: list[ProbeRank] = []
+    metas: list[AnyMeta | None] = []
+    ctx = zmq.Context()
+    try:
+        n = tp_size
+        r = 0
+        while n is None or r < n:
+            port = rank_port(fmt, base, dp_rank, n or 1, r)
+            pr, meta = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash)
+            if r == 0 and pr.status == "no_reply":
+                raise HarnessError(f"probe: {pr.message}")
+            if n is None and r > 0 and pr.status == "no_reply":
+                notes.append(f"{r} P rank(s) found: port {port} did not answer (pass --tp-size to name the size)")
+                break
+            ranks.append(pr)
+            metas.append(meta)
+            if n is None and r == 0:
+                if meta is not None and meta.tp_size is not None:
+                    n = meta.tp_size  # era B advertises it
+                elif fmt.port_scheme == "per_dp":
+                    n = 1
+                    notes.append("only TP rank 0 asked: in eras F-H a request for a rank the scheduler does not "
+                                 "serve kills its listener (KeyError), so pass --tp-size to ask the others")
+            r += 1
+    finally:
+        ctx.destroy(0)
+    return ranks, metas, notes
+
+
+def _layers(regions: int, geometry_flat: bool) -> int:
+    return regions if geometry_flat else max(1, regions // 2)
+
+
+def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int, dp_rank: int,
+                    notes: list[str]) -> Instance:
+    """The prefill instance as the wire shows it. Facts the metadata does not carry (heads, head_dim, dtype,
+    model) come from `base` (the scenario's [prefill] table, else the decode instance); heads are solved
+    from the advertised block length when it disagrees."""
+    ok = [r for r in ranks if r.status == "ok"]
+    if not ok:
+        return base
+    first = ok[0]
+    counts = [r.num_blocks if r.status == "ok" and r.num_blocks else base.blocks()[0] for r in ranks]
+    backend = first.attn_backend or base.attn_backend
+    use_mla = base.use_mla or "MLA" in backend.upper()
+    layout = first.layout if first.layout in LAYOUTS else base.kv_cache_layout
+    if first.layout is not None and first.layout not in LAYOUTS:
+        notes.append(f"P advertises kv_cache_layout {first.layout!r}, which pdcheck does not model; "
+                     f"hazards assume {layout}")
+    inst = msgspec.structs.replace(
+        base, engine_id=first.engine_id or base.engine_id, tp_size=len(ranks), num_blocks=counts,
+        block_size=first.block_size or base.block_size, kv_cache_layout=layout, attn_backend=backend,
+        use_mla=use_mla, host=host, base_port=port, dp_rank=dp_rank, device_ids=None)
+    devs = [r.device_id for r in ok if r.device_id is not None]
+    if len(devs) == len(ranks) and devs != list(range(len(ranks))):
+        inst = msgspec.structs.replace(inst, device_ids=devs)
+    g = inst.geometry()
+    if first.regions:
+        inst = msgspec.structs.replace(inst, layers=_layers(first.regions, use_mla or g.flashinfer))
+        g = inst.geometry()
+    if first.block_len and first.block_len != g.block_len:
+        per_head = g.block_size * g.elem_size * g.head_dim * (2 if g.flashinfer and not use_mla else 1)
+        if not use_mla and first.block_len % per_head == 0:
+            heads = first.block_len // per_head * inst.tp_size
+            notes.append(f"P's block_len {first.block_len} means {heads} KV heads with head_dim {g.head_dim} and "
+                         f"{g.dtype} (assumed from the decode configuration)")
+            inst = msgspec.structs.replace(inst, kv_heads=heads)
+        else:
+            notes.append(f"P's block_len {first.block_len} does not fit head_dim {g.head_dim} x {g.dtype}: "
+                         "hazards use the decode configuration's heads")
+    return inst
+
+
+def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
+        timeout_ms: int = 2000, decode_sc: Scenario | None = None, decode_from: str | None = None) -> ProbeReport:
+    """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
+    expected = None
+    if decode_sc is not None:
+        expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
+    ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
+                                       timeout_ms=timeout_ms, expected_hash=expected)
+    fmt = FORMATS[release.wire]
+    ok = [r for r in ranks if r.status == "ok"]
+    hazards: list[Hazard] = []
+    if decode_sc is not None and ok:
+        p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes)
+        sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
+        hazards = evaluate(sc, [release])
+    elif decode_sc is None:
+        notes.append("no decode configuration (a scenario or --decode-* flags): hazards not evaluated")
+    engines = sorted({r.engine_id for r in ok if r.engine_id})
+    if len(engines) > 1:
+        notes.append(f"P ranks answer for different engine ids: {', '.join(engines)}")
+    for r in ok:
+        if r.hash_match is False:
+            notes.append(f"P rank {r.tp_rank}: compatibility hash {r.compat_hash} differs from the {release.name} "
+                         f"decode's {r.compat_hash_expected}: a real {release.name} decode refuses it "
+                         "(RuntimeError: NIXL compatibility hash mismatch, H17)")
+    unreadable = len(ok) < len(ranks)
+    fires = any(h.applies for h in hazards) or any(r.hash_match is False for r in ok) or len(engines) > 1
+    verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
+    return ProbeReport(
+        tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
+        wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
+        num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
+        decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
+        exit_code=0 if verdict == "ok" else 1,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ output
+def render(rep: ProbeReport, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release} (era {rep.wire}, "
+                  f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
+    t = Table(title="Prefill ranks (as the side channel advertises them)")
+    for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
+        t.add_column(col)
+    for r in rep.prefill_ranks:
+        style = "green" if r.status == "ok" else "bold red"
+        lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
+        t.add_row(str(r.tp_rank), Text(r.status, style=style), str(r.num_blocks or "-"), lens,
+                  str(r.block_size or "-"), r.layout or "-", "-" if r.device_id is None else str(r.device_id),
+                  r.attn_backend or "-", "-" if r.reply_ms is None else f"{r.reply_ms:.1f}")
+    console.print(t)
+    ok = [r for r in rep.prefill_ranks if r.status == "ok"]
+    if ok:
+        console.print(f"  engine id(s): {', '.join(sorted({r.engine_id or '-' for r in ok}))}; agents: "
+                      f"{', '.join(r.agent_name or '?' for r in ok)}", highlight=False)
+        tps = sorted({r.tp_size for r in ok if r.tp_size is not None})
+        if tps:
+            console.print(f"  advertised tp_size: {', '.join(map(str, tps))}")
+        for h in sorted({r.compat_hash for r in ok if r.compat_hash}):
+            same = {r.hash_match for r in ok if r.compat_hash == h}
+            tail = " (differs from the decode's)" if False in same else " (equals the decode's)" if True in same else ""
+            console.print(f"  compatibility hash: {h}{tail}", highlight=False)
+    for r in rep.prefill_ranks:
+        if r.message:
+            console.print(Text(f"  P rank {r.tp_rank}: {r.message}", style="red"))
+    sp = rep.num_blocks_spread
+    if sp is not None:
+        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
+        console.print(f"  num_blocks: min {sp.min}, max {sp.max}{diff}")
+    applied = [h for h in rep.hazards if h.applies]
+    if applied:
+        ht = Table(title=f"Hazards against the decode configuration ({rep.decode})", show_lines=True)
+        ht.add_column("id")
+        ht.add_column("hazard / detail")
+        for h in applied:
+            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
+            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+        console.print(ht)
+    elif rep.decode is not None:
+        console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")
+    for n in rep.notes:
+        console.print(Text(f"  note: {n}", style="dim"))
+    console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def register(app: Any) -> None:
+    @app.command()
+    def probe(
+        endpoint: Annotated[str, typer.Argument(help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
+                                                     "PORT; the base port, before any DP offset).")],
+        vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent.")],
+        dp_rank: Annotated[int, Opt(help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
+        tp_size: Annotated[int | None, Opt(help="P's TP size (default: discovered where that is safe).")] = None,
+        timeout: Annotated[float, Opt(help="Seconds to wait for each reply.")] = 2.0,
+        scenario: Annotated[Path | None, Opt(help="Scenario whose [decode] table (and kv_transfer_params) the "
+                                                  "hazards are evaluated against.")] = None,
+        decode_tp: Annotated[int | None, Opt(help="Decode TP size (hazards).")] = None,
+        decode_blocks: Annotated[str | None, Opt(help="Decode num_blocks: one number or one per rank.")] = None,
+        block_size: Annotated[int | None, Opt(help="Decode tokens per block.")] = None,
+        layers: Annotated[int | None, Opt(help="Decode layers.")] = None,
+        kv_heads: Annotated[int | None, Opt(help="Total KV heads (decode; P's are solved from block_len).")] = None,
+        head_dim: Annotated[int | None, Opt(help="Head dim, both sides.")] = None,
+        dtype: Annotated[str | None, Opt(help="KV dtype, both sides.")] = None,
+        kv_cache_layout: Annotated[str | None, Opt(help="Decode kv_cache_layout.")] = None,
+        attn_backend: Annotated[str | None, Opt(help="Decode attention backend.")] = None,
+        use_mla: Annotated[bool | None, Opt("--use-mla/--no-mla", help="MLA model.")] = None,
+        json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
+    ) -> None:
+        """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
+        import sys
+
+        from rich.console import Console
+
+        host, port = parse_endpoint(endpoint)
+        if vllm.strip() == "auto":
+            raise BadInput(
+                "--vllm auto: no request order is safe on an unknown side channel (a raw request kills an F-H "
+                "listener, a 2-tuple kills H, a 3-tuple kills F-G); name P's release (its /version endpoint)")
+        release = releases.resolve(vllm)
+        if release is releases.CORRECTED:
+            raise BadInput("--vllm: name the release P runs (corrected is not a release)")
+        if timeout <= 0 or dp_rank < 0 or (tp_size is not None and tp_size < 1):
+            raise BadInput("--timeout must be positive, --dp-rank >= 0, --tp-size >= 1")
+        flags = {"block_size": block_size, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
+                 "dtype": dtype, "kv_cache_layout": kv_cache_layout, "attn_backend": attn_backend,
+                 "use_mla": use_mla, "decode_tp": decode_tp, "decode_blocks": decode_blocks}
+        decode_sc, where = decode_config(scenario, flags)
+        rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=int(timeout * 1000),
+                  decode_sc=decode_sc, decode_from=where)
+        if json_out:
+            sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+        else:
+            render(rep, Console())
+        raise typer.Exit(rep.exit_code)
+
+
+def decode_config(scenario: Path | None, flags: dict[str, Any]) -> tuple[Scenario | None, str | None]:
+    """The decode side to evaluate against: a scenario and/or flags; (None, None) when neither is given.
+    Shared geometry flags set both sides (P's heads and dtype are not on the wire)."""
+    from pdcheck.scenario import load, parse_counts
+
+    if scenario is None and flags.get("decode_tp") is None and flags.get("decode_blocks") is None:
+        return None, None
+    over: dict[str, dict[str, Any]] = {"prefill": {}, "decode": {}}
+    for key in ("block_size", "layers", "kv_heads", "head_dim", "dtype", "kv_cache_layout", "attn_backend",
+                "use_mla"):
+        if flags.get(key) is not None:
+            over["prefill"][key] = over["decode"][key] = flags[key]
+    if flags.get("decode_tp") is not None:
+        over["decode"]["tp_size"] = flags["decode_tp"]
+    if flags.get("decode_blocks") is not None:
+        over["decode"]["num_blocks"] = parse_counts("--decode-blocks", flags["decode_blocks"])
+    over["prefill"].setdefault("num_blocks", 1)  # replaced by what P advertises
+    if scenario is not None:
+        from pdcheck.scenario import read_toml
+
+        if "num_blocks" in read_toml(scenario).get("prefill", {}):
+            over["prefill"].pop("num_blocks")
+    sc = load(scenario, {k: v for k, v in over.items() if v})
+    return sc, str(scenario) if scenario is not None else "flags"
