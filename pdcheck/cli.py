@@ -84,6 +84,8 @@ def handshake(
     prefill_engine_id: Annotated[str | None, Opt()] = None,
     decode_engine_id: Annotated[str | None, Opt()] = None,
     prefill_base_port: Annotated[int | None, Opt(help="P side-channel base port (rank r listens on base + r).")] = None,
+    prefill_endpoint: Annotated[str | None, Opt(help="HOST:PORT of a live P's side channel (e.g. pdcheck serve): "
+                                                  "no fake P; its facts are probed.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
@@ -93,15 +95,26 @@ def handshake(
     from pdcheck.scenario import load
 
     opts = dict(locals())
-    sc = load(scenario, _side_overrides(opts))
+    overrides = _side_overrides(opts)
+    if prefill_endpoint is not None and prefill_blocks is None:
+        from pdcheck.scenario import read_toml
+
+        if scenario is None or "num_blocks" not in read_toml(scenario).get("prefill", {}):
+            overrides.setdefault("prefill", {})["num_blocks"] = 1  # the live P's counts are probed
+    sc = load(scenario, overrides)
     releases = resolve_many(vllm if vllm is not None else ",".join(sc.vllm))
     if device not in ("cpu", "cuda"):
         raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
     if hang_timeout <= 0 or timeout <= 0:
         raise BadInput("--hang-timeout and --timeout must be positive")
+    endpoint = None
+    if prefill_endpoint is not None:
+        from pdcheck.probe import parse_endpoint
+
+        endpoint = parse_endpoint(prefill_endpoint, "--prefill-endpoint")
     rep = hs.run(sc, releases, hs.Options(
         device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-        inject=_parse_inject(inject or [])))
+        inject=_parse_inject(inject or []), prefill_endpoint=endpoint))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:

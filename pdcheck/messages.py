@@ -69,6 +69,7 @@ class DecodeSpec(msgspec.Struct, frozen=True):
     hang_timeout_ms: int
     transfer: bool
     requests: list[Req]
+    live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
 
 
 # ---- launcher <-> rank traffic ----------------------------------------------------------------------
@@ -128,7 +129,7 @@ class Mismatch(msgspec.Struct):
 
 
 class TransferResult(msgspec.Struct):
-    status: str  # "ok" | "wrong" | "error" | "skipped"
+    status: str  # "ok" | "wrong" | "error" | "skipped" | "arrived" (READ DONE, content not checkable)
     blocks: int = 0
     wrong: int = 0
     first_mismatch: Mismatch | None = None

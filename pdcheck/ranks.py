@@ -252,7 +252,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
             if out.status in ("ok", "silent"):
                 transfers[name] = prove(
                     agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles, lists=lists,
-                    requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif, tp_ratio=tp_ratio, tag=tag)
+                    requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif, tp_ratio=tp_ratio, tag=tag,
+                    live=spec.live)
             else:
                 transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
     finally:
