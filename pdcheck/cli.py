@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from pdcheck.cliopts import scenario_flags
 from pdcheck.errors import BadInput, PdcheckError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -22,68 +23,18 @@ def _root() -> None:
     """Keeps `pdcheck <command>` a command group even while only one command is registered."""
 
 
-def _side_overrides(opts: dict[str, Any]) -> dict[str, Any]:
-    """Map flags to scenario keys. Shared flags set both sides; --prefill-X / --decode-X win over them."""
-    from pdcheck.scenario import parse_counts
-
-    out: dict[str, dict[str, Any]] = {"prefill": {}, "decode": {}}
-    shared = {"block_size": "block_size", "layers": "layers", "kv_heads": "kv_heads", "head_dim": "head_dim",
-              "dtype": "dtype", "kv_cache_layout": "kv_cache_layout", "attn_backend": "attn_backend",
-              "use_mla": "use_mla", "host": "host"}
-    for flag, key in shared.items():
-        if opts.get(flag) is not None:
-            out["prefill"][key] = out["decode"][key] = opts[flag]
-    for side in ("prefill", "decode"):
-        for key in ("tp", "block_size", "kv_heads", "head_dim", "dtype", "kv_cache_layout", "attn_backend",
-                    "engine_id", "base_port", "layers"):
-            val = opts.get(f"{side}_{key}")
-            if val is not None:
-                out[side]["tp_size" if key == "tp" else key] = val
-        blocks = opts.get(f"{side}_blocks")
-        if blocks is not None:
-            out[side]["num_blocks"] = parse_counts(f"--{side}-blocks", blocks)
-    return {k: v for k, v in out.items() if v}
-
-
 @app.command()
+@scenario_flags
 def handshake(
     scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file (flags override its keys).")] = None,
+    *,
+    overrides: dict[str, Any],
     vllm: Annotated[str | None, Opt(help="Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all'.")] = None,
     json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
     transfer: Annotated[bool, Opt("--transfer/--no-transfer", help="Prove verdicts with real NIXL READs.")] = True,
     device: Annotated[str, Opt(help="Where KV caches live: cpu (host memory) or cuda (GPU memory).")] = "cpu",
     hang_timeout: Annotated[float, Opt(help="Seconds before a reply-less handshake counts as a hang.")] = 3.0,
     timeout: Annotated[float, Opt(help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
-    prefill_tp: Annotated[int | None, Opt(help="Prefill TP size.")] = None,
-    decode_tp: Annotated[int | None, Opt(help="Decode TP size.")] = None,
-    prefill_blocks: Annotated[str | None, Opt(help="Prefill num_blocks: one number or one per rank, e.g. 5808,5800.")] = None,
-    decode_blocks: Annotated[str | None, Opt(help="Decode num_blocks: one number or one per rank.")] = None,
-    block_size: Annotated[int | None, Opt(help="Tokens per block, both sides.")] = None,
-    layers: Annotated[int | None, Opt(help="Layers, both sides.")] = None,
-    kv_heads: Annotated[int | None, Opt(help="Total KV heads, both sides.")] = None,
-    head_dim: Annotated[int | None, Opt(help="Head dim (MLA: latent dim), both sides.")] = None,
-    dtype: Annotated[str | None, Opt(help="KV dtype, both sides: bfloat16, float16, float32, fp8.")] = None,
-    kv_cache_layout: Annotated[str | None, Opt(help="HND or NHD (or a 0.31+ enum name), both sides.")] = None,
-    attn_backend: Annotated[str | None, Opt(help="Attention backend name, both sides.")] = None,
-    use_mla: Annotated[bool | None, Opt("--use-mla/--no-mla", help="MLA (replicated latent KV).")] = None,
-    host: Annotated[str | None, Opt(help="Side-channel host (default 127.0.0.1, loopback).")] = None,
-    prefill_block_size: Annotated[int | None, Opt()] = None,
-    decode_block_size: Annotated[int | None, Opt()] = None,
-    prefill_kv_heads: Annotated[int | None, Opt()] = None,
-    decode_kv_heads: Annotated[int | None, Opt()] = None,
-    prefill_head_dim: Annotated[int | None, Opt()] = None,
-    decode_head_dim: Annotated[int | None, Opt()] = None,
-    prefill_dtype: Annotated[str | None, Opt()] = None,
-    decode_dtype: Annotated[str | None, Opt()] = None,
-    prefill_kv_cache_layout: Annotated[str | None, Opt()] = None,
-    decode_kv_cache_layout: Annotated[str | None, Opt()] = None,
-    prefill_attn_backend: Annotated[str | None, Opt()] = None,
-    decode_attn_backend: Annotated[str | None, Opt()] = None,
-    prefill_layers: Annotated[int | None, Opt()] = None,
-    decode_layers: Annotated[int | None, Opt()] = None,
-    prefill_engine_id: Annotated[str | None, Opt()] = None,
-    decode_engine_id: Annotated[str | None, Opt()] = None,
-    prefill_base_port: Annotated[int | None, Opt(help="P side-channel base port (rank r listens on base + r).")] = None,
     prefill_endpoint: Annotated[str | None, Opt(help="HOST:PORT of a live P's side channel (e.g. pdcheck serve): "
                                                   "no fake P; its facts are probed.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
@@ -94,13 +45,11 @@ def handshake(
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
-    opts = dict(locals())
-    overrides = _side_overrides(opts)
-    if prefill_endpoint is not None and prefill_blocks is None:
+    if prefill_endpoint is not None and "num_blocks" not in overrides.get("prefill", {}):
         from pdcheck.scenario import read_toml
 
         if scenario is None or "num_blocks" not in read_toml(scenario).get("prefill", {}):
-            overrides.setdefault("prefill", {})["num_blocks"] = 1  # the live P's counts are probed
+            overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "num_blocks": 1}}  # probed
     sc = load(scenario, overrides)
     releases = resolve_many(vllm if vllm is not None else ",".join(sc.vllm))
     if device not in ("cpu", "cuda"):

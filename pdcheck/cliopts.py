@@ -1,0 +1,154 @@
+"""One definition of the scenario flags, shared by every command that builds a scenario.
+
+    from pdcheck.cliopts import scenario_flags
+
+    @app.command()
+    @scenario_flags
+    def handshake(scenario: ... = None, *, overrides: dict[str, Any], vllm: ... = None) -> None:
+        sc = pdcheck.scenario.load(scenario, overrides)
+
+`scenario_flags` replaces the command's `overrides` parameter (which is not a flag) with the flags below,
+as typer reads the signature, and hands the command the overrides dict built from them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import typer
+
+PANEL_SCENARIO = "Scenario"
+PANEL_SIDES = "Per-side overrides"
+
+SIDES = ("prefill", "decode")
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One scenario flag: the command parameter `name`, its scenario key and side(s)."""
+
+    name: str  # parameter name; the flag is --name-with-dashes unless decls say otherwise
+    type: Any  # the Python type typer converts to (every flag is optional: None = not given)
+    help: str
+    metavar: str | None
+    panel: str
+    key: str  # scenario key in [prefill] / [decode]
+    sides: tuple[str, ...]  # both sides for a shared flag, one for a per-side override
+    decls: tuple[str, ...] = ()
+
+    def option(self) -> Any:
+        return typer.Option(*self.decls, help=self.help, metavar=self.metavar, rich_help_panel=self.panel,
+                            show_default=False)
+
+
+# (key, type, metavar, help for the shared flag or None when there is no shared flag, per-side help)
+_KEYS: tuple[tuple[str, Any, str | None, str | None, str], ...] = (
+    ("block_size", int, "TOKENS", "Tokens per KV block, both sides.", "Tokens per KV block"),
+    ("layers", int, "N", "Attention layers, both sides.", "Attention layers"),
+    ("kv_heads", int, "N", "Total KV heads of the model (all TP ranks together), both sides.", "Total KV heads"),
+    ("head_dim", int, "N", "Head dim (MLA: the latent dim), both sides.", "Head dim (MLA: latent dim)"),
+    ("dtype", str, "DTYPE", "KV cache dtype, both sides: bfloat16, float16, float32 or fp8.", "KV cache dtype"),
+    ("kv_cache_layout", str, "LAYOUT", "KV cache layout, both sides: HND or NHD (or a 0.31+ enum name).",
+     "KV cache layout"),
+    ("attn_backend", str, "NAME", "Attention backend name, both sides (e.g. FLASH_ATTN_VLLM_V1).",
+     "Attention backend name"),
+    ("engine_id", str, "ID", None, "Engine id"),
+)
+
+
+def _flags() -> tuple[Flag, ...]:
+    out = [
+        Flag("prefill_tp", int, "Prefill tensor-parallel size.", "N", PANEL_SCENARIO, "tp_size", ("prefill",)),
+        Flag("decode_tp", int, "Decode tensor-parallel size.", "N", PANEL_SCENARIO, "tp_size", ("decode",)),
+        Flag("prefill_blocks", str, "Prefill num_blocks: one number for every rank, or one per rank, "
+             "e.g. 5808,5800.", "N[,N...]", PANEL_SCENARIO, "num_blocks", ("prefill",)),
+        Flag("decode_blocks", str, "Decode num_blocks: one number for every rank, or one per rank.", "N[,N...]",
+             PANEL_SCENARIO, "num_blocks", ("decode",)),
+    ]
+    for key, typ, metavar, shared_help, _ in _KEYS:
+        if shared_help is not None:
+            out.append(Flag(key, typ, shared_help, metavar, PANEL_SCENARIO, key, SIDES))
+    out.append(Flag("use_mla", bool, "MLA model (one replicated latent KV head per rank), both sides.", None,
+                    PANEL_SCENARIO, "use_mla", SIDES, ("--use-mla/--no-mla",)))
+    out.append(Flag("host", str, "Side-channel host, both sides (default 127.0.0.1: loopback only).", "HOST",
+                    PANEL_SCENARIO, "host", SIDES))
+    for key, typ, metavar, shared_help, side_help in _KEYS:
+        for side in SIDES:
+            wins = f" (wins over --{key.replace('_', '-')})" if shared_help is not None else ""
+            out.append(Flag(f"{side}_{key}", typ, f"{side_help}, {side} side only{wins}.", metavar, PANEL_SIDES,
+                            key, (side,)))
+    out.append(Flag("prefill_base_port", int, "Prefill side-channel base port (rank r listens on base + r).",
+                    "PORT", PANEL_SIDES, "base_port", ("prefill",)))
+    return tuple(out)
+
+
+FLAGS: tuple[Flag, ...] = _flags()
+FLAG_NAMES: frozenset[str] = frozenset(f.name for f in FLAGS)
+
+
+def overrides_from_flags(values: dict[str, Any]) -> dict[str, Any]:
+    """Flag values (parameter name -> value or None) -> the overrides dict for pdcheck.scenario.load.
+
+    Shared flags set both sides; a per-side flag wins over its shared flag. Sides with nothing set are left out.
+    """
+    from pdcheck.scenario import parse_counts
+
+    out: dict[str, dict[str, Any]] = {side: {} for side in SIDES}
+    # Shared flags first so that the per-side ones, applied after, win.
+    for flag in sorted(FLAGS, key=lambda f: len(f.sides), reverse=True):
+        val = values.get(flag.name)
+        if val is None:
+            continue
+        if flag.key == "num_blocks":
+            val = parse_counts("--" + flag.name.replace("_", "-"), val)
+        for side in flag.sides:
+            out[side][flag.key] = val
+    return {side: v for side, v in out.items() if v}
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def scenario_flags(func: F) -> F:
+    """Decorator: give a typer command every scenario flag, and call it with `overrides=<dict>` instead.
+
+    The command must declare a parameter named `overrides` (not a flag; any annotation), anywhere: first, or
+    keyword-only after `*` (Python wants no default-less parameter after defaulted ones). The flags take its
+    place in the signature typer reads; the command is called with keywords only. A command parameter with a
+    flag's name is an error.
+    """
+    sig = inspect.signature(func, eval_str=True)
+    params = list(sig.parameters.values())
+    names = [p.name for p in params]
+    if "overrides" not in names:
+        raise TypeError(f"{func.__qualname__}: @scenario_flags needs an `overrides` parameter")
+    clash = FLAG_NAMES.intersection(names)
+    if clash:
+        raise TypeError(f"{func.__qualname__}: parameters {sorted(clash)} clash with scenario flags")
+    if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params):
+        raise TypeError(f"{func.__qualname__}: @scenario_flags commands take keyword parameters only")
+    at = names.index("overrides")
+    # typer calls commands with keywords only, so every parameter may become keyword-only: that keeps the
+    # signature valid wherever `overrides` sits and whatever defaults surround it.
+    kw = [p.replace(kind=p.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in params]
+    added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                               annotation=Annotated[f.type | None, f.option()]) for f in FLAGS]
+    new_sig = sig.replace(parameters=[*kw[:at], *added, *kw[at + 1:]])
+
+    @functools.wraps(func)
+    def wrapper(**kwargs: Any) -> Any:
+        values = {name: kwargs.pop(name, None) for name in FLAG_NAMES}
+        return func(overrides=overrides_from_flags(values), **kwargs)
+
+    # typer reads inspect.signature (which stops at __signature__) and get_type_hints (which reads
+    # __annotations__); both must describe the flags, not the wrapped function.
+    wrapper.__signature__ = new_sig  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in new_sig.parameters.values()
+                               if p.annotation is not inspect.Parameter.empty}
+    if new_sig.return_annotation is not inspect.Signature.empty:
+        wrapper.__annotations__["return"] = new_sig.return_annotation
+    return wrapper  # type: ignore[return-value]
