@@ -326,26 +326,21 @@ def render(rep: ProbeReport, console: Any) -> None:
 
 # --------------------------------------------------------------------------------------------------- CLI
 def register(app: Any) -> None:
+    from pdcheck.cliopts import scenario_flags
+
     @app.command()
+    @scenario_flags
     def probe(
         endpoint: Annotated[str, typer.Argument(help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
                                                      "PORT; the base port, before any DP offset).")],
+        *,
+        overrides: dict[str, Any],
         vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent.")],
         dp_rank: Annotated[int, Opt(help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
         tp_size: Annotated[int | None, Opt(help="P's TP size (default: discovered where that is safe).")] = None,
         timeout: Annotated[float, Opt(help="Seconds to wait for each reply.")] = 2.0,
-        scenario: Annotated[Path | None, Opt(help="Scenario whose [decode] table (and kv_transfer_params) the "
+        scenario: Annotated[Path | None, Opt(help="Scenario whose \\[decode] table (and kv_transfer_params) the "
                                                   "hazards are evaluated against.")] = None,
-        decode_tp: Annotated[int | None, Opt(help="Decode TP size (hazards).")] = None,
-        decode_blocks: Annotated[str | None, Opt(help="Decode num_blocks: one number or one per rank.")] = None,
-        block_size: Annotated[int | None, Opt(help="Decode tokens per block.")] = None,
-        layers: Annotated[int | None, Opt(help="Decode layers.")] = None,
-        kv_heads: Annotated[int | None, Opt(help="Total KV heads (decode; P's are solved from block_len).")] = None,
-        head_dim: Annotated[int | None, Opt(help="Head dim, both sides.")] = None,
-        dtype: Annotated[str | None, Opt(help="KV dtype, both sides.")] = None,
-        kv_cache_layout: Annotated[str | None, Opt(help="Decode kv_cache_layout.")] = None,
-        attn_backend: Annotated[str | None, Opt(help="Decode attention backend.")] = None,
-        use_mla: Annotated[bool | None, Opt("--use-mla/--no-mla", help="MLA model.")] = None,
         json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
     ) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
@@ -363,10 +358,7 @@ def register(app: Any) -> None:
             raise BadInput("--vllm: name the release P runs (corrected is not a release)")
         if timeout <= 0 or dp_rank < 0 or (tp_size is not None and tp_size < 1):
             raise BadInput("--timeout must be positive, --dp-rank >= 0, --tp-size >= 1")
-        flags = {"block_size": block_size, "layers": layers, "kv_heads": kv_heads, "head_dim": head_dim,
-                 "dtype": dtype, "kv_cache_layout": kv_cache_layout, "attn_backend": attn_backend,
-                 "use_mla": use_mla, "decode_tp": decode_tp, "decode_blocks": decode_blocks}
-        decode_sc, where = decode_config(scenario, flags)
+        decode_sc, where = decode_config(scenario, overrides)
         rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=int(timeout * 1000),
                   decode_sc=decode_sc, decode_from=where)
         if json_out:
@@ -376,27 +368,18 @@ def register(app: Any) -> None:
         raise typer.Exit(rep.exit_code)
 
 
-def decode_config(scenario: Path | None, flags: dict[str, Any]) -> tuple[Scenario | None, str | None]:
-    """The decode side to evaluate against: a scenario and/or flags; (None, None) when neither is given.
-    Shared geometry flags set both sides (P's heads and dtype are not on the wire)."""
-    from pdcheck.scenario import load, parse_counts
+def decode_config(scenario: Path | None, overrides: dict[str, Any]) -> tuple[Scenario | None, str | None]:
+    """The decode side to evaluate against: a scenario and/or the scenario flags; (None, None) when no decode
+    fact is given. The [prefill] table and prefill flags supply what the wire lacks (heads, dtype, model);
+    P's advertised facts replace the rest."""
+    from pdcheck.scenario import load, read_toml
 
-    if scenario is None and flags.get("decode_tp") is None and flags.get("decode_blocks") is None:
+    if scenario is None and "decode" not in overrides:
         return None, None
-    over: dict[str, dict[str, Any]] = {"prefill": {}, "decode": {}}
-    for key in ("block_size", "layers", "kv_heads", "head_dim", "dtype", "kv_cache_layout", "attn_backend",
-                "use_mla"):
-        if flags.get(key) is not None:
-            over["prefill"][key] = over["decode"][key] = flags[key]
-    if flags.get("decode_tp") is not None:
-        over["decode"]["tp_size"] = flags["decode_tp"]
-    if flags.get("decode_blocks") is not None:
-        over["decode"]["num_blocks"] = parse_counts("--decode-blocks", flags["decode_blocks"])
-    over["prefill"].setdefault("num_blocks", 1)  # replaced by what P advertises
-    if scenario is not None:
-        from pdcheck.scenario import read_toml
-
-        if "num_blocks" in read_toml(scenario).get("prefill", {}):
-            over["prefill"].pop("num_blocks")
-    sc = load(scenario, {k: v for k, v in over.items() if v})
+    over = {k: dict(v) for k, v in overrides.items()}
+    has_p = "num_blocks" in over.get("prefill", {}) or (
+        scenario is not None and "num_blocks" in read_toml(scenario).get("prefill", {}))
+    if not has_p:
+        over.setdefault("prefill", {})["num_blocks"] = 1  # replaced by what P advertises
+    sc = load(scenario, over)
     return sc, str(scenario) if scenario is not None else "flags"

@@ -76,7 +76,6 @@ class Ready(msgspec.Struct):
 
 @dataclasses.dataclass(frozen=True)
 class Options:
-    host: str | None = None  # default: the scenario's prefill.host (loopback)
     port: int | None = None  # base port; None: OS-chosen
     tag_blocks: int = TAG_BLOCKS
     duration_s: float | None = None  # serve this long, then stop (tests, scripts); None: until a signal
@@ -145,7 +144,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
         log: Callable[[str], None]) -> int:
     """Start P's ranks, call on_ready, serve until SIGTERM/SIGINT or duration. Returns the exit code."""
     p = sc.prefill
-    host = opts.host or p.host
+    host = p.host  # the scenario's, or --host / --prefill-host (loopback by default)
     fmt = FORMATS[release.wire]
     n_ports = p.tp_size if fmt.port_scheme == "per_rank" else 1
     if opts.port is not None:
@@ -260,44 +259,29 @@ def _log(text: str) -> None:
 
 
 def register(app: Any) -> None:
+    from pdcheck.cliopts import scenario_flags
+
     @app.command()
+    @scenario_flags
     def serve(
-        scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file; its [prefill] table is served.")
+        scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file; its \\[prefill] table is served.")
                             ] = None,
+        *,
+        overrides: dict[str, Any],
         vllm: Annotated[str | None, Opt(help="The release P speaks (default: the scenario's first release).")
                         ] = None,
-        port: Annotated[int | None, Opt(help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT); default: "
-                                             "OS-chosen.")] = None,
-        host: Annotated[str | None, Opt(help="Bind address (default: the scenario's, loopback).")] = None,
+        port: Annotated[int | None, Opt(help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
+                                             "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
+                                             "default: OS-chosen.")] = None,
         tag_blocks: Annotated[int, Opt(help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
         duration: Annotated[float | None, Opt(help="Stop after this many seconds (default: run until a signal).")
                             ] = None,
-        prefill_tp: Annotated[int | None, Opt(help="Prefill TP size.")] = None,
-        prefill_blocks: Annotated[str | None, Opt(help="Prefill num_blocks: one number or one per rank.")] = None,
-        block_size: Annotated[int | None, Opt(help="Tokens per block.")] = None,
-        layers: Annotated[int | None, Opt(help="Layers.")] = None,
-        kv_heads: Annotated[int | None, Opt(help="Total KV heads.")] = None,
-        head_dim: Annotated[int | None, Opt(help="Head dim (MLA: latent dim).")] = None,
-        dtype: Annotated[str | None, Opt(help="KV dtype.")] = None,
-        kv_cache_layout: Annotated[str | None, Opt(help="HND or NHD (or a 0.31+ enum name).")] = None,
-        attn_backend: Annotated[str | None, Opt(help="Attention backend name.")] = None,
-        use_mla: Annotated[bool | None, Opt("--use-mla/--no-mla", help="MLA (replicated latent KV).")] = None,
-        prefill_engine_id: Annotated[str | None, Opt(help="Prefill engine id.")] = None,
         json_out: Annotated[bool, Opt("--json", help="The ready document as one JSON line on stdout.")] = False,
     ) -> None:
         """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
-        from pdcheck.scenario import load, parse_counts, read_toml
+        from pdcheck.scenario import load, read_toml
 
-        over: dict[str, Any] = {}
-        for key, val in (("tp_size", prefill_tp), ("block_size", block_size), ("layers", layers),
-                         ("kv_heads", kv_heads), ("head_dim", head_dim), ("dtype", dtype),
-                         ("kv_cache_layout", kv_cache_layout), ("attn_backend", attn_backend), ("use_mla", use_mla),
-                         ("engine_id", prefill_engine_id)):
-            if val is not None:
-                over[key] = val
-        if prefill_blocks is not None:
-            over["num_blocks"] = parse_counts("--prefill-blocks", prefill_blocks)
-        sc = load_prefill(scenario, {"prefill": over} if over else {}, read_toml, load)
+        sc = load_prefill(scenario, overrides, read_toml, load)
         name = vllm if vllm is not None else sc.vllm[0]
         if "," in name or name.strip() in ("all", "corrected"):
             raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
@@ -306,7 +290,7 @@ def register(app: Any) -> None:
             raise BadInput(f"--port: {port} is not a port")
         if tag_blocks < 0 or (duration is not None and duration <= 0):
             raise BadInput("--tag-blocks must be >= 0 and --duration positive")
-        code = run(sc, release, Options(host=host, port=port, tag_blocks=tag_blocks, duration_s=duration),
+        code = run(sc, release, Options(port=port, tag_blocks=tag_blocks, duration_s=duration),
                    lambda doc: _print_ready(doc, json_out), _log)
         raise typer.Exit(code)
 
@@ -319,4 +303,4 @@ def load_prefill(path: Path | None, overrides: dict[str, Any], read_toml: Any, l
         extra["decode"] = {"num_blocks": 1}
     if "num_blocks" not in doc.get("prefill", {}) and "num_blocks" not in overrides.get("prefill", {}):
         raise BadInput(f"{path or 'command line'}: prefill.num_blocks: required (scenario key or --prefill-blocks)")
-    return load(path, {**overrides, **extra})
+    return load(path, {**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in extra.items()}})
