@@ -22,6 +22,7 @@ import zmq
 from pdcheck import __version__, releases
 from pdcheck.engine import FetchTimeout
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
@@ -64,6 +65,7 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     command: str
     endpoint: str
     release: str
+    release_source: str  # "--vllm", or the /version URL it was read from (--vllm auto)
     wire: str
     dp_rank: int
     ports: list[int]
@@ -155,8 +157,23 @@ def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, t
     return pr, meta
 
 
+def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
+    """P's TP size implied by rank 0's block length, given the model's heads, head_dim and dtype; None when it
+    cannot be bounded (MLA, or one head per rank, which replicated KV also gives)."""
+    blen = meta.block_len if meta.block_len is not None else (meta.block_lens or [None])[0]
+    if hint.use_mla or not blen:
+        return None
+    per_head = (meta.block_size or hint.block_size) * hint.elem_size * hint.head_dim * (2 if hint.flashinfer else 1)
+    if blen % per_head:
+        return None
+    local = blen // per_head
+    if local <= 1 or hint.total_kv_heads % local:
+        return None
+    return hint.total_kv_heads // local
+
+
 def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
-                timeout_ms: int = 2000, expected_hash: str | None = None
+                timeout_ms: int = 2000, expected_hash: str | None = None, hint: Geometry | None = None
                 ) -> tuple[list[ProbeRank], list[AnyMeta | None], list[str]]:
     """Ask every P TP rank once. The number of ranks: tp_size if given; else era B's advertised tp_size; else
     in the per-worker eras (A-E) the next port that does not answer; else (F-H) rank 0 only, since asking a
@@ -179,6 +196,14 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
                 break
             ranks.append(pr)
             metas.append(meta)
+            if r == 0 and n is not None and n > 1 and fmt.port_scheme == "per_dp" and meta and hint is not None:
+                bound = tp_bound(meta, hint)
+                if bound is not None and n > bound:
+                    # Asking a rank the scheduler does not serve raises KeyError in its listener thread.
+                    notes.append(f"asked {bound} rank(s), not {n}: P rank 0's block length means TP {bound} for "
+                                 f"{hint.total_kv_heads} KV heads, and a request for a rank an era-{fmt.name} "
+                                 "scheduler does not serve kills its listener (KeyError, H15)")
+                    n = bound
             if n is None and r == 0:
                 if meta is not None and meta.tp_size is not None:
                     n = meta.tp_size  # era B advertises it
@@ -237,13 +262,15 @@ def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int
 
 
 def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
-        timeout_ms: int = 2000, decode_sc: Scenario | None = None, decode_from: str | None = None) -> ProbeReport:
+        timeout_ms: int = 2000, decode_sc: Scenario | None = None, decode_from: str | None = None,
+        release_source: str = "--vllm") -> ProbeReport:
     """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
     expected = None
     if decode_sc is not None:
         expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
     ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
-                                       timeout_ms=timeout_ms, expected_hash=expected)
+                                       timeout_ms=timeout_ms, expected_hash=expected,
+                                       hint=decode_sc.prefill.geometry() if decode_sc is not None else None)
     fmt = FORMATS[release.wire]
     ok = [r for r in ranks if r.status == "ok"]
     hazards: list[Hazard] = []
@@ -266,6 +293,7 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
     verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
     return ProbeReport(
         tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
+        release_source=release_source,
         wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
         num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
         decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
@@ -278,7 +306,8 @@ def render(rep: ProbeReport, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release} (era {rep.wire}, "
+    src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
+    console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release}{src} (era {rep.wire}, "
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
     t = Table(title="Prefill ranks (as the side channel advertises them)")
     for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
@@ -335,10 +364,13 @@ def register(app: Any) -> None:
                                                      "PORT; the base port, before any DP offset).")],
         *,
         overrides: dict[str, Any],
-        vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent.")],
+        vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent. 'auto': read it "
+                                      "from --version-url first.")],
         dp_rank: Annotated[int, Opt(help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
         tp_size: Annotated[int | None, Opt(help="P's TP size (default: discovered where that is safe).")] = None,
         timeout: Annotated[float, Opt(help="Seconds to wait for each reply.")] = 2.0,
+        version_url: Annotated[str | None, Opt(help="With --vllm auto: P's API server /version URL (read before "
+                                                    "any side-channel request).")] = None,
         scenario: Annotated[Path | None, Opt(help="Scenario whose \\[decode] table (and kv_transfer_params) the "
                                                   "hazards are evaluated against.")] = None,
         json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
@@ -349,23 +381,49 @@ def register(app: Any) -> None:
         from rich.console import Console
 
         host, port = parse_endpoint(endpoint)
+        source = "--vllm"
+        if timeout <= 0:
+            raise BadInput("--timeout must be positive")
         if vllm.strip() == "auto":
-            raise BadInput(
-                "--vllm auto: no request order is safe on an unknown side channel (a raw request kills an F-H "
-                "listener, a 2-tuple kills H, a 3-tuple kills F-G); name P's release (its /version endpoint)")
+            if version_url is None:
+                raise BadInput(
+                    "--vllm auto needs --version-url (P's API server, e.g. http://HOST:8000/version): no order of "
+                    "trial requests is safe on a live side channel (raw bytes kill an F-H listener, a 2-tuple "
+                    "kills H, a 3-tuple kills F-G)")
+            vllm = release_from_url(version_url, timeout)
+            source = version_url
         release = releases.resolve(vllm)
         if release is releases.CORRECTED:
             raise BadInput("--vllm: name the release P runs (corrected is not a release)")
-        if timeout <= 0 or dp_rank < 0 or (tp_size is not None and tp_size < 1):
-            raise BadInput("--timeout must be positive, --dp-rank >= 0, --tp-size >= 1")
+        if dp_rank < 0 or (tp_size is not None and tp_size < 1):
+            raise BadInput("--dp-rank must be >= 0 and --tp-size >= 1")
         decode_sc, where = decode_config(scenario, overrides)
         rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=int(timeout * 1000),
-                  decode_sc=decode_sc, decode_from=where)
+                  decode_sc=decode_sc, decode_from=where, release_source=source)
         if json_out:
             sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
         else:
             render(rep, Console())
         raise typer.Exit(rep.exit_code)
+
+
+def release_from_url(url: str, timeout_s: float) -> str:
+    """`--vllm auto`: the release P's API server reports (GET /version -> {"version": "0.11.1"}). Out of band:
+    no side-channel request is sent until the era is known."""
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f"--version-url: {url!r} is not an http(s) URL")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the user's own URL
+            doc = msgspec.json.decode(resp.read(65536))
+    except (urllib.error.URLError, OSError, msgspec.DecodeError) as exc:
+        raise HarnessError(f"--vllm auto: cannot read the release from {url}: {exc}") from None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if not isinstance(version, str):
+        raise HarnessError(f"--vllm auto: {url} answered without a \"version\" string")
+    return version
 
 
 def decode_config(scenario: Path | None, overrides: dict[str, Any]) -> tuple[Scenario | None, str | None]:

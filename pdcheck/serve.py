@@ -72,6 +72,7 @@ class Ready(msgspec.Struct):
     prefill_ranks: list[ServedRank]
     kv_transfer_params: dict[str, Any]
     engine_tag: int  # the engine part of every coordinate tag (pdcheck.kvcache.engine_tag)
+    version_url: str | None = None  # --api-port: GET answers {"version": release} as vLLM's /version does
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +80,7 @@ class Options:
     port: int | None = None  # base port; None: OS-chosen
     tag_blocks: int = TAG_BLOCKS
     duration_s: float | None = None  # serve this long, then stop (tests, scripts); None: until a signal
+    api_port: int | None = None  # serve vLLM's GET /version here (0: OS-chosen), for `probe --vllm auto`
     start_timeout_s: float = 60.0
     device: str = "cpu"
 
@@ -168,7 +170,10 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
         stop["why"] = signal.Signals(signum).name
 
     old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    api = None
     try:
+        if opts.api_port is not None:
+            api = version_server(host, opts.api_port, release.name)
         with launcher() as lau:
             ranks = {
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
@@ -200,7 +205,8 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
                 remote_port=rport, tp_size=p.tp_size, dp_rank=p.dp_rank, compat_hash=chash,
                 endpoints=[Endpoint(host, ls.port, ls.ranks) for r in ranks for ls in listeners[r]],
                 prefill_ranks=served, kv_transfer_params=transfer_params(sc, release, host, rport, opts.tag_blocks),
-                engine_tag=engine_tag(p.engine_id)))
+                engine_tag=engine_tag(p.engine_id),
+                version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version"))
             deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
             code = 0
             while stop["why"] is None and (deadline is None or time.monotonic() < deadline):
@@ -225,8 +231,48 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             code = 130
         return code
     finally:
+        if api is not None:
+            api.shutdown()
+            api.server_close()
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def version_server(host: str, port: int, version: str) -> Any:
+    """A thread answering GET /version with {"version": ...}, as vLLM's API server does; nothing else."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = msgspec.json.encode({"version": version})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.rstrip("/") != "/version":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            _log(f"api {self.client_address[0]} {fmt % args}")
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+    try:
+        srv = Server((host, port), Handler)
+    except OSError as exc:
+        raise HarnessError(f"serve: --api-port: cannot bind {host}:{port}: {exc.strerror}") from None
+    threading.Thread(target=srv.serve_forever, name="pdcheck-serve-api", daemon=True).start()
+    return srv
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -247,6 +293,8 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
                 f"blocks 0..{r.tagged_blocks - 1} tagged")
     if doc.compat_hash:
         c.print(f"  compatibility hash {doc.compat_hash}")
+    if doc.version_url:
+        c.print(f"  {doc.version_url} answers {{\"version\": \"{doc.release}\"}}", highlight=False)
     c.print("  kv_transfer_params for a decode request:")
     c.print("  " + msgspec.json.encode(doc.kv_transfer_params).decode(), highlight=False, soft_wrap=True)
     c.print("[dim]serving; Ctrl-C or SIGTERM stops every rank[/]")
@@ -276,6 +324,8 @@ def register(app: Any) -> None:
         tag_blocks: Annotated[int, Opt(help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
         duration: Annotated[float | None, Opt(help="Stop after this many seconds (default: run until a signal).")
                             ] = None,
+        api_port: Annotated[int | None, Opt(help="Also answer GET /version on this port (0: OS-chosen), as "
+                                                 "vLLM's API server does (for probe --vllm auto).")] = None,
         json_out: Annotated[bool, Opt("--json", help="The ready document as one JSON line on stdout.")] = False,
     ) -> None:
         """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
@@ -290,7 +340,9 @@ def register(app: Any) -> None:
             raise BadInput(f"--port: {port} is not a port")
         if tag_blocks < 0 or (duration is not None and duration <= 0):
             raise BadInput("--tag-blocks must be >= 0 and --duration positive")
-        code = run(sc, release, Options(port=port, tag_blocks=tag_blocks, duration_s=duration),
+        if api_port is not None and not 0 <= api_port <= 65535:
+            raise BadInput(f"--api-port: {api_port} is not a port")
+        code = run(sc, release, Options(port=port, tag_blocks=tag_blocks, duration_s=duration, api_port=api_port),
                    lambda doc: _print_ready(doc, json_out), _log)
         raise typer.Exit(code)
 

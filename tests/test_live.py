@@ -312,3 +312,29 @@ def test_agent_name_and_endpoint_parsing():
     assert agent_name(b"garbage") is None
     assert parse_endpoint("[::1]:5600") == ("::1", 5600)
     assert parse_endpoint("10.0.0.2:5557") == ("10.0.0.2", 5557)
+
+
+# ------------------------------------------------------------------------------------- --vllm auto, TP guard
+def test_probe_auto_reads_the_release_out_of_band():
+    with serve("--prefill-tp", "2", "--prefill-blocks", "96", "--vllm", "0.26.0", "--api-port", "0") as s:
+        url = s.doc["version_url"]
+        assert url.endswith("/version")
+        code, rep = probe_json(s.endpoint, "--vllm", "auto", "--version-url", url, "--tp-size", "2")
+        assert code == 0 and rep["release"] == "0.26.0" and rep["wire"] == "H" and rep["release_source"] == url
+        assert [r["num_blocks"] for r in rep["prefill_ranks"]] == [96, 96]
+    log = s.err.decode()
+    assert "GET /version" in log and "died" not in log
+    assert log.count("-> reply") == 2  # nothing but the two era-H requests reached the side channel
+
+
+def test_probe_never_asks_a_rank_the_scheduler_lacks():
+    # TP 2 with 8 KV heads: rank 0's block holds 4 heads, so TP is 2; --tp-size 4 would ask rank 2 and kill
+    # the 0.13 listener (KeyError). The probe asks 2 ranks, and the listener still answers afterwards.
+    with serve("--prefill-tp", "2", "--prefill-blocks", "64", "--kv-heads", "8", "--vllm", "0.13.0") as s:
+        code, rep = probe_json(s.endpoint, "--vllm", "0.13.0", "--tp-size", "4", "--decode-blocks", "64",
+                               "--kv-heads", "8")
+        assert [r["tp_rank"] for r in rep["prefill_ranks"]] == [0, 1]
+        assert any("kills its listener" in n for n in rep["notes"])
+        code, rep = probe_json(s.endpoint, "--vllm", "0.13.0", "--tp-size", "2")
+        assert code == 0 and rep["verdict"] == "ok"
+    assert "died" not in s.err.decode()
