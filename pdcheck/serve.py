@@ -316,7 +316,8 @@ def register(app: Any) -> None:
                             ] = None,
         *,
         overrides: dict[str, Any],
-        vllm: Annotated[str | None, Opt(help="The release P speaks (default: the scenario's first release).")
+        vllm: Annotated[str | None, Opt(help="The release P speaks (default: the scenario's prefill.vllm, else its "
+                                      "first release).")
                         ] = None,
         port: Annotated[int | None, Opt(help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
                                              "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
@@ -332,7 +333,7 @@ def register(app: Any) -> None:
         from pdcheck.scenario import load, read_toml
 
         sc = load_prefill(scenario, overrides, read_toml, load)
-        name = vllm if vllm is not None else sc.vllm[0]
+        name = vllm if vllm is not None else sc.prefill.vllm or sc.vllm[0]
         if "," in name or name.strip() in ("all", "corrected"):
             raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
         release = resolve(name)

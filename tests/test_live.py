@@ -338,3 +338,17 @@ def test_probe_never_asks_a_rank_the_scheduler_lacks():
         code, rep = probe_json(s.endpoint, "--vllm", "0.13.0", "--tp-size", "2")
         assert code == 0 and rep["verdict"] == "ok"
     assert "died" not in s.err.decode()
+
+
+def test_live_p_is_never_sent_a_request_that_kills_its_listener():
+    sc = str(SCEN / "cross-release-listener-death.toml")  # prefill.vllm = 0.11.1
+    with serve(sc) as s:
+        assert s.doc["release"] == "0.11.1"
+        r = pdcheck("handshake", sc, "--vllm", "0.11.0,0.11.1", "--prefill-endpoint", s.endpoint, "--json")
+        rep = json.loads(r.stdout)
+        assert "0.11.0" in rep["live"]["skipped"] and "DecodeError" in rep["live"]["skipped"]["0.11.0"]
+        assert rep["matrix"] == {"0.11.1": ["ok", "ok"], "corrected": ["ok", "ok"]}
+        assert r.returncode == 0
+        code, _rep = probe_json(s.endpoint, "--vllm", "0.11.1", "--tp-size", "2")  # still alive
+        assert code == 0
+    assert "died" not in s.err.decode()
