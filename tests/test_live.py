@@ -254,7 +254,7 @@ def test_probe_bad_input_exits_2():
     r = pdcheck("probe", "localhost", "--vllm", "0.9.2")
     assert r.returncode == 2 and "HOST:PORT" in r.stderr and "Traceback" not in r.stderr
     r = pdcheck("probe", "127.0.0.1:5600", "--vllm", "auto")
-    assert r.returncode == 2 and "no request order is safe" in r.stderr
+    assert r.returncode == 2 and "needs --version-url" in r.stderr and "no order of trial requests" in r.stderr
 
 
 # -------------------------------------------------------------------------------------------- serve life
