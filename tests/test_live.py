@@ -181,6 +181,16 @@ def test_probe_hazards_equal_handshake_hazards(hetero_serve):
     assert {h["id"] for h in expected if h["applies"]} >= {"H01", "H03"}
 
 
+@pytest.mark.parametrize("release", ["0.26.0"])
+def test_probe_hazards_equal_handshake_hazards_later_eras(release):
+    sc = str(SCEN / "seed-19338-tp8.toml")
+    hs = pdcheck("handshake", sc, "--vllm", release, "--no-transfer", "--json")
+    with serve(sc, "--vllm", release, "--tag-blocks", "16") as s:
+        code, rep = probe_json(s.endpoint, "--vllm", release, "--tp-size", "8", "--scenario", sc)
+    assert code == 1 and [r["num_blocks"] for r in rep["prefill_ranks"]] == [111680, *[111488] * 5, 112448, 111488]
+    assert rep["hazards"] == json.loads(hs.stdout)["hazards"]
+
+
 def test_handshake_live_content_not_checkable_without_tags():
     with serve(str(SCEN / "decode-fewer-blocks.toml"), "--vllm", "0.10.0", "--tag-blocks", "0") as s:
         r = pdcheck("handshake", str(SCEN / "decode-fewer-blocks.toml"), "--vllm", "0.10.0", "--prefill-endpoint",
