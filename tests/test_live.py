@@ -362,3 +362,21 @@ def test_live_p_is_never_sent_a_request_that_kills_its_listener():
         code, _rep = probe_json(s.endpoint, "--vllm", "0.11.1", "--tp-size", "2")  # still alive
         assert code == 0
     assert "died" not in s.err.decode()
+
+
+def test_kv_transfer_params_keys_per_release():
+    from pdcheck.releases import resolve
+    from pdcheck.scenario import load
+    from pdcheck.serve import transfer_params
+
+    sc = load(None, {"prefill": {"num_blocks": 64, "tp_size": 2}, "decode": {"num_blocks": 64}})
+    p34 = transfer_params(sc, resolve("0.34.0"), "10.0.0.5", 5600, 4096)
+    # key for key as 0.34's pull scheduler returns them
+    assert list(p34) == ["do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
+                         "remote_request_id", "remote_host", "remote_port", "tp_size", "dcp_size", "pp_size",
+                         "remote_num_tokens", "remote_blocks_expiry_time", "remote_registration_generation",
+                         "transfer_mode"]
+    assert p34["remote_block_ids"] == [[0, 1, 2, 3]] and p34["remote_num_tokens"] == 64 and p34["tp_size"] == 2
+    p091 = transfer_params(sc, resolve("0.9.1"), "h", 1, 2)
+    assert "tp_size" not in p091 and p091["remote_block_ids"] == [0, 1]
+    assert "remote_num_tokens" not in transfer_params(sc, resolve("0.20.0"), "h", 1, 4096)
