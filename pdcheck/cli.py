@@ -45,11 +45,15 @@ def handshake(
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
-    if prefill_endpoint is not None and "num_blocks" not in overrides.get("prefill", {}):
+    tp_given = True
+    if prefill_endpoint is not None:
         from pdcheck.scenario import read_toml
 
-        if scenario is None or "num_blocks" not in read_toml(scenario).get("prefill", {}):
-            overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "num_blocks": 1}}  # probed
+        p_doc = read_toml(scenario).get("prefill", {}) if scenario is not None else {}
+        p_over = overrides.get("prefill", {})
+        tp_given = "tp_size" in p_over or "tp_size" in p_doc
+        if "num_blocks" not in p_over and "num_blocks" not in p_doc:
+            overrides = {**overrides, "prefill": {**p_over, "num_blocks": 1}}  # the live P's counts are probed
     sc = load(scenario, overrides)
     releases = resolve_many(vllm if vllm is not None else ",".join(sc.vllm))
     if device not in ("cpu", "cuda"):
@@ -63,7 +67,8 @@ def handshake(
         endpoint = parse_endpoint(prefill_endpoint, "--prefill-endpoint")
     rep = hs.run(sc, releases, hs.Options(
         device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-        inject=_parse_inject(inject or []), prefill_endpoint=endpoint))
+        inject=_parse_inject(inject or []), prefill_endpoint=endpoint,
+        prefill_tp_given=tp_given))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:

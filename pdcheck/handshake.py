@@ -32,6 +32,7 @@ class Options:
     run_timeout_s: float = 120.0
     inject: m.Inject = m.Inject()
     prefill_endpoint: tuple[str, int] | None = None  # a live P (pdcheck.live): no fake P is started
+    prefill_tp_given: bool = True  # live P: prefill.tp_size was named (else probed where that is safe)
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:

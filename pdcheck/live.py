@@ -58,7 +58,8 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
     p_fmt = FORMATS[p_rel.wire]
     d = sc.decode
     ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
-                                             tp_size=sc.prefill.tp_size, timeout_ms=opts.hang_timeout_ms,
+                                             tp_size=sc.prefill.tp_size if opts.prefill_tp_given else None,
+                                             timeout_ms=opts.hang_timeout_ms,
                                              hint=sc.prefill.geometry())
     p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes)
     sc = msgspec.structs.replace(sc, prefill=p)

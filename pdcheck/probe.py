@@ -194,6 +194,11 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
             if n is None and r > 0 and pr.status == "no_reply":
                 notes.append(f"{r} P rank(s) found: port {port} did not answer (pass --tp-size to name the size)")
                 break
+            if n is None and r > 0 and pr.engine_id is not None and pr.engine_id != ranks[0].engine_id:
+                # The next port belongs to someone else (another instance's listener on this host).
+                notes.append(f"{r} P rank(s) found: port {port} answers for engine {pr.engine_id!r}, not "
+                             f"{ranks[0].engine_id!r} (pass --tp-size to name the size)")
+                break
             ranks.append(pr)
             metas.append(meta)
             if r == 0 and n is not None and n > 1 and fmt.port_scheme == "per_dp" and meta and hint is not None:

@@ -380,3 +380,14 @@ def test_kv_transfer_params_keys_per_release():
     p091 = transfer_params(sc, resolve("0.9.1"), "h", 1, 2)
     assert "tp_size" not in p091 and p091["remote_block_ids"] == [0, 1]
     assert "remote_num_tokens" not in transfer_params(sc, resolve("0.20.0"), "h", 1, 4096)
+
+
+def test_handshake_live_flags_only_discovers_per_worker_ranks():
+    with serve("--prefill-tp", "2", "--prefill-blocks", "80,72", "--vllm", "0.10.1") as s:
+        r = pdcheck("handshake", "--decode-tp", "2", "--decode-blocks", "72", "--vllm", "0.10.1",
+                    "--prefill-endpoint", s.endpoint, "--hang-timeout", "1", "--json")
+    rep = json.loads(r.stdout)
+    assert [p["num_blocks"] for p in rep["live"]["probe"]] == [80, 72]  # ranks found without --prefill-tp
+    assert any("2 P rank(s) found" in n for n in rep["live"]["notes"])
+    assert rep["matrix"] == {"0.10.1": ["ok", "ok"], "corrected": ["ok", "ok"]}
+    assert all(d["transfer"]["0.10.1"]["status"] == "ok" for d in rep["decode_ranks"])
