@@ -35,6 +35,8 @@ def handshake(
     device: Annotated[str, Opt(help="Where KV caches live: cpu (host memory) or cuda (GPU memory).")] = "cpu",
     hang_timeout: Annotated[float, Opt(help="Seconds before a reply-less handshake counts as a hang.")] = 3.0,
     timeout: Annotated[float, Opt(help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
+    prefill_vllm: Annotated[str | None, Opt(help="The release the prefill runs (prefill.vllm): a cross-release pair, "
+                                              "or the live P's release with --prefill-endpoint.")] = None,
     prefill_endpoint: Annotated[str | None, Opt(help="HOST:PORT of a live P's side channel (e.g. pdcheck serve): "
                                                   "no fake P; its facts are probed.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
@@ -45,6 +47,8 @@ def handshake(
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
+    if prefill_vllm is not None:
+        overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "vllm": prefill_vllm}}
     tp_given = True
     if prefill_endpoint is not None:
         from pdcheck.scenario import read_toml

@@ -37,7 +37,7 @@ def prefill_release(sc: Scenario, releases: list[ReleaseModel]) -> ReleaseModel:
         return resolve(sc.prefill.vllm)
     if len(releases) == 1:
         return releases[0]
-    raise BadInput("--prefill-endpoint: name the release the live P runs (prefill.vllm in the scenario, or a "
+    raise BadInput("--prefill-endpoint: name the release the live P runs (--prefill-vllm, prefill.vllm in the scenario, or a "
                    "single --vllm): pdcheck only sends a live P requests of its own era")
 
 
