@@ -107,11 +107,9 @@ def agent_name(blob: bytes) -> str | None:
 def _look(frames: list[bytes]) -> str | None:
     """The era a reply looks like, for a wrong-era verdict; None when it is not metadata of any era."""
     try:
-        t = tolerant_decode(frames)
+        return tolerant_decode(frames).era
     except Exception:  # garbage: nothing to name
         return None
-    era = t.era
-    return era if era != "G" or t.compat_hash is None else "G/H (one frame)"
 
 
 def _fill(pr: ProbeRank, meta: AnyMeta, remote_hash: str | None, expected: str | None) -> None:
