@@ -136,3 +136,54 @@ def test_probe_reads_vllms_own_listener_and_wrong_era_kills_it(release):
     finally:
         stop.set()
         thread.join(3)
+
+
+@pytest.mark.parametrize("release", ["0.13.0", "0.20.0", "0.26.0", "0.34.0"])
+def test_vllms_own_decode_handshake_against_serve(release):
+    """vLLM's own D-side `_nixl_handshake` (request framing, reply framing, payload and metadata decoders,
+    hash and engine-id checks) against `pdcheck serve`; its add_remote_agent stand-in loads P's agent blob into
+    a real NIXL agent. The compatibility hash is serve's own (whether it equals a GPU deployment's is the
+    release models' concern)."""
+    import itertools
+
+    from test_live import serve
+
+    from pdcheck.nixlagent import Agent
+
+    if not (Path(SRC or "") / release).is_dir():
+        pytest.skip(f"{release} not unpacked under PDCHECK_VLLM_SRC")
+    ns = _load(release)
+
+    @contextlib.contextmanager
+    def zmq_ctx(socket_type: Any, addr: str) -> Any:  # vLLM's: REQ connects, context destroyed with linger 0
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(socket_type)
+            sock.connect(addr)
+            yield sock
+        finally:
+            ctx.destroy(linger=0)
+
+    ns.update(zmq_ctx=zmq_ctx, itertools=itertools)
+    exec(compile(_segment(release, "_nixl_handshake"), f"<vllm {release} _nixl_handshake>", "exec"), ns)  # noqa: S102
+    handshake = ns["_nixl_handshake"]
+    agent = Agent("vllm-decode")
+    added: list[Any] = []
+
+    def add_remote_agent(metadata: Any, *_args: Any) -> str:
+        added.append(metadata)
+        return agent.add_remote(metadata.agent_metadata)  # the real NIXL load of P's blob
+
+    with serve("--prefill-tp", "2", "--prefill-blocks", "3008,2992", "--vllm", release) as s:
+        for rank in (0, 1):
+            me = SimpleNamespace(
+                compat_hash=s.doc["compat_hash"], enforce_compat_hash=True, block_size=16, use_host_buffer=True,
+                device_id=rank, _is_csa_linear=False, add_remote_agent=add_remote_agent,
+                _validate_remote_parallel_config=lambda _m: None,
+                kv_topo=SimpleNamespace(get_target_remote_rank=lambda _tp, r=rank: r),
+                transfer_topo=SimpleNamespace(handshake_target_ranks=lambda *_a, r=rank: [r]))
+            out = handshake(me, "127.0.0.1", s.doc["base_port"], 2, "prefill-engine")
+            names = out[0] if isinstance(out, tuple) else out
+            assert list(names.values()) == [f"prefill-engine-p{rank}"]
+    assert [m.num_blocks for m in added] == [3008, 2992]
+    assert [m.engine_id for m in added] == ["prefill-engine"] * 2
