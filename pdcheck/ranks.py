@@ -131,8 +131,12 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                     _send(conn, m.Tagged(msg.ticket))
                 elif isinstance(msg, m.Stop):
                     break
-            for got in agent.notifs().values():
+            for peer, got in agent.notifs().items():
                 notifs.extend(x.decode(errors="replace") for x in got)
+                if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
+                    for x in got:
+                        _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
+                                  f"{x.decode(errors='replace')!r}")
     finally:
         for lst in listeners:
             lst.close()

@@ -181,6 +181,18 @@ def test_probe_hazards_equal_handshake_hazards(hetero_serve):
     assert {h["id"] for h in expected if h["applies"]} >= {"H01", "H03"}
 
 
+def test_serve_logs_requests_and_notifications(hetero_serve):  # last user of the module's serve: stops it
+    pdcheck("handshake", str(SCEN / "hetero-d4-p2.toml"), "--vllm", "0.9.1", "--prefill-endpoint",
+            hetero_serve.endpoint, "--json")
+    hetero_serve.proc.send_signal(signal.SIGTERM)
+    _out, err = hetero_serve.proc.communicate(timeout=30)
+    log = err.decode()
+    assert "NIXL notification from decode-tp4-d0: 'req-0:2'" in log  # 0.9.1's "{req}:{tp_ratio}" notification
+    line = next(x for x in log.splitlines() if "-> reply" in x)
+    assert "era B" in line and "peer " in line and "request 6765745f6d6574615f6d7367" in line
+    assert "tp_rank 0" in log and "tp_rank 1" in log and "bytes" in line
+
+
 @pytest.mark.parametrize("release", ["0.26.0"])
 def test_probe_hazards_equal_handshake_hazards_later_eras(release):
     sc = str(SCEN / "seed-19338-tp8.toml")
