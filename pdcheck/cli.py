@@ -100,6 +100,12 @@ def handshake(
                                   help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout instead of tables (no progress).")] = False,
+    prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=RUN, show_default=False,
+                                            help="The release the prefill runs (prefill.vllm): a cross-release "
+                                                 "pair, or the live P's release with --prefill-endpoint.")] = None,
+    prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=RUN, show_default=False,
+                                                help="A live P's side channel (e.g. pdcheck serve): no fake P; "
+                                                     "its facts are probed.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
@@ -108,9 +114,20 @@ def handshake(
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
+    if from_logs is not None and scenario is not None:
+        raise BadInput("give a scenario file or --from-logs, not both")
+    if prefill_vllm is not None:
+        overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "vllm": prefill_vllm}}
+    tp_given = True
+    if prefill_endpoint is not None:
+        from pdcheck.scenario import read_toml
+
+        p_doc = read_toml(scenario).get("prefill", {}) if scenario is not None else {}
+        p_over = overrides.get("prefill", {})
+        tp_given = "tp_size" in p_over or "tp_size" in p_doc
+        if "num_blocks" not in p_over and "num_blocks" not in p_doc:
+            overrides = {**overrides, "prefill": {**p_over, "num_blocks": 1}}  # the live P's counts are probed
     if from_logs is not None:
-        if scenario is not None:
-            raise BadInput("give a scenario file or --from-logs, not both")
         fl, sc = _logs_scenario(from_logs, overrides)
         _report_missing(fl, overrides)
     else:
@@ -120,10 +137,16 @@ def handshake(
         raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
     if hang_timeout <= 0 or timeout <= 0:
         raise BadInput("--hang-timeout and --timeout must be positive")
+    endpoint = None
+    if prefill_endpoint is not None:
+        from pdcheck.probe import parse_endpoint
+
+        endpoint = parse_endpoint(prefill_endpoint, "--prefill-endpoint")
     with progress.stderr_progress(enabled=not json_out) as tick:
         rep = hs.run(sc, releases, hs.Options(
             device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-            inject=_parse_inject(inject or []), progress=tick))
+            inject=_parse_inject(inject or []), progress=tick, prefill_endpoint=endpoint,
+            prefill_tp_given=tp_given))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:
@@ -234,6 +257,17 @@ def _parse_inject(items: list[str]) -> Any:
         except ValueError:
             raise BadInput(f"--inject: {item!r} is not die:P<r>, mute:P<r> or corrupt:P<r>:<region>:<block>") from None
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
+
+
+def _register_live() -> None:
+    """Commands that meet real deployments live in their own modules."""
+    from pdcheck import probe, serve
+
+    probe.register(app)
+    serve.register(app)
+
+
+_register_live()
 
 
 def _register_optional() -> None:

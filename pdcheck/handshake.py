@@ -33,13 +33,18 @@ class Options:
     run_timeout_s: float = 120.0
     inject: m.Inject = m.Inject()
     progress: Callable[[str, int, int], None] | None = None  # (stage, done, total), e.g. pdcheck.progress
+    prefill_endpoint: tuple[str, int] | None = None  # a live P (pdcheck.live): no fake P is started
+    prefill_tp_given: bool = True  # live P: prefill.tp_size was named (else probed where that is safe)
 
 
-def make_requests(sc: Scenario) -> list[m.Req]:
+def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
     """Seeded block tables. P's scheduler hands out ids below the smallest count of its ranks (vLLM uses
-    min(num_blocks) logically), D's likewise; both sides of a request have the same number of blocks."""
+    min(num_blocks) logically), D's likewise; both sides of a request have the same number of blocks.
+    p_limit: remote ids stay below it (a live `pdcheck serve` P tags only its first blocks)."""
     rng = np.random.default_rng(sc.transfer.seed)
     p_max, d_max = min(sc.prefill.blocks()), min(sc.decode.blocks())
+    if p_limit is not None:
+        p_max = min(p_max, p_limit)
     k = min(sc.transfer.blocks_per_request, p_max, d_max)
     return [
         m.Req(f"req-{i}", sorted(rng.choice(p_max, k, replace=False).tolist()),
@@ -95,6 +100,10 @@ def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int) -> list
 
 
 def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
+    if opts.prefill_endpoint is not None:
+        from pdcheck import live
+
+        return live.run(sc, releases, opts, *opts.prefill_endpoint)
     t0 = time.perf_counter()
     profiles = plan_profiles(sc, releases)
     requests = make_requests(sc)

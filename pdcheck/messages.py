@@ -30,6 +30,8 @@ class PrefillSpec(msgspec.Struct, frozen=True):
     geometry: dict[str, object]
     kv_cache_layout: str
     inject: Inject
+    log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
+    tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
 
 
 class ListenerSpec(msgspec.Struct, frozen=True):
@@ -67,6 +69,7 @@ class DecodeSpec(msgspec.Struct, frozen=True):
     hang_timeout_ms: int
     transfer: bool
     requests: list[Req]
+    live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
 
 
 # ---- launcher <-> rank traffic ----------------------------------------------------------------------
@@ -126,7 +129,7 @@ class Mismatch(msgspec.Struct):
 
 
 class TransferResult(msgspec.Struct):
-    status: str  # "ok" | "wrong" | "error" | "skipped"
+    status: str  # "ok" | "wrong" | "error" | "skipped" | "arrived" (READ DONE, content not checkable)
     blocks: int = 0
     wrong: int = 0
     first_mismatch: Mismatch | None = None

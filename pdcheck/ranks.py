@@ -8,6 +8,7 @@ Both talk to the launcher over a pipe with msgspec messages.
 from __future__ import annotations
 
 import os
+import signal
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -50,6 +51,9 @@ def _recv(conn: Connection) -> m.Msg:
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     quiet_nixl_env()
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
+    if spec.log_requests:
+        # `pdcheck serve`: Ctrl-C reaches the whole process group; the parent stops the ranks in order.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
@@ -57,6 +61,11 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
                      spec.kv_cache_layout)
         agent.register(kv.regions(spec.device_id), kv.mem_type)
+        if spec.tag_blocks:
+            # A real decode instance reads blocks without asking: tag them before the side channel opens.
+            every = np.arange(min(spec.tag_blocks, spec.num_blocks))
+            for region in range(len(kv.views)):
+                kv.tag(engine_tag(spec.engine_id), spec.tp_rank, region, every)
         values = {
             "engine_id": spec.engine_id, "agent_metadata": agent.metadata(), "kv_caches_base_addr": kv.base_addrs,
             "num_blocks": spec.num_blocks, "tp_size": spec.tp_size, "block_len": g.block_len,
@@ -81,7 +90,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
             own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
             # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
-            listeners.append(Listener(ctx, spec.host, ls.port, fmt, _replier(fmt, frames, own)))
+            log = _request_log(ls) if spec.log_requests else None
+            listeners.append(Listener(ctx, spec.host, ls.port, fmt, _replier(fmt, frames, own), log))
     except Exception as exc:
         for lst in listeners:
             lst.close()
@@ -103,7 +113,11 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                 if lst.sock in events:
                     if spec.tp_rank in inj.die_p:
                         os._exit(17)  # test hook: a rank that dies mid-handshake
+                    was_dead = lst.dead
                     lst.handle(mute=spec.tp_rank in inj.mute_p)
+                    if spec.log_requests and lst.dead and not was_dead:
+                        _log_line(f"listener {lst.fmt.name} :{lst.port} died on a request it could not unpack: "
+                                  f"{lst.dead} (vLLM's listener thread ends here; later requests time out)")
             if conn.fileno() in events:
                 msg = _recv(conn)
                 if isinstance(msg, m.TagReq):
@@ -117,14 +131,35 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                     _send(conn, m.Tagged(msg.ticket))
                 elif isinstance(msg, m.Stop):
                     break
-            for got in agent.notifs().values():
+            for peer, got in agent.notifs().items():
                 notifs.extend(x.decode(errors="replace") for x in got)
+                if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
+                    for x in got:
+                        _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
+                                  f"{x.decode(errors='replace')!r}")
     finally:
         for lst in listeners:
             lst.close()
         ctx.destroy(0)
     dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
     _send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
+
+
+def _log_line(text: str) -> None:
+    import sys
+
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
+    sys.stderr.flush()
+
+
+def _request_log(ls: m.ListenerSpec) -> Any:
+    def log(identity: bytes, request: bytes, rank: int | None, nbytes: int) -> None:
+        # Raw eras (A-E) do not name a rank: the listener answers for its own.
+        served = ls.ranks[0] if rank is None else rank
+        _log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {request.hex()} tp_rank {served} "
+                  f"-> reply {nbytes} bytes")
+
+    return log
 
 
 def _replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -> Any:
@@ -221,7 +256,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
             if out.status in ("ok", "silent"):
                 transfers[name] = prove(
                     agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles, lists=lists,
-                    requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif, tp_ratio=tp_ratio, tag=tag)
+                    requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif, tp_ratio=tp_ratio, tag=tag,
+                    live=spec.live)
             else:
                 transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
     finally:

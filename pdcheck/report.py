@@ -15,6 +15,7 @@ from pdcheck import __version__
 from pdcheck import messages as m
 from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
+from pdcheck.probe import ProbeRank
 from pdcheck.releases import CORRECTED
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
@@ -50,6 +51,18 @@ class FailSpan(msgspec.Struct):
     fixed_in: str | None  # the next modelled release, which survives; None: none after them does
 
 
+class Live(msgspec.Struct):
+    """--prefill-endpoint: what the live P was found to be, and what could be checked."""
+
+    endpoint: str
+    prefill_release: str
+    prefill_wire: str
+    probe: list[ProbeRank]
+    skipped: dict[str, str]  # release -> why it was not run against the live P
+    content: str  # whether READ blocks could be verified
+    notes: list[str] = []
+
+
 class Report(msgspec.Struct):
     tool: str
     version: str
@@ -74,6 +87,7 @@ class Report(msgspec.Struct):
     fails: list[str] = []
     fixed_in: str | None = None
     fail_spans: list[FailSpan] = []
+    live: Live | None = None  # --prefill-endpoint
 
 
 def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
@@ -168,6 +182,8 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
     if t is not None and t.status != "skipped":
         if t.status == "error":
             text.append("\nxfer ERROR", style="red")
+        elif t.status == "arrived":
+            text.append(f"\nxfer {t.blocks} arrived, unchecked", style="yellow")
         else:
             text.append(f"\nxfer {t.wrong}/{t.blocks} wrong", style="bold magenta" if t.wrong else "green")
     return text
@@ -229,6 +245,15 @@ def render_matrix(rep: Report, console: Console) -> None:
 
 def render(rep: Report, console: Console) -> None:
     console.print(f"[bold]pdcheck handshake[/] {rep.scenario} [dim]({rep.source}, device {rep.device})[/]")
+    if rep.live is not None:
+        lv = rep.live
+        console.print(f"  live prefill {lv.endpoint}: vLLM {lv.prefill_release} (era {lv.prefill_wire}), "
+                      f"{len(lv.probe)} rank(s) probed; no fake P started", highlight=False)
+        console.print(Text(f"  KV content: {lv.content}"))
+        for name, why in lv.skipped.items():
+            console.print(Text(f"  vLLM {name}: {why}", style="yellow"))
+        for n in lv.notes:
+            console.print(Text(f"  note: {n}", style="dim"))
     for side, sp in rep.num_blocks_spread.items():
         diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
         console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")

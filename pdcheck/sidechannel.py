@@ -14,13 +14,16 @@ from pdcheck.engine import FetchTimeout
 from pdcheck.errors import HarnessError
 from pdcheck.wire import WireFormat, encode_request, parse_request
 
+# (peer identity, request bytes, tp_rank asked for or None, reply bytes): `pdcheck serve` logs each answer.
+RequestLog = Callable[[bytes, bytes, int | None, int], None]
+
 
 class Listener:
     """One vLLM-style handshake listener. `reply_for(tp_rank)` returns the frames for that rank."""
 
     def __init__(self, ctx: zmq.Context, host: str, port: int, fmt: WireFormat,
-                 reply_for: Callable[[int | None], list[bytes]]) -> None:
-        self.fmt, self.reply_for, self.port = fmt, reply_for, port
+                 reply_for: Callable[[int | None], list[bytes]], log: RequestLog | None = None) -> None:
+        self.fmt, self.reply_for, self.port, self.log = fmt, reply_for, port, log
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         try:
@@ -51,6 +54,8 @@ class Listener:
             frames = self.reply_for(None)
         self.sock.send_multipart([identity, b"", *frames])
         self.served += 1
+        if self.log is not None:
+            self.log(identity, msg, rank, sum(len(f) for f in frames))
         return True
 
     def close(self) -> None:

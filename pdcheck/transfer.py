@@ -44,12 +44,17 @@ def _ids(regions: int, stride: int, blocks: list[int]) -> np.ndarray:
 
 
 def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, corrected: bool, remote_handles: dict[int, Any],
-          lists: LocalLists, requests: list[Req], p_tag: int, notif: str, tp_ratio: int, tag: TagFn) -> TransferResult:
+          lists: LocalLists, requests: list[Req], p_tag: int, notif: str, tp_ratio: int, tag: TagFn,
+          live: bool = False) -> TransferResult:
+    """READ every request's blocks and verify them by coordinate. live: P is an instance pdcheck does not
+    drive (--prefill-endpoint); its blocks are verified only where they carry pdcheck's tags (pdcheck serve),
+    otherwise the result says that the bytes arrived and that their content cannot be checked."""
     if not outcome.prepared:
         return TransferResult("skipped", message="no remote descriptor list was prepared")
     regions = kv.geometry.num_regions
     res = TransferResult("ok", stride=None if corrected else outcome.stride)
     wrong_regions: set[int] = set()
+    unchecked = 0
     for req in requests:
         for prep in outcome.prepared:
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
@@ -59,7 +64,8 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
             phys: dict[int, list[int]] = {}
             for rid in rids[rids < limit]:
                 phys.setdefault(int(rid // prep.dlist_blocks), []).append(int(rid % prep.dlist_blocks))
-            tag(prep.p_rank, phys)
+            if not live:
+                tag(prep.p_rank, phys)
             for r in range(regions):
                 kv.clear(r, np.asarray(req.local_block_ids))
             msg = notif.format(req=req.req_id, tp_ratio=tp_ratio, d_world_size=local.tp_size).encode()
@@ -71,13 +77,32 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
                 res.status, res.message = "error", f"{exc.detail} [{exc.status}] ({exc.context})"
                 res.blocks += len(lids)
                 return res
+            if live and not _tagged(kv, prep, req, p_tag):
+                unchecked += len(lids)
+                res.blocks += len(lids)
+                res.bytes += len(lids) * prep.block_len
+                continue
             _verify(kv, prep, req, p_tag, res, wrong_regions)
     res.wrong_regions = sorted(wrong_regions)
+    if unchecked and not res.wrong:
+        res.status = "arrived"
+        res.message = (f"READ DONE: {res.blocks} blocks ({res.bytes} bytes) arrived; content not checkable: the "
+                       "live P's blocks carry no pdcheck coordinate tags (not pdcheck serve, or past --tag-blocks)")
+        return res
     if res.wrong:
         res.status = "wrong"
         regs = ", ".join(str(r) for r in res.wrong_regions)
         res.message = f"READ DONE, {res.wrong} of {res.blocks} blocks wrong: region {regs} received other blocks"
     return res
+
+
+def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
+    """Whether the first block read holds a pdcheck coordinate cell of the expected engine (pdcheck serve)."""
+    if not req.local_block_ids:
+        return False
+    got = kv.read_blocks(0, np.asarray(req.local_block_ids[:1]))[0, prep.local_offset:prep.local_offset + CELL]
+    found = decode_cell(got)
+    return found.valid and found.tag == p_tag
 
 
 def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int]) -> None:

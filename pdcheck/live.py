@@ -1,0 +1,121 @@
+"""`pdcheck handshake --prefill-endpoint HOST:PORT`: the fake D ranks meet a live prefill instance.
+
+No fake P is started. P's facts come from a read-only probe in P's own era (pdcheck.probe); then every modelled
+release's D ranks (and the corrected model) handshake with the live side channel exactly as in
+`pdcheck handshake`, and with --transfer READ a few blocks. Blocks are verified only where they carry
+pdcheck's coordinate tags (a `pdcheck serve` P); a real instance's KV content is not checkable.
+
+A D release whose request P's listener cannot unpack is not run: on a 0.11.1+ P it would kill the listener
+thread of a live instance (reference §3.2, H15). The report names the releases skipped and why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import msgspec
+
+from pdcheck import handshake as hs
+from pdcheck import messages as m
+from pdcheck import probe
+from pdcheck import report as rp
+from pdcheck.errors import BadInput
+from pdcheck.kvcache import engine_tag
+from pdcheck.launcher import launcher
+from pdcheck.ranks import decode_main
+from pdcheck.releases import CORRECTED, compat_hash_for, resolve
+from pdcheck.releases.base import ReleaseModel
+from pdcheck.scenario import Scenario
+from pdcheck.serve import TAG_BLOCKS
+from pdcheck.wire import FORMATS, WireFormat, encode_request, parse_request
+
+
+def prefill_release(sc: Scenario, releases: list[ReleaseModel]) -> ReleaseModel:
+    """The release the live P runs: prefill.vllm, else the one release modelled."""
+    if sc.prefill.vllm:
+        return resolve(sc.prefill.vllm)
+    if len(releases) == 1:
+        return releases[0]
+    raise BadInput("--prefill-endpoint: name the release the live P runs (--prefill-vllm, prefill.vllm in the scenario, or a "
+                   "single --vllm): pdcheck only sends a live P requests of its own era")
+
+
+def kills_listener(p_fmt: WireFormat, d_fmt: WireFormat) -> str | None:
+    """Why a request of era d_fmt would end P's listener thread, or None when P survives it."""
+    if not p_fmt.listener_dies_on_bad_request:
+        return None
+    try:
+        parse_request(p_fmt, encode_request(d_fmt, 0))
+    except Exception as exc:  # what the real listener thread would die of
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str, port: int) -> rp.Report:
+    t0 = time.perf_counter()
+    p_rel = prefill_release(sc, releases)
+    p_fmt = FORMATS[p_rel.wire]
+    d = sc.decode
+    ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
+                                             tp_size=sc.prefill.tp_size if opts.prefill_tp_given else None,
+                                             timeout_ms=opts.hang_timeout_ms,
+                                             hint=sc.prefill.geometry())
+    p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes)
+    sc = msgspec.structs.replace(sc, prefill=p)
+    for r in ranks:
+        if r.status != "ok":
+            notes.append(f"probe of P rank {r.tp_rank} ({p_rel.name}, era {p_rel.wire}): {r.message}")
+    skipped: dict[str, str] = {}
+    run_rels: list[ReleaseModel] = []
+    for rel in releases:
+        why = kills_listener(p_fmt, FORMATS[rel.wire])
+        if why is None:
+            run_rels.append(rel)
+        else:
+            skipped[rel.name] = (f"not run: its era-{rel.wire} request would kill the live P's era-{p_rel.wire} "
+                                 f"listener thread ({why}; H15)")
+    requests = hs.make_requests(sc, p_limit=TAG_BLOCKS)
+
+    def d_release(r: ReleaseModel) -> m.DRelease:
+        wire = p_rel.wire if r is CORRECTED else r.wire  # corrected reads whatever P speaks
+        per_rank = FORMATS[wire].port_scheme == "per_rank"
+        base = port + (p.dp_rank * p.tp_size if per_rank else p.dp_rank)
+        return m.DRelease(r.name, base, p_rel.wire, compat_hash_for(r, d.geometry(), d.model))
+
+    harness: list[str] = []
+    with launcher() as lau:
+        d_ranks = {
+            r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
+                engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
+                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
+                kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*run_rels, CORRECTED]],
+                p_host=host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
+                params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
+                transfer=opts.transfer, requests=requests, live=True)))
+            for r in range(d.tp_size)
+        }
+        ready = hs._await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)
+        t_ready = time.perf_counter()
+        for rank in d_ranks.values():
+            rank.send(m.Go())
+        results, _finals = hs._collect(lau, {}, d_ranks, opts, harness)
+    t_end = time.perf_counter()
+    timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
+                         setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
+    rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings)
+    rep.live = rp.Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire,
+                       probe=ranks, skipped=skipped, content=_content(rep, opts.transfer), notes=notes)
+    return rep
+
+
+def _content(rep: rp.Report, transfer: bool) -> str:
+    if not transfer:
+        return "not read (--no-transfer)"
+    seen = {t.status for d in rep.decode_ranks for t in (d.transfer or {}).values()}
+    if "arrived" in seen:
+        return ("bytes arrived (READ DONE), content not checkable: the live P's blocks carry no pdcheck "
+                "coordinate tags; a real vLLM instance's KV cannot be verified from outside")
+    if seen & {"ok", "wrong"}:
+        return "verified block by block against pdcheck serve's coordinate tags"
+    return "no block was read (every handshake stopped first)"

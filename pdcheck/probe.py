@@ -1,0 +1,446 @@
+"""`pdcheck probe`: read the side channel of a live prefill instance, read-only, in exactly one release's era.
+
+Never registers memory, never adds a remote agent, never reads a block: it sends the era's metadata request
+to each P TP rank on a fresh REQ socket with a receive timeout (closed with linger 0 on every path), decodes
+the reply with that release's strict decoder, and evaluates the hazard catalogue against a decode
+configuration with the same pure engine as `pdcheck handshake` (pdcheck.hazards.evaluate).
+
+Only requests of the given release's era are sent: a 0.11.1+ listener thread dies on a request it cannot
+unpack (reference §3.2, §9, H15), so a wrong guess would take a production P down.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+import zmq
+
+from pdcheck import __version__, releases
+from pdcheck.engine import FetchTimeout
+from pdcheck.errors import BadInput, HarnessError
+from pdcheck.geometry import Geometry
+from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
+from pdcheck.releases.base import ReleaseModel
+from pdcheck.scenario import LAYOUTS, Instance, Scenario
+from pdcheck.sidechannel import fetch
+from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
+
+Status = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
+
+Opt = typer.Option
+
+
+class ProbeRank(msgspec.Struct, kw_only=True):
+    tp_rank: int
+    port: int
+    status: Status
+    message: str | None = None  # why a reply was refused, as the release would raise it
+    reply_ms: float | None = None
+    frames: int | None = None
+    reply_bytes: int | None = None
+    era_seen: str | None = None  # the era the reply looks like (tolerant decode), when it is not the expected one
+    engine_id: str | None = None
+    agent_name: str | None = None
+    num_blocks: int | None = None
+    block_len: int | None = None
+    block_lens: list[int] | None = None
+    block_size: int | None = None
+    layout: str | None = None
+    device_id: int | None = None
+    tp_size: int | None = None
+    attn_backend: str | None = None
+    regions: int | None = None
+    compat_hash: str | None = None
+    compat_hash_expected: str | None = None  # what a D of this release with the decode configuration computes
+    hash_match: bool | None = None
+
+
+class ProbeReport(msgspec.Struct, kw_only=True):
+    tool: str
+    version: str
+    command: str
+    endpoint: str
+    release: str
+    release_source: str  # "--vllm", or the /version URL it was read from (--vllm auto)
+    wire: str
+    dp_rank: int
+    ports: list[int]
+    prefill_ranks: list[ProbeRank]
+    num_blocks_spread: NumBlocksSpread | None
+    decode: str | None  # where the decode configuration came from; None: no hazards evaluated
+    hazards: list[Hazard]
+    notes: list[str]
+    verdict: str  # "ok" | "hazard" | "unreadable"
+    exit_code: int
+
+
+def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise BadInput(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:5600)")
+    return host, int(port)
+
+
+def rank_port(fmt: WireFormat, base: int, dp_rank: int, tp_size: int, tp_rank: int) -> int:
+    """Where P rank `tp_rank` answers: A-E each worker on base + dp*tp + rank, F-H the scheduler on base + dp."""
+    if fmt.port_scheme == "per_rank":
+        return base + dp_rank * tp_size + tp_rank
+    return base + dp_rank
+
+
+def agent_name(blob: bytes) -> str | None:
+    """The agent name inside a NIXL metadata blob ('nixlSerDes|Agent' + u64 length + name), read without
+    loading the blob into an agent (loading it would open connections to a live instance)."""
+    head = b"nixlSerDes|Agent"
+    if not blob.startswith(head) or len(blob) < len(head) + 8:
+        return None
+    n = int.from_bytes(blob[len(head):len(head) + 8], "little")
+    name = blob[len(head) + 8:len(head) + 8 + n]
+    return name.decode(errors="replace") if len(name) == n else None
+
+
+def _look(frames: list[bytes]) -> str | None:
+    """The era a reply looks like, for a wrong-era verdict; None when it is not metadata of any era."""
+    try:
+        return tolerant_decode(frames).era
+    except Exception:  # garbage: nothing to name
+        return None
+
+
+def _fill(pr: ProbeRank, meta: AnyMeta, remote_hash: str | None, expected: str | None) -> None:
+    pr.engine_id, pr.num_blocks, pr.device_id = meta.engine_id, meta.num_blocks, meta.device_id
+    pr.agent_name = agent_name(meta.agent_metadata)
+    pr.block_len = meta.block_len if meta.block_len is not None else (meta.block_lens or [None])[0]
+    pr.block_lens, pr.block_size, pr.layout = meta.block_lens, meta.block_size, meta.kv_cache_layout
+    pr.tp_size, pr.attn_backend, pr.regions = meta.tp_size, meta.attn_backend_name, len(meta.kv_caches_base_addr)
+    pr.compat_hash, pr.compat_hash_expected = remote_hash, expected
+    pr.hash_match = None if remote_hash is None or expected is None else remote_hash == expected
+
+
+def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int,
+        expected_hash: str | None) -> tuple[ProbeRank, AnyMeta | None]:
+    """One request of era `fmt` for `tp_rank`, one strict decode. Never raises for what P sends."""
+    pr = ProbeRank(tp_rank=tp_rank, port=port, status="ok")
+    t0 = time.perf_counter()
+    try:
+        frames = fetch(ctx, host, port, fmt, tp_rank, timeout_ms)
+    except FetchTimeout:
+        pr.status = "no_reply"
+        pr.message = (f"no reply from {host}:{port} within {timeout_ms} ms (nothing listening, another host, "
+                      "or a listener thread that already died, H15)")
+        return pr, None
+    pr.reply_ms = (time.perf_counter() - t0) * 1e3
+    pr.frames, pr.reply_bytes = len(frames), sum(len(f) for f in frames)
+    try:
+        # The hash is reported and compared below, not enforced: probing must show what P runs.
+        meta, remote_hash = strict_decode(fmt, frames, expected_hash, enforce_hash=False)
+    except WireError as exc:
+        seen = _look(frames)
+        pr.status = "wrong_era" if seen is not None else "garbled"
+        pr.era_seen = seen
+        what = exc.message or f"assert {exc.expr}"
+        pr.message = (f"{exc.exc_type}: {what}" + (f" (the reply looks like era {seen}, expected era {fmt.name})"
+                                                   if seen else " (not NIXL metadata of any era)"))
+        return pr, None
+    except Exception as exc:  # noqa: BLE001 - anything else a hostile peer can provoke is a verdict too
+        pr.status = "garbled"
+        pr.message = f"{type(exc).__name__}: {exc}"
+        return pr, None
+    _fill(pr, meta, remote_hash, expected_hash)
+    return pr, meta
+
+
+def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
+    """P's TP size implied by rank 0's block length, given the model's heads, head_dim and dtype; None when it
+    cannot be bounded (MLA, or one head per rank, which replicated KV also gives)."""
+    blen = meta.block_len if meta.block_len is not None else (meta.block_lens or [None])[0]
+    if hint.use_mla or not blen:
+        return None
+    per_head = (meta.block_size or hint.block_size) * hint.elem_size * hint.head_dim * (2 if hint.flashinfer else 1)
+    if blen % per_head:
+        return None
+    local = blen // per_head
+    if local <= 1 or hint.total_kv_heads % local:
+        return None
+    return hint.total_kv_heads // local
+
+
+def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
+                timeout_ms: int = 2000, expected_hash: str | None = None, hint: Geometry | None = None
+                ) -> tuple[list[ProbeRank], list[AnyMeta | None], list[str]]:
+    """Ask every P TP rank once. The number of ranks: tp_size if given; else era B's advertised tp_size; else
+    in the per-worker eras (A-E) the next port that does not answer; else (F-H) rank 0 only, since asking a
+    rank the scheduler does not serve raises KeyError in its listener thread and kills it."""
+    fmt = FORMATS[release.wire]
+    notes: list[str] = []
+    ranks: list[ProbeRank] = []
+    metas: list[AnyMeta | None] = []
+    ctx = zmq.Context()
+    try:
+        n = tp_size
+        r = 0
+        while n is None or r < n:
+            port = rank_port(fmt, base, dp_rank, n or 1, r)
+            pr, meta = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash)
+            if r == 0 and pr.status == "no_reply":
+                raise HarnessError(f"probe: {pr.message}")
+            if n is None and r > 0 and pr.status == "no_reply":
+                notes.append(f"{r} P rank(s) found: port {port} did not answer (pass --tp-size to name the size)")
+                break
+            if n is None and r > 0 and pr.engine_id is not None and pr.engine_id != ranks[0].engine_id:
+                # The next port belongs to someone else (another instance's listener on this host).
+                notes.append(f"{r} P rank(s) found: port {port} answers for engine {pr.engine_id!r}, not "
+                             f"{ranks[0].engine_id!r} (pass --tp-size to name the size)")
+                break
+            ranks.append(pr)
+            metas.append(meta)
+            if r == 0 and n is not None and n > 1 and fmt.port_scheme == "per_dp" and meta and hint is not None:
+                bound = tp_bound(meta, hint)
+                if bound is not None and n > bound:
+                    # Asking a rank the scheduler does not serve raises KeyError in its listener thread.
+                    notes.append(f"asked {bound} rank(s), not {n}: P rank 0's block length means TP {bound} for "
+                                 f"{hint.total_kv_heads} KV heads, and a request for a rank an era-{fmt.name} "
+                                 "scheduler does not serve kills its listener (KeyError, H15)")
+                    n = bound
+            if n is None and r == 0:
+                if meta is not None and meta.tp_size is not None:
+                    n = meta.tp_size  # era B advertises it
+                elif fmt.port_scheme == "per_dp":
+                    n = 1
+                    notes.append("only TP rank 0 asked: in eras F-H a request for a rank the scheduler does not "
+                                 "serve kills its listener (KeyError), so pass --tp-size to ask the others")
+            r += 1
+    finally:
+        ctx.destroy(0)
+    return ranks, metas, notes
+
+
+def _layers(regions: int, geometry_flat: bool) -> int:
+    return regions if geometry_flat else max(1, regions // 2)
+
+
+def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int, dp_rank: int,
+                    notes: list[str]) -> Instance:
+    """The prefill instance as the wire shows it. Facts the metadata does not carry (heads, head_dim, dtype,
+    model) come from `base` (the scenario's [prefill] table, else the decode instance); heads are solved
+    from the advertised block length when it disagrees."""
+    ok = [r for r in ranks if r.status == "ok"]
+    if not ok:
+        return base
+    first = ok[0]
+    counts = [r.num_blocks if r.status == "ok" and r.num_blocks else base.blocks()[0] for r in ranks]
+    backend = first.attn_backend or base.attn_backend
+    use_mla = base.use_mla or "MLA" in backend.upper()
+    layout = first.layout if first.layout in LAYOUTS else base.kv_cache_layout
+    if first.layout is not None and first.layout not in LAYOUTS:
+        notes.append(f"P advertises kv_cache_layout {first.layout!r}, which pdcheck does not model; "
+                     f"hazards assume {layout}")
+    inst = msgspec.structs.replace(
+        base, engine_id=first.engine_id or base.engine_id, tp_size=len(ranks), num_blocks=counts,
+        block_size=first.block_size or base.block_size, kv_cache_layout=layout, attn_backend=backend,
+        use_mla=use_mla, host=host, base_port=port, dp_rank=dp_rank, device_ids=None)
+    devs = [r.device_id for r in ok if r.device_id is not None]
+    if len(devs) == len(ranks) and devs != list(range(len(ranks))):
+        inst = msgspec.structs.replace(inst, device_ids=devs)
+    g = inst.geometry()
+    if first.regions:
+        inst = msgspec.structs.replace(inst, layers=_layers(first.regions, use_mla or g.flashinfer))
+        g = inst.geometry()
+    if first.block_len and first.block_len != g.block_len:
+        per_head = g.block_size * g.elem_size * g.head_dim * (2 if g.flashinfer and not use_mla else 1)
+        if not use_mla and first.block_len % per_head == 0:
+            heads = first.block_len // per_head * inst.tp_size
+            notes.append(f"P's block_len {first.block_len} means {heads} KV heads with head_dim {g.head_dim} and "
+                         f"{g.dtype} (assumed from the decode configuration)")
+            inst = msgspec.structs.replace(inst, kv_heads=heads)
+        else:
+            notes.append(f"P's block_len {first.block_len} does not fit head_dim {g.head_dim} x {g.dtype}: "
+                         "hazards use the decode configuration's heads")
+    return inst
+
+
+def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
+        timeout_ms: int = 2000, decode_sc: Scenario | None = None, decode_from: str | None = None,
+        release_source: str = "--vllm") -> ProbeReport:
+    """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
+    expected = None
+    if decode_sc is not None:
+        expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
+    ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
+                                       timeout_ms=timeout_ms, expected_hash=expected,
+                                       hint=decode_sc.prefill.geometry() if decode_sc is not None else None)
+    fmt = FORMATS[release.wire]
+    ok = [r for r in ranks if r.status == "ok"]
+    hazards: list[Hazard] = []
+    if decode_sc is not None and ok:
+        p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes)
+        sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
+        hazards = evaluate(sc, [release])
+    elif decode_sc is None:
+        notes.append("no decode configuration (a scenario or --decode-* flags): hazards not evaluated")
+    engines = sorted({r.engine_id for r in ok if r.engine_id})
+    if len(engines) > 1:
+        notes.append(f"P ranks answer for different engine ids: {', '.join(engines)}")
+    for r in ok:
+        if r.hash_match is False:
+            notes.append(f"P rank {r.tp_rank}: compatibility hash {r.compat_hash} differs from the {release.name} "
+                         f"decode's {r.compat_hash_expected}: a real {release.name} decode refuses it "
+                         "(RuntimeError: NIXL compatibility hash mismatch, H17)")
+    unreadable = len(ok) < len(ranks)
+    fires = any(h.applies for h in hazards) or any(r.hash_match is False for r in ok) or len(engines) > 1
+    verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
+    return ProbeReport(
+        tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
+        release_source=release_source,
+        wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
+        num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
+        decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
+        exit_code=0 if verdict == "ok" else 1,
+    )
+
+
+# ------------------------------------------------------------------------------------------------ output
+def render(rep: ProbeReport, console: Any) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
+    console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release}{src} (era {rep.wire}, "
+                  f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
+    t = Table(title="Prefill ranks (as the side channel advertises them)")
+    for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
+        t.add_column(col)
+    for r in rep.prefill_ranks:
+        style = "green" if r.status == "ok" else "bold red"
+        lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
+        t.add_row(str(r.tp_rank), Text(r.status, style=style), str(r.num_blocks or "-"), lens,
+                  str(r.block_size or "-"), r.layout or "-", "-" if r.device_id is None else str(r.device_id),
+                  r.attn_backend or "-", "-" if r.reply_ms is None else f"{r.reply_ms:.1f}")
+    console.print(t)
+    ok = [r for r in rep.prefill_ranks if r.status == "ok"]
+    if ok:
+        console.print(f"  engine id(s): {', '.join(sorted({r.engine_id or '-' for r in ok}))}; agents: "
+                      f"{', '.join(r.agent_name or '?' for r in ok)}", highlight=False)
+        tps = sorted({r.tp_size for r in ok if r.tp_size is not None})
+        if tps:
+            console.print(f"  advertised tp_size: {', '.join(map(str, tps))}")
+        for h in sorted({r.compat_hash for r in ok if r.compat_hash}):
+            same = {r.hash_match for r in ok if r.compat_hash == h}
+            tail = " (differs from the decode's)" if False in same else " (equals the decode's)" if True in same else ""
+            console.print(f"  compatibility hash: {h}{tail}", highlight=False)
+    for r in rep.prefill_ranks:
+        if r.message:
+            console.print(Text(f"  P rank {r.tp_rank}: {r.message}", style="red"))
+    sp = rep.num_blocks_spread
+    if sp is not None:
+        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
+        console.print(f"  num_blocks: min {sp.min}, max {sp.max}{diff}")
+    applied = [h for h in rep.hazards if h.applies]
+    if applied:
+        ht = Table(title=f"Hazards against the decode configuration ({rep.decode})", show_lines=True)
+        ht.add_column("id")
+        ht.add_column("hazard / detail")
+        for h in applied:
+            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
+            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+        console.print(ht)
+    elif rep.decode is not None:
+        console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")
+    for n in rep.notes:
+        console.print(Text(f"  note: {n}", style="dim"))
+    console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def register(app: Any) -> None:
+    from pdcheck.cliopts import scenario_flags
+
+    @app.command()
+    @scenario_flags
+    def probe(
+        endpoint: Annotated[str, typer.Argument(help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
+                                                     "PORT; the base port, before any DP offset).")],
+        *,
+        overrides: dict[str, Any],
+        vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent. 'auto': read it "
+                                      "from --version-url first.")],
+        dp_rank: Annotated[int, Opt(help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
+        tp_size: Annotated[int | None, Opt(help="P's TP size (default: discovered where that is safe).")] = None,
+        timeout: Annotated[float, Opt(help="Seconds to wait for each reply.")] = 2.0,
+        version_url: Annotated[str | None, Opt(help="With --vllm auto: P's API server /version URL (read before "
+                                                    "any side-channel request).")] = None,
+        scenario: Annotated[Path | None, Opt(help="Scenario whose \\[decode] table (and kv_transfer_params) the "
+                                                  "hazards are evaluated against.")] = None,
+        json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
+    ) -> None:
+        """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
+        import sys
+
+        from rich.console import Console
+
+        host, port = parse_endpoint(endpoint)
+        source = "--vllm"
+        if timeout <= 0:
+            raise BadInput("--timeout must be positive")
+        if vllm.strip() == "auto":
+            if version_url is None:
+                raise BadInput(
+                    "--vllm auto needs --version-url (P's API server, e.g. http://HOST:8000/version): no order of "
+                    "trial requests is safe on a live side channel (raw bytes kill an F-H listener, a 2-tuple "
+                    "kills H, a 3-tuple kills F-G)")
+            vllm = release_from_url(version_url, timeout)
+            source = version_url
+        release = releases.resolve(vllm)
+        if release is releases.CORRECTED:
+            raise BadInput("--vllm: name the release P runs (corrected is not a release)")
+        if dp_rank < 0 or (tp_size is not None and tp_size < 1):
+            raise BadInput("--dp-rank must be >= 0 and --tp-size >= 1")
+        decode_sc, where = decode_config(scenario, overrides)
+        rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=int(timeout * 1000),
+                  decode_sc=decode_sc, decode_from=where, release_source=source)
+        if json_out:
+            sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+        else:
+            render(rep, Console())
+        raise typer.Exit(rep.exit_code)
+
+
+def release_from_url(url: str, timeout_s: float) -> str:
+    """`--vllm auto`: the release P's API server reports (GET /version -> {"version": "0.11.1"}). Out of band:
+    no side-channel request is sent until the era is known."""
+    import urllib.error
+    import urllib.request
+
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f"--version-url: {url!r} is not an http(s) URL")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the user's own URL
+            doc = msgspec.json.decode(resp.read(65536))
+    except (urllib.error.URLError, OSError, msgspec.DecodeError) as exc:
+        raise HarnessError(f"--vllm auto: cannot read the release from {url}: {exc}") from None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if not isinstance(version, str):
+        raise HarnessError(f"--vllm auto: {url} answered without a \"version\" string")
+    return version
+
+
+def decode_config(scenario: Path | None, overrides: dict[str, Any]) -> tuple[Scenario | None, str | None]:
+    """The decode side to evaluate against: a scenario and/or the scenario flags; (None, None) when no decode
+    fact is given. The [prefill] table and prefill flags supply what the wire lacks (heads, dtype, model);
+    P's advertised facts replace the rest."""
+    from pdcheck.scenario import load, read_toml
+
+    if scenario is None and "decode" not in overrides:
+        return None, None
+    over = {k: dict(v) for k, v in overrides.items()}
+    has_p = "num_blocks" in over.get("prefill", {}) or (
+        scenario is not None and "num_blocks" in read_toml(scenario).get("prefill", {}))
+    if not has_p:
+        over.setdefault("prefill", {})["num_blocks"] = 1  # replaced by what P advertises
+    sc = load(scenario, over)
+    return sc, str(scenario) if scenario is not None else "flags"

@@ -1,0 +1,366 @@
+"""`pdcheck serve`: the fake prefill ranks of a scenario as a long-running instance a real decode can use.
+
+The same rank bodies as `pdcheck handshake` (ranks.prefill_main, via the forkserver launcher): real NIXL
+agents, uneven num_blocks, the release's listener profile (wire era, port layout, compatibility hash). Blocks
+are coordinate-tagged up front, since a real decode reads without asking; every request answered is logged
+on stderr. The first stdout line (with --json) is the ready document: endpoints and kv_transfer_params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+
+from pdcheck import __version__
+from pdcheck import handshake as hs
+from pdcheck import messages as m
+from pdcheck.errors import BadInput, HarnessError
+from pdcheck.launcher import launcher
+from pdcheck.ranks import prefill_main
+from pdcheck.releases import compat_hash_for, resolve
+from pdcheck.releases.base import ReleaseModel
+from pdcheck.scenario import Scenario
+from pdcheck.wire import FORMATS
+
+TAG_BLOCKS = 4096  # default: blocks [0, 4096) of every region carry coordinate tags (RAM stays bounded)
+
+Opt = typer.Option
+
+
+class Endpoint(msgspec.Struct):
+    host: str
+    port: int
+    ranks: list[int]  # the P TP ranks this listener answers for
+
+
+class ServedRank(msgspec.Struct):
+    tp_rank: int
+    num_blocks: int
+    device_id: int
+    agent_name: str
+    block_len: int
+    regions: int
+    tagged_blocks: int  # blocks [0, tagged_blocks) of every region hold coordinate tags
+
+
+class Ready(msgspec.Struct):
+    tool: str
+    version: str
+    event: str  # "ready"
+    pid: int
+    scenario: str
+    release: str
+    wire: str
+    engine_id: str
+    host: str
+    base_port: int  # VLLM_NIXL_SIDE_CHANNEL_PORT as P would have it
+    remote_port: int  # what kv_transfer_params carry: DP-offset base (A-E) or the scheduler port (F-H)
+    tp_size: int
+    dp_rank: int
+    compat_hash: str | None
+    endpoints: list[Endpoint]
+    prefill_ranks: list[ServedRank]
+    kv_transfer_params: dict[str, Any]
+    engine_tag: int  # the engine part of every coordinate tag (pdcheck.kvcache.engine_tag)
+    version_url: str | None = None  # --api-port: GET answers {"version": release} as vLLM's /version does
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    port: int | None = None  # base port; None: OS-chosen
+    tag_blocks: int = TAG_BLOCKS
+    duration_s: float | None = None  # serve this long, then stop (tests, scripts); None: until a signal
+    api_port: int | None = None  # serve vLLM's GET /version here (0: OS-chosen), for `probe --vllm auto`
+    start_timeout_s: float = 60.0
+    device: str = "cpu"
+
+
+def free_base(host: str, n: int, attempts: int = 50) -> int:
+    """An OS-chosen port with the n-1 ports above it free too (per-worker eras lay ranks out contiguously)."""
+    for _ in range(attempts):
+        held: list[socket.socket] = []
+        try:
+            fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+            s = socket.socket(fam, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind((host, 0))
+            base = s.getsockname()[1]
+            if base + n - 1 > 65535:
+                continue
+            for k in range(1, n):
+                t = socket.socket(fam, socket.SOCK_STREAM)
+                held.append(t)
+                t.bind((host, base + k))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise HarnessError(f"serve: no {n} consecutive free ports on {host}")
+
+
+def remote_port(release: ReleaseModel, base: int, dp_rank: int, tp_size: int) -> int:
+    per_rank = FORMATS[release.wire].port_scheme == "per_rank"
+    return base + (dp_rank * tp_size if per_rank else dp_rank)
+
+
+def _v(release: ReleaseModel) -> tuple[int, ...]:
+    return tuple(int(x) for x in (release.version or release.versions[0]).split(".")[:3])
+
+
+def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, tag_blocks: int) -> dict[str, Any]:
+    """kv_transfer_params as P's request_finished returns them in `release`, key for key (read from the 0.13-0.34
+    wheels; before 0.13 reference §2), with remote_block_ids naming tagged blocks. From 0.18 the block ids are
+    one list per KV cache group (a single group here)."""
+    p = sc.prefill
+    n = min(4, tag_blocks, min(p.blocks()))
+    v = _v(release)
+    ids: list[int] = list(range(n))
+    out: dict[str, Any] = {
+        "do_remote_prefill": True, "do_remote_decode": False,
+        "remote_block_ids": [ids] if v >= (0, 18, 0) else ids, "remote_engine_id": p.engine_id,
+    }
+    if v >= (0, 13, 0):
+        out["remote_request_id"] = "pdcheck-serve-0"
+    out.update(remote_host=host, remote_port=port)
+    if v >= (0, 9, 2):
+        out["tp_size"] = p.tp_size
+    if v >= (0, 29, 0):
+        out.update(dcp_size=1, pp_size=1)
+    if v >= (0, 21, 0):
+        out["remote_num_tokens"] = n * p.block_size  # P's num_computed_tokens: the tokens those blocks hold
+    if v >= (0, 26, 0):
+        out["remote_blocks_expiry_time"] = None  # what a P node sends (only a D node exports an expiry)
+    if v >= (0, 33, 0):
+        out["remote_registration_generation"] = 0
+    if v >= (0, 28, 0):
+        out["transfer_mode"] = "pull"
+    return out
+
+
+def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[Ready], None],
+        log: Callable[[str], None]) -> int:
+    """Start P's ranks, call on_ready, serve until SIGTERM/SIGINT or duration. Returns the exit code."""
+    p = sc.prefill
+    host = p.host  # the scenario's, or --host / --prefill-host (loopback by default)
+    fmt = FORMATS[release.wire]
+    n_ports = p.tp_size if fmt.port_scheme == "per_rank" else 1
+    if opts.port is not None:
+        base = opts.port
+        top = remote_port(release, base, p.dp_rank, p.tp_size) + n_ports - 1
+        if top > 65535:
+            raise BadInput(f"--port: {base} + ranks runs past port 65535")
+    else:
+        # The OS picks; in per-worker eras the ranks above it must be free too.
+        offset = remote_port(release, 0, p.dp_rank, p.tp_size)
+        base = free_base(host, n_ports) - offset
+        if base < 1:
+            raise HarnessError(f"serve: the OS chose a port below DP rank {p.dp_rank}'s offset; pass --port")
+    p = msgspec.structs.replace(p, host=host, base_port=base)
+    sc = msgspec.structs.replace(sc, prefill=p)
+    chash = compat_hash_for(release, p.geometry(), p.model)
+    profiles = {release.name: hs.Profile(release.wire, chash, base)}
+    stop = {"why": None}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop["why"] = signal.Signals(signum).name
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    api = None
+    try:
+        if opts.api_port is not None:
+            api = version_server(host, opts.api_port, release.name)
+        with launcher() as lau:
+            ranks = {
+                r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+                    engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
+                    device_id=p.device_id(r), device=opts.device, host=host,
+                    geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout,
+                    inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
+                for r in range(p.tp_size)
+            }
+            ready = hs._await_ready(lau, list(ranks.values()), opts.start_timeout_s)
+            values = {r: ready[f"P rank {r}"][1] for r in ranks}
+            listeners = {r: hs._listeners(sc, profiles, r) for r in ranks}
+            for r, rank in ranks.items():
+                rank.send(m.Serve(listeners[r], values))
+            hs._await_serving(lau, list(ranks.values()), opts.start_timeout_s)
+            g = p.geometry()
+            served = [
+                ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),
+                           agent_name=f"{p.engine_id}-p{r}", block_len=g.block_len, regions=g.num_regions,
+                           tagged_blocks=min(opts.tag_blocks, p.blocks()[r]))
+                for r in ranks
+            ]
+            from pdcheck.kvcache import engine_tag
+
+            rport = remote_port(release, base, p.dp_rank, p.tp_size)
+            on_ready(Ready(
+                tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
+                release=release.name, wire=release.wire, engine_id=p.engine_id, host=host, base_port=base,
+                remote_port=rport, tp_size=p.tp_size, dp_rank=p.dp_rank, compat_hash=chash,
+                endpoints=[Endpoint(host, ls.port, ls.ranks) for r in ranks for ls in listeners[r]],
+                prefill_ranks=served, kv_transfer_params=transfer_params(sc, release, host, rport, opts.tag_blocks),
+                engine_tag=engine_tag(p.engine_id),
+                version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version"))
+            deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
+            code = 0
+            while stop["why"] is None and (deadline is None or time.monotonic() < deadline):
+                # Wake at least every 0.2 s to see a signal; a rank that ends on its own is a harness failure.
+                for rank, msg in lau.events(list(ranks.values()), time.monotonic() + 0.2):
+                    if msg is None:
+                        log(f"{rank.label} died (exit code {rank.proc.exitcode})")
+                        stop["why"], code = "rank died", 3
+                        break
+            log(f"stopping ({stop['why'] or 'duration reached'})")
+            live = [r for r in ranks.values() if not r.done]
+            for rank in live:
+                rank.send(m.Stop())
+            for rank, msg in lau.events(live, time.monotonic() + 5.0):
+                if isinstance(msg, m.PrefillFinal):
+                    rank.done = True
+                    dead = f"; listener died: {msg.listener_dead}" if msg.listener_dead else ""
+                    notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
+                    log(f"{rank.label}: {msg.served} request(s) answered{notifs}{dead}")
+        # Leaving the launcher reaped every rank (terminate, then kill) whatever happened above.
+        if stop["why"] == "SIGINT" and code == 0:
+            code = 130
+        return code
+    finally:
+        if api is not None:
+            api.shutdown()
+            api.server_close()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def version_server(host: str, port: int, version: str) -> Any:
+    """A thread answering GET /version with {"version": ...}, as vLLM's API server does; nothing else."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    body = msgspec.json.encode({"version": version})
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.rstrip("/") != "/version":
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, fmt: str, *args: Any) -> None:
+            _log(f"api {self.client_address[0]} {fmt % args}")
+
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        daemon_threads = True
+
+    try:
+        srv = Server((host, port), Handler)
+    except OSError as exc:
+        raise HarnessError(f"serve: --api-port: cannot bind {host}:{port}: {exc.strerror}") from None
+    threading.Thread(target=srv.serve_forever, name="pdcheck-serve-api", daemon=True).start()
+    return srv
+
+
+# --------------------------------------------------------------------------------------------------- CLI
+def _print_ready(doc: Ready, json_out: bool) -> None:
+    if json_out:
+        sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
+        sys.stdout.flush()
+        return
+    from rich.console import Console
+
+    c = Console()
+    c.print(f"[bold]pdcheck serve[/] {doc.scenario}: vLLM {doc.release} prefill (era {doc.wire}), engine "
+            f"{doc.engine_id}, TP {doc.tp_size}, pid {doc.pid}")
+    for e in doc.endpoints:
+        c.print(f"  side channel {e.host}:{e.port} answers for TP rank(s) {','.join(map(str, e.ranks))}")
+    for r in doc.prefill_ranks:
+        c.print(f"  P rank {r.tp_rank}: num_blocks {r.num_blocks}, device {r.device_id}, agent {r.agent_name}, "
+                f"blocks 0..{r.tagged_blocks - 1} tagged")
+    if doc.compat_hash:
+        c.print(f"  compatibility hash {doc.compat_hash}")
+    if doc.version_url:
+        c.print(f"  {doc.version_url} answers {{\"version\": \"{doc.release}\"}}", highlight=False)
+    c.print("  kv_transfer_params for a decode request:")
+    c.print("  " + msgspec.json.encode(doc.kv_transfer_params).decode(), highlight=False, soft_wrap=True)
+    c.print("[dim]serving; Ctrl-C or SIGTERM stops every rank[/]")
+    sys.stdout.flush()
+
+
+def _log(text: str) -> None:
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
+    sys.stderr.flush()
+
+
+def register(app: Any) -> None:
+    from pdcheck.cliopts import scenario_flags
+
+    @app.command()
+    @scenario_flags
+    def serve(
+        scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file; its \\[prefill] table is served.")
+                            ] = None,
+        *,
+        overrides: dict[str, Any],
+        vllm: Annotated[str | None, Opt(help="The release P speaks (default: the scenario's prefill.vllm, else its "
+                                      "first release).")
+                        ] = None,
+        port: Annotated[int | None, Opt(help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
+                                             "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
+                                             "default: OS-chosen.")] = None,
+        tag_blocks: Annotated[int, Opt(help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
+        duration: Annotated[float | None, Opt(help="Stop after this many seconds (default: run until a signal).")
+                            ] = None,
+        api_port: Annotated[int | None, Opt(help="Also answer GET /version on this port (0: OS-chosen), as "
+                                                 "vLLM's API server does (for probe --vllm auto).")] = None,
+        json_out: Annotated[bool, Opt("--json", help="The ready document as one JSON line on stdout.")] = False,
+    ) -> None:
+        """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
+        from pdcheck.scenario import load, read_toml
+
+        sc = load_prefill(scenario, overrides, read_toml, load)
+        name = vllm if vllm is not None else sc.prefill.vllm or sc.vllm[0]
+        if "," in name or name.strip() in ("all", "corrected"):
+            raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
+        release = resolve(name)
+        if port is not None and not 1 <= port <= 65535:
+            raise BadInput(f"--port: {port} is not a port")
+        if tag_blocks < 0 or (duration is not None and duration <= 0):
+            raise BadInput("--tag-blocks must be >= 0 and --duration positive")
+        if api_port is not None and not 0 <= api_port <= 65535:
+            raise BadInput(f"--api-port: {api_port} is not a port")
+        code = run(sc, release, Options(port=port, tag_blocks=tag_blocks, duration_s=duration, api_port=api_port),
+                   lambda doc: _print_ready(doc, json_out), _log)
+        raise typer.Exit(code)
+
+
+def load_prefill(path: Path | None, overrides: dict[str, Any], read_toml: Any, load: Any) -> Scenario:
+    """load() wants both sides; serve starts no decode, so a missing decode.num_blocks is filled in."""
+    doc = read_toml(path) if path is not None else {}
+    extra: dict[str, Any] = {}
+    if "num_blocks" not in doc.get("decode", {}):
+        extra["decode"] = {"num_blocks": 1}
+    if "num_blocks" not in doc.get("prefill", {}) and "num_blocks" not in overrides.get("prefill", {}):
+        raise BadInput(f"{path or 'command line'}: prefill.num_blocks: required (scenario key or --prefill-blocks)")
+    return load(path, {**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in extra.items()}})
