@@ -511,15 +511,20 @@ class TestFrom014:
         assert (o.status, o.hazard, o.stride, [x.dlist_blocks for x in o.prepared]) == (
             "silent", "H04", 3008, [3008, 2992])
 
-    def test_mla_p_greater_reads_one_rank(self, rel: ReleaseModel) -> None:
+    def test_mla_p_greater_handshakes_all_reads_one(self, rel: ReleaseModel) -> None:
         # 0.14 - 0.20 assert `not (tp_ratio < 0 and is_kv_replicated)` for MLA too, with the model's KV head count
         # (a one-head MLA model trips it there: TestMlaPGreaterThanD); 128 heads, as DeepSeek's config has, pass.
         mla = {**MLA, "kv_heads": 128}
         p, d = side("P", 4, SEED4, **mla), side("D", 2, 3000, **mla)
-        outs = run_all(rel, p, d)
+        outs = run_all(rel, side("P", 4, 3000, **mla), d)
         assert statuses(outs) == ["ok", "ok"]
-        assert [o.contacted for o in outs] == [[0], [2]]
-        assert [x.block_len for o in outs for x in o.prepared] == [d.geometry.block_len] * 2
+        # every target rank is handshaken (get_target_remote_ranks has no MLA case), the first one is read
+        assert [o.contacted for o in outs] == [[0, 1], [2, 3]]
+        assert [(x.p_rank, x.block_len) for o in outs for x in o.prepared] == [(0, d.geometry.block_len),
+                                                                              (2, d.geometry.block_len)]
+        # so P ranks advertising different num_blocks trip the dst_num_blocks equality for MLA too (H03)
+        o = run_rank(rel, p, d, 0)
+        assert (o.status, o.check, o.handshake, o.remote_rank) == ("assert", "dst_num_blocks_equal", 2, 1)
 
     def test_tp_divisibility_both_directions(self, rel: ReleaseModel) -> None:
         p = side("P", 6, 3000, kv_heads=12)

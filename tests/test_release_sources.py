@@ -133,7 +133,7 @@ def test_mla_p_greater_than_d(release: str, fires: bool) -> None:
     if fires:
         assert_bare(o, "p_gt_d_replicated", EXPR_14 if rel.name < "0.20" else EXPR_20)
     else:
-        assert (o.status, o.contacted) == ("ok", [0])
+        assert (o.status, o.contacted, [x.p_rank for x in o.prepared]) == ("ok", [0, 1], [0])
 
 
 # ---- head-split RuntimeError ------------------------------------------------------------------------------------

@@ -453,6 +453,10 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             base_addrs=list(ctx.meta.kv_caches_base_addr),
         )
         ctx.io.prep_remote(prepared, "DRAM")
+        if ratio < 0 and ctx.local.use_mla and ctx.remote_tp_rank != ctx.local.tp_rank * -ratio:
+            # MLA with P TP > D TP: the descriptors are registered, but only the first target rank is read (the
+            # latent is replicated); the others only get a notification.
+            return
         ctx.state.prepared[ctx.remote_tp_rank] = prepared
 
     return Action("prep_remote_descs", run)
