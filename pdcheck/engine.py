@@ -216,13 +216,14 @@ def corrected_targets(local: Local, p_tp: int) -> list[int]:
 
 
 def release_targets(local: Local, p_tp: int) -> list[int]:
-    """0.14+ get_target_remote_ranks: the P rank(s) a D rank reads; MLA with P TP > D TP reads one rank."""
+    """0.14+ get_target_remote_ranks / handshake_target_ranks: every P rank whose heads this D rank holds, MLA
+    included (MLA reads only the first of them, see rules.prep_targets, but handshakes them all)."""
     d_tp = local.tp_size
     if d_tp >= p_tp:
         return [local.tp_rank // (d_tp // p_tp)]
     ratio = p_tp // d_tp
     first = local.tp_rank * ratio
-    return [first] if local.use_mla else list(range(first, first + ratio))
+    return list(range(first, first + ratio))
 
 
 def run(release: ReleaseModel, local: Local, params: Params, io: HandshakeIO, *, bypass_asserts: bool = False,

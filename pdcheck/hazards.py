@@ -591,11 +591,29 @@ def _h12_params(rel: ReleaseModel, f: Facts) -> str:
     return f"tp_ratio {f.d_tp // ptp}: D ranks ask P {_plural(tgt)}; block_len happens to match"
 
 
+def _h13_fires(rel: ReleaseModel, f: Facts) -> bool:
+    """`assert not (tp_ratio < 0 and is_kv_replicated)`: KVTopology (0.14 - 0.19) counts P TP >= heads as
+    replicated, TransferTopology (0.20+) P TP > heads; 0.14 - 0.20 make it for MLA too, 0.21+ skip MLA."""
+    v = _version(rel)
+    if f.p_tp <= f.d_tp or (f.dg.use_mla and v >= (0, 21)):
+        return False
+    return f.p_tp > f.dg.total_kv_heads if v >= (0, 20) else f.p_tp >= f.dg.total_kv_heads
+
+
 def _h13(f: Facts, rels: Rels) -> Hazard:
-    if f.dg.use_mla or not (f.p_tp >= f.dg.total_kv_heads and f.p_tp > f.d_tp):
+    modern = [rel for rel in rels if rel.flow == "all_targets"]
+    if not any(_h13_fires(rel, f) for rel in modern) and (
+            f.dg.use_mla or not (f.p_tp >= f.dg.total_kv_heads and f.p_tp > f.d_tp)):
         return _no("H13", f"P TP {f.p_tp}, D TP {f.d_tp}, {f.dg.total_kv_heads} KV heads"
                    + (", MLA" if f.dg.use_mla else ""))
     effects = {rel.name: "P TP > D TP is unsupported here (H11)" for rel in rels}
+    for rel in modern:
+        if _h13_fires(rel, f):
+            effects[rel.name] = "asserts `not (tp_ratio < 0 and is_kv_replicated)`"
+        elif f.dg.use_mla:
+            effects[rel.name] = "not asserted for MLA: handshakes every target P rank, reads the first"
+        else:
+            effects[rel.name] = "not replicated by this release's rule: reads a head slice from each P rank"
     effects[CORRECTED] = "replicated KV: each D rank reads one P rank"
     return _yes("H13", f"P TP {f.p_tp} >= {f.dg.total_kv_heads} KV heads and > D TP {f.d_tp}", effects)
 

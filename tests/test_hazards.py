@@ -235,6 +235,20 @@ def test_h13_replicated_p_bigger() -> None:
     assert by_id(sc)["H13"].effects["corrected"] == "replicated KV: each D rank reads one P rank"
 
 
+def test_h13_per_release_rule() -> None:
+    """P TP == heads: 0.14 - 0.19 (`//` >= 1) assert, 0.20+ (`>`) split; MLA: 0.20 asserts, 0.21+ do not."""
+    rels = {"vllm": ["0.19.0", "0.20.0", "0.34.0"]}
+    sc = synth({"tp_size": 2, "kv_heads": 2, "num_blocks": 64}, {"tp_size": 1, "kv_heads": 2, "num_blocks": 64},
+               **rels)
+    eff = by_id(sc)["H13"].effects
+    assert eff["0.19.0"].startswith("asserts") and eff["0.20.0"].startswith("not replicated")
+    assert eff["0.34.0"].startswith("not replicated")
+    mla = {"use_mla": True, "kv_heads": 1, "head_dim": 576, "attn_backend": "FLASHMLA", "num_blocks": 64}
+    sc = synth({"tp_size": 4, **mla}, {"tp_size": 2, **mla}, vllm=["0.20.0", "0.21.0"])
+    hz = by_id(sc)["H13"]
+    assert hz.applies and hz.effects["0.20.0"].startswith("asserts") and hz.effects["0.21.0"].startswith("not")
+
+
 def test_h08_replicated_091_bug() -> None:
     """vllm#19691: P TP >= heads, non-MLA: 0.9.1 expects a scaled block, 0.9.2 knows replication."""
     sc = synth({"tp_size": 2, "kv_heads": 2, "num_blocks": 64}, {"tp_size": 4, "kv_heads": 2, "num_blocks": 64})

@@ -28,7 +28,7 @@ from releasekit import (
 from pdcheck.errors import BadInput
 from pdcheck.releases import CORRECTED, MODELLED, compat_hash_for, resolve, resolve_many
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.rules import MSG_LAYOUT_111, MSG_REPLICATED, MSG_SHAPE, MSG_SHAPE_P_GT_D
+from pdcheck.releases.rules import MSG_LAYOUT_111, MSG_REPLICATED, MSG_SHAPE, MSG_SHAPE_P_GT_D, MSG_SHAPE_PAGE
 
 V0101, V0102, V0110, V0111, V0120, V013 = (resolve(v) for v in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.12.0",
                                                                  "0.13.0"))
@@ -70,17 +70,24 @@ RESOLVE = [
     ("0.14.1", "0.14.1", "G", "all_targets", 5000, 2),
     ("0.15.0", "0.15.0", "G", "all_targets", 5000, 2),
     ("0.16.0", "0.16.0", "G", "all_targets", 5000, 2),
-    ("0.19.1", "0.19.1", "G", "all_targets", 5000, 2),
+    ("0.17.1", "0.17.1", "G", "all_targets", 5000, 2),
+    ("0.18.0", "0.18.0", "G18", "all_targets", 5000, 2),
+    ("0.19.1", "0.19.1", "G18", "all_targets", 5000, 2),
     ("0.20.0", "0.20.0", "G20", "all_targets", 5000, 2),
-    ("0.23.0", "0.23.0", "G20", "all_targets", 5000, 2),
+    ("0.20.2", "0.20.2", "G20", "all_targets", 5000, 2),
+    ("0.21.0", "0.21.0", "G24", "all_targets", 5000, 3),
+    ("0.22.1", "0.22.1", "G24", "all_targets", 5000, 4),
+    ("0.23.0", "0.23.0", "G24", "all_targets", 5000, 4),
     ("0.24.0", "0.24.0", "G24", "all_targets", 5000, 4),
     ("0.25.1", "0.25.1", "G24", "all_targets", 5000, 4),
     ("0.26.0", "0.26.0", "H", "all_targets", 5000, 5),
-    ("0.27.0", "0.27.0", "H", "all_targets", 5000, 5),
+    ("0.27.1", "0.27.1", "H", "all_targets", 5000, 5),
     ("0.28.0", "0.28.0", "H", "all_targets", 5000, 7),
-    ("0.30.0", "0.30.0", "H", "all_targets", 5000, 7),
+    ("0.29.0", "0.29.0", "H31", "all_targets", 5000, 9),
+    ("0.30.0", "0.30.0", "H31", "all_targets", 5000, 11),
     ("0.31.0", "0.31.0", "H31", "all_targets", 5000, 13),
-    ("0.33.2", "0.33.2", "H31", "all_targets", 5000, 13),
+    ("0.32.0", "0.32.0", "H31", "all_targets", 5000, 14),
+    ("0.33.2", "0.33.2", "H31", "all_targets", 5000, 15),
     ("0.34.0", "0.34.0", "H34", "all_targets", 5000, 16),
     ("0.34.1+cu129", "0.34.1", "H34", "all_targets", 5000, 16),
 ]
@@ -117,8 +124,9 @@ def test_resolve_not_a_number() -> None:
 
 def test_modelled_and_resolve_many() -> None:
     assert [m.name for m in MODELLED] == ["0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.11.1",
-                                          "0.13.0", "0.14.0", "0.16.0", "0.20.0", "0.24.0", "0.26.0", "0.31.0",
-                                          "0.34.0"]
+                                          "0.13.0", "0.14.0", "0.16.0", "0.18.0", "0.20.0", "0.21.0", "0.22.0",
+                                          "0.24.0", "0.26.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0",
+                                          "0.33.0", "0.34.0"]
     assert resolve_many("all") == MODELLED
     got = resolve_many("0.14.1, 0.14.1,0.28,corrected,v0.34.0")
     assert [m.name for m in got] == ["0.14.1", "0.28.0", "0.34.0"]
@@ -130,12 +138,13 @@ def test_hash_factors_per_line() -> None:
             "num_hidden_layers", "attn_backend_name", "cache_dtype"}
     assert set(V013.hash_factors) == set(V014.hash_factors) == base
     assert set(V016.hash_factors) == base | {"cross_layers_blocks"}
-    assert set(V020.hash_factors) == set(V024.hash_factors) == set(V026.hash_factors) == (
-        base | {"cross_layers_blocks", "is_hma_enabled"})
+    assert set(resolve("0.17.1").hash_factors) == base | {"cross_layers_blocks"}
+    assert set(resolve("0.18.0").hash_factors) == set(V020.hash_factors) == set(V024.hash_factors) == set(
+        V026.hash_factors) == (base | {"cross_layers_blocks", "is_hma_enabled"})
     assert set(V028.hash_factors) == base | {"cross_layers_blocks", "is_hma_enabled", "speculative_config",
                                              "transfer_mode"}
-    assert set(V031.hash_factors) == set(V034.hash_factors) == base | {"is_hma_enabled", "speculative_config",
-                                                                       "transfer_mode"}
+    assert set(resolve("0.29.0").hash_factors) == set(V031.hash_factors) == set(V034.hash_factors) == (
+        base | {"is_hma_enabled", "speculative_config", "transfer_mode"})
     g = side("D", 1, 100).geometry
     assert all(compat_hash_for(m, g) is None for m in (V0101, V0110, V0111, V0120))
     hashes = {compat_hash_for(m, g) for m in G_H}
@@ -502,12 +511,20 @@ class TestFrom014:
         assert (o.status, o.hazard, o.stride, [x.dlist_blocks for x in o.prepared]) == (
             "silent", "H04", 3008, [3008, 2992])
 
-    def test_mla_p_greater_reads_one_rank(self, rel: ReleaseModel) -> None:
-        p, d = side("P", 4, SEED4, **MLA), side("D", 2, 3000, **MLA)
-        outs = run_all(rel, p, d)
+    def test_mla_p_greater_handshakes_all_reads_one(self, rel: ReleaseModel) -> None:
+        # 0.14 - 0.20 assert `not (tp_ratio < 0 and is_kv_replicated)` for MLA too, with the model's KV head count
+        # (a one-head MLA model trips it there: TestMlaPGreaterThanD); 128 heads, as DeepSeek's config has, pass.
+        mla = {**MLA, "kv_heads": 128}
+        p, d = side("P", 4, SEED4, **mla), side("D", 2, 3000, **mla)
+        outs = run_all(rel, side("P", 4, 3000, **mla), d)
         assert statuses(outs) == ["ok", "ok"]
-        assert [o.contacted for o in outs] == [[0], [2]]
-        assert [x.block_len for o in outs for x in o.prepared] == [d.geometry.block_len] * 2
+        # every target rank is handshaken (get_target_remote_ranks has no MLA case), the first one is read
+        assert [o.contacted for o in outs] == [[0, 1], [2, 3]]
+        assert [(x.p_rank, x.block_len) for o in outs for x in o.prepared] == [(0, d.geometry.block_len),
+                                                                              (2, d.geometry.block_len)]
+        # so P ranks advertising different num_blocks trip the dst_num_blocks equality for MLA too (H03)
+        o = run_rank(rel, p, d, 0)
+        assert (o.status, o.check, o.handshake, o.remote_rank) == ("assert", "dst_num_blocks_equal", 2, 1)
 
     def test_tp_divisibility_both_directions(self, rel: ReleaseModel) -> None:
         p = side("P", 6, 3000, kv_heads=12)
@@ -536,7 +553,9 @@ class TestFrom014:
     def test_tp_size_assert(self, rel: ReleaseModel) -> None:
         h = handshaker(rel, side("P", 2, 3000), side("D", 4, 3000), 0)
         h.state.tp_size["P"] = 4
-        assert_bare(h.run(), "tp_size_consistent", EXPR_TP_111, hazard="H12")
+        # 0.20+ keep the remote tp_size in TransferTopology's EngineTransferInfo
+        expr = EXPR_TP_111 if rel in (V014, V016) else "remote_info.remote_tp_size == remote_tp_size"
+        assert_bare(h.run(), "tp_size_consistent", expr, hazard="H12")
 
     def test_dst_num_blocks_not_firing_with_even_counts(self, rel: ReleaseModel) -> None:
         outs = run_all(rel, side("P", 4, 2992), side("D", 2, 3000))
@@ -560,37 +579,93 @@ class TestFrom014:
         assert (o.status, o.exception) == ("error", "RuntimeError")
 
 
-@pytest.mark.parametrize("rel", (V014, V016, V020, V024, V026, V028, V031), ids=lambda m: m.name)
-class TestV014To031:
+EXPR_P_GT_D_14 = "not (tp_ratio < 0 and self.kv_topo.is_kv_replicated(remote_engine_id))"
+EXPR_P_GT_D_20 = "not (tp_ratio < 0 and self.transfer_topo.is_kv_replicated(remote_engine_id))"
+BEFORE_20 = (V014, V016)
+PER_REGION = (V024, V026, V028, V031, V034)  # 0.24+: per-region block lengths with per-rank head counts
+
+
+def _p_gt_d_expr(rel: ReleaseModel) -> str:
+    return EXPR_P_GT_D_14 if rel in BEFORE_20 else EXPR_P_GT_D_20
+
+
+@pytest.mark.parametrize("rel", FROM_14, ids=lambda m: m.name)
+class TestV014To034:
     def test_replicated_with_p_greater_is_a_bare_assert(self, rel: ReleaseModel) -> None:
-        """H13: P TP 4 >= 2 KV heads and P TP > D TP."""
+        """H13: P TP 4 > 2 KV heads and P TP > D TP: every release from 0.14 to 0.34 asserts, statement as written."""
         o = run_rank(rel, side("P", 4, 3000, kv_heads=2), side("D", 2, 3000, kv_heads=2), 0)
-        assert_bare(o, "p_gt_d_replicated", "not (tp_ratio < 0 and is_kv_replicated)", hazard="H13")
-        # boundary P TP == heads counts as replicated here (`//` >= 1)
-        o = run_rank(rel, side("P", 2, 3000, kv_heads=2), side("D", 1, 3000, kv_heads=2), 0)
-        assert_bare(o, "p_gt_d_replicated", "not (tp_ratio < 0 and is_kv_replicated)")
+        assert_bare(o, "p_gt_d_replicated", _p_gt_d_expr(rel), hazard="H13")
+
+    def test_replication_boundary(self, rel: ReleaseModel) -> None:
+        """P TP == heads: KVTopology (0.14 - 0.19, `//` >= 1) calls it replicated and asserts; TransferTopology
+        (0.20+, `>`) splits one head per P rank."""
+        p, d = side("P", 2, 3000, kv_heads=2), side("D", 1, 3000, kv_heads=2)
+        o = run_rank(rel, p, d, 0)
+        if rel in BEFORE_20:
+            assert_bare(o, "p_gt_d_replicated", EXPR_P_GT_D_14)
+            return
+        assert (o.status, o.contacted) == ("ok", [0, 1])
+        half = d.geometry.block_len // 2
+        assert [(x.block_len, x.local_offset) for x in o.prepared] == [(half, 0), (half, half)]
 
     def test_p_greater_shape(self, rel: ReleaseModel) -> None:
         p, d = side("P", 4, 3000, head_dim=64), side("D", 2, 3000)
         o = run_rank(rel, p, d, 0, enforce=False)
-        assert_msg(o, "block_len_p_gt_d", "remote_block_len == self.block_len_per_layer[0] // (-tp_ratio)",
-                   MSG_SHAPE_P_GT_D, hazard="H08")
+        if rel in PER_REGION:
+            pl, dl = p.geometry.block_len, d.geometry.block_len
+            assert_msg(o, "block_len_p_gt_d", "remote_len == local_len * remote_heads // local_heads",
+                       f"SPLIT region 0: remote P KV block_len {pl} must equal local {dl} * remote_heads 2 // "
+                       "local_heads 4.", hazard="H08")
+        else:
+            assert_msg(o, "block_len_p_gt_d", "remote_block_len == self.block_len_per_layer[0] // (-tp_ratio)",
+                       MSG_SHAPE_P_GT_D, hazard="H08")
 
-    def test_d_greater_shape_and_replicated(self, rel: ReleaseModel) -> None:
-        o = run_rank(rel, side("P", 2, 3000, head_dim=64), side("D", 4, 3000), 0, enforce=False)
-        assert_msg(o, "block_len_tp_ratio", EXPR_SHAPE_111, MSG_SHAPE)
-        o = run_rank(rel, side("P", 2, 3000, kv_heads=2, head_dim=64), side("D", 4, 3000, kv_heads=2), 0,
-                     enforce=False)
-        assert_msg(o, "block_lens_equal_replicated", EXPR_REPL_111, MSG_REPLICATED)
+    def test_d_greater_shape(self, rel: ReleaseModel) -> None:
+        p, d = side("P", 2, 3000, head_dim=64), side("D", 4, 3000)
+        o = run_rank(rel, p, d, 0, enforce=False)
+        if rel in PER_REGION:
+            assert_msg(o, "block_len_split", "remote_len == (local_len * remote_heads // local_heads) // "
+                       "block_size_ratio",
+                       f"SPLIT region 0: remote P KV block_len {p.geometry.block_len} must equal local "
+                       f"{d.geometry.block_len} * remote_heads 4 // local_heads 2 // block_size_ratio 1.")
+        else:
+            # "page_size" from 0.14 on (0.11.1 - 0.13 say "block_size")
+            assert_msg(o, "block_len_tp_ratio", EXPR_SHAPE_111, MSG_SHAPE_PAGE)
+
+    def test_replicated_block_lens(self, rel: ReleaseModel) -> None:
+        """P TP 4 > 2 heads (replicated everywhere), D TP 4, P's head_dim half D's."""
+        p, d = side("P", 4, 3000, kv_heads=2, head_dim=64), side("D", 4, 3000, kv_heads=2)
+        o = run_rank(rel, p, d, 0, enforce=False)
+        if rel in PER_REGION:
+            assert_msg(o, "block_lens_equal_replicated", "local_len // block_size_ratio == remote_len",
+                       f"KV cache sizes must match between P and D when replicated (region 0: local="
+                       f"{d.geometry.block_len}, remote={p.geometry.block_len}, bsr=1).", hazard="H08")
+        else:
+            assert_msg(o, "block_lens_equal_replicated", EXPR_REPL_111, MSG_REPLICATED)
 
     def test_layout_runtime_error(self, rel: ReleaseModel) -> None:
         o = run_rank(rel, side("P", 2, 3000, layout="NHD"), side("D", 2, 3000), 0)
-        assert_raise(o, "kv_cache_layout", MSG_LAYOUT_111)
+        if rel is V034:
+            assert (o.status, o.check) == ("error", "kv_cache_layout")  # its own message: TestV034
+        else:
+            assert_raise(o, "kv_cache_layout", MSG_LAYOUT_111)
 
-    def test_equal_nhd_layouts_pass(self, rel: ReleaseModel) -> None:
-        """Before 0.34 equal NHD layouts with D TP > P TP pass the handshake (the head slice misreads, H09)."""
+    def test_equal_nhd_layouts(self, rel: ReleaseModel) -> None:
+        """Equal NHD layouts with D TP > P TP: 0.14 - 0.19 pass the handshake (the head slice misreads, H09);
+        0.20+ refuse to split heads out of a local layout that is not HND / block-contiguous."""
         outs = run_all(rel, side("P", 2, 3000, layout="NHD"), side("D", 4, 3000, layout="NHD"))
-        assert statuses(outs) == ["ok"] * 4
+        if rel in BEFORE_20:
+            assert statuses(outs) == ["ok"] * 4
+            return
+        msg = (HEAD_SPLIT_20 if rel in (V020, V024, V026, V028) else HEAD_SPLIT_29)
+        for o in outs:
+            assert_raise(o, "head_split_contiguous", msg)
+
+
+HEAD_SPLIT_20 = ("Heterogeneous TP head-dimension splitting requires contiguous heads. Use HND layout on the "
+                 "prefill side.")
+HEAD_SPLIT_29 = ("Heterogeneous TP head-dimension splitting requires contiguous heads. Use a block-contiguous "
+                 "layout (e.g. LBHNC) on the prefill side.")
 
 
 # ---- era H framing and layout names ------------------------------------------------------------------------------
@@ -634,43 +709,21 @@ class TestV034:
         o = run_rank(V034, side("P", 2, 3000, layout="NHD"), side("D", 2, 3000), 0)
         assert_raise(o, "kv_cache_layout",
                      "Heterogeneous TP expects same kv_cache_layout (local LBHNC, remote LBNHC). Or enable "
-                     "experimental feature to use LBHNC to LBNHC support by setting 'enable_permute_local_kv'=True "
-                     "in --kv-transfer-config.")
+                     "experimental feature to receive LBHNC into a local LBNHC cache by setting "
+                     "'enable_permute_local_kv'=True in --kv-transfer-config.")
 
     def test_head_split_needs_contiguous_heads(self) -> None:
         outs = run_all(V034, side("P", 2, 3000, layout="NHD"), side("D", 4, 3000, layout="NHD"))
         for o in outs:
-            assert_raise(o, "head_split_contiguous",
-                         "Heterogeneous TP head-dimension splitting requires contiguous heads. Use a block-contiguous "
-                         "layout (e.g. LBHNC) on the prefill side.")
+            assert_raise(o, "head_split_contiguous", HEAD_SPLIT_29)
         # homogeneous TP with NHD on both sides splits nothing
         assert statuses(run_all(V034, side("P", 2, 3000, layout="NHD"), side("D", 2, 3000, layout="NHD"))) == [
             "ok"] * 2
 
-    def test_strict_replication_boundary(self) -> None:
-        """P TP == heads: 0.34 splits (one head per P rank) where 0.14 - 0.31 assert `not (tp_ratio < 0 and ...)`."""
-        p, d = side("P", 2, 3000, kv_heads=2), side("D", 1, 3000, kv_heads=2)
-        o = run_rank(V034, p, d, 0)
-        assert (o.status, o.contacted) == ("ok", [0, 1])
-        half = d.geometry.block_len // 2
-        assert [(x.block_len, x.local_offset) for x in o.prepared] == [(half, 0), (half, half)]
-        assert "p_gt_d_replicated" not in ids(V034)
-
-    def test_replicated_region_message(self) -> None:
-        p, d = side("P", 4, 3000, kv_heads=2, head_dim=64), side("D", 4, 3000, kv_heads=2)
-        o = run_rank(V034, p, d, 0, enforce=False)
-        dl, pl = d.geometry.block_len, p.geometry.block_len
-        assert_msg(o, "block_lens_equal_replicated", EXPR_REPL_111,
-                   f"KV cache sizes must match between P and D when replicated (region 0: local={dl}, remote={pl}, "
-                   "bsr=1).", hazard="H08")
-        assert run_rank(V034, side("P", 4, 3000, kv_heads=2), d, 0).status == "ok"
-
     def test_split_region_message(self) -> None:
         p, d = side("P", 2, 3000, kv_heads=4), side("D", 2, 3000)
         o = run_rank(V034, p, d, 1, enforce=False)
-        assert_msg(o, "block_len_split",
-                   "nixl_agent_meta.block_lens[i] == self.block_len_per_layer[i] * remote_heads // local_heads "
-                   "// block_size_ratio",
+        assert_msg(o, "block_len_split", "remote_len == (local_len * remote_heads // local_heads) // block_size_ratio",
                    "SPLIT region 0: remote P KV block_len 8192 must equal local 16384 * remote_heads 4 // "
                    "local_heads 4 // block_size_ratio 1.", hazard="H08")
 
@@ -683,33 +736,57 @@ class TestV034:
 
     def test_number_of_layers(self) -> None:
         o = run_rank(V034, side("P", 2, 3000, layers=2), side("D", 2, 3000), 0, enforce=False)
-        assert_msg(o, "num_kv_layers", "len(nixl_agent_meta.block_lens) == len(self.block_len_per_layer)",
+        assert_msg(o, "num_kv_layers", "len(local_regions) == len(nixl_agent_meta.block_lens)",
+                   "Number of KV layers must match between prefill and decode")
+        o = run_rank(V024, side("P", 2, 3000, layers=2), side("D", 2, 3000), 0, enforce=False)
+        assert_msg(o, "num_kv_layers", "len(self.block_len_per_layer) == len(nixl_agent_meta.block_lens)",
                    "Number of KV layers must match between prefill and decode")
 
     def test_ranks_lay_out_regions_alike(self) -> None:
+        """P rank 1 registers 4 regions where rank 0 registered 2: raised before rank 1's NIXL add."""
         p = side("P", 4, 3000)
         bl = p.geometry.block_len
-        io = mem_io(V034, p, override={1: {"block_lens": [2 * bl, 2 * bl]}})
+        four = {"kv_caches_base_addr": [2 << 32 | r << 24 for r in range(4)], "block_lens": [bl] * 4,
+                "block_strides": [bl] * 4}
+        io = mem_io(V034, p, override={1: four})
         o = run_rank(V034, p, side("D", 2, 3000), 0, io=io)
         assert_raise(o, "regions_alike", "The TP ranks of engine P lay out their KV regions differently.")
-        assert (o.handshake, o.remote_rank) == (2, 1)
+        assert (o.handshake, o.remote_rank, len(io.added)) == (2, 1, 1)
+        # 0.31 adds rank 1's agent first and then fails the validation on the region count
+        io = mem_io(V031, p, override={1: four})
+        o = run_rank(V031, p, side("D", 2, 3000), 0, io=io)
+        assert (o.check, len(io.added)) == ("num_kv_layers", 2)
+
+    def test_region_metadata_lengths(self) -> None:
+        p = side("P", 2, 3000)
+        bl = p.geometry.block_len
+        io = mem_io(V034, p, override={0: {"block_strides": [bl]}})
+        o = run_rank(V034, p, side("D", 2, 3000), 0, io=io)
+        assert_raise(o, "region_metadata_lengths", "Engine P advertised KV region metadata of different lengths.")
+        assert io.added == []  # before the NIXL add
+        # 0.30 - 0.33 assert it at the end of the validation
+        o = run_rank(V031, p, side("D", 2, 3000), 0, io=mem_io(V031, p, override={0: {"block_strides": [bl]}}))
+        assert_bare(o, "block_strides_len", "len(nixl_agent_meta.block_strides) == num_remote_regions")
 
     def test_block_strides(self) -> None:
         p = side("P", 2, 3000)
         bl = p.geometry.block_len
         o = run_rank(V034, p, side("D", 2, 3000), 0, io=mem_io(V034, p, override={0: {"block_strides": [bl, bl - 1]}}))
-        assert_bare(o, "block_strides_ge", "stride >= block_len")
-        o = run_rank(V034, p, side("D", 2, 3000), 0, io=mem_io(V034, p, override={0: {"block_strides": [bl]}}))
-        assert_bare(o, "block_strides_len", "len(nixl_agent_meta.block_strides) == len(nixl_agent_meta.block_lens)")
+        assert_bare(o, "block_strides_ge", "all(stride >= block_len for stride, block_len in zip(nixl_agent_meta."
+                    "block_strides, nixl_agent_meta.block_lens, strict=True))")
         io = mem_io(V034, p, override={0: {"block_strides": [2 * bl, 2 * bl]}})
         assert run_rank(V034, p, side("D", 2, 3000), 0, io=io).status == "ok"
+        # 0.29 has block_strides on the wire but asserts nothing about them yet
+        io = mem_io(resolve("0.29.0"), p, override={0: {"block_strides": [bl, bl - 1]}})
+        assert run_rank(resolve("0.29.0"), p, side("D", 2, 3000), 0, io=io).status == "ok"
 
     def test_head_offsets_when_d_tp_exceeds_heads(self) -> None:
-        """2 KV heads, P TP 1, D TP 4: D ranks 0,1 hold head 0 and 2,3 head 1 (0.34 per-rank head counts)."""
+        """2 KV heads, P TP 1, D TP 4: D ranks 0,1 hold head 0 and 2,3 head 1 (per-rank head counts, 0.24+)."""
         p, d = side("P", 1, 3000, kv_heads=2), side("D", 4, 3000, kv_heads=2)
-        outs = run_all(V034, p, d)
-        assert statuses(outs) == ["ok"] * 4
-        bl = d.geometry.block_len
-        assert [o.prepared[0].rank_offset for o in outs] == [0, 0, bl, bl]
-        # 0.31 expects a tp_ratio-scaled block here and refuses P's 2-head block
-        assert_msg(run_rank(V031, p, d, 0), "block_len_tp_ratio", EXPR_SHAPE_111, MSG_SHAPE)
+        for rel in PER_REGION:
+            outs = run_all(rel, p, d)
+            assert statuses(outs) == ["ok"] * 4
+            bl = d.geometry.block_len
+            assert [o.prepared[0].rank_offset for o in outs] == [0, 0, bl, bl]
+        # 0.20 - 0.23 expect a tp_ratio-scaled block here and refuse P's 2-head block
+        assert_msg(run_rank(V020, p, d, 0), "block_len_tp_ratio", EXPR_SHAPE_111, MSG_SHAPE_PAGE)

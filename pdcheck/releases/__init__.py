@@ -8,7 +8,20 @@ from typing import Any
 
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
-from pdcheck.releases import corrected, v0_9_0, v0_9_1, v0_9_2, v0_10_1, v0_11_0, v0_11_1, v0_13, v0_14, v0_26
+from pdcheck.releases import (
+    corrected,
+    v0_9_0,
+    v0_9_1,
+    v0_9_2,
+    v0_10_1,
+    v0_11_0,
+    v0_11_1,
+    v0_13,
+    v0_14,
+    v0_20,
+    v0_26,
+    v0_29,
+)
 from pdcheck.releases.base import ReleaseModel
 
 CORRECTED = corrected.MODEL
@@ -27,13 +40,20 @@ _LINES: list[tuple[tuple[int, int, int], tuple[int, int, int], ReleaseModel]] = 
     ((0, 11, 1), (0, 12, _ANY), v0_11_1.MODEL),  # era F
     ((0, 13, 0), (0, 13, _ANY), v0_13.MODEL),  # era G, compatibility hash
     ((0, 14, 0), (0, 15, _ANY), v0_14.MODEL),  # P TP > D TP, all target ranks
-    ((0, 16, 0), (0, 19, _ANY), v0_14.MODEL_0_16),  # + cross_layers_blocks in the hash
-    ((0, 20, 0), (0, 23, _ANY), v0_14.MODEL_0_20),  # G20, + is_hma_enabled
-    ((0, 24, 0), (0, 25, _ANY), v0_14.MODEL_0_24),  # G24, connector version 4
+    ((0, 16, 0), (0, 17, _ANY), v0_14.MODEL_0_16),  # + cross_layers_blocks in the hash
+    ((0, 18, 0), (0, 19, _ANY), v0_14.MODEL_0_18),  # G18 (ssm_sizes), + is_hma_enabled (False)
+    ((0, 20, 0), (0, 20, _ANY), v0_20.MODEL),  # G20, TransferTopology: strict replication, HND head split
+    ((0, 21, 0), (0, 21, _ANY), v0_20.MODEL_0_21),  # G24 fields, version 3, MLA skips the P > D assert
+    ((0, 22, 0), (0, 23, _ANY), v0_20.MODEL_0_22),  # version 4, is_hma_enabled True
+    ((0, 24, 0), (0, 25, _ANY), v0_20.MODEL_0_24),  # per-region checks, per-rank head counts
     ((0, 26, 0), (0, 27, _ANY), v0_26.MODEL),  # era H: two reply frames, version 5
-    ((0, 28, 0), (0, 30, _ANY), v0_26.MODEL_0_28),  # version 7, + speculative_config, transfer_mode
-    ((0, 31, 0), (0, 33, _ANY), v0_26.MODEL_0_31),  # H31, version 13, KVCacheLayout names
-    ((0, 34, 0), (0, 34, _ANY), v0_26.MODEL_0_34),  # H34, version 16, per-region checks
+    ((0, 28, 0), (0, 28, _ANY), v0_26.MODEL_0_28),  # version 7, + speculative_config, transfer_mode
+    ((0, 29, 0), (0, 29, _ANY), v0_29.MODEL),  # version 9, block_strides, KVCacheLayout names
+    ((0, 30, 0), (0, 30, _ANY), v0_29.MODEL_0_30),  # version 11, region metadata asserts
+    ((0, 31, 0), (0, 31, _ANY), v0_29.MODEL_0_31),  # version 13
+    ((0, 32, 0), (0, 32, _ANY), v0_29.MODEL_0_32),  # version 14, layout message names both layouts
+    ((0, 33, 0), (0, 33, _ANY), v0_29.MODEL_0_33),  # version 15
+    ((0, 34, 0), (0, 34, _ANY), v0_29.MODEL_0_34),  # H34, version 16, regions paired before the NIXL add
 ]
 
 _RANGE = "0.9.0 to 0.34.x"
@@ -67,7 +87,8 @@ def resolve(text: str) -> ReleaseModel:
 
 # One representative per line, for `--vllm all`.
 REPRESENTATIVES = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.11.1", "0.13.0", "0.14.0",
-                   "0.16.0", "0.20.0", "0.24.0", "0.26.0", "0.31.0", "0.34.0")
+                   "0.16.0", "0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.24.0", "0.26.0", "0.28.0", "0.29.0",
+                   "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 MODELLED = [resolve(v) for v in REPRESENTATIVES]
 
 
@@ -97,5 +118,5 @@ def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdc
                 connector_version=release.connector_version, model=model, dtype=geometry.dtype,
                 num_kv_heads=geometry.total_kv_heads, head_size=geometry.head_dim,
                 num_hidden_layers=geometry.layers, attn_backend_name=geometry.attn_backend,
-                cache_dtype=cache_dtype, extra=extra)
+                cache_dtype=cache_dtype, extra={"is_hma_enabled": release.is_hma_enabled, **(extra or {})})
     return compat_hash(f)

@@ -175,3 +175,7 @@ class ReleaseModel:
     version: str = ""  # the exact release modelled (resolve() fills it in); hashed as vllm_version in G/H
     connector_version: int | None = None  # NIXL_CONNECTOR_VERSION (G/H)
     hash_factors: tuple[str, ...] = ()  # compatibility-hash factor keys (G/H); empty: no hash on the wire
+    # The is_hma_enabled factor a GPU deployment with NixlConnector hashes (0.18+): `not disable_hybrid_kv_cache_
+    # manager`, which 0.18 - 0.21 turn on for any --kv-transfer-config and 0.22+ leave off (NixlConnector is
+    # SupportsHMA, CUDA supports the hybrid manager).
+    is_hma_enabled: bool = False

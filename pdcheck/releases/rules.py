@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pdcheck.releases.base import Action, Check, Ctx, Prepared
 
 MSG_SHAPE = (
@@ -451,6 +453,233 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             base_addrs=list(ctx.meta.kv_caches_base_addr),
         )
         ctx.io.prep_remote(prepared, "DRAM")
+        if ratio < 0 and ctx.local.use_mla and ctx.remote_tp_rank != ctx.local.tp_rank * -ratio:
+            # MLA with P TP > D TP: the descriptors are registered, but only the first target rank is read (the
+            # latent is replicated); the others only get a notification.
+            return
         ctx.state.prepared[ctx.remote_tp_rank] = prepared
 
     return Action("prep_remote_descs", run)
+
+
+# ---- 0.14 - 0.34, re-read against each release's source (issue 8) ----------------------------------------------
+# The statement texts below are the releases' own, whitespace collapsed.
+
+MSG_SHAPE_PAGE = (
+    "Remote P worker KV layer cache must be of shape [2, N, local_kv_heads*tp_ratio, page_size, head_dim] and "
+    "same dtype."
+)
+
+
+def is_kv_replicated_strict(ctx: Ctx) -> bool:
+    """0.20+ TransferTopology.is_kv_replicated: `remote_tp_size > self.total_num_kv_heads` (MLA not special-cased;
+    0.20 - 0.28 pass the model's total KV heads for MLA too, 0.29+ pass 1)."""
+    return ctx.state.tp_size[ctx.engine_id] > ctx.local.geometry.total_kv_heads
+
+
+def not_replicated_strict(ctx: Ctx) -> bool:
+    return not is_replicated_strict(ctx)
+
+
+def p_gt_d_replicated(expr: str, *, strict: bool, skip_mla: bool) -> Check:
+    """`assert not (tp_ratio < 0 and <topology>.is_kv_replicated(remote_engine_id))`, bare in every release.
+
+    0.14 - 0.19 (KVTopology): `remote_tp_size // total_num_kv_heads >= 1`; 0.20+ (TransferTopology): strict `>`.
+    0.14 - 0.20 assert it for MLA as well (with the model's KV head count); 0.21+ skip MLA."""
+    repl = is_kv_replicated_strict if strict else (lambda c: c.is_kv_replicated)
+
+    def skip(c: Ctx) -> bool:
+        return skip_mla and c.local.use_mla
+
+    return Check("p_gt_d_replicated", expr, lambda c: not (signed_tp_ratio(c) < 0 and repl(c)),
+                 when=lambda c: not skip(c), hazard="H13")
+
+
+P_GT_D_REPLICATED_14 = p_gt_d_replicated(
+    "not (tp_ratio < 0 and self.kv_topo.is_kv_replicated(remote_engine_id))", strict=False, skip_mla=False)
+EXPR_P_GT_D_20 = "not (tp_ratio < 0 and self.transfer_topo.is_kv_replicated(remote_engine_id))"
+P_GT_D_REPLICATED_20 = p_gt_d_replicated(EXPR_P_GT_D_20, strict=True, skip_mla=False)
+P_GT_D_REPLICATED_21 = p_gt_d_replicated(EXPR_P_GT_D_20, strict=True, skip_mla=True)
+
+TP_SIZE_ASSERT_20 = Check(
+    "tp_size_consistent", "remote_info.remote_tp_size == remote_tp_size",
+    lambda c: c.state.tp_size[c.engine_id] == c.remote_tp_size, hazard="H12",
+)
+
+# KVCacheLayout (0.29+): is_block_contiguous is true when [H, N, C] closes the stride order.
+BLOCK_CONTIGUOUS = {"LBHNC": True, "LBNHC": False, "LHBNC": False, "BLHNC": True, "BLNHC": False, "BHLNC": False}
+
+MSG_HEAD_SPLIT_20 = ("Heterogeneous TP head-dimension splitting requires contiguous heads. Use HND layout on the "
+                     "prefill side.")
+MSG_HEAD_SPLIT_29 = ("Heterogeneous TP head-dimension splitting requires contiguous heads. Use a block-contiguous "
+                     "layout (e.g. LBHNC) on the prefill side.")
+
+
+def _head_split_applies(c: Ctx) -> bool:
+    # `abs(tp_ratio) != 1 and not self.use_mla and not ...is_kv_replicated(remote_engine_id)`; pdcheck models the
+    # default enable_permute_local_kv=False.
+    return abs(signed_tp_ratio(c)) != 1 and not c.local.use_mla and not is_kv_replicated_strict(c)
+
+
+def _local_block_contiguous(c: Ctx) -> bool:
+    # KVCacheLayout[kv_cache_layout]: an unknown name is the KeyError the release raises.
+    name = layout_enum(c.local.kv_cache_layout) or ""
+    if name not in BLOCK_CONTIGUOUS:
+        raise KeyError(name)
+    return BLOCK_CONTIGUOUS[name]
+
+
+# 0.20 - 0.28: the LOCAL layout (equal to the remote one by then: a difference raised just before) must be HND.
+HEAD_SPLIT_HND = Check(
+    "head_split_contiguous", 'kv_cache_layout == "HND"', lambda c: c.local.kv_cache_layout == "HND",
+    message=MSG_HEAD_SPLIT_20, exc="RuntimeError", when=_head_split_applies, hazard="H09",
+)
+# 0.29+: `KVCacheLayout[kv_cache_layout].is_block_contiguous` of the local layout
+HEAD_SPLIT_ENUM = Check(
+    "head_split_contiguous", "KVCacheLayout[kv_cache_layout].is_block_contiguous", _local_block_contiguous,
+    message=MSG_HEAD_SPLIT_29, exc="RuntimeError", when=_head_split_applies, hazard="H09",
+)
+
+
+def replace_check(check: Check, **kw: object) -> Check:
+    from dataclasses import replace
+
+    return replace(check, **kw)  # type: ignore[arg-type]
+
+
+def _layout_msg_32(c: Ctx) -> str:
+    return (f"Heterogeneous TP expects same kv_cache_layout (local {layout_enum(c.local.kv_cache_layout)}, remote "
+            f"{layout_enum(c.meta.kv_cache_layout)}). Or enable experimental feature to receive LBHNC into a local "
+            "LBNHC cache by setting 'enable_permute_local_kv'=True in --kv-transfer-config.")
+
+
+LAYOUT_29 = layout_check(enum_names=True)  # KVCacheLayout names on the wire, 0.11.1's message
+LAYOUT_32 = layout_check(enum_names=True, message=_layout_msg_32)
+
+
+# 0.20 - 0.23: the 0.14 block-length checks, with TransferTopology's strict replication and page_size messages
+BLOCK_LENS_EQUAL_REPLICATED_20 = replace_check(BLOCK_LENS_EQUAL_REPLICATED, when=is_replicated_strict)
+REMOTE_LAYERS_SAME_BLOCK_LEN_20 = replace_check(REMOTE_LAYERS_SAME_BLOCK_LEN, when=not_replicated_strict)
+
+
+def _split_pos_strict(c: Ctx) -> bool:
+    return not_replicated_strict(c) and signed_tp_ratio(c) > 0
+
+
+def _split_neg_strict(c: Ctx) -> bool:
+    return not_replicated_strict(c) and signed_tp_ratio(c) < 0
+
+
+BLOCK_LEN_TP_RATIO_14_PAGE = replace_check(BLOCK_LEN_TP_RATIO_14, message=MSG_SHAPE_PAGE)
+BLOCK_LEN_TP_RATIO_20 = replace_check(BLOCK_LEN_TP_RATIO_14_PAGE, when=_split_pos_strict)
+P_GT_D_SAME_BLOCK_SIZE_20 = replace_check(P_GT_D_SAME_BLOCK_SIZE, when=_split_neg_strict)
+BLOCK_LEN_P_GT_D_20 = replace_check(BLOCK_LEN_P_GT_D, when=_split_neg_strict)
+
+
+# 0.24+: per-region checks with per-rank physical head counts (#45330)
+
+def remote_heads(c: Ctx) -> int:
+    """`max(1, total_kv_heads // remote_tp_size)`: physical KV heads per P rank."""
+    return max(1, c.local.geometry.total_kv_heads // c.state.tp_size[c.engine_id])
+
+
+def local_heads(c: Ctx) -> int:
+    """TransferTopology.local_physical_heads: `max(1, total_num_kv_heads // tp_size)`."""
+    return max(1, c.local.geometry.total_kv_heads // c.local.tp_size)
+
+
+def num_layers_check(expr: str) -> Check:
+    return Check(
+        "num_kv_layers", expr, lambda c: len(remote_block_lens(c)) == len(block_len_per_layer(c)),
+        message="Number of KV layers must match between prefill and decode", hazard="H08",
+    )
+
+
+NUM_LAYERS_24 = num_layers_check("len(self.block_len_per_layer) == len(nixl_agent_meta.block_lens)")
+NUM_LAYERS_31 = num_layers_check("len(local_regions) == len(nixl_agent_meta.block_lens)")
+
+
+def _first_bad(c: Ctx, want: Callable[[int], int]) -> int | None:
+    for i, local_len in enumerate(block_len_per_layer(c)):
+        if remote_block_len_at(c, i) != want(local_len):
+            return i
+    return None
+
+
+def _repl_want(c: Ctx) -> Callable[[int], int]:
+    bsr = block_size_ratio(c)
+    return lambda local_len: local_len // bsr
+
+
+def _split_want(c: Ctx) -> Callable[[int], int]:
+    rh, lh, bsr = remote_heads(c), local_heads(c), block_size_ratio(c)
+    return lambda local_len: (local_len * rh // lh) // bsr
+
+
+def _split_neg_want(c: Ctx) -> Callable[[int], int]:
+    rh, lh = remote_heads(c), local_heads(c)
+    return lambda local_len: local_len * rh // lh
+
+
+def _region(c: Ctx, want: Callable[[Ctx], Callable[[int], int]]) -> tuple[int, int, int]:
+    i = _first_bad(c, want(c)) or 0
+    return i, block_len_per_layer(c)[i], remote_block_lens(c)[i]
+
+
+def _repl_region_msg(c: Ctx) -> str:
+    i, local_len, remote_len = _region(c, _repl_want)
+    return (f"KV cache sizes must match between P and D when replicated (region {i}: local={local_len}, "
+            f"remote={remote_len}, bsr={block_size_ratio(c)}).")
+
+
+def _split_region_msg(c: Ctx) -> str:
+    i, local_len, remote_len = _region(c, _split_want)
+    return (f"SPLIT region {i}: remote P KV block_len {remote_len} must equal local {local_len} * remote_heads "
+            f"{remote_heads(c)} // local_heads {local_heads(c)} // block_size_ratio {block_size_ratio(c)}.")
+
+
+def _split_neg_region_msg(c: Ctx) -> str:
+    i, local_len, remote_len = _region(c, _split_neg_want)
+    return (f"SPLIT region {i}: remote P KV block_len {remote_len} must equal local {local_len} * remote_heads "
+            f"{remote_heads(c)} // local_heads {local_heads(c)}.")
+
+
+REPLICATED_REGIONS = Check(
+    "block_lens_equal_replicated", "local_len // block_size_ratio == remote_len",
+    lambda c: _first_bad(c, _repl_want(c)) is None, message=_repl_region_msg, when=is_replicated_strict,
+    hazard="H08",
+)
+SPLIT_REGIONS = Check(
+    "block_len_split", "remote_len == (local_len * remote_heads // local_heads) // block_size_ratio",
+    lambda c: _first_bad(c, _split_want(c)) is None, message=_split_region_msg, when=_split_pos_strict,
+    hazard="H08",
+)
+SPLIT_REGIONS_P_GT_D = Check(
+    "block_len_p_gt_d", "remote_len == local_len * remote_heads // local_heads",
+    lambda c: _first_bad(c, _split_neg_want(c)) is None, message=_split_neg_region_msg, when=_split_neg_strict,
+    hazard="H08",
+)
+
+BASE_ADDR_LEN_31 = replace_check(BASE_ADDR_LEN, expr="len(nixl_agent_meta.kv_caches_base_addr) == len(local_regions)")
+
+# 0.30+: the region metadata asserts at the end of the validation (block_strides is a required field from 0.29)
+BLOCK_STRIDES_LEN = Check(
+    "block_strides_len", "len(nixl_agent_meta.block_strides) == num_remote_regions",
+    lambda c: len(c.meta.block_strides or []) == len(c.meta.kv_caches_base_addr), hazard="H08",
+)
+
+
+def _strides_ge(c: Ctx) -> bool:
+    strides, lens = list(c.meta.block_strides or []), remote_block_lens(c)
+    if len(strides) != len(lens):
+        raise ValueError("zip() argument 2 is shorter than argument 1" if len(lens) < len(strides)
+                         else "zip() argument 2 is longer than argument 1")
+    return all(s >= n for s, n in zip(strides, lens, strict=True))
+
+
+BLOCK_STRIDES_GE = Check(
+    "block_strides_ge",
+    "all(stride >= block_len for stride, block_len in zip(nixl_agent_meta.block_strides, nixl_agent_meta.block_lens, "
+    "strict=True))",
+    _strides_ge, hazard="H08",
+)

@@ -46,6 +46,7 @@ FORMATS: dict[str, WireFormat] = {
         WireFormat("E", "E", "per_rank", "raw", 1, False, 5557),
         WireFormat("F", "F", "per_dp", "tp", 1, False, 5600),
         WireFormat("G", "G", "per_dp", "tp", 1, True, 5600),
+        WireFormat("G18", "G18", "per_dp", "tp", 1, True, 5600),
         WireFormat("G20", "G20", "per_dp", "tp", 1, True, 5600),
         WireFormat("G24", "G24", "per_dp", "tp", 1, True, 5600),
         WireFormat("H", "H", "per_dp", "pp_tp", 2, True, 5600),

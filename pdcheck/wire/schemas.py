@@ -69,13 +69,18 @@ class MetaG:  # 0.13 - 0.16 (attn backend moved into the compatibility hash)
 
 
 @dataclasses.dataclass
+class MetaG18(MetaG):  # 0.18 - 0.19
+    ssm_sizes: tuple[int, int]
+
+
+@dataclasses.dataclass
 class MetaG20(MetaG):  # 0.20
     ssm_sizes: tuple[int, int]
     attn_backend_name: str
 
 
 @dataclasses.dataclass
-class MetaG24(MetaG20):  # 0.24 - 0.28
+class MetaG24(MetaG20):  # 0.21 - 0.28
     physical_blocks_per_logical_kv_block: int
 
 
@@ -161,7 +166,7 @@ class AnyPayload(msgspec.Struct):
 
 SCHEMAS: dict[str, type] = {
     "A": MetaA, "B": MetaB, "C": MetaC, "D": MetaD, "E": MetaE, "F": MetaF,
-    "G": MetaG, "G20": MetaG20, "G24": MetaG24, "H": MetaG24, "H31": MetaH31, "H34": MetaH34,
+    "G": MetaG, "G18": MetaG18, "G20": MetaG20, "G24": MetaG24, "H": MetaG24, "H31": MetaH31, "H34": MetaH34,
 }
 
 

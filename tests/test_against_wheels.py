@@ -1,0 +1,70 @@
+"""pdcheck's release models against vLLM's own code, read from unpacked wheels (skipped unless they are there).
+
+    for v in 0.20.0 0.34.0; do pip download vllm==$v --no-deps -d /tmp/w$v &&
+        mkdir -p /tmp/vllm-src/$v && unzip -q /tmp/w$v/*.whl 'vllm/*.py' -d /tmp/vllm-src/$v; done
+    PDCHECK_VLLM_SRC=/tmp/vllm-src python -m pytest -q tests/test_against_wheels.py
+
+Every release found there (0.14+) runs a grid of P/D geometries through the wheel's topology calls and
+`_validate_remote_agent_handshake` and through pdcheck's model: status, message and asserted expression must be
+equal. The compatibility hash of the wheel's `compute_nixl_compatibility_hash` must equal compat_hash_for.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import pytest
+from releasekit import run_rank, side
+from wheelkit import Release, minor
+
+from pdcheck.geometry import Geometry
+from pdcheck.releases import compat_hash_for, resolve
+
+SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
+RELEASES = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir() and minor(p.name) >= 14),
+                  key=lambda v: tuple(int(x) for x in v.split(".")))
+pytestmark = pytest.mark.skipif(not RELEASES, reason="set PDCHECK_VLLM_SRC to a directory of unpacked vLLM wheels")
+MLA = {"mla": True, "kv_heads": 1, "backend": "FLASHMLA"}
+
+
+def _grid(release: str):  # noqa: ANN202 - a generator of (P, D) sides
+    layouts = [("HND", "HND"), ("NHD", "NHD"), ("NHD", "HND")]
+    if minor(release) >= 29:
+        layouts = [("LBHNC", "LBHNC"), ("LBNHC", "LBNHC"), ("LBNHC", "LBHNC"), ("BLHNC", "BLHNC"), ("LHBNC", "LHBNC")]
+    for p_tp, d_tp, heads, (pl, dl), mla, p_head, p_bs in itertools.product(
+            (1, 2, 3, 4, 8), (1, 2, 4, 6, 8), (1, 2, 8), layouts, (False, True), (128, 64), (16, 8, 32)):
+        if mla:
+            p = side("P", p_tp, 3000, layout=pl, block_size=p_bs, **{**MLA, "kv_heads": heads},
+                     head_dim=576 if p_head == 128 else 512)
+            d = side("D", d_tp, 3000, layout=dl, **{**MLA, "kv_heads": heads}, head_dim=576)
+        else:
+            p = side("P", p_tp, 3000, kv_heads=heads, layout=pl, block_size=p_bs, head_dim=p_head)
+            d = side("D", d_tp, 3000, kv_heads=heads, layout=dl)
+        yield p, d
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_validation_matches_the_wheel(release: str) -> None:
+    real = Release(SRC, release)
+    model = resolve(release)
+    differ = []
+    for p, d in _grid(release):
+        o = run_rank(model, p, d, 0, enforce=False)
+        mine = (o.status, o.message, o.assert_expr) if o.status == "assert" else (o.status, o.message)
+        theirs = real.handshake(p, d)
+        if mine != theirs:
+            differ.append((p, d, theirs, mine))
+    assert not differ, f"{len(differ)} cases differ, first: {differ[0]}"
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_compat_hash_matches_the_wheel(release: str) -> None:
+    g = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=8, head_dim=128, dtype="bfloat16",
+                 attn_backend="FLASH_ATTN", use_mla=False)
+    # VllmConfig leaves the hybrid KV cache manager on with NixlConnector from 0.22 (GPU platform)
+    want = Release(SRC, release).compat_hash(model="pdcheck/fake-model", dtype="torch.bfloat16", num_kv_heads=8,
+                                             head_size=128, layers=2, backend="FLASH_ATTN",
+                                             hma_disabled=minor(release) < 22)
+    assert compat_hash_for(resolve(release), g) == want

@@ -1,0 +1,235 @@
+"""Run vLLM's own NixlConnector code, read from an unpacked wheel, against small stand-ins (no GPU, no vllm import).
+
+A directory SRC/<release>/vllm/... holds the .py files of one wheel (`pip download vllm==X --no-deps` and
+`unzip whl 'vllm/*.py'`). From it this module executes, as the release wrote them:
+- `compute_nixl_compatibility_hash` and `hash_factors`, with a stand-in VllmConfig;
+- the topology class (TpKVTopology up to 0.19, TransferTopology from 0.20), the calls add_remote_agent makes on
+  it before the validation (tp_ratio, register, block_size_ratio), and `_validate_remote_agent_handshake`,
+  with a stand-in worker.
+Nothing here is part of pdcheck; the release-model tests use it to compare pdcheck's models with the source.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import logging
+import math
+import sys
+import textwrap
+import types
+from pathlib import Path
+from types import SimpleNamespace as NS
+from typing import Any
+
+from releasekit import Side
+
+Outcome = tuple[Any, ...]  # ("ok", None) | ("error", message) | ("assert", message, asserted expression)
+_SOURCES: dict[str, str] = {}
+
+
+def _segments(path: Path, names: set[str]) -> dict[str, str]:
+    text = path.read_text()
+    out: dict[str, str] = {}
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef | ast.FunctionDef) and node.name in names and node.name not in out:
+            seg = ast.get_source_segment(text, node) or ""
+            decos = "".join(f"@{ast.get_source_segment(text, d)}\n" for d in node.decorator_list)
+            out[node.name] = decos + seg
+        if isinstance(node, ast.AnnAssign | ast.Assign):
+            target = node.target if isinstance(node, ast.AnnAssign) else node.targets[0]
+            if isinstance(target, ast.Name) and target.id in names and node.value is not None:
+                out[target.id] = repr(ast.literal_eval(node.value))
+    return out
+
+
+def _run(code: str, g: dict[str, Any], tag: str) -> None:
+    name = f"<vllm {tag} #{len(_SOURCES)}>"
+    _SOURCES[name] = code
+    exec(compile(code, name, "exec"), g)  # noqa: S102 - vLLM's own source, read from the wheel on disk
+
+
+def _asserted(exc: BaseException) -> str | None:
+    """The expression of the vLLM assert statement that raised, whitespace collapsed."""
+    tb, last = exc.__traceback__, None
+    while tb is not None:
+        if tb.tb_frame.f_code.co_filename in _SOURCES:
+            last = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
+        tb = tb.tb_next
+    if last is None:
+        return None
+    code = _SOURCES[last[0]]
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.Assert) and node.lineno <= last[1] <= (node.end_lineno or node.lineno):
+            text = " ".join((ast.get_source_segment(code, node.test) or "").split())
+            return text.replace("( ", "(").replace(" )", ")")
+    return None
+
+
+def minor(release: str) -> int:
+    return int(release.split(".")[1])
+
+
+class _Backend:
+    """FlashAttention's get_kv_cache_shape as each era has it (only the shape matters to the topology)."""
+
+    release = "0.34.0"
+
+    @classmethod
+    def get_kv_cache_shape(cls, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int,
+                           **_: Any) -> tuple[int, ...]:
+        if minor(cls.release) >= 26:
+            return (num_blocks, num_kv_heads, block_size, 2 * head_size)  # K and V packed in the content dim
+        if minor(cls.release) >= 23:
+            return (num_blocks, 2, block_size, num_kv_heads, head_size)  # blocks-first
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @staticmethod
+    def get_name() -> str:
+        return "FLASH_ATTN"
+
+
+class Release:
+    """One unpacked wheel's handshake code, loaded into its own module namespace."""
+
+    def __init__(self, src: Path, release: str) -> None:
+        self.release = release
+        root = src / release / "vllm"
+        self.root = root
+        mod = types.ModuleType(f"wheel_{release.replace('.', '_')}")
+        sys.modules[mod.__name__] = mod  # dataclasses look their module up
+        g = mod.__dict__
+        g.update(dataclass=dataclasses.dataclass, field=dataclasses.field, logger=logging.getLogger("wheelkit"),
+                 EngineId=str, torch=NS(Size=tuple), Any=Any, Sequence=list, math=math,
+                 AttentionSpec=type("AttentionSpec", (), {}), cached_property=functools.cached_property)
+        layout = root / "v1" / "kv_cache_layout.py"
+        if layout.exists():
+            _run(layout.read_text(), g, release)
+        utils = _segments(root / "distributed/kv_transfer/kv_connector/utils.py",
+                          {"TransferTopology", "EngineTransferInfo", "TpKVTopology"})
+        for name in ("EngineTransferInfo", "TransferTopology", "TpKVTopology"):
+            if name in utils:
+                _run("from __future__ import annotations\n" + utils[name], g, release)
+        worker = next(p for p in sorted(root.glob("distributed/kv_transfer/kv_connector/v1/**/*.py"),
+                                        key=lambda p: "base_worker" not in p.name and p.name != "worker.py")
+                      if "def _validate_remote_agent_handshake" in p.read_text() and "class Nixl" in p.read_text())
+        val = _segments(worker, {"_validate_remote_agent_handshake"})["_validate_remote_agent_handshake"]
+        _run("from __future__ import annotations\n" + textwrap.dedent(val), g, release)
+        self.g = g
+
+    # ---- compatibility hash
+    def compat_hash(self, *, model: str, dtype: str, num_kv_heads: int, head_size: int, layers: int,
+                    backend: str, hma_disabled: bool) -> str:
+        hfile = next(p for p in self.root.glob("distributed/kv_transfer/kv_connector/v1/**/*.py")
+                     if "def compute_nixl_compatibility_hash" in p.read_text())
+        src = _segments(hfile, {"compute_nixl_compatibility_hash", "_get_speculative_compatibility_factors",
+                                "NIXL_CONNECTOR_VERSION"})
+        utils = _segments(self.root / "config/utils.py", {"hash_factors"})
+        g: dict[str, Any] = {"hashlib": hashlib, "json": json, "logger": logging.getLogger("wheelkit"),
+                             "NIXL_CONNECTOR_VERSION": int(src["NIXL_CONNECTOR_VERSION"]), "Any": Any}
+        _run("from __future__ import annotations\n" + utils["hash_factors"], g, self.release)
+        # the function imports `from vllm import __version__` and `from vllm.config.utils import hash_factors`
+        stubs = {"vllm": types.ModuleType("vllm"), "vllm.config": types.ModuleType("vllm.config"),
+                 "vllm.config.utils": types.ModuleType("vllm.config.utils")}
+        stubs["vllm"].__version__ = self.release  # type: ignore[attr-defined]
+        stubs["vllm.config.utils"].hash_factors = g["hash_factors"]  # type: ignore[attr-defined]
+        for name in ("_get_speculative_compatibility_factors", "compute_nixl_compatibility_hash"):
+            if name in src:
+                _run("from __future__ import annotations\n" + src[name], g, self.release)
+        config = NS(model_config=NS(model=model, dtype=dtype, get_total_num_kv_heads=lambda: num_kv_heads,
+                                    get_head_size=lambda: head_size, get_total_num_hidden_layers=lambda: layers),
+                    cache_config=NS(cache_dtype="auto"), speculative_config=None,
+                    scheduler_config=NS(disable_hybrid_kv_cache_manager=hma_disabled))
+        fn = g["compute_nixl_compatibility_hash"]
+        kw = {"cross_layers_blocks": False} if "cross_layers_blocks" in inspect.signature(fn).parameters else {}
+        saved = {k: sys.modules.get(k) for k in stubs}
+        sys.modules.update(stubs)
+        try:
+            return fn(config, backend, **kw)
+        finally:
+            for k, mod in saved.items():
+                if mod is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = mod
+
+    # ---- add_remote_agent up to and through _validate_remote_agent_handshake
+    def handshake(self, p: Side, d: Side, d_rank: int = 0) -> Outcome:
+        _Backend.release = self.release
+        try:
+            if "TransferTopology" in self.g:
+                return self._handshake_20(p, d, d_rank)
+            return self._handshake_14(p, d, d_rank)
+        except AssertionError as exc:
+            return ("assert", str(exc) or None, _asserted(exc))
+        except RuntimeError as exc:
+            return ("error", str(exc))
+
+    def _meta(self, p: Side) -> NS:
+        gp = p.geometry
+        return NS(engine_id="P", block_size=p.block_size, kv_cache_layout=p.layout, attn_backend_name=gp.attn_backend,
+                  block_lens=[gp.block_len] * gp.num_regions, block_strides=[gp.block_len] * gp.num_regions,
+                  kv_caches_base_addr=list(range(gp.num_regions)), num_blocks=p.blocks[0],
+                  physical_blocks_per_logical_kv_block=1, region_num_blocks=None, region_group_ids=None,
+                  region_names=None, region_mem_types=None, dcp_size=1)
+
+    def _worker(self, d: Side, **kw: Any) -> NS:
+        gd = d.geometry
+        me = NS(use_mla=gd.use_mla, _has_mamba=False, _is_hma_required=False, use_host_buffer=False,
+                kv_cache_layout=d.layout, host_buffer_kv_cache_layout=d.layout,
+                kv_transfer_config=NS(enable_permute_local_kv=False), enable_permute_local_kv=False,
+                backend_name=gd.attn_backend, block_len_per_layer=[gd.block_len] * gd.num_regions, dcp_size=1,
+                _physical_blocks_per_logical_kv_block=1, vllm_config=NS(cache_config=NS(enable_prefix_caching=True)),
+                _head_sharded_draft_regions={}, _head_sharded_draft_kv_heads=None, _layer_specs={},
+                _dst_pairs={"P": NS(groups_match=True)}, _dcp_replicated_groups=None, _TRANSFER_MODE="pull",
+                region_group_ids=[], dst_region_group_ids={"P": None}, region_names=None,
+                _transfer_layer_region_indices=None, _transfer_layer_names=None, **kw)
+        me._is_region_replicated = lambda _i: False
+        return me
+
+    def _handshake_14(self, p: Side, d: Side, d_rank: int) -> Outcome:
+        gd = d.geometry
+        tp_size, block_size = {"D": d.tp}, {"D": d.block_size}
+        cls = self.g["TpKVTopology"]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw: dict[str, Any] = dict(tp_rank=d_rank, engine_id="D", remote_tp_size=tp_size,
+                                  remote_block_size=block_size, is_mla=gd.use_mla, total_num_kv_heads=gd.total_kv_heads)
+        if "attn_backends" in fields:
+            kw["attn_backends"] = [_Backend]
+        else:
+            kw["attn_backend"] = _Backend
+        topo = cls(**kw)
+        if hasattr(topo, "tp_ratio"):
+            topo.tp_ratio(p.tp)  # get_target_remote_ranks, before any request
+        tp_size["P"], block_size["P"] = p.tp, p.block_size  # add_remote_agent: first value wins
+        topo.block_size_ratio_from_engine_id("P")
+        me = self._worker(d, kv_topo=topo, _tp_size=tp_size, dst_num_blocks={"P": p.blocks[0]})
+        self.g["_validate_remote_agent_handshake"](me, self._meta(p), p.tp)
+        return ("ok", None)
+
+    def _handshake_20(self, p: Side, d: Side, d_rank: int) -> Outcome:
+        gd, gp = d.geometry, p.geometry
+        cls = self.g["TransferTopology"]
+        fields = {f.name for f in dataclasses.fields(cls)}
+        heads = 1 if (gd.use_mla and minor(self.release) >= 29) else gd.total_kv_heads
+        kw = dict(tp_rank=d_rank, tp_size=d.tp, block_size=d.block_size, engine_id="D", is_mla=gd.use_mla,
+                  is_mamba=False, total_num_kv_heads=heads, attn_backends=[_Backend])
+        topo = cls(**{k: v for k, v in kw.items() if k in fields})
+        topo.tp_ratio(p.tp)  # handshake_target_ranks, before any request
+        info = dict(remote_tp_size=p.tp, remote_block_size=p.block_size, remote_block_len=gp.block_len,
+                    remote_physical_blocks_per_logical=1, remote_dcp_size=1)
+        params = list(inspect.signature(topo.register_remote_engine).parameters)
+        if "info" in params:
+            names = {f.name for f in dataclasses.fields(self.g["EngineTransferInfo"])}
+            topo.register_remote_engine("P", self.g["EngineTransferInfo"](**{k: v for k, v in info.items()
+                                                                              if k in names}))
+        else:
+            topo.register_remote_engine("P", **{k: v for k, v in info.items() if k in params})
+        topo.block_size_ratio(p.block_size)
+        me = self._worker(d, transfer_topo=topo, dst_num_blocks={"P": p.blocks[0]})
+        self.g["_validate_remote_agent_handshake"](me, self._meta(p), p.tp)
+        return ("ok", None)
