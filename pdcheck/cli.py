@@ -8,13 +8,15 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
-from pdcheck.errors import BadInput, PdcheckError
+from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
 
 Opt = typer.Option
+USAGE_ERRORS = usage_error_types()
 
 
 @app.callback()
@@ -174,24 +176,25 @@ _register_optional()
 
 
 def main() -> None:
-    try:
-        rc = app(standalone_mode=False)  # click returns the exit code here instead of raising it
-        sys.exit(rc if isinstance(rc, int) else 0)
-    except PdcheckError as exc:
-        Console(stderr=True).print(f"[red]pdcheck: error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # usage errors arrive here with standalone_mode=False
-        import click
+    from pdcheck import lifecycle
 
-        try:  # typer >= 0.29 vendors its own click; catch both
-            from typer._click.exceptions import ClickException as TyperClickException
-        except ImportError:
-            TyperClickException = click.exceptions.ClickException  # noqa: N806
-        if isinstance(exc, (click.exceptions.ClickException, TyperClickException)):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+    lifecycle.install_signal_handlers()
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        rc = app(standalone_mode=False)  # typer returns the exit code here instead of raising it
+        code = rc if isinstance(rc, int) else 0
+    except PdcheckError as exc:
+        err.print(f"[red]pdcheck: error:[/] {escape(one_line(str(exc)))}")
+        code = exc.exit_code
+    except KeyboardInterrupt:
+        code = EXIT_INTERRUPTED
+    except typer.Exit as exc:
+        code = exc.exit_code
+    except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
+        err.print(f"[red]pdcheck: error:[/] {escape(one_line(exc.format_message()))}")  # type: ignore[attr-defined]
+        code = exc.exit_code  # type: ignore[attr-defined]
+    except typer.Abort:  # EOF on a prompt
+        code = EXIT_INTERRUPTED
+    finally:
+        lifecycle.shutdown()
+    sys.exit(lifecycle.exit_code(code))

@@ -29,6 +29,24 @@ def _context() -> mp.context.BaseContext:
     return _CTX
 
 
+def stop_forkserver() -> None:
+    """Stop the forkserver (and with it the rank processes it still parents) and the resource tracker.
+    Uses the stdlib's own stop hooks; a later run starts fresh ones."""
+    global _CTX
+    if _CTX is None:
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    for obj in (getattr(forkserver, "_forkserver", None), getattr(resource_tracker, "_resource_tracker", None)):
+        stop = getattr(obj, "_stop", None)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ChildProcessError, ValueError):
+                pass  # already gone
+    _CTX = None
+
+
 @dataclass
 class Rank:
     role: str  # "P" or "D"

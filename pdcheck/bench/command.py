@@ -19,7 +19,7 @@ from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig
 from pdcheck.bench.transport import preset
-from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput, PdcheckError
+from pdcheck.errors import EXIT_HAZARD, EXIT_OK, BadInput, PdcheckError, usage_error_types
 
 Opt = typer.Option
 
@@ -30,18 +30,7 @@ def _fail(msg: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _usage_errors() -> tuple[type[Exception], ...]:
-    """Usage-error classes of the click that typer runs on (recent typer vendors its own copy)."""
-    found: list[type[Exception]] = []
-    for mod in ("typer._click.exceptions", "click.exceptions"):
-        try:
-            found.append(__import__(mod, fromlist=["UsageError"]).UsageError)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(found)
-
-
-USAGE_ERRORS = _usage_errors()
+USAGE_ERRORS = usage_error_types()
 
 
 class _OneLineErrors(TyperCommand):
@@ -51,7 +40,7 @@ class _OneLineErrors(TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except USAGE_ERRORS as exc:
-            raise _fail(exc.format_message(), EXIT_BAD_INPUT) from None  # type: ignore[attr-defined]
+            raise _fail(exc.format_message(), exc.exit_code) from None  # type: ignore[attr-defined]
 
 
 def parse_list(flag: str, text: str) -> list[int]:
