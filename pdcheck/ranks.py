@@ -48,8 +48,8 @@ def _recv(conn: Connection) -> m.Msg:
 
 # ---------------------------------------------------------------------------------------------- prefill
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
-    quiet_nixl_env()
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
+    quiet_nixl_env(spec.host)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
@@ -81,14 +81,14 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
             own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
             # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
-            listeners.append(Listener(ctx, spec.host, ls.port, fmt, _replier(fmt, frames, own)))
+            listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, _replier(fmt, frames, own)))
     except Exception as exc:
         for lst in listeners:
             lst.close()
         ctx.destroy(0)
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    _send(conn, m.Serving(spec.tp_rank))
+    _send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
     inj = spec.inject
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
@@ -141,13 +141,16 @@ def _replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) 
 class RealIO:
     """HandshakeIO over a real REQ socket and a real NIXL agent."""
 
-    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache, rel: m.DRelease) -> None:
-        self.zctx, self.spec, self.agent, self.kv, self.rel = zctx, spec, agent, kv, rel
+    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache, rel: m.DRelease,
+                 go: m.Go) -> None:
+        self.zctx, self.spec, self.agent, self.kv, self.rel, self.go = zctx, spec, agent, kv, rel, go
         self.handles: dict[int, Any] = {}
 
     def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
         # D addresses P by its own era's port scheme; P may speak another era (cross-release pairs).
-        port = self.rel.p_base_port + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        layout = self.rel.p_base_port + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        # Only ports this run bound: a layout port no listener of ours serves goes to our silent port.
+        port = self.go.ports.get(layout, self.go.silent)
         return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:
@@ -170,8 +173,8 @@ def _verdict(o: Outcome) -> m.Verdict:
 
 
 def decode_main(conn: Connection, spec_bytes: bytes) -> None:
-    quiet_nixl_env()
     spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
+    quiet_nixl_env(spec.p_host)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
@@ -186,7 +189,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
     _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
-    if not isinstance(_recv(conn), m.Go):
+    go = _recv(conn)
+    if not isinstance(go, m.Go):
         return
     t1 = time.perf_counter()
     zctx = zmq.Context()
@@ -208,14 +212,14 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
             name = rel.name
             model = resolve(name)
             params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
-            io = RealIO(zctx, spec, agent, kv, rel)
+            io = RealIO(zctx, spec, agent, kv, rel, go)
             out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
             verdicts[name] = _verdict(out)
             if not spec.transfer:
                 continue
             if model is not CORRECTED and out.status in ("assert",):
                 # Show what the release would have delivered with its asserts stripped (python -O).
-                io = RealIO(zctx, spec, agent, kv, rel)
+                io = RealIO(zctx, spec, agent, kv, rel, go)
                 out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
                 bypassed[name] = _verdict(out)
             if out.status in ("ok", "silent"):
