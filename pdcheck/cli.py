@@ -87,30 +87,36 @@ def handshake(
     decode_engine_id: Annotated[str | None, Opt()] = None,
     prefill_base_port: Annotated[int | None, Opt(help="P side-channel base port (rank r listens on base + r).")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
+    max_tp: Annotated[int, Opt(help="Most ranks per side (one process each); up to 256.")] = 64,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
+    from pdcheck import bounds, report
     from pdcheck import handshake as hs
-    from pdcheck import report
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
     opts = dict(locals())
-    sc = load(scenario, _side_overrides(opts))
-    releases = resolve_many(vllm if vllm is not None else ",".join(sc.vllm))
+    # Every check before any process starts: flags, file, releases, port layout, device.
+    bounds.check_timeouts(hang_timeout, timeout)
+    bounds.check_max_tp(max_tp)
     if device not in ("cpu", "cuda"):
         raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
-    if hang_timeout <= 0 or timeout <= 0:
-        raise BadInput("--hang-timeout and --timeout must be positive")
+    sc = load(scenario, _side_overrides(opts), max_tp)
+    releases = (resolve_many(vllm) if vllm is not None
+                else resolve_many(",".join(sc.vllm), f"{sc.source}: vllm"))
+    hs.plan_ports(sc, releases)
+    inj = _parse_inject(inject or [], sc.prefill.tp_size)
+    bounds.check_device(device)
     rep = hs.run(sc, releases, hs.Options(
         device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-        inject=_parse_inject(inject or [])))
+        start_timeout_s=timeout, inject=inj))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:
         console = Console()
         report.render_matrix(rep, console)
         for e in rep.harness_errors:
-            console.print(f"[red]harness:[/] {e}")
+            console.print(f"[red]harness:[/] {escape(e)}")
         console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
                       "For the per-rank report (asserts, contacted ranks, transfer proof): --vllm <one release>[/]")
     else:
@@ -128,9 +134,11 @@ def smoke(
     hang_timeout: Annotated[float, Opt(help="Seconds before a reply-less handshake counts as a hang.")] = 2.0,
 ) -> None:
     """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
+    from pdcheck import bounds
     from pdcheck import handshake as hs
     from pdcheck import smoke as sm
 
+    bounds.check_timeouts(hang_timeout)
     rep = sm.run(directory, hs.Options(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
     if junit is not None:
         try:
@@ -146,20 +154,25 @@ def smoke(
     raise typer.Exit(rep.exit_code)
 
 
-def _parse_inject(items: list[str]) -> Any:
+def _parse_inject(items: list[str], p_tp: int) -> Any:
+    import re
+
     from pdcheck.messages import Inject
 
     die, mute, corrupt = [], [], []
+    num = re.compile(r"[0-9]{1,9}", re.ASCII)
     for item in items:
         parts = item.split(":")
         try:
+            if not all(num.fullmatch(x) for x in [parts[1][1:], *parts[2:]]) or int(parts[1][1:]) >= p_tp:
+                raise ValueError
             if parts[0] in ("die", "mute") and len(parts) == 2 and parts[1].startswith("P"):
                 (die if parts[0] == "die" else mute).append(int(parts[1][1:]))
             elif parts[0] == "corrupt" and len(parts) == 4 and parts[1].startswith("P"):
                 corrupt.append((int(parts[1][1:]), int(parts[2]), int(parts[3])))
             else:
                 raise ValueError
-        except ValueError:
+        except (ValueError, IndexError):
             raise BadInput(f"--inject: {item!r} is not die:P<r>, mute:P<r> or corrupt:P<r>:<region>:<block>") from None
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -139,7 +140,7 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
 def render_matrix(rep: Report, console: Console) -> None:
     """Rows are releases, columns decode ranks (a count summary when there are more than 8)."""
     wide = len(rep.decode_ranks) <= 8
-    table = Table(title=f"Version matrix: {rep.scenario}")
+    table = Table(title=f"Version matrix: {escape(rep.scenario)}")
     table.add_column("release", no_wrap=True)
     if wide:
         for d in rep.decode_ranks:
@@ -159,7 +160,7 @@ def render_matrix(rep: Report, console: Console) -> None:
 
 
 def render(rep: Report, console: Console) -> None:
-    console.print(f"[bold]pdcheck handshake[/] {rep.scenario} [dim]({rep.source}, device {rep.device})[/]")
+    console.print(f"[bold]pdcheck handshake[/] {escape(rep.scenario)} [dim]({escape(rep.source)}, device {rep.device})[/]")
     for side, sp in rep.num_blocks_spread.items():
         diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
         console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")
@@ -196,7 +197,7 @@ def render(rep: Report, console: Console) -> None:
             ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
         console.print(ht)
     for e in rep.harness_errors:
-        console.print(f"[red]harness:[/] {e}")
+        console.print(f"[red]harness:[/] {escape(e)}")
     for n, ok in rep.survives.items():
         console.print(f"vLLM {n}: " + ("[green]survives[/]" if ok else "[bold red]fails on this scenario[/]"))
     t = rep.timings
