@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from contextlib import ExitStack
 
@@ -14,7 +15,7 @@ from pdcheck import releases
 from pdcheck import report as rp
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.kvcache import engine_tag
-from pdcheck.launcher import Launcher, Rank, launcher
+from pdcheck.launcher import Launcher, Rank, how_it_ended, launcher
 from pdcheck.ranks import decode_main, prefill_main
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import ReleaseModel
@@ -199,8 +200,8 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str
         elif isinstance(msg, m.Failed):
             raise HarnessError(f"{rank.label} failed to start: {msg.error}")
         elif msg is None:
-            raise HarnessError(f"{rank.label} died during start-up (exit code {rank.proc.exitcode})")
-    raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s")
+            raise HarnessError(f"{rank.label} died during start-up: it {how_it_ended(rank.proc.exitcode)}")
+    raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s (start-up follows --timeout)")
 
 
 def _hold_the_rest(held: ExitStack, host: str, plan: PortPlan, bound: dict[int, int]) -> m.Go:
@@ -228,7 +229,8 @@ def _await_serving(lau: Launcher, p_ranks: dict[int, Rank], plan: PortPlan, time
         elif isinstance(msg, m.Failed):
             raise HarnessError(f"{rank.label} could not open its side channel: {msg.error}")
         elif msg is None:
-            raise HarnessError(f"{rank.label} died while opening its side channel (exit code {rank.proc.exitcode})")
+            raise HarnessError(f"{rank.label} died during start-up (opening its side channel): it "
+                               f"{how_it_ended(rank.proc.exitcode)}")
     raise HarnessError(f"{', '.join(sorted(pending))} not serving after {timeout_s:g} s")
 
 
@@ -242,23 +244,34 @@ def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], 
     next_ticket = 0
     deadline = time.monotonic() + opts.run_timeout_s
     everyone = [*p_ranks.values(), *d_ranks.values()]
+    phase = {r.label: "handshake" for r in everyone}  # -> "transfer" at the rank's first block-tag request
     for rank, msg in lau.events(everyone, deadline):
         if msg is None:
-            if rank.role == "D" and rank.tp_rank not in results:
-                harness.append(f"{rank.label} died before reporting (exit code {rank.proc.exitcode})")
-            elif rank.role == "P" and rank.tp_rank not in finals:
-                harness.append(f"{rank.label} died (exit code {rank.proc.exitcode})")
+            finished = rank.tp_rank in (results if rank.role == "D" else finals)
+            if finished:
+                continue
+            how = f"{rank.label} died during {phase[rank.label]}: it {how_it_ended(rank.proc.exitcode)}"
+            expected = rank.role == "P" and rank.tp_rank in opts.inject.die_p
+            if not expected:
+                # A rank nobody meant to kill: its sentinel fired now, so say so now, stop everything and
+                # report what the other ranks delivered (exit 3) instead of waiting for --timeout.
+                harness.append(how)
+                print(f"pdcheck: {how}; stopping the run", file=sys.stderr, flush=True)
+                break
+            harness.append(how)
             # A D rank waiting for tags from a dead P gets an answer so it can report the failed READ.
             for gid, (p_rank, d_rank, ticket) in list(owner.items()):
                 if rank.role == "P" and p_rank == rank.tp_rank:
                     d_rank.send(m.Tagged(ticket))
                     owner.pop(gid)
         elif isinstance(msg, m.TagReq):
+            phase[rank.label] = "transfer"
             target = p_ranks.get(msg.p_rank)
             if target is None or target.done:
                 rank.send(m.Tagged(msg.ticket))
             else:
                 next_ticket += 1
+                phase[target.label] = "transfer"
                 owner[next_ticket] = (msg.p_rank, rank, msg.ticket)
                 target.send(m.TagReq(next_ticket, msg.p_rank, msg.blocks))
         elif isinstance(msg, m.Tagged):

@@ -7,6 +7,8 @@ Every child is reaped on success, on error and on Ctrl-C (close() is idempotent 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from pdcheck import messages as m
+from pdcheck.errors import HarnessError
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks"]
 _CTX: mp.context.BaseContext | None = None
@@ -42,8 +45,10 @@ def stop_forkserver() -> None:
         if stop is not None:
             try:
                 stop()
-            except (OSError, ChildProcessError, ValueError):
-                pass  # already gone
+            except (OSError, ValueError):  # already gone (and reaped): forget it so a later run starts afresh
+                for attr in ("_forkserver_pid", "_forkserver_alive_fd", "_forkserver_address", "_pid", "_fd"):
+                    if hasattr(obj, attr):
+                        setattr(obj, attr, None)
     _CTX = None
 
 
@@ -68,7 +73,49 @@ class Rank:
     def died(self) -> str | None:
         if self.proc.is_alive():
             return None
-        return f"{self.label} exited with code {self.proc.exitcode}"
+        return f"{self.label} {how_it_ended(self.proc.exitcode)}"
+
+
+def how_it_ended(code: int | None) -> str:
+    """'killed by SIGKILL' / 'exited with code 17' for a process exit code."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def name_this_process(name: str) -> None:
+    """Set the kernel's name of this process (/proc/PID/comm, what ps and top show): 'pdcheck-D3'. Lets a
+    user (and the fault tests) tell the forked ranks apart; they all share the forkserver's command line."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def forkserver_alive() -> bool:
+    """The forkserver parents every rank; when it dies, the ranks' sentinels close although they may run on."""
+    pid = _forkserver_pid()
+    if pid is None:
+        return True
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
 
 
 class Launcher:
@@ -79,7 +126,15 @@ class Launcher:
         ctx = _context()
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
-        proc.start()
+        try:
+            proc.start()
+        except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
+            parent.close()
+            child.close()
+            stop_forkserver()
+            raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
+                               f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left running") \
+                from None
         child.close()
         rank = Rank(role, tp_rank, proc, parent)
         self.ranks.append(rank)
@@ -111,6 +166,8 @@ class Launcher:
                         continue
                     yield r, m.unpack(data)
                 elif not r.conn.poll():  # process ended and nothing left to read
+                    if not forkserver_alive():
+                        raise HarnessError("the rank forkserver died (killed?); every rank was stopped")
                     r.proc.join(0.5)
                     r.done = True
                     yield r, None

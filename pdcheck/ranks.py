@@ -20,6 +20,7 @@ from pdcheck import messages as m
 from pdcheck.engine import Outcome, Params, run
 from pdcheck.geometry import Geometry
 from pdcheck.kvcache import KVCache, engine_tag
+from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, descs_array, quiet_nixl_env
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
@@ -49,6 +50,7 @@ def _recv(conn: Connection) -> m.Msg:
 # ---------------------------------------------------------------------------------------------- prefill
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
+    name_this_process(f"pdcheck-P{spec.tp_rank}")
     quiet_nixl_env(spec.host)
     t0 = time.perf_counter()
     try:
@@ -89,9 +91,11 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
     _send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
+    name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
     inj = spec.inject
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
+    tagging = False
     poller = zmq.Poller()
     for lst in listeners:
         poller.register(lst.sock, zmq.POLLIN)
@@ -107,6 +111,9 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             if conn.fileno() in events:
                 msg = _recv(conn)
                 if isinstance(msg, m.TagReq):
+                    if not tagging:
+                        tagging = True
+                        name_this_process(f"pdcheck-P{spec.tp_rank}:xfer")
                     for region, blocks in msg.blocks.items():
                         if not 0 <= region < len(kv.views):
                             continue  # a D whose geometry differs asks for regions P does not have
@@ -174,6 +181,7 @@ def _verdict(o: Outcome) -> m.Verdict:
 
 def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
+    name_this_process(f"pdcheck-D{spec.tp_rank}")
     quiet_nixl_env(spec.p_host)
     t0 = time.perf_counter()
     try:
@@ -192,6 +200,7 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     go = _recv(conn)
     if not isinstance(go, m.Go):
         return
+    name_this_process(f"pdcheck-D{spec.tp_rank}:hs")
     t1 = time.perf_counter()
     zctx = zmq.Context()
     local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout, spec.device_id)
@@ -201,6 +210,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     ticket = [0]
 
     def tag(p_rank: int, blocks: dict[int, list[int]]) -> None:
+        if ticket[0] == 0:
+            name_this_process(f"pdcheck-D{spec.tp_rank}:xfer")
         ticket[0] += 1
         _send(conn, m.TagReq(ticket[0], p_rank, blocks))
         reply = _recv(conn)

@@ -155,11 +155,12 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
         if rank_bytes > b.MAX_RANK_BYTES:
             raise BadInput(f"{where}: {side}: {rank_bytes / 2**30:.4g} GiB of KV cache per rank (num_blocks x "
                            f"{g.block_len} B x {g.num_regions} regions); at most {b.MAX_RANK_BYTES >> 30} GiB")
-        touched = sc.transfer.requests * min(sc.transfer.blocks_per_request, max(inst.blocks())) \
+        work = sc.transfer.requests * min(sc.transfer.blocks_per_request, min(inst.blocks())) \
             * g.block_len * g.num_regions
-        if touched > b.MAX_TOUCHED_BYTES:
-            raise BadInput(f"{where}: transfer: requests x blocks_per_request touch {touched / 2**30:.4g} GiB per "
-                           f"{side} rank; at most {b.MAX_TOUCHED_BYTES >> 30} GiB (fewer requests or blocks)")
+        if work > b.MAX_PROOF_BYTES:
+            raise BadInput(f"{where}: transfer: requests x blocks_per_request make the transfer proof tag and check "
+                           f"{work / 2**30:.4g} GiB per {side} rank; at most {b.MAX_PROOF_BYTES >> 20} MiB "
+                           f"(fewer requests or blocks per request)")
         if inst.vllm is not None:
             resolve(inst.vllm, f"{where}: {side}.vllm")
     for v in sc.vllm:
