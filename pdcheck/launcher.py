@@ -70,6 +70,17 @@ class Rank:
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the rank is gone; its sentinel reports that
 
+    def running(self) -> bool:
+        """Still running, by pid, and still this rank (its /proc name), never a process that reused the pid."""
+        if not running(self.proc.pid):
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/comm", "rb") as f:
+                comm = f.read().strip()
+        except OSError:
+            return False
+        return self.proc.exitcode is None or comm.split(b":")[0] == f"pdcheck-{self.role}{self.tp_rank}".encode()
+
     def died(self) -> str | None:
         if self.proc.is_alive():
             return None
@@ -98,6 +109,17 @@ def name_this_process(name: str) -> None:
         libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
+
+
+def running(pid: int | None) -> bool:
+    """The process exists and is not a zombie (/proc: ranks and their forkserver run on Linux only)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def _forkserver_pid() -> int | None:
@@ -160,30 +182,48 @@ class Launcher:
                 if obj is r.conn:
                     try:
                         data = r.conn.recv_bytes()
-                    except (EOFError, OSError):
+                    except (EOFError, OSError):  # the pipe closed: the process is ending, learn how
+                        r.proc.join(1.0)
                         r.done = True
                         yield r, None
                         continue
                     yield r, m.unpack(data)
                 elif not r.conn.poll():  # process ended and nothing left to read
-                    if not forkserver_alive():
+                    # The forkserver reaps a rank before it writes the status and closes the sentinel, so a
+                    # closed sentinel with the rank still running means the forkserver itself is gone.
+                    if not forkserver_alive() or running(r.proc.pid):
                         raise HarnessError("the rank forkserver died (killed?); every rank was stopped")
                     r.proc.join(0.5)
                     r.done = True
                     yield r, None
 
     def close(self) -> None:
+        """Stop and reap every rank: SIGTERM, 3 s, SIGKILL. Signals go by pid whenever the rank still runs,
+        even when multiprocessing thinks it ended (its forkserver died and can no longer report it)."""
         for r in self.ranks:
-            if r.proc.is_alive():
-                r.proc.terminate()
+            if r.running():
+                _kill(r.proc.pid, signal.SIGTERM)
         t_end = time.monotonic() + 3.0
         for r in self.ranks:
-            r.proc.join(max(0.0, t_end - time.monotonic()))
-            if r.proc.is_alive():
-                r.proc.kill()
-                r.proc.join(2.0)
+            while r.running() and time.monotonic() < t_end:
+                r.proc.join(0.05)
+            if r.running():
+                _kill(r.proc.pid, signal.SIGKILL)
+                t_kill = time.monotonic() + 2.0
+                while r.running() and time.monotonic() < t_kill:
+                    r.proc.join(0.05)
+            r.proc.join(0.5)
             r.conn.close()
         self.ranks.clear()
+
+
+def _kill(pid: int | None, sig: int) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @contextmanager
