@@ -188,26 +188,33 @@ def _register_optional() -> None:
 _register_optional()
 
 
+def run(argv: list[str] | None = None) -> int:
+    """The CLI without the process-wide parts of main(): parse, run, map every outcome to an exit code with
+    at most one error line on stderr. The fuzz suite drives this in-process."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    try:
+        rc = app(argv, standalone_mode=False)  # typer returns the exit code here instead of raising it
+        return rc if isinstance(rc, int) else 0
+    except PdcheckError as exc:
+        err.print(f"[red]pdcheck: error:[/] {escape(one_line(str(exc)))}")
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except typer.Exit as exc:
+        return exc.exit_code
+    except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
+        err.print(f"[red]pdcheck: error:[/] {escape(one_line(exc.format_message()))}")  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    except typer.Abort:  # EOF on a prompt
+        return EXIT_INTERRUPTED
+
+
 def main() -> None:
     from pdcheck import lifecycle
 
     lifecycle.install_signal_handlers()
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        rc = app(standalone_mode=False)  # typer returns the exit code here instead of raising it
-        code = rc if isinstance(rc, int) else 0
-    except PdcheckError as exc:
-        err.print(f"[red]pdcheck: error:[/] {escape(one_line(str(exc)))}")
-        code = exc.exit_code
-    except KeyboardInterrupt:
-        code = EXIT_INTERRUPTED
-    except typer.Exit as exc:
-        code = exc.exit_code
-    except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
-        err.print(f"[red]pdcheck: error:[/] {escape(one_line(exc.format_message()))}")  # type: ignore[attr-defined]
-        code = exc.exit_code  # type: ignore[attr-defined]
-    except typer.Abort:  # EOF on a prompt
-        code = EXIT_INTERRUPTED
+        code = run()
     finally:
         lifecycle.shutdown()
     sys.exit(lifecycle.exit_code(code))
