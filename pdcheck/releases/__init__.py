@@ -66,7 +66,8 @@ def _parse(text: str, where: str = "--vllm") -> tuple[tuple[int, int, int], str]
     t = text.strip()
     m = _NUMBER.fullmatch(t)
     if not m:
-        raise BadInput(f"{where}: {t!r} is not a release number (expected e.g. 0.9.1)")
+        raise BadInput(f"{where}: {t!r} is not a release number (ASCII digits, e.g. 0.9.1; modelled: {_RANGE}, "
+                       f"corrected)")
     major, minor = int(m.group(1)), int(m.group(2))
     if m.group(3) is None:
         lines = _lines_of_minor(major, minor)
