@@ -8,9 +8,10 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from pdcheck.cliopts import scenario_flags
-from pdcheck.errors import BadInput, PdcheckError
+from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
 EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
@@ -43,6 +44,7 @@ def _version(value: bool) -> None:
 
         print(f"pdcheck {__version__}")
         raise typer.Exit(0)
+USAGE_ERRORS = usage_error_types()
 
 
 @app.callback()
@@ -53,7 +55,8 @@ def _root(
     """Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures."""
 
 
-def _logs_scenario(logs: tuple[Path, Path], overrides: dict[str, Any], dp_rank: int | None = None) -> Any:
+def _logs_scenario(logs: tuple[Path, Path], overrides: dict[str, Any], dp_rank: int | None = None,
+                   max_tp: int | None = None) -> Any:
     """(FromLogs, Scenario) for a pair of logs, flags merged in; the missing-field report goes to stderr."""
     from pdcheck import fromlogs
     from pdcheck.scenario import decode_scenario
@@ -61,7 +64,10 @@ def _logs_scenario(logs: tuple[Path, Path], overrides: dict[str, Any], dp_rank: 
     p_log, d_log = logs
     fl = fromlogs.from_files(p_log, d_log, dp_rank)
     fromlogs.require(fl, overrides, str(p_log), str(d_log))
-    sc = decode_scenario(fromlogs.scenario_doc(fl, overrides), f"scenario from {p_log} and {d_log}")
+    from pdcheck.bounds import MAX_TP
+
+    sc = decode_scenario(fromlogs.scenario_doc(fl, overrides), f"scenario from {p_log} and {d_log}",
+                         max_tp or MAX_TP)
     return fl, sc
 
 
@@ -107,13 +113,20 @@ def handshake(
                                                 help="A live P's side channel (e.g. pdcheck serve): no fake P; "
                                                      "its facts are probed.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
+    max_tp: Annotated[int, Opt(metavar="N", rich_help_panel=RUN,
+                                help="Most ranks per side (one process each); up to 256.")] = 64,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
+    from pdcheck import bounds, progress, report
     from pdcheck import handshake as hs
-    from pdcheck import progress, report
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
+    # Every check before any process starts: flags, file, releases, port layout, device.
+    bounds.check_timeouts(hang_timeout, timeout)
+    bounds.check_max_tp(max_tp)
+    if device not in ("cpu", "cuda"):
+        raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
     if from_logs is not None and scenario is not None:
         raise BadInput("give a scenario file or --from-logs, not both")
     if prefill_vllm is not None:
@@ -128,24 +141,25 @@ def handshake(
         if "num_blocks" not in p_over and "num_blocks" not in p_doc:
             overrides = {**overrides, "prefill": {**p_over, "num_blocks": 1}}  # the live P's counts are probed
     if from_logs is not None:
-        fl, sc = _logs_scenario(from_logs, overrides)
+        fl, sc = _logs_scenario(from_logs, overrides, max_tp=max_tp)
         _report_missing(fl, overrides)
     else:
-        sc = load(scenario, overrides)
-    releases = resolve_many(vllm if vllm is not None else ",".join(sc.vllm))
-    if device not in ("cpu", "cuda"):
-        raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
-    if hang_timeout <= 0 or timeout <= 0:
-        raise BadInput("--hang-timeout and --timeout must be positive")
+        sc = load(scenario, overrides, max_tp)
+    releases = (resolve_many(vllm) if vllm is not None
+                else resolve_many(",".join(sc.vllm), f"{sc.source}: vllm"))
     endpoint = None
     if prefill_endpoint is not None:
         from pdcheck.probe import parse_endpoint
 
         endpoint = parse_endpoint(prefill_endpoint, "--prefill-endpoint")
+    else:
+        hs.plan_ports(sc, releases)
+    inj = _parse_inject(inject or [], sc.prefill.tp_size)
+    bounds.check_device(device)
     with progress.stderr_progress(enabled=not json_out) as tick:
         rep = hs.run(sc, releases, hs.Options(
             device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-            inject=_parse_inject(inject or []), progress=tick, prefill_endpoint=endpoint,
+            start_timeout_s=timeout, inject=inj, progress=tick, prefill_endpoint=endpoint,
             prefill_tp_given=tp_given))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
@@ -153,7 +167,7 @@ def handshake(
         console = Console()
         report.render_matrix(rep, console)
         for e in rep.harness_errors:
-            console.print(f"[red]harness:[/] {e}")
+            console.print(f"[red]harness:[/] {escape(e)}")
         one = rep.fails[0] if rep.fails else rep.releases[0]
         console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
                       f"Per-rank asserts and transfer proof: --vllm {one}[/]")
@@ -223,9 +237,11 @@ def smoke(
                                        help="Seconds before a reply-less handshake counts as a hang.")] = 2.0,
 ) -> None:
     """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
+    from pdcheck import bounds
     from pdcheck import handshake as hs
     from pdcheck import smoke as sm
 
+    bounds.check_timeouts(hang_timeout)
     rep = sm.run(directory, hs.Options(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
     if junit is not None:
         try:
@@ -241,20 +257,25 @@ def smoke(
     raise typer.Exit(rep.exit_code)
 
 
-def _parse_inject(items: list[str]) -> Any:
+def _parse_inject(items: list[str], p_tp: int) -> Any:
+    import re
+
     from pdcheck.messages import Inject
 
     die, mute, corrupt = [], [], []
+    num = re.compile(r"[0-9]{1,9}", re.ASCII)
     for item in items:
         parts = item.split(":")
         try:
+            if not all(num.fullmatch(x) for x in [parts[1][1:], *parts[2:]]) or int(parts[1][1:]) >= p_tp:
+                raise ValueError
             if parts[0] in ("die", "mute") and len(parts) == 2 and parts[1].startswith("P"):
                 (die if parts[0] == "die" else mute).append(int(parts[1][1:]))
             elif parts[0] == "corrupt" and len(parts) == 4 and parts[1].startswith("P"):
                 corrupt.append((int(parts[1][1:]), int(parts[2]), int(parts[3])))
             else:
                 raise ValueError
-        except ValueError:
+        except (ValueError, IndexError):
             raise BadInput(f"--inject: {item!r} is not die:P<r>, mute:P<r> or corrupt:P<r>:<region>:<block>") from None
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
 
@@ -281,25 +302,33 @@ def _register_optional() -> None:
 _register_optional()
 
 
-def main() -> None:
+def run(argv: list[str] | None = None) -> int:
+    """The CLI without the process-wide parts of main(): parse, run, map every outcome to an exit code with
+    at most one error line on stderr. The fuzz suite drives this in-process."""
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
     try:
-        rc = app(standalone_mode=False)  # click returns the exit code here instead of raising it
-        sys.exit(rc if isinstance(rc, int) else 0)
+        rc = app(argv, standalone_mode=False)  # typer returns the exit code here instead of raising it
+        return rc if isinstance(rc, int) else 0
     except PdcheckError as exc:
-        Console(stderr=True).print(f"[red]pdcheck: error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
+        err.print(f"[red]pdcheck: error:[/] {escape(one_line(str(exc)))}")
+        return exc.exit_code
     except KeyboardInterrupt:
-        sys.exit(130)
+        return EXIT_INTERRUPTED
     except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except Exception as exc:  # usage errors arrive here with standalone_mode=False
-        import click
+        return exc.exit_code
+    except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
+        err.print(f"[red]pdcheck: error:[/] {escape(one_line(exc.format_message()))}")  # type: ignore[attr-defined]
+        return exc.exit_code  # type: ignore[attr-defined]
+    except typer.Abort:  # EOF on a prompt
+        return EXIT_INTERRUPTED
 
-        try:  # typer >= 0.29 vendors its own click; catch both
-            from typer._click.exceptions import ClickException as TyperClickException
-        except ImportError:
-            TyperClickException = click.exceptions.ClickException  # noqa: N806
-        if isinstance(exc, (click.exceptions.ClickException, TyperClickException)):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise
+
+def main() -> None:
+    from pdcheck import lifecycle
+
+    lifecycle.install_signal_handlers()
+    try:
+        code = run()
+    finally:
+        lifecycle.shutdown()
+    sys.exit(lifecycle.exit_code(code))

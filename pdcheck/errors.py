@@ -49,3 +49,21 @@ class NixlCallError(PdcheckError):
         self.context = context
         where = f" ({context})" if context else ""
         super().__init__(f"NIXL {op} failed{where}: {status}: {detail}")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT; SIGTERM gives 143, SIGHUP 129
+
+
+def usage_error_types() -> tuple[type[Exception], ...]:
+    """The ClickException classes of the click that typer runs on. typer >= 0.29 vendors its own copy
+    (typer._click) and no longer installs click; older typer depends on click. Nothing else is imported."""
+    found: list[type[Exception]] = []
+    for mod in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            found.append(__import__(mod, fromlist=["ClickException"]).ClickException)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(found)
+
+
+def one_line(text: str) -> str:
+    """Collapse a (possibly multi-line) message to the one line the exit-code contract promises."""
+    return " ".join(str(text).split())

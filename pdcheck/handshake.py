@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import msgspec
 import numpy as np
@@ -12,16 +14,18 @@ import numpy as np
 from pdcheck import messages as m
 from pdcheck import releases
 from pdcheck import report as rp
-from pdcheck.errors import HarnessError
+from pdcheck.errors import BadInput, HarnessError
 from pdcheck.kvcache import engine_tag
-from pdcheck.launcher import Launcher, Rank, launcher
+from pdcheck.launcher import Launcher, Rank, how_it_ended, launcher
 from pdcheck.ranks import decode_main, prefill_main
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Instance, Scenario
+from pdcheck.sidechannel import hold_silent
 from pdcheck.wire import FORMATS
 
 ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens from base_port + 100*k
+LAYOUT_BASE = 5557  # vLLM's default side-channel port: the layout D ranks address when no base_port is set
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,10 +71,56 @@ class Profile:
     base_port: int  # A-E: rank r listens on base + dp*tp + r; F-H: P rank 0 listens on base + dp
 
 
+@dataclasses.dataclass(frozen=True)
+class PortPlan:
+    """Side-channel ports in vLLM's layout (what a modelled release computes and contacts), and how this run
+    binds them. Default: every listener on a port the OS picks, so parallel runs never collide, and D ranks
+    are told the real port for each layout port. With an explicit prefill base_port the layout ports are
+    bound as they are. Either way every layout port a release may contact is held by pdcheck: the ones the
+    fake P does not serve are held silent (accepting, never answering), so the release's hang shows and no
+    other process on the machine can answer a D rank."""
+
+    listeners: dict[int, list[m.ListenerSpec]]  # P rank -> its listeners (layout port, bind port)
+    contacted: list[int]  # layout ports some release of this run may contact
+    fixed: bool  # explicit base_port: bind the layout ports themselves
+
+
+def _d_base(sc: Scenario, r: ReleaseModel, prof: Profile) -> int:
+    p = sc.prefill
+    wire = r.wire if r is not CORRECTED else prof.wire
+    return prof.base_port + (p.dp_rank * p.tp_size if FORMATS[wire].port_scheme == "per_rank" else p.dp_rank)
+
+
+def plan_ports(sc: Scenario, releases: list[ReleaseModel], where: str = "") -> PortPlan:
+    """Lay out every side-channel port of the run; BadInput if the layout leaves 1..65535 or overlaps.
+    Runs before any process starts."""
+    profiles = plan_profiles(sc, releases)
+    fixed = sc.prefill.base_port is not None
+    listeners = {r: _listeners(sc, profiles, r, fixed) for r in range(sc.prefill.tp_size)}
+    served = [ls.port for specs in listeners.values() for ls in specs]
+    where = where or sc.source or "command line"
+    if len(set(served)) != len(served):
+        raise BadInput(f"{where}: prefill.dp_rank {sc.prefill.dp_rank} x tp_size {sc.prefill.tp_size}: the side-channel "
+                       f"listeners of different releases would share ports (keep dp_rank * tp_size below "
+                       f"{ERA_PORT_SPAN - sc.prefill.tp_size})")
+    n = max(sc.prefill.tp_size, sc.decode.tp_size, sc.params_tp_size())
+    contacted: set[int] = set()
+    for r in [*releases, CORRECTED]:
+        base = _d_base(sc, r, profiles[r.name])
+        contacted.update(base + i for i in range(n))  # per-rank eras; base itself covers per-DP eras
+    top = max([*served, *contacted])
+    if top > 65535:
+        key = "prefill.base_port" if fixed else "prefill.dp_rank"
+        raise BadInput(f"{where}: {key}: the side-channel layout of {len(set(profiles.values()))} wire profile(s) "
+                       f"x {n} ranks needs ports up to {top}, past 65535 (lower it)")
+    return PortPlan(listeners, sorted(contacted), fixed)
+
+
 def plan_profiles(sc: Scenario, releases: list[ReleaseModel]) -> dict[str, Profile]:
     """Release name -> P profile. P speaks the modelled release, or its own (prefill.vllm) in cross-release pairs.
     Distinct profiles get distinct ports: profile k listens from base_port + 100*k."""
     p_own = resolve(sc.prefill.vllm) if sc.prefill.vllm else None
+    p_base = sc.prefill.base_port if sc.prefill.base_port is not None else LAYOUT_BASE
     keys: list[tuple[str, str | None]] = []
     out: dict[str, Profile] = {}
     for r in [*releases, CORRECTED]:
@@ -78,11 +128,11 @@ def plan_profiles(sc: Scenario, releases: list[ReleaseModel]) -> dict[str, Profi
         key = (served.wire, compat_hash_for(served, sc.prefill))
         if key not in keys:
             keys.append(key)
-        out[r.name] = Profile(key[0], key[1], sc.prefill.base_port + ERA_PORT_SPAN * keys.index(key))
+        out[r.name] = Profile(key[0], key[1], p_base + ERA_PORT_SPAN * keys.index(key))
     return out
 
 
-def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int) -> list[m.ListenerSpec]:
+def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int, fixed: bool) -> list[m.ListenerSpec]:
     p = sc.prefill
     seen: set[int] = set()
     out: list[m.ListenerSpec] = []
@@ -91,11 +141,11 @@ def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int) -> list
             continue
         seen.add(prof.base_port)
         if FORMATS[prof.wire].port_scheme == "per_rank":
-            out.append(m.ListenerSpec(prof.wire, prof.base_port + p.dp_rank * p.tp_size + tp_rank, prof.compat_hash,
-                                      [tp_rank]))
+            port = prof.base_port + p.dp_rank * p.tp_size + tp_rank
+            out.append(m.ListenerSpec(prof.wire, port, prof.compat_hash, [tp_rank], port if fixed else 0))
         elif tp_rank == 0:  # the scheduler's listener serves every TP rank of its DP rank
-            out.append(m.ListenerSpec(prof.wire, prof.base_port + p.dp_rank, prof.compat_hash,
-                                      list(range(p.tp_size))))
+            port = prof.base_port + p.dp_rank
+            out.append(m.ListenerSpec(prof.wire, port, prof.compat_hash, list(range(p.tp_size)), port if fixed else 0))
     return out
 
 
@@ -106,17 +156,16 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         return live.run(sc, releases, opts, *opts.prefill_endpoint)
     t0 = time.perf_counter()
     profiles = plan_profiles(sc, releases)
+    ports = plan_ports(sc, releases)
     requests = make_requests(sc)
     p, d = sc.prefill, sc.decode
     harness: list[str] = []
 
     def d_release(r: ReleaseModel) -> m.DRelease:
         prof = profiles[r.name]
-        base = prof.base_port + (p.dp_rank * p.tp_size if FORMATS[r.wire if r is not CORRECTED else prof.wire]
-                                 .port_scheme == "per_rank" else p.dp_rank)
-        return m.DRelease(r.name, base, prof.wire, compat_hash_for(r, d))
+        return m.DRelease(r.name, _d_base(sc, r, prof), prof.wire, compat_hash_for(r, d))
 
-    with launcher() as lau:
+    with launcher() as lau, ExitStack() as held:
         p_ranks = {
             r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
@@ -137,11 +186,12 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         ready = _await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
         values = {r: ready[f"P rank {r}"][1] for r in p_ranks}
         for r, rank in p_ranks.items():
-            rank.send(m.Serve(_listeners(sc, profiles, r), values))
-        _await_serving(lau, list(p_ranks.values()), opts.start_timeout_s, opts.progress)
+            rank.send(m.Serve(ports.listeners[r], values))
+        bound = _await_serving(lau, p_ranks, ports, opts.start_timeout_s, opts.progress)
+        go = _hold_the_rest(held, p.host, ports, bound)
         t_ready = time.perf_counter()
         for rank in d_ranks.values():
-            rank.send(m.Go())
+            rank.send(go)
         results, p_final = _collect(lau, p_ranks, d_ranks, opts, harness)
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
@@ -164,24 +214,40 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float,
         elif isinstance(msg, m.Failed):
             raise HarnessError(f"{rank.label} failed to start: {msg.error}")
         elif msg is None:
-            raise HarnessError(f"{rank.label} died during start-up (exit code {rank.proc.exitcode})")
-    raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s")
+            raise HarnessError(f"{rank.label} died during start-up: it {how_it_ended(rank.proc.exitcode)}")
+    raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s (start-up follows --timeout)")
 
 
-def _await_serving(lau: Launcher, ranks: list[Rank], timeout_s: float,
-                   tick: Callable[[str, int, int], None] | None = None) -> None:
+def _hold_the_rest(held: ExitStack, host: str, plan: PortPlan, bound: dict[int, int]) -> m.Go:
+    """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port."""
+    ports = dict(bound)
+    catch_all = held.enter_context(hold_silent(host, 0))
+    for layout in plan.contacted:
+        if layout not in ports:
+            ports[layout] = held.enter_context(hold_silent(host, layout)).getsockname()[1] if plan.fixed \
+                else catch_all.getsockname()[1]
+    return m.Go(ports, catch_all.getsockname()[1])
+
+
+def _await_serving(lau: Launcher, p_ranks: dict[int, Rank], plan: PortPlan, timeout_s: float,
+                   tick: Callable[[str, int, int], None] | None = None) -> dict[int, int]:
+    """Wait until every P rank listens; layout port -> the port really bound."""
+    ranks = list(p_ranks.values())
     pending = {r.label for r in ranks}
+    bound: dict[int, int] = {}
     for rank, msg in lau.events(ranks, time.monotonic() + timeout_s):
         if isinstance(msg, m.Serving):
             pending.discard(rank.label)
             if tick:
                 tick("side channels", len(ranks) - len(pending), len(ranks))
+            bound.update(zip([ls.port for ls in plan.listeners[rank.tp_rank]], msg.ports, strict=True))
             if not pending:
-                return
+                return bound
         elif isinstance(msg, m.Failed):
             raise HarnessError(f"{rank.label} could not open its side channel: {msg.error}")
         elif msg is None:
-            raise HarnessError(f"{rank.label} died while opening its side channel (exit code {rank.proc.exitcode})")
+            raise HarnessError(f"{rank.label} died during start-up (opening its side channel): it "
+                               f"{how_it_ended(rank.proc.exitcode)}")
     raise HarnessError(f"{', '.join(sorted(pending))} not serving after {timeout_s:g} s")
 
 
@@ -195,23 +261,34 @@ def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], 
     next_ticket = 0
     deadline = time.monotonic() + opts.run_timeout_s
     everyone = [*p_ranks.values(), *d_ranks.values()]
+    phase = {r.label: "handshake" for r in everyone}  # -> "transfer" at the rank's first block-tag request
     for rank, msg in lau.events(everyone, deadline):
         if msg is None:
-            if rank.role == "D" and rank.tp_rank not in results:
-                harness.append(f"{rank.label} died before reporting (exit code {rank.proc.exitcode})")
-            elif rank.role == "P" and rank.tp_rank not in finals:
-                harness.append(f"{rank.label} died (exit code {rank.proc.exitcode})")
+            finished = rank.tp_rank in (results if rank.role == "D" else finals)
+            if finished:
+                continue
+            how = f"{rank.label} died during {phase[rank.label]}: it {how_it_ended(rank.proc.exitcode)}"
+            expected = rank.role == "P" and rank.tp_rank in opts.inject.die_p
+            if not expected:
+                # A rank nobody meant to kill: its sentinel fired now, so say so now, stop everything and
+                # report what the other ranks delivered (exit 3) instead of waiting for --timeout.
+                harness.append(how)
+                print(f"pdcheck: {how}; stopping the run", file=sys.stderr, flush=True)
+                break
+            harness.append(how)
             # A D rank waiting for tags from a dead P gets an answer so it can report the failed READ.
             for gid, (p_rank, d_rank, ticket) in list(owner.items()):
                 if rank.role == "P" and p_rank == rank.tp_rank:
                     d_rank.send(m.Tagged(ticket))
                     owner.pop(gid)
         elif isinstance(msg, m.TagReq):
+            phase[rank.label] = "transfer"
             target = p_ranks.get(msg.p_rank)
             if target is None or target.done:
                 rank.send(m.Tagged(msg.ticket))
             else:
                 next_ticket += 1
+                phase[target.label] = "transfer"
                 owner[next_ticket] = (msg.p_rank, rank, msg.ticket)
                 target.send(m.TagReq(next_ticket, msg.p_rank, msg.blocks))
         elif isinstance(msg, m.Tagged):

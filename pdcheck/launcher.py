@@ -7,6 +7,8 @@ Every child is reaped on success, on error and on Ctrl-C (close() is idempotent 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -15,6 +17,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 
 from pdcheck import messages as m
+from pdcheck.errors import HarnessError
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks"]
 _CTX: mp.context.BaseContext | None = None
@@ -27,6 +30,26 @@ def _context() -> mp.context.BaseContext:
         ctx.set_forkserver_preload(_PRELOAD)
         _CTX = ctx
     return _CTX
+
+
+def stop_forkserver() -> None:
+    """Stop the forkserver (and with it the rank processes it still parents) and the resource tracker.
+    Uses the stdlib's own stop hooks; a later run starts fresh ones."""
+    global _CTX
+    if _CTX is None:
+        return
+    from multiprocessing import forkserver, resource_tracker
+
+    for obj in (getattr(forkserver, "_forkserver", None), getattr(resource_tracker, "_resource_tracker", None)):
+        stop = getattr(obj, "_stop", None)
+        if stop is not None:
+            try:
+                stop()
+            except (OSError, ValueError):  # already gone (and reaped): forget it so a later run starts afresh
+                for attr in ("_forkserver_pid", "_forkserver_alive_fd", "_forkserver_address", "_pid", "_fd"):
+                    if hasattr(obj, attr):
+                        setattr(obj, attr, None)
+    _CTX = None
 
 
 @dataclass
@@ -47,10 +70,74 @@ class Rank:
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the rank is gone; its sentinel reports that
 
+    def running(self) -> bool:
+        """Still running, by pid, and still this rank (its /proc name), never a process that reused the pid."""
+        if not running(self.proc.pid):
+            return False
+        try:
+            with open(f"/proc/{self.proc.pid}/comm", "rb") as f:
+                comm = f.read().strip()
+        except OSError:
+            return False
+        return self.proc.exitcode is None or comm.split(b":")[0] == f"pdcheck-{self.role}{self.tp_rank}".encode()
+
     def died(self) -> str | None:
         if self.proc.is_alive():
             return None
-        return f"{self.label} exited with code {self.proc.exitcode}"
+        return f"{self.label} {how_it_ended(self.proc.exitcode)}"
+
+
+def how_it_ended(code: int | None) -> str:
+    """'killed by SIGKILL' / 'exited with code 17' for a process exit code."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def name_this_process(name: str) -> None:
+    """Set the kernel's name of this process (/proc/PID/comm, what ps and top show): 'pdcheck-D3'. Lets a
+    user (and the fault tests) tell the forked ranks apart; they all share the forkserver's command line."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass
+
+
+def running(pid: int | None) -> bool:
+    """The process exists and is not a zombie (/proc: ranks and their forkserver run on Linux only)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _forkserver_pid() -> int | None:
+    from multiprocessing import forkserver
+
+    return getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
+
+
+def forkserver_alive() -> bool:
+    """The forkserver parents every rank; when it dies, the ranks' sentinels close although they may run on."""
+    pid = _forkserver_pid()
+    if pid is None:
+        return True
+    try:
+        done, _status = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return False
+    return done == 0
 
 
 class Launcher:
@@ -61,7 +148,15 @@ class Launcher:
         ctx = _context()
         parent, child = ctx.Pipe(duplex=True)
         proc = ctx.Process(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
-        proc.start()
+        try:
+            proc.start()
+        except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
+            parent.close()
+            child.close()
+            stop_forkserver()
+            raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
+                               f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left running") \
+                from None
         child.close()
         rank = Rank(role, tp_rank, proc, parent)
         self.ranks.append(rank)
@@ -87,28 +182,48 @@ class Launcher:
                 if obj is r.conn:
                     try:
                         data = r.conn.recv_bytes()
-                    except (EOFError, OSError):
+                    except (EOFError, OSError):  # the pipe closed: the process is ending, learn how
+                        r.proc.join(1.0)
                         r.done = True
                         yield r, None
                         continue
                     yield r, m.unpack(data)
                 elif not r.conn.poll():  # process ended and nothing left to read
+                    # The forkserver reaps a rank before it writes the status and closes the sentinel, so a
+                    # closed sentinel with the rank still running means the forkserver itself is gone.
+                    if not forkserver_alive() or running(r.proc.pid):
+                        raise HarnessError("the rank forkserver died (killed?); every rank was stopped")
                     r.proc.join(0.5)
                     r.done = True
                     yield r, None
 
     def close(self) -> None:
+        """Stop and reap every rank: SIGTERM, 3 s, SIGKILL. Signals go by pid whenever the rank still runs,
+        even when multiprocessing thinks it ended (its forkserver died and can no longer report it)."""
         for r in self.ranks:
-            if r.proc.is_alive():
-                r.proc.terminate()
+            if r.running():
+                _kill(r.proc.pid, signal.SIGTERM)
         t_end = time.monotonic() + 3.0
         for r in self.ranks:
-            r.proc.join(max(0.0, t_end - time.monotonic()))
-            if r.proc.is_alive():
-                r.proc.kill()
-                r.proc.join(2.0)
+            while r.running() and time.monotonic() < t_end:
+                r.proc.join(0.05)
+            if r.running():
+                _kill(r.proc.pid, signal.SIGKILL)
+                t_kill = time.monotonic() + 2.0
+                while r.running() and time.monotonic() < t_kill:
+                    r.proc.join(0.05)
+            r.proc.join(0.5)
             r.conn.close()
         self.ranks.clear()
+
+
+def _kill(pid: int | None, sig: int) -> None:
+    if pid is None:
+        return
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 @contextmanager

@@ -38,9 +38,10 @@ class ListenerSpec(msgspec.Struct, frozen=True):
     """One side-channel listener a P rank opens: A-E one per rank, F-H one per DP rank (on P rank 0)."""
 
     wire: str
-    port: int
+    port: int  # where the modelled release puts it (vLLM's layout); D ranks address it by this number
     compat_hash: str | None
     ranks: list[int]  # whose metadata it serves
+    bind_port: int = 0  # what the P rank binds: 0 = a port the OS picks (default), else `port` (explicit base_port)
 
 
 class DRelease(msgspec.Struct, frozen=True):
@@ -87,6 +88,7 @@ class Serve(msgspec.Struct, tag=True):
 
 class Serving(msgspec.Struct, tag=True):
     tp_rank: int
+    ports: list[int] = []  # the port each listener really bound, in Serve.listeners order
 
 
 class Failed(msgspec.Struct, tag=True):
@@ -95,7 +97,11 @@ class Failed(msgspec.Struct, tag=True):
 
 
 class Go(msgspec.Struct, tag=True):
-    pass
+    """Start the handshakes. `ports` maps every layout port a release may contact to the port pdcheck really
+    bound for it in this run; anything else goes to `silent`, a port pdcheck holds that never answers."""
+
+    ports: dict[int, int] = {}
+    silent: int = 0
 
 
 class TagReq(msgspec.Struct, tag=True):

@@ -72,8 +72,10 @@ class Agent:
             params["ucx_error_handling_mode"] = error_mode
         if engine_config:
             params["engine_config"] = engine_config
+        # No listen thread: metadata travels over pdcheck's own side channel, never NIXL's TCP listener.
         cfg = nixl_agent_config(
-            enable_prog_thread=progress_thread, backends=[], capture_telemetry=telemetry
+            enable_prog_thread=progress_thread, enable_listen_thread=False, backends=[],
+            capture_telemetry=telemetry,
         )
         self._a = _call("create agent", name, nixl_agent, name, cfg)
         _call("create backend UCX", name, self._a.create_backend, "UCX", params)
@@ -139,9 +141,31 @@ class Agent:
         return {(k.decode() if isinstance(k, bytes) else str(k)): list(v) for k, v in got.items()}
 
 
-def quiet_nixl_env() -> None:
+def confine_ucx(host: str) -> None:
+    """UCX's TCP transport listens on every network device (seen on eth0): with a loopback side channel,
+    keep it on `lo` too. Read when the agent creates its UCX context, so this runs before Agent().
+    A non-loopback --host leaves UCX its own device choice (the user asked for the network)."""
+    if is_loopback(host):
+        os.environ["UCX_NET_DEVICES"] = "lo"
+
+
+def is_loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def quiet_nixl_env(host: str = "127.0.0.1") -> None:
     """Called first in rank processes: stdout belongs to the launcher's report (--json), so rank output
-    goes to stderr, and NIXL's per-agent INFO lines are dropped."""
+    goes to stderr, and NIXL's per-agent INFO lines are dropped. A terminal Ctrl-C reaches the whole
+    process group: ranks ignore it and let the parent stop them in order."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    confine_ucx(host)
     os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
     os.dup2(2, 1)
     for name in list(logging.root.manager.loggerDict):

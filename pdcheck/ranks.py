@@ -21,6 +21,7 @@ from pdcheck import messages as m
 from pdcheck.engine import Outcome, Params, run
 from pdcheck.geometry import Geometry
 from pdcheck.kvcache import KVCache, engine_tag
+from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, descs_array, quiet_nixl_env
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
@@ -49,11 +50,12 @@ def _recv(conn: Connection) -> m.Msg:
 
 # ---------------------------------------------------------------------------------------------- prefill
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
-    quiet_nixl_env()
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
     if spec.log_requests:
         # `pdcheck serve`: Ctrl-C reaches the whole process group; the parent stops the ranks in order.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    name_this_process(f"pdcheck-P{spec.tp_rank}")
+    quiet_nixl_env(spec.host)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
@@ -91,17 +93,19 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
             # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
             log = _request_log(ls) if spec.log_requests else None
-            listeners.append(Listener(ctx, spec.host, ls.port, fmt, _replier(fmt, frames, own), log))
+            listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, _replier(fmt, frames, own), log))
     except Exception as exc:
         for lst in listeners:
             lst.close()
         ctx.destroy(0)
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    _send(conn, m.Serving(spec.tp_rank))
+    _send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
+    name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
     inj = spec.inject
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
+    tagging = False
     poller = zmq.Poller()
     for lst in listeners:
         poller.register(lst.sock, zmq.POLLIN)
@@ -121,6 +125,9 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             if conn.fileno() in events:
                 msg = _recv(conn)
                 if isinstance(msg, m.TagReq):
+                    if not tagging:
+                        tagging = True
+                        name_this_process(f"pdcheck-P{spec.tp_rank}:xfer")
                     for region, blocks in msg.blocks.items():
                         if not 0 <= region < len(kv.views):
                             continue  # a D whose geometry differs asks for regions P does not have
@@ -176,13 +183,17 @@ def _replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) 
 class RealIO:
     """HandshakeIO over a real REQ socket and a real NIXL agent."""
 
-    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache, rel: m.DRelease) -> None:
-        self.zctx, self.spec, self.agent, self.kv, self.rel = zctx, spec, agent, kv, rel
+    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache, rel: m.DRelease,
+                 go: m.Go) -> None:
+        self.zctx, self.spec, self.agent, self.kv, self.rel, self.go = zctx, spec, agent, kv, rel, go
         self.handles: dict[int, Any] = {}
 
     def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
         # D addresses P by its own era's port scheme; P may speak another era (cross-release pairs).
-        port = self.rel.p_base_port + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        layout = self.rel.p_base_port + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        # Only ports this run bound: a layout port no listener of ours serves goes to our silent port. Against a
+        # live P (--prefill-endpoint) the user named the instance, and its layout ports are its real ports.
+        port = layout if self.spec.live else self.go.ports.get(layout, self.go.silent)
         return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:
@@ -205,8 +216,9 @@ def _verdict(o: Outcome) -> m.Verdict:
 
 
 def decode_main(conn: Connection, spec_bytes: bytes) -> None:
-    quiet_nixl_env()
     spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
+    name_this_process(f"pdcheck-D{spec.tp_rank}")
+    quiet_nixl_env(spec.p_host)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
@@ -221,8 +233,10 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
     _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
-    if not isinstance(_recv(conn), m.Go):
+    go = _recv(conn)
+    if not isinstance(go, m.Go):
         return
+    name_this_process(f"pdcheck-D{spec.tp_rank}:hs")
     t1 = time.perf_counter()
     zctx = zmq.Context()
     local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout, spec.device_id)
@@ -232,6 +246,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     ticket = [0]
 
     def tag(p_rank: int, blocks: dict[int, list[int]]) -> None:
+        if ticket[0] == 0:
+            name_this_process(f"pdcheck-D{spec.tp_rank}:xfer")
         ticket[0] += 1
         _send(conn, m.TagReq(ticket[0], p_rank, blocks))
         reply = _recv(conn)
@@ -243,14 +259,14 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
             name = rel.name
             model = resolve(name)
             params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
-            io = RealIO(zctx, spec, agent, kv, rel)
+            io = RealIO(zctx, spec, agent, kv, rel, go)
             out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
             verdicts[name] = _verdict(out)
             if not spec.transfer:
                 continue
             if model is not CORRECTED and out.status in ("assert",):
                 # Show what the release would have delivered with its asserts stripped (python -O).
-                io = RealIO(zctx, spec, agent, kv, rel)
+                io = RealIO(zctx, spec, agent, kv, rel, go)
                 out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
                 bypassed[name] = _verdict(out)
             if out.status in ("ok", "silent"):

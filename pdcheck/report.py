@@ -7,6 +7,7 @@ import re
 import msgspec
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
@@ -209,7 +210,7 @@ def summary(rep: Report) -> str:
 
 def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Table, set[str]]:
     per_rank = len(rep.decode_ranks) <= 16
-    table = Table(title=f"Version matrix: {rep.scenario}", box=box.SIMPLE_HEAD, pad_edge=False,
+    table = Table(title=f"Version matrix: {escape(rep.scenario)}", box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False)
     table.add_column("release", no_wrap=True)
     if per_rank:
@@ -244,7 +245,7 @@ def render_matrix(rep: Report, console: Console) -> None:
 
 
 def render(rep: Report, console: Console) -> None:
-    console.print(f"[bold]pdcheck handshake[/] {rep.scenario} [dim]({rep.source}, device {rep.device})[/]")
+    console.print(f"[bold]pdcheck handshake[/] {escape(rep.scenario)} [dim]({escape(rep.source)}, device {rep.device})[/]")
     if rep.live is not None:
         lv = rep.live
         console.print(f"  live prefill {lv.endpoint}: vLLM {lv.prefill_release} (era {lv.prefill_wire}), "
@@ -290,7 +291,7 @@ def render(rep: Report, console: Console) -> None:
             ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
         console.print(ht)
     for e in rep.harness_errors:
-        console.print(f"[red]harness:[/] {e}")
+        console.print(f"[red]harness:[/] {escape(e)}")
     for n, ok in rep.survives.items():
         console.print(f"vLLM {n}: " + ("[green]survives[/]" if ok else "[bold red]fails on this scenario[/]"))
     t = rep.timings

@@ -13,35 +13,50 @@ from typing import Annotated, Any, Literal
 import msgspec
 import tomllib
 
+from pdcheck import bounds as b
 from pdcheck.errors import BadInput
 from pdcheck.geometry import DTYPE_BYTES, Geometry
 
 Pos = Annotated[int, msgspec.Meta(ge=1)]
 NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+Port = Annotated[int, msgspec.Meta(ge=b.MIN_BASE_PORT, le=65535)]
 Status = Literal["ok", "assert", "silent", "error", "hang"]
+# Bounds (pdcheck/bounds.py, README "Input bounds"): checked while decoding, so a flag gets the same check.
+Tp = Annotated[int, msgspec.Meta(ge=1, le=b.HARD_MAX_TP)]
+Blocks = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_NUM_BLOCKS)]
+BlockSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_BLOCK_SIZE)]
+Layers = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_LAYERS)]
+Heads = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_KV_HEADS)]
+HeadDim = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_HEAD_DIM)]
+DpRank = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DP_RANK)]
+DeviceId = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DEVICE_ID)]
+# Names travel into NIXL agent names, the wire and reports: printable ASCII, bounded.
+Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
+Text = Annotated[str, msgspec.Meta(max_length=256, pattern=r"^[^\x00-\x1f\x7f]*$")]
+Word = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$")]
 
 LAYOUTS = ("NHD", "HND", "LBHNC", "LBNHC", "LHBNC", "BLHNC", "BLNHC", "BHLNC")
 
 
 class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    engine_id: str
-    tp_size: Pos = 1
-    num_blocks: Pos | list[Pos]
-    block_size: Pos = 16
-    layers: Pos = 1
-    kv_heads: Pos = 8
-    head_dim: Pos = 128
-    dtype: str = "bfloat16"
-    kv_cache_layout: str = "HND"
-    attn_backend: str = "FLASH_ATTN_VLLM_V1"
+    engine_id: Ident
+    tp_size: Tp = 1
+    num_blocks: Blocks | Annotated[list[Blocks], msgspec.Meta(max_length=b.HARD_MAX_TP)]
+    block_size: BlockSize = 16
+    layers: Layers = 1
+    kv_heads: Heads = 8
+    head_dim: HeadDim = 128
+    dtype: Word = "bfloat16"
+    kv_cache_layout: Word = "HND"
+    attn_backend: Word = "FLASH_ATTN_VLLM_V1"
     use_mla: bool = False
-    host: str = "127.0.0.1"
-    base_port: Port = 5557
-    dp_rank: NonNeg = 0
-    device_ids: list[NonNeg] | None = None  # GPU index per TP rank; default: the TP rank (one GPU per rank)
-    model: str = "pdcheck/fake-model"
-    vllm: str | None = None  # this instance's own release, for cross-release pairs
+    host: Annotated[str, msgspec.Meta(max_length=64)] = "127.0.0.1"
+    base_port: Port | None = None  # None: ports the OS picks; set: vLLM's layout from here (prefill side)
+    dp_rank: DpRank = 0
+    # GPU index per TP rank; default: the TP rank (one GPU per rank)
+    device_ids: Annotated[list[DeviceId], msgspec.Meta(max_length=b.HARD_MAX_TP)] | None = None
+    model: Text = "pdcheck/fake-model"
+    vllm: Word | None = None  # this instance's own release, for cross-release pairs
 
     def blocks(self) -> list[int]:
         nb = self.num_blocks
@@ -61,27 +76,29 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class TransferParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """What the proxy hands D in kv_transfer_params (reference §2)."""
 
-    remote_engine_id: str | None = None  # default: the prefill engine id
-    tp_size: Pos | None = None  # default: the prefill TP size, as 0.9.2+ P sends it
+    remote_engine_id: Ident | None = None  # default: the prefill engine id
+    tp_size: Tp | None = None  # default: the prefill TP size, as 0.9.2+ P sends it
     omit_tp_size: bool = False  # a proxy that drops the key: D then reads tp_size=1
 
 
 class TransferSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    requests: Pos = 2
-    blocks_per_request: Pos = 32
-    seed: int = 0
+    requests: Annotated[int, msgspec.Meta(ge=1, le=b.MAX_REQUESTS)] = 2
+    blocks_per_request: Annotated[int, msgspec.Meta(ge=1, le=b.MAX_BLOCKS_PER_REQUEST)] = 32
+    seed: Annotated[int, msgspec.Meta(ge=0, le=b.MAX_SEED)] = 0
 
 
 class Scenario(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    name: str = "cli"
-    description: str = ""
-    vllm: list[str] = msgspec.field(default_factory=lambda: ["0.9.1"])
+    name: Text = "cli"
+    description: Annotated[str, msgspec.Meta(max_length=16384)] = ""
+    vllm: Annotated[list[Word], msgspec.Meta(max_length=b.MAX_RELEASES)] = msgspec.field(
+        default_factory=lambda: ["0.9.1"])
     prefill: Instance
     decode: Instance
     kv_transfer_params: TransferParams = msgspec.field(default_factory=TransferParams)
     transfer: TransferSpec = msgspec.field(default_factory=TransferSpec)
     # Expected outcome per release: one status for every decode rank, or a list per rank.
-    expect: dict[str, Status | list[Status]] = msgspec.field(default_factory=dict)
+    expect: Annotated[dict[Word, Status | list[Status]], msgspec.Meta(max_length=b.MAX_RELEASES)] = msgspec.field(
+        default_factory=dict)
     source: str = ""  # the file it came from (filled in by load)
 
     def remote_engine_id(self) -> str:
@@ -107,9 +124,14 @@ def _friendly(exc: msgspec.ValidationError) -> tuple[str, str]:
     return path, msg
 
 
-def _validate(sc: Scenario, where: str) -> None:
+def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
+    from pdcheck.releases import CORRECTED, resolve
+
     for side in ("prefill", "decode"):
         inst: Instance = getattr(sc, side)
+        if inst.tp_size > max_tp:
+            raise BadInput(f"{where}: {side}.tp_size: {inst.tp_size} ranks; at most {max_tp} per side "
+                           f"(one process each; --max-tp raises it up to {b.HARD_MAX_TP})")
         nb = inst.num_blocks
         if isinstance(nb, list) and len(nb) != inst.tp_size:
             raise BadInput(
@@ -124,11 +146,28 @@ def _validate(sc: Scenario, where: str) -> None:
             raise BadInput(
                 f"{where}: {side}.kv_cache_layout: expected one of {', '.join(LAYOUTS)}, got {inst.kv_cache_layout!r}"
             )
-        top = inst.base_port + inst.dp_rank * inst.tp_size + inst.tp_size - 1
-        if top > 65535:
-            raise BadInput(f"{where}: {side}.base_port: {inst.base_port} + ranks runs past port 65535")
-        if not inst.engine_id:
-            raise BadInput(f"{where}: {side}.engine_id: must not be empty")
+        b.check_host(where, f"{side}.host", inst.host)
+        g = inst.geometry()
+        if g.block_len % 16:
+            raise BadInput(f"{where}: {side}: a block of {g.block_len} B (block_size x heads per rank x head_dim x "
+                           f"dtype) is not a multiple of 16 B, the cell pdcheck tags blocks with")
+        rank_bytes = max(inst.blocks()) * g.block_len * g.num_regions
+        if rank_bytes > b.MAX_RANK_BYTES:
+            raise BadInput(f"{where}: {side}: {rank_bytes / 2**30:.4g} GiB of KV cache per rank (num_blocks x "
+                           f"{g.block_len} B x {g.num_regions} regions); at most {b.MAX_RANK_BYTES >> 30} GiB")
+        work = sc.transfer.requests * min(sc.transfer.blocks_per_request, min(inst.blocks())) \
+            * g.block_len * g.num_regions
+        if work > b.MAX_PROOF_BYTES:
+            raise BadInput(f"{where}: transfer: requests x blocks_per_request make the transfer proof tag and check "
+                           f"{work / 2**30:.4g} GiB per {side} rank; at most {b.MAX_PROOF_BYTES >> 20} MiB "
+                           f"(fewer requests or blocks per request)")
+        if inst.vllm is not None:
+            resolve(inst.vllm, f"{where}: {side}.vllm")
+    for v in sc.vllm:
+        resolve(v, f"{where}: vllm")
+    for release in sc.expect:
+        if release != CORRECTED.name:
+            resolve(release, f"{where}: expect")
     for release, exp in sc.expect.items():
         if isinstance(exp, list) and len(exp) != sc.decode.tp_size:
             raise BadInput(
@@ -136,26 +175,27 @@ def _validate(sc: Scenario, where: str) -> None:
             )
 
 
-def decode_scenario(doc: dict[str, Any], where: str) -> Scenario:
+def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> Scenario:
     try:
         sc = msgspec.convert(doc, Scenario, strict=True)
     except msgspec.ValidationError as exc:
         path, msg = _friendly(exc)
         raise BadInput(f"{where}: {path or '(top level)'}: {msg}") from None
-    _validate(sc, where)
+    except RecursionError:
+        raise BadInput(f"{where}: nested too deeply to be a scenario") from None
+    _validate(sc, where, max_tp)
     return msgspec.structs.replace(sc, source=where)
 
 
 def read_toml(path: Path) -> dict[str, Any]:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such scenario file") from None
-    except OSError as exc:
-        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    text = b.read_scenario_text(path)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
+        raise BadInput(f"{path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise BadInput(f"{path}: not valid TOML: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
         raise BadInput(f"{path}: not valid TOML: {exc}") from None
 
 
@@ -170,7 +210,7 @@ def merge(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Scenario:
+def load(path: Path | None, overrides: dict[str, Any] | None = None, max_tp: int = b.MAX_TP) -> Scenario:
     doc = read_toml(path) if path is not None else {}
     where = str(path) if path is not None else "command line"
     if overrides:
@@ -180,21 +220,24 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> Scenario
     for side in ("prefill", "decode"):
         doc.setdefault(side, {})
         if isinstance(doc[side], dict):
+            doc[side] = dict(doc[side])  # merge() copies one level: never fill defaults into the caller's dict
             doc[side].setdefault("engine_id", f"{side}-engine")
             if "num_blocks" not in doc[side]:
                 raise BadInput(f"{where}: {side}.num_blocks: required (scenario key or --{side}-blocks)")
-    return decode_scenario(doc, where)
+    return decode_scenario(doc, where, max_tp)
 
 
 def parse_counts(flag: str, text: str) -> int | list[int]:
     """'5808,5800' -> [5808, 5800]; '5800' -> 5800 (every rank)."""
     parts = [p.strip() for p in text.split(",")]
     vals: list[int] = []
+    if len(parts) > b.HARD_MAX_TP:
+        raise BadInput(f"{flag}: {len(parts)} values; at most one per rank ({b.HARD_MAX_TP})")
     for p in parts:
-        if not re.fullmatch(r"-?\d+", p):
+        if not re.fullmatch(r"-?[0-9]{1,20}", p, re.ASCII):
             raise BadInput(f"{flag}: {p!r} is not an integer (expected a number or a comma-separated list)")
         vals.append(int(p))
     for v in vals:
-        if v < 1:
-            raise BadInput(f"{flag}: {v} must be at least 1")
+        if not 1 <= v <= b.MAX_NUM_BLOCKS:
+            raise BadInput(f"{flag}: {v} is out of range (1 to {b.MAX_NUM_BLOCKS})")
     return vals[0] if len(vals) == 1 else vals

@@ -170,7 +170,8 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
     p = msgspec.structs.replace(p, host=host, base_port=base)
     sc = msgspec.structs.replace(sc, prefill=p)
     chash = compat_hash_for(release, p.geometry(), p.model)
-    profiles = {release.name: hs.Profile(release.wire, chash, base)}
+    # base_port is set: the plan binds vLLM's layout ports themselves (fixed), as a real P of `release` would.
+    plan = hs.plan_ports(sc, [release], "serve")
     stop = {"why": None}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -192,10 +193,10 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             }
             ready = hs._await_ready(lau, list(ranks.values()), opts.start_timeout_s)
             values = {r: ready[f"P rank {r}"][1] for r in ranks}
-            listeners = {r: hs._listeners(sc, profiles, r) for r in ranks}
+            listeners = plan.listeners
             for r, rank in ranks.items():
                 rank.send(m.Serve(listeners[r], values))
-            hs._await_serving(lau, list(ranks.values()), opts.start_timeout_s)
+            hs._await_serving(lau, ranks, plan, opts.start_timeout_s)
             g = p.geometry()
             served = [
                 ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),

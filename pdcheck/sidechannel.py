@@ -6,7 +6,9 @@ is ever unpickled: requests are parsed with msgspec exactly as the modelled list
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import socket
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import zmq
 
@@ -23,14 +25,18 @@ class Listener:
 
     def __init__(self, ctx: zmq.Context, host: str, port: int, fmt: WireFormat,
                  reply_for: Callable[[int | None], list[bytes]], log: RequestLog | None = None) -> None:
-        self.fmt, self.reply_for, self.port, self.log = fmt, reply_for, port, log
+        self.fmt, self.reply_for, self.log = fmt, reply_for, log
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.IPV6, ":" in host)
         try:
-            self.sock.bind(f"tcp://{_bracket(host)}:{port}")
+            # port 0: the OS picks a free port, so parallel runs never collide; the launcher tells D.
+            self.sock.bind(f"tcp://{_bracket(host)}:{port or '*'}")
         except zmq.ZMQError as exc:
             self.sock.close(0)
             raise HarnessError(f"side channel: cannot bind {host}:{port}: {exc}") from None
+        endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
+        self.port = int(endpoint.rsplit(":", 1)[1])
         self.served = 0
         self.dead: str | None = None  # why the listener thread would have died (F-H, H15)
 
@@ -67,6 +73,7 @@ def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int,
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
+    sock.setsockopt(zmq.IPV6, ":" in host)
     try:
         sock.connect(f"tcp://{_bracket(host)}:{port}")
         sock.send(encode_request(fmt, tp_rank))
@@ -76,6 +83,26 @@ def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int,
             raise FetchTimeout(f"{host}:{port}") from None
     finally:
         sock.close(0)
+
+
+@contextmanager
+def hold_silent(host: str, port: int) -> Iterator[socket.socket]:
+    """A TCP port pdcheck holds for the run and never answers on: connections queue in the backlog, so a
+    ZMQ REQ sent there waits exactly as one sent to a dead or absent vLLM listener, and no other process
+    can take the port. port 0: one the OS picks."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as ZMQ binds: TIME_WAIT is not "in use"
+        sock.bind((host, port))
+        sock.listen(64)
+    except OSError as exc:
+        sock.close()
+        raise HarnessError(f"side channel: cannot hold {host}:{port} (a port the modelled release contacts): "
+                           f"{exc.strerror}") from None
+    try:
+        yield sock
+    finally:
+        sock.close()
 
 
 def _bracket(host: str) -> str:

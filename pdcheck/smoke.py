@@ -8,6 +8,7 @@ from xml.etree import ElementTree as ET
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from pdcheck import handshake as hs
@@ -36,16 +37,26 @@ class SmokeReport(msgspec.Struct):
     exit_code: int
 
 
+MAX_SCENARIOS = 1000
+
+
 def discover(directory: Path) -> list[Scenario]:
-    if not directory.is_dir():
-        raise BadInput(f"{directory}: not a directory of scenarios")
-    files = sorted(directory.glob("*.toml"))
+    """Every *.toml of the directory, validated exactly as `handshake` validates a file, before anything runs."""
+    try:
+        if not directory.is_dir():
+            raise BadInput(f"{directory}: not a directory of scenarios")
+        files = sorted(directory.glob("*.toml"))
+    except OSError as exc:
+        raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
     if not files:
         raise BadInput(f"{directory}: no *.toml scenarios")
-    scenarios = [load(f) for f in files]  # every file is validated before anything runs
+    if len(files) > MAX_SCENARIOS:
+        raise BadInput(f"{directory}: {len(files)} scenarios; at most {MAX_SCENARIOS}")
+    scenarios = [load(f) for f in files]
     for sc in scenarios:
         if not sc.expect:
             raise BadInput(f"{sc.source}: expect: no expected outcomes (add an [expect] table)")
+        hs.plan_ports(sc, [resolve(r) for r in sc.expect if r != CORRECTED.name])
     return scenarios
 
 
@@ -96,12 +107,13 @@ def junit(rep: SmokeReport) -> bytes:
 
 
 def render(rep: SmokeReport, console: Console) -> None:
-    table = Table(title=f"pdcheck smoke: {rep.directory}")
+    table = Table(title=f"pdcheck smoke: {escape(rep.directory)}")
     for col in ("scenario", "release", "result", "decode ranks", "detail"):
         table.add_column(col, no_wrap=col in ("scenario", "release", "result"))
     for c in rep.cases:
         summary = ", ".join(f"{k} {c.got.count(k)}" for k in dict.fromkeys(c.got)) or "-"
-        table.add_row(c.scenario, c.release, "[green]pass[/]" if c.passed else "[bold red]FAIL[/]", summary, c.message)
+        table.add_row(escape(c.scenario), c.release, "[green]pass[/]" if c.passed else "[bold red]FAIL[/]", summary,
+                      escape(c.message))
     console.print(table)
     console.print(f"{rep.passed} passed, {rep.failed} failed in {rep.seconds:.1f} s")
 

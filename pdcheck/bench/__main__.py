@@ -6,7 +6,9 @@ import sys
 
 import typer
 
+from pdcheck import lifecycle
 from pdcheck.bench.command import USAGE_ERRORS, register
+from pdcheck.errors import EXIT_INTERRUPTED, one_line
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False)
 
@@ -20,16 +22,18 @@ register(app)
 
 
 def main() -> None:
+    lifecycle.install_signal_handlers()
     try:
         rc = app(standalone_mode=False)
+        code = rc if isinstance(rc, int) else 0
     except typer.Exit as exc:  # our command's exit codes
-        sys.exit(exc.exit_code)
+        code = exc.exit_code
     except KeyboardInterrupt:
-        sys.exit(130)
+        code = EXIT_INTERRUPTED
     except USAGE_ERRORS as exc:  # outside the command, e.g. an unknown command name
-        sys.stderr.write(f"pdcheck transfer-bench: error: {' '.join(exc.format_message().split())}\n")  # type: ignore[attr-defined]
-        sys.exit(2)
-    sys.exit(rc if isinstance(rc, int) else 0)
+        sys.stderr.write(f"pdcheck transfer-bench: error: {one_line(exc.format_message())}\n")  # type: ignore[attr-defined]
+        code = exc.exit_code  # type: ignore[attr-defined]
+    sys.exit(lifecycle.exit_code(code))
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig
 from pdcheck.bench.transport import preset
-from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput, PdcheckError
+from pdcheck.errors import EXIT_HAZARD, EXIT_OK, BadInput, PdcheckError, usage_error_types
 
 Opt = typer.Option
 
@@ -30,18 +30,7 @@ def _fail(msg: str, code: int) -> typer.Exit:
     return typer.Exit(code)
 
 
-def _usage_errors() -> tuple[type[Exception], ...]:
-    """Usage-error classes of the click that typer runs on (recent typer vendors its own copy)."""
-    found: list[type[Exception]] = []
-    for mod in ("typer._click.exceptions", "click.exceptions"):
-        try:
-            found.append(__import__(mod, fromlist=["UsageError"]).UsageError)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(found)
-
-
-USAGE_ERRORS = _usage_errors()
+USAGE_ERRORS = usage_error_types()
 
 
 class _OneLineErrors(TyperCommand):
@@ -51,7 +40,7 @@ class _OneLineErrors(TyperCommand):
         try:
             return super().parse_args(ctx, args)
         except USAGE_ERRORS as exc:
-            raise _fail(exc.format_message(), EXIT_BAD_INPUT) from None  # type: ignore[attr-defined]
+            raise _fail(exc.format_message(), exc.exit_code) from None  # type: ignore[attr-defined]
 
 
 def parse_list(flag: str, text: str) -> list[int]:
@@ -62,6 +51,8 @@ def parse_list(flag: str, text: str) -> list[int]:
         mult = 1024 if p.endswith("k") else 1
         p = p[:-1] if p.endswith("k") else p
         try:
+            if not p.isascii() or len(p) > 12:
+                raise ValueError
             v = int(p) * mult
         except ValueError:
             raise BadInput(f"{flag} {text!r}: {part.strip()!r} is not an integer") from None
@@ -69,6 +60,41 @@ def parse_list(flag: str, text: str) -> list[int]:
             raise BadInput(f"{flag} values must be positive, got {part.strip()}")
         out.append(v)
     return out
+
+
+# Upper bounds (README "Input bounds"): lower bounds and memory are checked by make_plan.
+BENCH_BOUNDS: dict[str, tuple[str, int]] = {
+    "layers": ("--layers", 1024), "kv_heads": ("--kv-heads", 1024), "head_dim": ("--head-dim", 8192),
+    "run_length": ("--run-length", 1 << 20), "requests": ("--requests", 1 << 20),
+    "prefill_tp": ("--prefill-tp", 64), "decode_tp": ("--decode-tp", 64), "iters": ("--iters", 10**7),
+    "warmup": ("--warmup", 10**6), "seed": ("--seed", 2**32 - 1), "corrupt_block": ("--corrupt-block", 2**31),
+}
+MAX_TOKENS = 1 << 22  # per request; a list value or a block size beyond this is a typo
+MAX_LIST = 64  # values in one sweep
+SECONDS = {"min_time": ("--min-time", 3600.0), "timeout": ("--timeout", 86400.0)}
+
+
+def check_bounds(o: dict[str, Any]) -> None:
+    for key, (flag, hi) in BENCH_BOUNDS.items():
+        v = o.get(key)
+        if v is not None and v > hi:
+            raise BadInput(f"{flag} must be <= {hi}, got {v}")
+    if o.get("seed") is not None and o["seed"] < 0:
+        raise BadInput(f"--seed must be >= 0, got {o['seed']}")
+    for key, (flag, hi) in SECONDS.items():
+        v = o.get(key)
+        if v is not None and not (math.isfinite(v) and 0 < v <= hi):
+            raise BadInput(f"{flag} must be a number of seconds in (0, {hi:g}], got {v}")
+
+
+def parse_bounded(flag: str, text: str) -> list[int]:
+    vals = parse_list(flag, text)
+    if len(vals) > MAX_LIST:
+        raise BadInput(f"{flag}: {len(vals)} values; a sweep has at most {MAX_LIST}")
+    for v in vals:
+        if v > MAX_TOKENS:
+            raise BadInput(f"{flag} values must be <= {MAX_TOKENS}, got {v}")
+    return vals
 
 
 def _floor(flag: str, v: float | None) -> None:
@@ -153,6 +179,7 @@ def transfer_bench(
 def _run(o: dict[str, Any]) -> int:
     if sum(bool(o[k]) for k in ("json_out", "jsonl", "csv_out")) > 1:
         raise BadInput("--json, --jsonl and --csv are exclusive: pick one")
+    check_bounds(o)
     _floor("--min-bw", o["min_bw"])
     _floor("--max-p99", o["max_p99"])
     if o["plot"] is not None:
@@ -162,8 +189,8 @@ def _run(o: dict[str, Any]) -> int:
     shape = resolve_shape(o["model"] if o["model"] else None, layers=o["layers"], kv_heads=o["kv_heads"],
                           head_dim=o["head_dim"], dtype=o["dtype"], mla=o["mla"])
     cfg = BenchConfig(
-        shape=shape, block_sizes=parse_list("--block-size", o["block_size"]),
-        tokens=parse_list("--tokens", o["tokens"]), transport=preset(o["transport"]),
+        shape=shape, block_sizes=parse_bounded("--block-size", o["block_size"]),
+        tokens=parse_bounded("--tokens", o["tokens"]), transport=preset(o["transport"]),
         run_length=o["run_length"], requests=o["requests"], ptp=o["prefill_tp"], dtp=o["decode_tp"],
         iters=o["iters"], warmup=o["warmup"], min_time=o["min_time"], seed=o["seed"],
         error_mode=o["error_mode"].lower() if o["error_mode"] else None, progress_thread=o["progress_thread"],

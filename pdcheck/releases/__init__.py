@@ -61,28 +61,63 @@ _RANGE = "0.9.0 to 0.34.x"
 _cache: dict[str, ReleaseModel] = {}
 
 
-def _parse(text: str) -> tuple[tuple[int, int, int], str]:
-    """(major, minor, patch) for the lookup, and the normalised release: 'v0.14' -> '0.14.0', '0.10.1.1' kept,
-    local/pre-release suffixes ('+cu128', 'rc1') dropped."""
-    m = re.fullmatch(r"v?(\d+)\.(\d+)(?:\.(\d+))?((?:\.\d+)*)(?:[a-z+].*)?", text.strip())
+# Releases with a fourth number that exist (reference: release wheels); any other four-part number is a typo.
+LISTED_FOUR_PART = ("0.10.1.1",)
+_NUMBER = re.compile(r"v?([0-9]{1,4})\.([0-9]{1,4})(?:\.([0-9]{1,4}))?(?:\.([0-9]{1,4}))?"
+                     r"(rc[0-9]{1,4}|\.?post[0-9]{1,4}|\.?dev[0-9]{1,6}|\+[A-Za-z0-9.]{1,32})?", re.ASCII)
+
+
+def _lines_of_minor(major: int, minor: int) -> list[tuple[tuple[int, int, int], tuple[int, int, int]]]:
+    return [(f, lt) for f, lt, _m in _LINES if f <= (major, minor, _ANY) and lt >= (major, minor, 0)]
+
+
+def _span(first: tuple[int, int, int], last: tuple[int, int, int]) -> str:
+    a = ".".join(map(str, first))
+    if first == last:
+        return a
+    b = f"{last[0]}.{last[1]}.x" if last[2] == _ANY else ".".join(map(str, last))
+    return f"{a}-{b}"
+
+
+def _parse(text: str, where: str = "--vllm") -> tuple[tuple[int, int, int], str]:
+    """(major, minor, patch) for the lookup, and the normalised release: 'v0.14' -> '0.14.0' (a minor that is
+    one modelled line), '0.10.1.1' kept (a listed release), local/pre-release suffixes ('+cu128', 'rc1')
+    dropped. ASCII digits only; an ambiguous minor ('0.9') or an unlisted fourth number is bad input."""
+    t = text.strip()
+    m = _NUMBER.fullmatch(t)
     if not m:
-        raise BadInput(f"--vllm: {text!r} is not a release number (expected e.g. 0.9.1)")
-    v = int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
-    return v, ".".join(map(str, v)) + (m.group(4) or "")
+        raise BadInput(f"{where}: {t!r} is not a release number (ASCII digits, e.g. 0.9.1; modelled: {_RANGE}, "
+                       f"corrected)")
+    major, minor = int(m.group(1)), int(m.group(2))
+    if m.group(3) is None:
+        lines = _lines_of_minor(major, minor)
+        if len(lines) > 1:
+            cands = ", ".join(_span(f, lt) for f, lt in lines)
+            raise BadInput(f"{where}: {t!r} is ambiguous: {major}.{minor} spans release lines {cands} "
+                           f"(name one, e.g. {'.'.join(map(str, lines[0][0]))})")
+    v = major, minor, int(m.group(3) or 0)
+    norm = ".".join(map(str, v))
+    if m.group(4) is not None:
+        four = f"{norm}.{int(m.group(4))}"
+        if four not in LISTED_FOUR_PART:
+            raise BadInput(f"{where}: release {t!r} does not exist (four-part releases: "
+                           f"{', '.join(LISTED_FOUR_PART)}; or name {norm})")
+        norm = four
+    return v, norm
 
 
-def resolve(text: str) -> ReleaseModel:
+def resolve(text: str, where: str = "--vllm") -> ReleaseModel:
     """The model of one release. Its name and version are the normalised release typed, e.g. '0.14.1'."""
     if text.strip() == "corrected":
         return CORRECTED
-    v, norm = _parse(text)
+    v, norm = _parse(text, where)
     if norm in _cache:
         return _cache[norm]
     for first, last, model in _LINES:
         if first <= v <= last:
             _cache[norm] = replace(model, name=norm, version=norm)
             return _cache[norm]
-    raise BadInput(f"--vllm: release {text.strip()!r} is not modelled (modelled: {_RANGE}, corrected)")
+    raise BadInput(f"{where}: release {text.strip()!r} is not modelled (modelled: {_RANGE}, corrected)")
 
 
 # One representative per line, for `--vllm all`.
@@ -92,16 +127,19 @@ REPRESENTATIVES = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.1
 MODELLED = [resolve(v) for v in REPRESENTATIVES]
 
 
-def resolve_many(text: str) -> list[ReleaseModel]:
+def resolve_many(text: str, where: str = "--vllm") -> list[ReleaseModel]:
     if text.strip() == "all":
         return list(MODELLED)
+    parts = text.split(",")
+    if len(parts) > 64:
+        raise BadInput(f"{where}: {len(parts)} releases named; at most 64 (or 'all')")
     out: list[ReleaseModel] = []
-    for part in text.split(","):
-        m = resolve(part)
+    for part in parts:
+        m = resolve(part, where)
         if m is not CORRECTED and m not in out:
             out.append(m)
     if not out:
-        raise BadInput("--vllm: name at least one release")
+        raise BadInput(f"{where}: name at least one release")
     return out
 
 

@@ -1,0 +1,132 @@
+"""Bounds on every input, checked before any process starts (README: "Input bounds").
+
+Each bound keeps a run within what one machine can do and what pdcheck's own encodings hold: the block
+pattern packs P rank in 8 bits, region in 12 and block id in 32 (kvcache.coord_word), rank memory is an
+anonymous NORESERVE mmap (virtual until touched), and a run forks one process per rank.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import stat
+from pathlib import Path
+
+from pdcheck.errors import BadInput
+
+MAX_FILE_BYTES = 1 << 20  # a scenario file is a few hundred bytes; 1 MiB is generous
+MAX_TP = 64  # per side, by default; --max-tp raises it up to HARD_MAX_TP
+HARD_MAX_TP = 256  # P rank is 8 bits in the block pattern
+MAX_NUM_BLOCKS = 1 << 24  # per rank (vLLM's largest GPUs hold ~10^6 blocks)
+MAX_BLOCK_SIZE = 1024  # tokens per block
+MAX_LAYERS = 1024  # regions (2 per layer) stay below the pattern's 4096
+MAX_KV_HEADS = 1024
+MAX_HEAD_DIM = 8192
+MAX_DP_RANK = 1023
+MAX_DEVICE_ID = 1023
+MAX_REQUESTS = 256
+MAX_BLOCKS_PER_REQUEST = 4096
+MAX_SEED = 2**32 - 1
+MIN_BASE_PORT = 1024  # below: privileged ports, which an unprivileged run cannot bind
+MAX_RANK_BYTES = 1 << 38  # 256 GiB of virtual KV cache per rank (NORESERVE: only touched pages cost)
+MAX_RELEASES = 64
+# Bytes the transfer proof tags, reads and checks per rank and release: ~1 s per 40 MiB on a 2-core host.
+MAX_PROOF_BYTES = 1 << 28
+HANG_TIMEOUT_S = (0.01, 3600.0)
+RUN_TIMEOUT_S = (0.1, 86400.0)
+
+
+def read_scenario_text(path: Path) -> str:
+    """The text of a scenario file: a regular file of at most MAX_FILE_BYTES of UTF-8. A FIFO, a device
+    (/dev/zero), a directory or a socket is refused before it is opened, so nothing blocks or fills memory."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise BadInput(f"{path}: no such scenario file") from None
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise BadInput(f"{path}: is a directory, not a scenario file")
+    if not stat.S_ISREG(st.st_mode):
+        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
+    if st.st_size > MAX_FILE_BYTES:
+        raise BadInput(f"{path}: {st.st_size} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
+    try:
+        # O_NONBLOCK: if the path was swapped for a FIFO since stat(), open() still returns at once.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
+        chunks: list[bytes] = []
+        left = MAX_FILE_BYTES + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 16))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    except OSError as exc:
+        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > MAX_FILE_BYTES:
+        raise BadInput(f"{path}: more than {MAX_FILE_BYTES} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a UTF-8 byte-order mark is still UTF-8
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start:exc.start + 1].hex()
+        raise BadInput(f"{path}: not UTF-8 text: byte 0x{bad} at offset {exc.start} (save the file as UTF-8)") from None
+
+
+def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
+    _seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
+    if timeout is not None:
+        _seconds("--timeout", timeout, RUN_TIMEOUT_S)
+
+
+def _seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:
+    lo, hi = bounds
+    if not (math.isfinite(v) and lo <= v <= hi):
+        raise BadInput(f"{flag}: {v:g} s is out of range (a finite number of seconds from {lo:g} to {hi:g})")
+
+
+def check_max_tp(max_tp: int) -> None:
+    if not 1 <= max_tp <= HARD_MAX_TP:
+        raise BadInput(f"--max-tp: {max_tp} is out of range (1 to {HARD_MAX_TP})")
+
+
+def check_host(where: str, key: str, host: str) -> None:
+    """An IP literal: the side channel binds it, and a name would need a resolver ZMQ does not use."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise BadInput(f"{where}: {key}: {host!r} is not an IP address (e.g. 127.0.0.1 or ::1)") from None
+
+
+def check_device(device: str) -> None:
+    """--device cuda needs an NVIDIA driver. Ask the kernel and libcuda directly (milliseconds) instead of
+    letting every rank import torch first (seconds and ~100 MB each) only to learn there is none."""
+    if device != "cuda":
+        return
+    import ctypes
+
+    if not os.path.exists("/proc/driver/nvidia/version"):
+        raise BadInput("--device cuda: no NVIDIA driver on this machine (/proc/driver/nvidia absent); "
+                       "use --device cpu")
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        raise BadInput("--device cuda: the NVIDIA driver's libcuda.so.1 cannot be loaded; use --device cpu") from None
+    count = ctypes.c_int(0)
+    rc = cuda.cuInit(0)
+    if rc == 0:
+        rc = cuda.cuDeviceGetCount(ctypes.byref(count))
+    if rc != 0 or count.value < 1:
+        raise BadInput(f"--device cuda: no usable GPU (cuInit/cuDeviceGetCount returned {rc}, "
+                       f"{count.value} devices); use --device cpu")
