@@ -13,8 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from multiprocessing import popen_forkserver, spawn
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
@@ -30,6 +32,35 @@ def _context() -> mp.context.BaseContext:
         ctx.set_forkserver_preload(_PRELOAD)
         _CTX = ctx
     return _CTX
+
+
+_GET_PREP = spawn.get_preparation_data
+
+
+def _prep_without_main(name: str) -> dict[str, Any]:
+    data = _GET_PREP(name)
+    data.pop("init_main_from_path", None)
+    data.pop("init_main_from_name", None)
+    return data
+
+
+class _Popen(popen_forkserver.Popen):
+    """multiprocessing re-runs `__main__` in every child: for the `pdcheck` console script that re-imports
+    the whole CLI (typer, rich) in each rank, a third of a rank's start-up. Rank targets live in modules the
+    forkserver preloads, so the children need no `__main__` at all."""
+
+    def _launch(self, process_obj: Any) -> None:
+        spawn.get_preparation_data = _prep_without_main  # type: ignore[assignment]
+        try:
+            super()._launch(process_obj)
+        finally:
+            spawn.get_preparation_data = _GET_PREP  # type: ignore[assignment]
+
+
+class _RankProcess(mp.context.ForkServerProcess):
+    @staticmethod
+    def _Popen(process_obj: Any) -> _Popen:  # type: ignore[override]
+        return _Popen(process_obj)
 
 
 def stop_forkserver() -> None:
@@ -147,7 +178,7 @@ class Launcher:
     def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> Rank:
         ctx = _context()
         parent, child = ctx.Pipe(duplex=True)
-        proc = ctx.Process(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
+        proc = _RankProcess(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
         try:
             proc.start()
         except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
