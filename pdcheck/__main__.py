@@ -1,4 +1,23 @@
-from pdcheck.cli import main
+"""The `pdcheck` entry point (console script and `python -m pdcheck`).
 
-if __name__ == "__main__":  # the forkserver re-imports __main__ in children
+Commands that start ranks get their forkserver started first, so that its preload (NIXL, numpy, zmq)
+runs on another core while this process imports the CLI.
+"""
+
+import sys
+
+RANK_COMMANDS = ("handshake", "serve", "probe", "transfer-bench")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS:
+        from pdcheck.launcher import warm_up
+
+        warm_up()
+    from pdcheck.cli import main as cli_main
+
+    cli_main()
+
+
+if __name__ == "__main__":
     main()

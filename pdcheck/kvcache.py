@@ -30,9 +30,11 @@ def engine_tag(engine_id: str) -> int:
     return zlib.crc32(engine_id.encode()) & 0xFFF
 
 
-def coord_word(tag: int, p_rank: int, region: int, block: np.ndarray) -> np.ndarray:
+def coord_word(tag: int, p_rank: int, region: int | np.ndarray, block: np.ndarray) -> np.ndarray:
+    """region: one region, or one per block (broadcast with block)."""
+    reg = np.asarray(region).astype(np.uint64) & np.uint64(0xFFF)
     return (np.uint64(tag) << np.uint64(52)) | (np.uint64(p_rank & 0xFF) << np.uint64(44)) | (
-        np.uint64(region & 0xFFF) << np.uint64(32)) | block.astype(np.uint64)
+        reg << np.uint64(32)) | np.asarray(block).astype(np.uint64)
 
 
 def offset_word(coord: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -74,9 +76,10 @@ class BlockView:
 PLAIN = BlockView()
 
 
-def pattern(tag: int, p_rank: int, region: int, blocks: np.ndarray, start: int, length: int,
+def pattern(tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray, start: int, length: int,
             view: BlockView = PLAIN) -> np.ndarray:
-    """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8."""
+    """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8.
+    region: one region for all blocks, or one per block (a whole proof in one vectorised pass)."""
     cells = view.logical(np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64) * np.uint64(CELL))
     coord = coord_word(tag, p_rank, region, np.asarray(blocks))[:, None]
     out = np.empty((len(blocks), len(cells), 2), dtype=np.uint64)
@@ -124,12 +127,18 @@ class KVCache:
         self._keep: list[Any] = []
         self.views: list[Any] = []
         self.base_addrs: list[int] = []
+        self.blocks3: np.ndarray | None = None  # host: (regions, num_blocks, block_len) over every region
         if device == "cpu":
             self.mem_type = "DRAM"
-            for _ in range(geometry.num_regions):
-                mm = mmap.mmap(-1, self.region_bytes, flags=_MMAP_FLAGS)
-                arr = np.frombuffer(mm, dtype=np.uint8)
-                self._keep.append(mm)
+            # One mapping for all regions (each still registered as its own region, like vLLM's tensors):
+            # tagging, clearing and checking every region is then one numpy operation, not a loop.
+            mm = mmap.mmap(-1, max(1, geometry.num_regions * self.region_bytes), flags=_MMAP_FLAGS)
+            whole = np.frombuffer(mm, dtype=np.uint8)
+            self._keep.append(mm)
+            self.blocks3 = whole[:geometry.num_regions * self.region_bytes].reshape(
+                geometry.num_regions, num_blocks, self.block_len)
+            for r in range(geometry.num_regions):
+                arr = whole[r * self.region_bytes:(r + 1) * self.region_bytes]
                 self.views.append(arr)
                 self.base_addrs.append(arr.ctypes.data)
         else:
@@ -173,6 +182,36 @@ class KVCache:
         blocks = np.unique(np.asarray(blocks, dtype=np.int64))
         if len(blocks):
             self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len, self.view))
+
+    def tag_many(self, tag: int, p_rank: int, blocks: dict[int, list[int]]) -> None:
+        """Tag the given blocks of each region (regions outside this cache are skipped) in one pass."""
+        pairs = [(r, np.unique(np.asarray(b, dtype=np.int64))) for r, b in blocks.items()
+                 if 0 <= r < self.geometry.num_regions and len(b)]
+        if not pairs:
+            return
+        if self.blocks3 is None:  # GPU: one region at a time through torch
+            for r, b in pairs:
+                self.tag(tag, p_rank, r, b)
+            return
+        regs = np.concatenate([np.full(len(b), r, dtype=np.int64) for r, b in pairs])
+        blks = np.concatenate([b for _r, b in pairs])
+        self.blocks3[regs, blks] = pattern(tag, p_rank, regs, blks, 0, self.block_len, self.view)
+
+    def clear_all(self, blocks: np.ndarray) -> None:
+        """Zero the given blocks in every region."""
+        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        if self.blocks3 is not None:
+            self.blocks3[:, blocks] = 0
+            return
+        for r in range(self.geometry.num_regions):
+            self.clear(r, blocks)
+
+    def read_all(self, blocks: np.ndarray, start: int, length: int) -> np.ndarray:
+        """Bytes [start, start+length) of the given blocks of every region: (regions, len(blocks), length)."""
+        if self.blocks3 is not None:
+            return self.blocks3[:, blocks, start:start + length]
+        return np.stack([self.read_blocks(r, blocks)[:, start:start + length]
+                         for r in range(self.geometry.num_regions)])
 
     def clear(self, region: int, blocks: np.ndarray) -> None:
         blocks = np.unique(np.asarray(blocks, dtype=np.int64))

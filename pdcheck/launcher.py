@@ -37,6 +37,15 @@ def _context() -> mp.context.BaseContext:
 _GET_PREP = spawn.get_preparation_data
 
 
+def warm_up() -> None:
+    """Start the forkserver now: it imports NIXL, numpy and zmq in its own process while the parent
+    still imports the CLI, instead of after it. lifecycle.shutdown() stops it on every exit path."""
+    from multiprocessing import forkserver
+
+    _context()
+    forkserver.ensure_running()
+
+
 def _prep_without_main(name: str) -> dict[str, Any]:
     data = _GET_PREP(name)
     data.pop("init_main_from_path", None)

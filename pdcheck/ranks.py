@@ -66,7 +66,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         if spec.tag_blocks:
             # A real decode instance reads blocks without asking: tag them before the side channel opens.
             every = np.arange(min(spec.tag_blocks, spec.num_blocks))
-            for region in range(len(kv.views)):
+            for region in range(len(kv.views)):  # region by region: bounds the pattern's memory
                 kv.tag(engine_tag(spec.engine_id), spec.tp_rank, region, every)
         values = {
             "engine_id": spec.engine_id, "agent_metadata": agent.metadata(), "kv_caches_base_addr": kv.base_addrs,
@@ -128,10 +128,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                     if not tagging:
                         tagging = True
                         name_this_process(f"pdcheck-P{spec.tp_rank}:xfer")
-                    for region, blocks in msg.blocks.items():
-                        if not 0 <= region < len(kv.views):
-                            continue  # a D whose geometry differs asks for regions P does not have
-                        kv.tag(p_tag, spec.tp_rank, region, np.asarray(blocks))
+                    # A D whose geometry differs may ask for regions P does not have: tag_many skips them.
+                    kv.tag_many(p_tag, spec.tp_rank, msg.blocks)
                     for p, region, block in inj.corrupt:
                         if p == spec.tp_rank and block in msg.blocks.get(region, []):
                             kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))

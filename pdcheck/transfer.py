@@ -66,8 +66,7 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
                 phys.setdefault(int(rid // prep.dlist_blocks), []).append(int(rid % prep.dlist_blocks))
             if not live:
                 tag(prep.p_rank, phys)
-            for r in range(regions):
-                kv.clear(r, np.asarray(req.local_block_ids))
+            kv.clear_all(np.asarray(req.local_block_ids))
             msg = notif.format(req=req.req_id, tp_ratio=tp_ratio, d_world_size=local.tp_size).encode()
             try:
                 res.seconds += agent.read(lists.get(prep.block_len, prep.local_offset), lids,
@@ -115,22 +114,24 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     p_heads = max(1, prep.remote_block_len // max(1, g.block_size * head_bytes))
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, head_bytes,
                         plain=g.use_mla or g.flashinfer)
-    for region in range(kv.geometry.num_regions):
-        got = kv.read_blocks(region, local_ids)[:, lo:lo + n]
-        exp = pattern(p_tag, prep.p_rank, region, remote, prep.rank_offset, n, view)
-        bad = np.flatnonzero((got != exp).any(axis=1))
-        res.blocks += len(local_ids)
-        res.bytes += got.size
-        res.wrong += len(bad)
-        if len(bad):
-            wrong_regions.add(region)
-            if res.first_mismatch is None:
-                i = int(bad[0])
-                cell = int(np.flatnonzero(got[i] != exp[i])[0]) // CELL * CELL
-                found = decode_cell(got[i][cell:cell + CELL])
-                res.first_mismatch = Mismatch(
-                    region=region, local_block=int(local_ids[i]), remote_block=int(remote[i]), p_rank=prep.p_rank,
-                    expected=f"P rank {prep.p_rank} {kv.geometry.region_name(region)} (region {region}) block "
-                    f"{int(remote[i])} +{prep.rank_offset + cell}",
-                    found=found.describe(kv.geometry),
-                )
+    regions = kv.geometry.num_regions
+    got = kv.read_all(local_ids, lo, n)  # (regions, blocks, n): every region checked in one pass
+    reg = np.repeat(np.arange(regions, dtype=np.int64), len(remote))
+    exp = pattern(p_tag, prep.p_rank, reg, np.tile(remote, regions), prep.rank_offset, n, view).reshape(got.shape)
+    bad_block = (got != exp).any(axis=2)
+    res.blocks += regions * len(local_ids)
+    res.bytes += got.size
+    res.wrong += int(bad_block.sum())
+    if not bad_block.any():
+        return
+    wrong_regions.update(int(r) for r in np.flatnonzero(bad_block.any(axis=1)))
+    if res.first_mismatch is None:
+        region, i = (int(x) for x in np.argwhere(bad_block)[0])  # region-major, like reading region by region
+        cell = int(np.flatnonzero(got[region, i] != exp[region, i])[0]) // CELL * CELL
+        found = decode_cell(got[region, i][cell:cell + CELL])
+        res.first_mismatch = Mismatch(
+            region=region, local_block=int(local_ids[i]), remote_block=int(remote[i]), p_rank=prep.p_rank,
+            expected=f"P rank {prep.p_rank} {kv.geometry.region_name(region)} (region {region}) block "
+            f"{int(remote[i])} +{prep.rank_offset + cell}",
+            found=found.describe(kv.geometry),
+        )
