@@ -52,9 +52,8 @@ kv_heads = {t}
 head_dim = 128
 dtype = "bfloat16"
 """
-# The console script, as users run it (its __main__ is what forked ranks used to re-import).
-_SCRIPT = Path(sys.executable).parent / "pdcheck"
-PDCHECK = [sys.executable, str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "pdcheck"]
+# What the `pdcheck` console script runs (pdcheck.__main__:main); an installed script may predate this tree.
+PDCHECK = [sys.executable, "-m", "pdcheck"]
 BLOCK_LEN = 16 * 1 * 128 * 2  # block_size x one local head x head_dim x bf16
 
 
@@ -180,6 +179,10 @@ def main() -> None:
         return
     grid = [(t, n, SMALL_BLOCKS, x) for x in (False, True) for t in a.tp for n in a.layers]
     grid += [(t, n, LARGE_BLOCKS, x) for x in (False, True) for t in a.tp for n in a.large_layers]
+    # As installed: pip compiles the bytecode; PYTHONDONTWRITEBYTECODE would otherwise make every pdcheck
+    # run recompile its modules, which the floor's few lines never pay.
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "pdcheck")], check=True,
+                   stdout=subprocess.DEVNULL)
     rows = []
     with tempfile.TemporaryDirectory(prefix="pdcheck-floor-") as tmp:
         print(f"{'T':>2} {'layers':>6} {'blocks':>7} {'transfer':>8} {'floor s':>8} {'pdcheck s':>9} {'ratio':>6}")

@@ -186,6 +186,12 @@ class Launcher:
 
     def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> Rank:
         ctx = _context()
+        if not forkserver_alive():
+            # warm_up() started it early; multiprocessing would quietly start another, but a killed
+            # forkserver is a harness failure whenever it happens.
+            stop_forkserver()
+            raise HarnessError(f"the rank forkserver died before {role} rank {tp_rank} started; nothing was left "
+                               "running")
         parent, child = ctx.Pipe(duplex=True)
         proc = _RankProcess(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
         try:
