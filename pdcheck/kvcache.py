@@ -26,6 +26,20 @@ _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SALT = 0xA5C3_5A3C  # so that zeroed (stale, never-written) memory never passes the check
 
 
+def host_memory(nbytes: int, *, hugepages: bool = False) -> tuple[mmap.mmap, np.ndarray]:
+    """Private anonymous host memory, the one allocation both KV caches and transfer-bench pools use.
+
+    Private, not mmap's default shared mapping: shared anonymous memory is shmem, which gets no THP.
+    NORESERVE: only touched pages cost. hugepages: ask for transparent huge pages (the bench's pools)."""
+    mm = mmap.mmap(-1, max(1, nbytes), flags=_MMAP_FLAGS)
+    if hugepages and hasattr(mmap, "MADV_HUGEPAGE"):
+        try:
+            mm.madvise(mmap.MADV_HUGEPAGE)
+        except OSError:
+            pass  # THP disabled: plain pages, the same for every measured row
+    return mm, np.frombuffer(mm, dtype=np.uint8)
+
+
 def engine_tag(engine_id: str) -> int:
     return zlib.crc32(engine_id.encode()) & 0xFFF
 
@@ -132,8 +146,7 @@ class KVCache:
             self.mem_type = "DRAM"
             # One mapping for all regions (each still registered as its own region, like vLLM's tensors):
             # tagging, clearing and checking every region is then one numpy operation, not a loop.
-            mm = mmap.mmap(-1, max(1, geometry.num_regions * self.region_bytes), flags=_MMAP_FLAGS)
-            whole = np.frombuffer(mm, dtype=np.uint8)
+            mm, whole = host_memory(geometry.num_regions * self.region_bytes)
             self._keep.append(mm)
             self.blocks3 = whole[:geometry.num_regions * self.region_bytes].reshape(
                 geometry.num_regions, num_blocks, self.block_len)

@@ -11,6 +11,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from pdcheck.bench import pattern
+from pdcheck.kvcache import host_memory
 
 
 class Pool(Protocol):
@@ -35,14 +36,7 @@ class HostPool:
     dev = 0
 
     def __init__(self, nbytes: int) -> None:
-        # Private, not mmap's default shared mapping: shared anonymous memory is shmem, which gets no THP.
-        self._map = mmap.mmap(-1, max(nbytes, mmap.PAGESIZE), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            try:
-                self._map.madvise(mmap.MADV_HUGEPAGE)
-            except OSError:
-                pass  # THP disabled: plain pages, same for every measured row
-        self.arr = np.frombuffer(self._map, dtype=np.uint8)
+        self._map, self.arr = host_memory(max(nbytes, mmap.PAGESIZE), hugepages=True)
         # Write every page now: a first READ of untouched memory maps the shared zero page, and the
         # later copy-on-write faults (maybe onto 4 KiB pages) would land inside measured loops.
         self.arr[:] = 0
