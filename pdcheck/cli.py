@@ -12,45 +12,113 @@ from rich.console import Console
 from pdcheck.cliopts import scenario_flags
 from pdcheck.errors import BadInput, PdcheckError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+EPILOG = """[bold]Examples[/]
+  [dim]# have logs? start here, then run what it wrote[/]
+  pdcheck scenario from-logs prefill.log decode.log -o mine.toml
+  pdcheck handshake mine.toml --vllm all
+  [dim]# per-rank asserts and the transfer proof for one release[/]
+  pdcheck handshake scenarios/seed-19338-tp8.toml --vllm 0.9.1
+  [dim]# no scenario file: flags only[/]
+  pdcheck handshake --prefill-tp 2 --decode-tp 2 \\
+      --prefill-blocks 5808,5800 --decode-blocks 5800 --vllm 0.9.1
+  pdcheck smoke scenarios --junit smoke.xml
+
+Exit codes: 0 survives, 1 a hazard fires, 2 bad input, 3 harness failure, 130 interrupted.
+Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
+
+app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich", epilog=EPILOG,
                   help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
+scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+                           help="Make scenarios: from-logs reads them out of vLLM start-up logs.")
+app.add_typer(scenario_app, name="scenario")
 
 Opt = typer.Option
+RUN = "Run"
+OUTPUT = "Output"
+LIVE = "Live prefill"
+
+
+def _version(value: bool) -> None:
+    if value:
+        from pdcheck import __version__
+
+        print(f"pdcheck {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
-def _root() -> None:
-    """Keeps `pdcheck <command>` a command group even while only one command is registered."""
+def _root(
+    version: Annotated[bool, Opt("--version", metavar="", callback=_version, is_eager=True,
+                                 help="Print pdcheck's version and exit.")] = False,
+) -> None:
+    """Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures."""
 
 
-@app.command()
+def _logs_scenario(logs: tuple[Path, Path], overrides: dict[str, Any], dp_rank: int | None = None) -> Any:
+    """(FromLogs, Scenario) for a pair of logs, flags merged in; the missing-field report goes to stderr."""
+    from pdcheck import fromlogs
+    from pdcheck.scenario import decode_scenario
+
+    p_log, d_log = logs
+    fl = fromlogs.from_files(p_log, d_log, dp_rank)
+    fromlogs.require(fl, overrides, str(p_log), str(d_log))
+    sc = decode_scenario(fromlogs.scenario_doc(fl, overrides), f"scenario from {p_log} and {d_log}")
+    return fl, sc
+
+
+def _report_missing(fl: Any, overrides: dict[str, Any]) -> None:
+    from pdcheck import fromlogs
+
+    lines = fromlogs.missing_report(fl, overrides)
+    if lines:
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err.print("[yellow]not in the logs[/] (the scenario default is used):")
+        for ln in lines:
+            err.print(f"  {ln}", markup=False)
+
+
+@app.command(epilog=EPILOG)
 @scenario_flags
 def handshake(
-    scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file (flags override its keys).")] = None,
+    scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file (flags override its keys).",
+                                                    metavar="SCENARIO.toml", show_default=False)] = None,
     *,
     overrides: dict[str, Any],
-    vllm: Annotated[str | None, Opt(help="Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all'.")] = None,
-    json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
-    transfer: Annotated[bool, Opt("--transfer/--no-transfer", help="Prove verdicts with real NIXL READs.")] = True,
-    device: Annotated[str, Opt(help="Where KV caches live: cpu (host memory) or cuda (GPU memory).")] = "cpu",
-    hang_timeout: Annotated[float, Opt(help="Seconds before a reply-less handshake counts as a hang.")] = 3.0,
-    timeout: Annotated[float, Opt(help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
-    prefill_vllm: Annotated[str | None, Opt(help="The release the prefill runs (prefill.vllm): a cross-release pair, "
-                                              "or the live P's release with --prefill-endpoint.")] = None,
-    prefill_endpoint: Annotated[str | None, Opt(help="HOST:PORT of a live P's side channel (e.g. pdcheck serve): "
-                                                  "no fake P; its facts are probed.")] = None,
+    from_logs: Annotated[tuple[Path, Path] | None, Opt(
+        "--from-logs", metavar="P.log D.log", rich_help_panel="Scenario", show_default=False,
+        help="Read the scenario from the two instances' vLLM start-up logs (as `pdcheck scenario from-logs`); "
+             "flags still override.")] = None,
+    vllm: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,
+                                    help="Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all' "
+                                         "(default: the scenario's list).")] = None,
+    transfer: Annotated[bool, Opt("--transfer/--no-transfer", metavar="", rich_help_panel=RUN,
+                                  help="Prove verdicts with real NIXL READs.")] = True,
+    device: Annotated[str, Opt(metavar="cpu|cuda", rich_help_panel=RUN,
+                               help="Where KV caches live: cpu (host memory) or cuda (GPU memory).")] = "cpu",
+    hang_timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,
+                                       help="Seconds before a reply-less handshake counts as a hang.")] = 3.0,
+    timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,
+                                  help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
+    json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
+                                  help="One JSON document on stdout instead of tables (no progress).")] = False,
+    prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=LIVE, show_default=False,
+                                            help="The release the prefill runs (prefill.vllm): a cross-release "
+                                                 "pair, or the live P's release with --prefill-endpoint.")] = None,
+    prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=LIVE, show_default=False,
+                                                help="A live P's side channel (e.g. pdcheck serve): no fake P; its "
+                                                     "facts are probed, read-only.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import handshake as hs
-    from pdcheck import report
+    from pdcheck import progress, report
     from pdcheck.releases import resolve_many
     from pdcheck.scenario import load
 
     if prefill_vllm is not None:
         overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "vllm": prefill_vllm}}
     tp_given = True
-    if prefill_endpoint is not None:
+    if prefill_endpoint is not None and from_logs is None:
         from pdcheck.scenario import read_toml
 
         p_doc = read_toml(scenario).get("prefill", {}) if scenario is not None else {}
@@ -58,7 +126,13 @@ def handshake(
         tp_given = "tp_size" in p_over or "tp_size" in p_doc
         if "num_blocks" not in p_over and "num_blocks" not in p_doc:
             overrides = {**overrides, "prefill": {**p_over, "num_blocks": 1}}  # the live P's counts are probed
-    sc = load(scenario, overrides)
+    if from_logs is not None:
+        if scenario is not None:
+            raise BadInput("give a scenario file or --from-logs, not both")
+        fl, sc = _logs_scenario(from_logs, overrides)
+        _report_missing(fl, overrides)
+    else:
+        sc = load(scenario, overrides)
     releases = resolve_many(vllm if vllm is not None else ",".join(sc.vllm))
     if device not in ("cpu", "cuda"):
         raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
@@ -69,10 +143,11 @@ def handshake(
         from pdcheck.probe import parse_endpoint
 
         endpoint = parse_endpoint(prefill_endpoint, "--prefill-endpoint")
-    rep = hs.run(sc, releases, hs.Options(
-        device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-        inject=_parse_inject(inject or []), prefill_endpoint=endpoint,
-        prefill_tp_given=tp_given))
+    with progress.stderr_progress(enabled=not json_out) as tick:
+        rep = hs.run(sc, releases, hs.Options(
+            device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
+            inject=_parse_inject(inject or []), progress=tick, prefill_endpoint=endpoint,
+            prefill_tp_given=tp_given))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:
@@ -80,21 +155,73 @@ def handshake(
         report.render_matrix(rep, console)
         for e in rep.harness_errors:
             console.print(f"[red]harness:[/] {e}")
+        one = rep.fails[0] if rep.fails else rep.releases[0]
         console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
-                      "For the per-rank report (asserts, contacted ranks, transfer proof): --vllm <one release>[/]")
+                      f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
         report.render(rep, Console())
     raise typer.Exit(rep.exit_code)
 
 
-@app.command()
+@scenario_app.command("from-logs", epilog=EPILOG)
+@scenario_flags
+def scenario_from_logs(
+    prefill_log: Annotated[Path, typer.Argument(metavar="PREFILL.log", show_default=False,
+                                                help="The prefill instance's vLLM start-up log (plain or .gz).")],
+    decode_log: Annotated[Path, typer.Argument(metavar="DECODE.log", show_default=False,
+                                               help="The decode instance's vLLM start-up log (plain or .gz).")],
+    *,
+    overrides: dict[str, Any],
+    output: Annotated[Path | None, Opt("--output", "-o", metavar="SCENARIO.toml", rich_help_panel=OUTPUT,
+                                       show_default=False,
+                                       help="Write the scenario here (default: stdout).")] = None,
+    dp_rank: Annotated[int | None, Opt(metavar="N", rich_help_panel=RUN, show_default=False,
+                                       help="Data-parallel rank to read when a log has several (default: "
+                                            "the lowest).")] = None,
+    json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
+                                  help="One JSON document on stdout: the scenario, where each value came "
+                                       "from, and what is missing.")] = False,
+) -> None:
+    """Read P/D geometry and per-rank num_blocks out of vLLM start-up logs and write a commented scenario.
+
+    Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO.toml`."""
+    from pdcheck import fromlogs
+
+    fl, _sc = _logs_scenario((prefill_log, decode_log), overrides, dp_rank)
+    text = fromlogs.to_toml(fl, overrides)
+    if output is not None:
+        try:
+            output.write_text(text)
+        except OSError as exc:
+            raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+    if json_out:
+        import msgspec
+
+        doc = {"scenario": fromlogs.scenario_doc(fl, overrides), "sources": fl.sources,
+               "missing": fromlogs.missing_report(fl, overrides), "notes": fl.notes,
+               "output": str(output) if output is not None else None}
+        sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
+        return
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        Console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
+    _report_missing(fl, overrides)
+
+
+@app.command(epilog=EPILOG)
 def smoke(
-    directory: Annotated[Path, typer.Argument(help="Directory of scenario TOML files with [expect] tables.")] = Path(
+    directory: Annotated[Path, typer.Argument(metavar="[DIRECTORY]",
+                                              help="Directory of scenario TOML files with expect tables.")] = Path(
         "scenarios"),
-    junit: Annotated[Path | None, Opt(help="Write JUnit XML here (GitHub/GitLab test reports).")] = None,
-    json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of the table.")] = False,
-    transfer: Annotated[bool, Opt("--transfer/--no-transfer", help="Prove verdicts with real NIXL READs.")] = True,
-    hang_timeout: Annotated[float, Opt(help="Seconds before a reply-less handshake counts as a hang.")] = 2.0,
+    junit: Annotated[Path | None, Opt(metavar="FILE.xml", rich_help_panel=OUTPUT, show_default=False,
+                                      help="Write JUnit XML here (GitHub/GitLab test reports).")] = None,
+    json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
+                                  help="One JSON document on stdout instead of the table.")] = False,
+    transfer: Annotated[bool, Opt("--transfer/--no-transfer", metavar="", rich_help_panel=RUN,
+                                  help="Prove verdicts with real NIXL READs.")] = True,
+    hang_timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,
+                                       help="Seconds before a reply-less handshake counts as a hang.")] = 2.0,
 ) -> None:
     """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
     from pdcheck import handshake as hs

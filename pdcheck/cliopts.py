@@ -34,7 +34,7 @@ class Flag:
     name: str  # parameter name; the flag is --name-with-dashes unless decls say otherwise
     type: Any  # the Python type typer converts to (every flag is optional: None = not given)
     help: str
-    metavar: str | None
+    metavar: str | None  # "" for an on/off flag: no value column
     panel: str
     key: str  # scenario key in [prefill] / [decode]
     sides: tuple[str, ...]  # both sides for a shared flag, one for a per-side override
@@ -72,7 +72,7 @@ def _flags() -> tuple[Flag, ...]:
     for key, typ, metavar, shared_help, _ in _KEYS:
         if shared_help is not None:
             out.append(Flag(key, typ, shared_help, metavar, PANEL_SCENARIO, key, SIDES))
-    out.append(Flag("use_mla", bool, "MLA model (one replicated latent KV head per rank), both sides.", None,
+    out.append(Flag("use_mla", bool, "MLA model (one replicated latent KV head per rank), both sides.", "",
                     PANEL_SCENARIO, "use_mla", SIDES, ("--use-mla/--no-mla",)))
     out.append(Flag("host", str, "Side-channel host, both sides (default 127.0.0.1: loopback only).", "HOST",
                     PANEL_SCENARIO, "host", SIDES))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import msgspec
 import numpy as np
@@ -33,6 +34,7 @@ class Options:
     inject: m.Inject = m.Inject()
     prefill_endpoint: tuple[str, int] | None = None  # a live P (pdcheck.live): no fake P is started
     prefill_tp_given: bool = True  # live P: prefill.tp_size was named (else probed where that is safe)
+    progress: Callable[[str, int, int], None] | None = None  # (stage, done, total), e.g. pdcheck.progress
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
@@ -132,11 +134,11 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
                 transfer=opts.transfer, requests=requests)))
             for r in range(d.tp_size)
         }
-        ready = _await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s)
+        ready = _await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
         values = {r: ready[f"P rank {r}"][1] for r in p_ranks}
         for r, rank in p_ranks.items():
             rank.send(m.Serve(_listeners(sc, profiles, r), values))
-        _await_serving(lau, list(p_ranks.values()), opts.start_timeout_s)
+        _await_serving(lau, list(p_ranks.values()), opts.start_timeout_s, opts.progress)
         t_ready = time.perf_counter()
         for rank in d_ranks.values():
             rank.send(m.Go())
@@ -147,13 +149,16 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
     return rp.build(sc, releases, opts.device, requests, results, p_final, harness, timings)
 
 
-def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str, tuple[float, bytes]]:
+def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float,
+                 tick: Callable[[str, int, int], None] | None = None) -> dict[str, tuple[float, bytes]]:
     pending = {r.label: r for r in ranks}
     setup: dict[str, tuple[float, bytes]] = {}
     for rank, msg in lau.events(ranks, time.monotonic() + timeout_s):
         if isinstance(msg, m.Ready):
             setup[rank.label] = (msg.setup_ms, msg.values)
             pending.pop(rank.label, None)
+            if tick:
+                tick("ranks up", len(setup), len(ranks))
             if not pending:
                 return setup
         elif isinstance(msg, m.Failed):
@@ -163,11 +168,14 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float) -> dict[str
     raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s")
 
 
-def _await_serving(lau: Launcher, ranks: list[Rank], timeout_s: float) -> None:
+def _await_serving(lau: Launcher, ranks: list[Rank], timeout_s: float,
+                   tick: Callable[[str, int, int], None] | None = None) -> None:
     pending = {r.label for r in ranks}
     for rank, msg in lau.events(ranks, time.monotonic() + timeout_s):
         if isinstance(msg, m.Serving):
             pending.discard(rank.label)
+            if tick:
+                tick("side channels", len(ranks) - len(pending), len(ranks))
             if not pending:
                 return
         elif isinstance(msg, m.Failed):
@@ -213,6 +221,8 @@ def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], 
         elif isinstance(msg, m.DecodeResult):
             results[rank.tp_rank] = msg
             rank.done = True
+            if opts.progress:
+                opts.progress("handshakes + transfer proof", len(results), len(d_ranks))
             if len(results) == len(d_ranks):
                 for pr in p_ranks.values():
                     pr.send(m.Stop())

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
+from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
@@ -54,6 +58,11 @@ class Live(msgspec.Struct):
     notes: list[str] = []
 
 
+class FailSpan(msgspec.Struct):
+    fails: list[str]  # consecutive modelled releases (by number) that fail
+    fixed_in: str | None  # the next modelled release, which survives; None: none after them does
+
+
 class Report(msgspec.Struct):
     tool: str
     version: str
@@ -72,6 +81,12 @@ class Report(msgspec.Struct):
     first_surviving: str | None  # the first modelled release (in the order given) that survives
     exit_code: int
     timings: Timings
+    # By release number: every release that fails, and the first release after a failing one that survives
+    # (null when nothing fails, or when the newest modelled release still fails). spans: each run of
+    # consecutive failing releases with the release that fixes it.
+    fails: list[str] = []
+    fixed_in: str | None = None
+    fail_spans: list[FailSpan] = []
     live: Live | None = None  # --prefill-endpoint
 
 
@@ -105,13 +120,35 @@ def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: lis
     }
     code = EXIT_HARNESS if harness else (EXIT_OK if all(survives.values()) else EXIT_HAZARD)
     matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
+    spans = fail_spans(survives) if not harness else []
     return Report(
         tool="pdcheck", version=__version__, scenario=sc.name, source=sc.source, releases=names, device=device,
         decode_ranks=decode, prefill_ranks=prefill,
         num_blocks_spread={"prefill": spread(sc.prefill.blocks()), "decode": spread(sc.decode.blocks())},
         hazards=evaluate(sc, releases), requests=requests, harness_errors=harness, survives=survives,
         matrix=matrix, first_surviving=next((n for n in names if survives[n]), None), exit_code=code, timings=timings,
+        fails=[n for sp in spans for n in sp.fails], fixed_in=spans[-1].fixed_in if spans else None,
+        fail_spans=spans,
     )
+
+
+def _release_key(name: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", name))
+
+
+def fail_spans(survives: dict[str, bool]) -> list[FailSpan]:
+    """Runs of failing releases, in release order, each with the first later release that survives."""
+    spans: list[FailSpan] = []
+    run: list[str] = []
+    for name in sorted(survives, key=_release_key):
+        if not survives[name]:
+            run.append(name)
+        elif run:
+            spans.append(FailSpan(run, name))
+            run = []
+    if run:
+        spans.append(FailSpan(run, None))
+    return spans
 
 
 def to_json(rep: Report) -> bytes:
@@ -152,26 +189,58 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
     return text
 
 
-def render_matrix(rep: Report, console: Console) -> None:
-    """Rows are releases, columns decode ranks (a count summary when there are more than 8)."""
-    wide = len(rep.decode_ranks) <= 8
-    table = Table(title=f"Version matrix: {rep.scenario}")
+_SHORT = {"ok": "ok", "assert": "A", "silent": "S", "error": "E", "hang": "H"}
+_LEGEND = {"A": "assert", "S": "silent wrong blocks", "E": "error", "H": "hang"}
+
+
+def summary(rep: Report) -> str:
+    """'fails: 0.9.1 · fixed in 0.9.2' (rich markup), one clause per run of failing releases."""
+    if rep.harness_errors:
+        return "[bold red]harness errors: verdicts incomplete[/]"
+    if not rep.fail_spans:
+        return "[green]every modelled release survives[/]"
+    parts = []
+    for sp in rep.fail_spans:
+        fixed = (f"fixed in [bold green]{sp.fixed_in}[/]" if sp.fixed_in
+                 else "[bold red]no later modelled release survives[/]")
+        parts.append(f"fails: [bold red]{', '.join(sp.fails)}[/] · {fixed}")
+    return "; ".join(parts)
+
+
+def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Table, set[str]]:
+    per_rank = len(rep.decode_ranks) <= 16
+    table = Table(title=f"Version matrix: {rep.scenario}", box=box.SIMPLE_HEAD, pad_edge=False,
+                  show_edge=False)
     table.add_column("release", no_wrap=True)
-    if wide:
+    if per_rank:
         for d in rep.decode_ranks:
-            table.add_column(f"D{d.tp_rank}", justify="center")
+            table.add_column(f"D{d.tp_rank}", justify="center", no_wrap=True)
     else:
         table.add_column("decode ranks")
+    used: set[str] = set()
     for n, row in rep.matrix.items():
-        label = n if n == CORRECTED.name else f"vLLM {n}"
-        if wide:
-            table.add_row(label, *(Text(x, style=_STYLE.get(x, "")) for x in row))
+        if per_rank:
+            cells = [_SHORT.get(x, x) if short else x for x in row]
+            used.update(c for c in cells if c in _LEGEND)
+            table.add_row(labels[n], *(Text(c, style=_STYLE.get(x, "")) for c, x in zip(cells, row, strict=True)))
         else:
             counts = {x: row.count(x) for x in dict.fromkeys(row)}
-            table.add_row(label, ", ".join(f"{k} {v}" for k, v in counts.items()))
+            table.add_row(labels[n], ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return table, used
+
+
+def render_matrix(rep: Report, console: Console) -> None:
+    """Rows are releases, columns decode ranks. Whole status words when the table fits the terminal, else
+    one-letter codes with a legend (never a truncated word); a count per status past 16 ranks."""
+    labels = {n: n if n == CORRECTED.name else f"vLLM {n}" for n in rep.matrix}
+    table, used = _matrix_table(rep, labels, short=False)
+    natural = Measurement.get(console, console.options.update_width(10**4), table).maximum
+    if natural > console.width:
+        table, used = _matrix_table(rep, labels, short=True)
     console.print(table)
-    first = rep.first_surviving
-    console.print(f"first release that survives: [bold]{first}[/]" if first else "[bold red]no modelled release survives[/]")
+    if used:
+        console.print("[dim]" + " · ".join(f"{k} = {_LEGEND[k]}" for k in _LEGEND if k in used) + "[/]")
+    console.print(summary(rep))
 
 
 def render(rep: Report, console: Console) -> None:

@@ -149,5 +149,31 @@ def test_seed_version_matrix_all_releases(pdcheck):
     assert len(rows) == 16
     assert rows["0.9.1"] == ["ok", *["assert"] * 7]
     assert all(r == ["ok"] * 8 for k, r in rows.items() if k != "0.9.1")
-    assert doc["first_surviving"] == "0.9.0"
+    assert doc["first_surviving"] == "0.9.0"  # kept for compatibility; the summary uses fails / fixed_in
+    assert doc["fails"] == ["0.9.1"] and doc["fixed_in"] == "0.9.2"
+    assert doc["fail_spans"] == [{"fails": ["0.9.1"], "fixed_in": "0.9.2"}]
     assert doc["survives"]["0.9.1"] is False and doc["survives"]["0.34.0"] is True
+
+
+def test_seed_matrix_at_80_columns_shows_whole_status_words():
+    """The first screen: every status word whole at COLUMNS=80, and which release fails and which fixes it."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    for extra in ([], ["--vllm", "all"]):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="80")
+        proc = subprocess.run([sys.executable, "-m", "pdcheck", "handshake", SEED, "--no-transfer", *extra],
+                              capture_output=True, text=True, timeout=180, cwd=ROOT, env=env)
+        assert proc.returncode == 1, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert "…" not in proc.stdout and max(len(ln) for ln in lines) <= 80
+        row = next(ln for ln in lines if ln.startswith("vLLM 0.9.1 "))
+        cells = row.split()[2:]
+        assert cells[0] == "ok" and len(cells) == 8
+        # whole words, or one-letter codes that the legend spells out
+        assert cells[1:] == ["assert"] * 7 or (cells[1:] == ["A"] * 7 and "A = assert" in proc.stdout)
+        assert "fails: 0.9.1 · fixed in 0.9.2" in proc.stdout
+        assert "first release that survives" not in proc.stdout
