@@ -153,6 +153,7 @@ def handshake(
     elif len(releases) > 2:
         console = Console()
         report.render_matrix(rep, console)
+        report.render_live(rep, console)
         for e in rep.harness_errors:
             console.print(f"[red]harness:[/] {e}")
         one = rep.fails[0] if rep.fails else rep.releases[0]
