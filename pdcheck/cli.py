@@ -36,6 +36,7 @@ app.add_typer(scenario_app, name="scenario")
 Opt = typer.Option
 RUN = "Run"
 OUTPUT = "Output"
+LIVE = "Live prefill"
 
 
 def _version(value: bool) -> None:
@@ -106,12 +107,12 @@ def handshake(
                                   help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout instead of tables (no progress).")] = False,
-    prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=RUN, show_default=False,
+    prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=LIVE, show_default=False,
                                             help="The release the prefill runs (prefill.vllm): a cross-release "
                                                  "pair, or the live P's release with --prefill-endpoint.")] = None,
-    prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=RUN, show_default=False,
-                                                help="A live P's side channel (e.g. pdcheck serve): no fake P; "
-                                                     "its facts are probed.")] = None,
+    prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=LIVE, show_default=False,
+                                                help="A live P's side channel (e.g. pdcheck serve): no fake P; its "
+                                                     "facts are probed, read-only.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
     max_tp: Annotated[int, Opt(metavar="N", rich_help_panel=RUN,
                                 help="Most ranks per side (one process each); up to 256.")] = 64,
@@ -132,7 +133,7 @@ def handshake(
     if prefill_vllm is not None:
         overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "vllm": prefill_vllm}}
     tp_given = True
-    if prefill_endpoint is not None:
+    if prefill_endpoint is not None and from_logs is None:
         from pdcheck.scenario import read_toml
 
         p_doc = read_toml(scenario).get("prefill", {}) if scenario is not None else {}
@@ -166,6 +167,7 @@ def handshake(
     elif len(releases) > 2:
         console = Console()
         report.render_matrix(rep, console)
+        report.render_live(rep, console)
         for e in rep.harness_errors:
             console.print(f"[red]harness:[/] {escape(e)}")
         one = rep.fails[0] if rep.fails else rep.releases[0]

@@ -32,6 +32,15 @@ from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode,
 Status = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
 
 Opt = typer.Option
+PROBE = "Probe"
+EPILOG = """[bold]Examples[/]
+  pdcheck probe p-node:5600 --vllm 0.11.1 --tp-size 8
+  [dim]# hazards against a decode configuration (scenario and/or flags)[/]
+  pdcheck probe p-node:5600 --vllm 0.26.0 --tp-size 4 --scenario my.toml --json
+  [dim]# release read from P's API server before any side-channel request[/]
+  pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
+
+Read-only. Exit codes: 0 ok, 1 a hazard fires or a reply is refused, 2 bad input, 3 no reply."""
 
 
 class ProbeRank(msgspec.Struct, kw_only=True):
@@ -360,23 +369,30 @@ def render(rep: ProbeReport, console: Any) -> None:
 def register(app: Any) -> None:
     from pdcheck.cliopts import scenario_flags
 
-    @app.command()
+    @app.command(epilog=EPILOG)
     @scenario_flags
     def probe(
-        endpoint: Annotated[str, typer.Argument(help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
+        endpoint: Annotated[str, typer.Argument(metavar="HOST:PORT", help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
                                                      "PORT; the base port, before any DP offset).")],
         *,
         overrides: dict[str, Any],
-        vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent. 'auto': read it "
-                                      "from --version-url first.")],
-        dp_rank: Annotated[int, Opt(help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
-        tp_size: Annotated[int | None, Opt(help="P's TP size (default: discovered where that is safe).")] = None,
-        timeout: Annotated[float, Opt(help="Seconds to wait for each reply.")] = 2.0,
-        version_url: Annotated[str | None, Opt(help="With --vllm auto: P's API server /version URL (read before "
+        vllm: Annotated[str, Opt(metavar="RELEASE", rich_help_panel=PROBE,
+                                 help="P's vLLM release: only that era's requests are sent. 'auto': read it from "
+                                      "--version-url first.")],
+        dp_rank: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
+                                    help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
+        tp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
+                                           help="P's TP size (default: discovered where that is safe).")] = None,
+        timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PROBE,
+                                      help="Seconds to wait for each reply.")] = 2.0,
+        version_url: Annotated[str | None, Opt(metavar="URL", rich_help_panel=PROBE, show_default=False,
+                                               help="With --vllm auto: P's API server /version URL (read before "
                                                     "any side-channel request).")] = None,
-        scenario: Annotated[Path | None, Opt(help="Scenario whose \\[decode] table (and kv_transfer_params) the "
+        scenario: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel="Scenario", show_default=False,
+                                             help="Scenario whose \\[decode] table (and kv_transfer_params) the "
                                                   "hazards are evaluated against.")] = None,
-        json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
+        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel="Output",
+                                      help="One JSON document on stdout instead of tables.")] = False,
     ) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
         import sys

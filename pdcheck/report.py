@@ -230,6 +230,20 @@ def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Tab
     return table, used
 
 
+def render_live(rep: Report, console: Console) -> None:
+    """--prefill-endpoint: the live P, what could be checked, and the releases not run against it."""
+    if rep.live is None:
+        return
+    lv = rep.live
+    console.print(f"  live prefill {lv.endpoint}: vLLM {lv.prefill_release} (era {lv.prefill_wire}), "
+                  f"{len(lv.probe)} rank(s) probed; no fake P started", highlight=False)
+    console.print(Text(f"  KV content: {lv.content}"))
+    for name, why in lv.skipped.items():
+        console.print(Text(f"  vLLM {name}: {why}", style="yellow"))
+    for n in lv.notes:
+        console.print(Text(f"  note: {n}", style="dim"))
+
+
 def render_matrix(rep: Report, console: Console) -> None:
     """Rows are releases, columns decode ranks. Whole status words when the table fits the terminal, else
     one-letter codes with a legend (never a truncated word); a count per status past 16 ranks."""
@@ -246,15 +260,7 @@ def render_matrix(rep: Report, console: Console) -> None:
 
 def render(rep: Report, console: Console) -> None:
     console.print(f"[bold]pdcheck handshake[/] {escape(rep.scenario)} [dim]({escape(rep.source)}, device {rep.device})[/]")
-    if rep.live is not None:
-        lv = rep.live
-        console.print(f"  live prefill {lv.endpoint}: vLLM {lv.prefill_release} (era {lv.prefill_wire}), "
-                      f"{len(lv.probe)} rank(s) probed; no fake P started", highlight=False)
-        console.print(Text(f"  KV content: {lv.content}"))
-        for name, why in lv.skipped.items():
-            console.print(Text(f"  vLLM {name}: {why}", style="yellow"))
-        for n in lv.notes:
-            console.print(Text(f"  note: {n}", style="dim"))
+    render_live(rep, console)
     for side, sp in rep.num_blocks_spread.items():
         diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
         console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")
