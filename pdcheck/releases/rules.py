@@ -378,10 +378,6 @@ DST_NUM_BLOCKS_ASSERT = Check(
 
 # ---- 0.14+ (P TP > D TP, #27274)
 
-def _p_gt_d(c: Ctx) -> bool:
-    return signed_tp_ratio(c) < 0
-
-
 def _split_pos(c: Ctx) -> bool:
     return not_replicated(c) and signed_tp_ratio(c) > 0
 
@@ -389,12 +385,6 @@ def _split_pos(c: Ctx) -> bool:
 def _split_neg(c: Ctx) -> bool:
     return not_replicated(c) and signed_tp_ratio(c) < 0
 
-
-# Bare in 0.14. MLA is left out: its P > D path reads one rank and notifies the others (reference H13: non-MLA).
-NOT_P_GT_D_REPLICATED = Check(
-    "p_gt_d_replicated", "not (tp_ratio < 0 and is_kv_replicated)",
-    lambda c: not (signed_tp_ratio(c) < 0 and c.is_kv_replicated), when=lambda c: not c.local.use_mla, hazard="H13",
-)
 
 BLOCK_LEN_TP_RATIO_14 = Check(
     "block_len_tp_ratio", "remote_block_len == (self.block_len_per_layer[0] * tp_ratio) // block_size_ratio",
