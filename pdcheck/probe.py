@@ -318,6 +318,8 @@ def render(rep: ProbeReport, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from pdcheck.report import hazard_table, spread_line
+
     src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
     console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release}{src} (era {rep.wire}, "
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
@@ -345,18 +347,10 @@ def render(rep: ProbeReport, console: Any) -> None:
     for r in rep.prefill_ranks:
         if r.message:
             console.print(Text(f"  P rank {r.tp_rank}: {r.message}", style="red"))
-    sp = rep.num_blocks_spread
-    if sp is not None:
-        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
-        console.print(f"  num_blocks: min {sp.min}, max {sp.max}{diff}")
-    applied = [h for h in rep.hazards if h.applies]
-    if applied:
-        ht = Table(title=f"Hazards against the decode configuration ({rep.decode})", show_lines=True)
-        ht.add_column("id")
-        ht.add_column("hazard / detail")
-        for h in applied:
-            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
-            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+    if rep.num_blocks_spread is not None:
+        console.print(spread_line("num_blocks", rep.num_blocks_spread))
+    ht = hazard_table(rep.hazards, f"Hazards against the decode configuration ({rep.decode})")
+    if ht is not None:
         console.print(ht)
     elif rep.decode is not None:
         console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")

@@ -258,12 +258,31 @@ def render_matrix(rep: Report, console: Console) -> None:
     console.print(summary(rep))
 
 
+def spread_line(what: str, sp: NumBlocksSpread) -> str:
+    """'  prefill num_blocks: min 111488, max 112448; ranks 0,6 differ from 111488'."""
+    diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
+    return f"  {what}: min {sp.min}, max {sp.max}{diff}"
+
+
+def hazard_table(hazards: list[Hazard], title: str) -> Table | None:
+    """The catalogue hazards that apply, one row each with their effects; None when none applies."""
+    applied = [h for h in hazards if h.applies]
+    if not applied:
+        return None
+    ht = Table(title=title, show_lines=True)
+    ht.add_column("id")
+    ht.add_column("hazard / detail")
+    for h in applied:
+        eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
+        ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+    return ht
+
+
 def render(rep: Report, console: Console) -> None:
     console.print(f"[bold]pdcheck handshake[/] {escape(rep.scenario)} [dim]({escape(rep.source)}, device {rep.device})[/]")
     render_live(rep, console)
     for side, sp in rep.num_blocks_spread.items():
-        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
-        console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")
+        console.print(spread_line(f"{side} num_blocks", sp))
     shown = [*rep.releases, CORRECTED.name]
     table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
     table.add_column("D", justify="right")
@@ -287,14 +306,8 @@ def render(rep: Report, console: Console) -> None:
                 fm = t.first_mismatch
                 line += f"; first mismatch: expected {fm.expected}, found {fm.found}"
             console.print(line, highlight=False)
-    applied = [h for h in rep.hazards if h.applies]
-    if applied:
-        ht = Table(title="Hazards that apply (reference §11)", show_lines=True)
-        ht.add_column("id")
-        ht.add_column("hazard / detail")
-        for h in applied:
-            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
-            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+    ht = hazard_table(rep.hazards, "Hazards that apply (reference §11)")
+    if ht is not None:
         console.print(ht)
     for e in rep.harness_errors:
         console.print(f"[red]harness:[/] {escape(e)}")

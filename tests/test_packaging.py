@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import ast
 import sys
-
 import tomllib
+
 from conftest import ROOT
 
 # import name -> distribution name as pyproject.toml declares it
