@@ -88,7 +88,8 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
-                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
+                device_id=d.device_id(r), device=opts.device,
+                geometry=dataclasses.asdict(hs.kv_geometry(d, [p_rel])),  # the live P's KV layout
                 kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*run_rels, CORRECTED]],
                 p_host=host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,

@@ -75,6 +75,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             "attn_backend_name": g.attn_backend, "kv_cache_layout": spec.kv_cache_layout,
             "device_id": spec.device_id, "block_size": g.block_size, "ssm_sizes": (0, 0),
             "physical_blocks_per_logical_kv_block": 1,
+            # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
+            "region_names": g.region_layers(), "region_members": [[n] for n in g.region_layers()],
         }
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))

@@ -111,10 +111,10 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     lo, n = prep.local_offset, prep.block_len
     # D reads the P block as if it had D's own layout (vLLM assumes equal layouts): check it that way.
     g = kv.geometry
-    head_bytes = g.elem_size * g.head_dim
+    head_bytes = g.head_cell_bytes
     p_heads = max(1, prep.remote_block_len // max(1, g.block_size * head_bytes))
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, head_bytes,
-                        plain=g.use_mla or g.flashinfer)
+                        plain=not g.per_head_view)
     for region in range(kv.geometry.num_regions):
         got = kv.read_blocks(region, local_ids)[:, lo:lo + n]
         exp = pattern(p_tag, prep.p_rank, region, remote, prep.rank_offset, n, view)

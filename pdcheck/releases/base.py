@@ -72,6 +72,7 @@ class State:
     remote_agents: dict[str, dict[int, str]] = field(default_factory=dict)
     prepared: dict[int, Prepared] = field(default_factory=dict)
     contacted: list[int] = field(default_factory=list)
+    dst_pairs: dict[str, object] = field(default_factory=dict)  # 0.34: how each engine's regions pair with ours
 
     @classmethod
     def for_local(cls, local: Local) -> State:
@@ -179,3 +180,6 @@ class ReleaseModel:
     # manager`, which 0.18 - 0.21 turn on for any --kv-transfer-config and 0.22+ leave off (NixlConnector is
     # SupportsHMA, CUDA supports the hybrid manager).
     is_hma_enabled: bool = False
+    # How FlashAttention lays out and registers KV (geometry.KVRegions): "split" K and V regions up to 0.22,
+    # "blocks_first" [num_blocks, 2, ...] from 0.23, "packed" [num_blocks, heads, block_size, 2 * head_dim] from 0.26.
+    fa_kv_regions: str = "split"

@@ -76,8 +76,8 @@ def remote_block_size(ctx: Ctx, with_replication: bool) -> int:
     if _replicated(ctx, with_replication):
         return ctx.remote_block_len() // slot
     size = ctx.remote_block_len() // (slot * ctx.tp_ratio)
-    if ctx.local.geometry.flashinfer:
-        size //= 2  # K and V share one FlashInfer region
+    if ctx.local.geometry.joint_kv:
+        size //= 2  # K and V share one region (FlashInfer; FlashAttention 0.23+)
     return size
 
 
@@ -171,7 +171,7 @@ def remote_block_size_corrected(ctx: Ctx) -> int:
     g = ctx.local.geometry
     elem_heads = g.elem_size * g.head_dim * (1 if g.use_mla else max(1, g.total_kv_heads // ctx.remote_tp_size))
     size = ctx.remote_block_len() // elem_heads
-    return size // 2 if (g.flashinfer and not g.use_mla) else size
+    return size // 2 if g.joint_kv else size
 
 
 # ---- 0.10.1 - 0.34 (eras D - H) ------------------------------------------------------------------------------
