@@ -80,6 +80,12 @@ class Geometry:
         return self.layers if (self.use_mla or self.joint_kv) else 2 * self.layers
 
     @property
+    def kv_halves(self) -> int:
+        """2 where vLLM reads K and V as two virtual halves of each block (FlashAttention blocks-first, 0.23 -
+        0.25: _build_fa_remote's second split, V at block_len // 2); 1 where a block is read as one run."""
+        return 2 if (self.kv_regions == "blocks_first" and not self.use_mla and not self.flashinfer) else 1
+
+    @property
     def head_cell_bytes(self) -> int:
         """Bytes of one (head, token) cell of a block: head_dim elements, K and V together when packed."""
         return self.elem_size * self.head_dim * (2 if self.packed else 1)

@@ -203,7 +203,10 @@ class RealIO:
 
     def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
         blocks = np.arange(prepared.dlist_blocks, dtype=np.uint64) * np.uint64(prepared.remote_block_len)
-        addrs = np.concatenate([np.uint64(a) + np.uint64(prepared.rank_offset) + blocks for a in prepared.base_addrs])
+        # per region: its blocks (K halves first, then V halves when the release splits a block into two)
+        half = prepared.remote_block_len // prepared.halves
+        addrs = np.concatenate([np.uint64(a + prepared.rank_offset + h * half) + blocks for a in prepared.base_addrs
+                                for h in range(prepared.halves)])
         descs = descs_array(addrs, prepared.block_len, prepared.device_id)
         self.handles[prepared.p_rank] = self.agent.prep(
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")

@@ -61,6 +61,9 @@ class Prepared:
     local_offset: int = 0  # byte offset inside the local block (P TP > D TP: one chunk per P rank)
     device_id: int = 0  # device id used in the remote descriptors
     base_addrs: list[int] = field(default_factory=list)
+    # 2: each region's blocks are read as a K half and a V half (FlashAttention blocks-first, 0.23 - 0.25), the
+    # V half at remote_block_len // 2 (remote) and the local block_len // 2 (local); block_len is one half's read.
+    halves: int = 1
 
 
 @dataclass

@@ -421,7 +421,8 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
         ratio = signed_tp_ratio(ctx) if signed else ctx.tp_ratio
         bsr = block_size_ratio(ctx)
         rep = replicated(ctx)  # type: ignore[operator]
-        read_len = ctx.local.block_len
+        halves = ctx.local.geometry.kv_halves
+        read_len = ctx.local.block_len // halves  # get_backend_aware_kv_block_len: the K half when split
         remote_kv_block_len = read_len // bsr
         if bsr > 1:
             read_len = remote_kv_block_len  # using the remote kv_block_len as the transfer unit
@@ -440,7 +441,7 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             p_rank=ctx.remote_tp_rank, agent=ctx.state.remote_agents[ctx.engine_id][ctx.remote_tp_rank],
             dlist_blocks=ctx.meta.num_blocks, block_len=read_len, remote_block_len=ctx.remote_block_len(),
             rank_offset=rank_offset, local_offset=local_offset, device_id=dev,
-            base_addrs=list(ctx.meta.kv_caches_base_addr),
+            base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves,
         )
         ctx.io.prep_remote(prepared, "DRAM")
         if ratio < 0 and ctx.local.use_mla and ctx.remote_tp_rank != ctx.local.tp_rank * -ratio:
