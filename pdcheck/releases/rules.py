@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pdcheck.releases.base import Action, Check, Ctx, Prepared
+from pdcheck.wire.formats import KV_LAYOUT_NAMES
 
 MSG_SHAPE = (
     "Remote P worker KV layer cache must be of shape [2, N, local_kv_heads*tp_ratio, block_size, "
@@ -328,7 +329,7 @@ MSG_LAYOUT_111 = (
 )
 
 # Enum names of KVCacheLayout (0.31+) and the older strings they replace.
-LAYOUT_ENUM = {"HND": "LBHNC", "NHD": "LBNHC"}
+LAYOUT_ENUM = KV_LAYOUT_NAMES
 
 
 def layout_enum(value: str | None) -> str | None:
@@ -340,8 +341,9 @@ def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111) -> Check
     """0.11.1+: RuntimeError on any layout difference (homogeneous TP too), non-MLA only. pdcheck models the
     default enable_permute_local_kv=False, so the permute escape never applies.
 
-    enum_names (0.31+): the release compares KVCacheLayout names; a P advertising the pre-0.31 string of the same
-    layout (pdcheck's fake P does) is read as that enum name."""
+    enum_names (0.29+): the release compares KVCacheLayout names (what its metadata carries: pdcheck's fake P and
+    serve advertise them on wires H31/H34); the D's own layout, which a scenario may name the pre-0.29 way, and an
+    old-style name from P are read as the enum name of the same layout."""
 
     def ok(c: Ctx) -> bool:
         if enum_names:
