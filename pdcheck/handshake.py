@@ -15,6 +15,7 @@ from pdcheck import messages as m
 from pdcheck import releases
 from pdcheck import report as rp
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.geometry import Geometry
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import Launcher, Rank, how_it_ended, launcher
 from pdcheck.ranks import decode_main, prefill_main
@@ -26,6 +27,15 @@ from pdcheck.wire import FORMATS
 
 ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens from base_port + 100*k
 LAYOUT_BASE = 5557  # vLLM's default side-channel port: the layout D ranks address when no base_port is set
+
+
+def kv_geometry(inst: Instance, run_releases: list[ReleaseModel]) -> Geometry:
+    """The geometry a fake rank registers: FlashAttention's KV layout of the instance's own release (`vllm` in
+    its table), else of the one release run. A matrix of several releases shares one KV cache per process, so it
+    keeps one layout on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
+    rel = resolve(inst.vllm) if inst.vllm else (run_releases[0] if len(run_releases) == 1 else None)
+    g = inst.geometry()
+    return releases.for_release(rel, g) if rel is not None and rel is not CORRECTED else g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -170,13 +180,14 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
             r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p.host,
-                geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout, inject=opts.inject)))
+                geometry=dataclasses.asdict(kv_geometry(p, releases)), kv_cache_layout=p.kv_cache_layout,
+                inject=opts.inject)))
             for r in range(p.tp_size)
         }
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
-                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
+                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(kv_geometry(d, releases)),
                 kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*releases, CORRECTED]],
                 p_host=p.host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,

@@ -170,7 +170,7 @@ def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
     blen = meta.block_len if meta.block_len is not None else (meta.block_lens or [None])[0]
     if hint.use_mla or not blen:
         return None
-    per_head = (meta.block_size or hint.block_size) * hint.elem_size * hint.head_dim * (2 if hint.flashinfer else 1)
+    per_head = (meta.block_size or hint.block_size) * hint.elem_size * hint.head_dim * (2 if hint.joint_kv else 1)
     if blen % per_head:
         return None
     local = blen // per_head
@@ -234,7 +234,7 @@ def _layers(regions: int, geometry_flat: bool) -> int:
 
 
 def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int, dp_rank: int,
-                    notes: list[str]) -> Instance:
+                    notes: list[str], release: ReleaseModel | None = None) -> Instance:
     """The prefill instance as the wire shows it. Facts the metadata does not carry (heads, head_dim, dtype,
     model) come from `base` (the scenario's [prefill] table, else the decode instance); heads are solved
     from the advertised block length when it disagrees."""
@@ -256,12 +256,13 @@ def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int
     devs = [r.device_id for r in ok if r.device_id is not None]
     if len(devs) == len(ranks) and devs != list(range(len(ranks))):
         inst = msgspec.structs.replace(inst, device_ids=devs)
-    g = inst.geometry()
+    # the block lengths and regions P's release registers (FlashAttention's layout differs per release)
+    g = releases.for_release(release, inst.geometry()) if release is not None else inst.geometry()
     if first.regions:
-        inst = msgspec.structs.replace(inst, layers=_layers(first.regions, use_mla or g.flashinfer))
-        g = inst.geometry()
+        inst = msgspec.structs.replace(inst, layers=_layers(first.regions, use_mla or g.joint_kv))
+        g = releases.for_release(release, inst.geometry()) if release is not None else inst.geometry()
     if first.block_len and first.block_len != g.block_len:
-        per_head = g.block_size * g.elem_size * g.head_dim * (2 if g.flashinfer and not use_mla else 1)
+        per_head = g.block_size * g.elem_size * g.head_dim * (2 if g.joint_kv else 1)
         if not use_mla and first.block_len % per_head == 0:
             heads = first.block_len // per_head * inst.tp_size
             notes.append(f"P's block_len {first.block_len} means {heads} KV heads with head_dim {g.head_dim} and "
@@ -282,12 +283,13 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
         expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
     ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
                                        timeout_ms=timeout_ms, expected_hash=expected,
-                                       hint=decode_sc.prefill.geometry() if decode_sc is not None else None)
+                                       hint=releases.for_release(release, decode_sc.prefill.geometry())
+                                       if decode_sc is not None else None)
     fmt = FORMATS[release.wire]
     ok = [r for r in ranks if r.status == "ok"]
     hazards: list[Hazard] = []
     if decode_sc is not None and ok:
-        p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes)
+        p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes, release)
         sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
         hazards = evaluate(sc, [release])
     elif decode_sc is None:

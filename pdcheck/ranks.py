@@ -75,6 +75,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             "attn_backend_name": g.attn_backend, "kv_cache_layout": spec.kv_cache_layout,
             "device_id": spec.device_id, "block_size": g.block_size, "ssm_sizes": (0, 0),
             "physical_blocks_per_logical_kv_block": 1,
+            # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
+            "region_names": g.region_layers(), "region_members": [[n] for n in g.region_layers()],
         }
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
@@ -201,7 +203,10 @@ class RealIO:
 
     def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
         blocks = np.arange(prepared.dlist_blocks, dtype=np.uint64) * np.uint64(prepared.remote_block_len)
-        addrs = np.concatenate([np.uint64(a) + np.uint64(prepared.rank_offset) + blocks for a in prepared.base_addrs])
+        # per region: its blocks (K halves first, then V halves when the release splits a block into two)
+        half = prepared.remote_block_len // prepared.halves
+        addrs = np.concatenate([np.uint64(a + prepared.rank_offset + h * half) + blocks for a in prepared.base_addrs
+                                for h in range(prepared.halves)])
         descs = descs_array(addrs, prepared.block_len, prepared.device_id)
         self.handles[prepared.p_rank] = self.agent.prep(
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")

@@ -27,7 +27,7 @@ from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.ranks import prefill_main
-from pdcheck.releases import compat_hash_for, resolve
+from pdcheck.releases import compat_hash_for, for_release, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
 from pdcheck.wire import FORMATS
@@ -180,6 +180,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
     p = msgspec.structs.replace(p, host=host, base_port=base)
     sc = msgspec.structs.replace(sc, prefill=p)
     chash = compat_hash_for(release, p.geometry(), p.model)
+    pg = for_release(release, p.geometry())  # the regions and block lengths a real P of `release` registers
     # base_port is set: the plan binds vLLM's layout ports themselves (fixed), as a real P of `release` would.
     plan = hs.plan_ports(sc, [release], "serve")
     stop = {"why": None}
@@ -197,7 +198,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                     engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                     device_id=p.device_id(r), device=opts.device, host=host,
-                    geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout,
+                    geometry=dataclasses.asdict(pg), kv_cache_layout=p.kv_cache_layout,
                     inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
                 for r in range(p.tp_size)
             }
@@ -207,7 +208,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             for r, rank in ranks.items():
                 rank.send(m.Serve(listeners[r], values))
             hs._await_serving(lau, ranks, plan, opts.start_timeout_s)
-            g = p.geometry()
+            g = pg
             served = [
                 ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),
                            agent_name=f"{p.engine_id}-p{r}", block_len=g.block_len, regions=g.num_regions,
