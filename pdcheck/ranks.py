@@ -194,7 +194,9 @@ class RealIO:
         # Only ports this run bound: a layout port no listener of ours serves goes to our silent port. Against a
         # live P (--prefill-endpoint) the user named the instance, and its layout ports are its real ports.
         port = layout if self.spec.live else self.go.ports.get(layout, self.go.silent)
-        return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
+        # On several nodes each P rank listens on its own node's address; held ports live where the parent runs.
+        host = self.spec.p_host if self.spec.live else self.go.hosts.get(layout, self.go.host or self.spec.p_host)
+        return fetch(self.zctx, host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:
         return self.agent.add_remote(blob)

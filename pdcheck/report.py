@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import msgspec
 from rich import box
@@ -36,6 +37,7 @@ class DecodeRank(msgspec.Struct):
     verdicts: dict[str, m.Verdict]  # release name -> verdict; "corrected" included
     transfer: dict[str, m.TransferResult] | None = None
     bypassed: dict[str, m.Verdict] = {}
+    node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
 
 
 class PrefillRank(msgspec.Struct):
@@ -45,6 +47,7 @@ class PrefillRank(msgspec.Struct):
     requests_served: int | None
     notifications: list[str] | None
     listener_died: str | None = None
+    node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
 
 
 class FailSpan(msgspec.Struct):
@@ -101,7 +104,10 @@ def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
 
 def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: list[m.Req],
           results: dict[int, m.DecodeResult], finals: dict[int, m.PrefillFinal], harness: list[str],
-          timings: Timings) -> Report:
+          timings: Timings, nodes: dict[str, str] | None = None) -> Report:
+    """nodes: rank label ('P rank 0') -> where it ran; default this host."""
+    here = socket.gethostname()
+    nodes = nodes or {}
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
     for r in range(sc.decode.tp_size):
@@ -109,11 +115,12 @@ def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: lis
         if res is None:
             continue
         verdicts = {k: _fold_transfer(v, (res.transfer or {}).get(k)) for k, v in res.verdicts.items()}
-        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed))
+        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed,
+                                 nodes.get(f"D rank {r}", here)))
     prefill = [
         PrefillRank(r, sc.prefill.blocks()[r], sc.prefill.device_id(r),
                     finals[r].served if r in finals else None, finals[r].notifs if r in finals else None,
-                    finals[r].listener_dead if r in finals else None)
+                    finals[r].listener_dead if r in finals else None, nodes.get(f"P rank {r}", here))
         for r in range(sc.prefill.tp_size)
     ]
     survives = {
