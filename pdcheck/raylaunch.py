@@ -31,6 +31,7 @@ from pdcheck.launcher import Place
 
 RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
 _LOG_TAIL = 20_000  # bytes of a rank's log brought back
+_JOIN_WAIT_S = 10.0  # how long placement waits for nodes with the wanted resources to join
 
 
 @ray.remote(num_cpus=0, concurrency_groups={"recv": 1, "send": 1})
@@ -128,7 +129,12 @@ class RayLauncher:
         self.start_timeout_s = 120.0
 
     def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
+        want = {RESOURCE[role]: sum(1 for r, _ in ranks if r == role) for role in RESOURCE}
         have = ray.cluster_resources()
+        t_end = time.monotonic() + _JOIN_WAIT_S
+        while any(have.get(k, 0) < n for k, n in want.items()) and time.monotonic() < t_end:
+            time.sleep(0.5)  # nodes started a moment ago may still be joining
+            have = ray.cluster_resources()
         for role in ("P", "D"):
             want = sum(1 for r, _ in ranks if r == role)
             if want and have.get(RESOURCE[role], 0) < want:
