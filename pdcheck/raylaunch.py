@@ -203,12 +203,13 @@ class RayLauncher:
         """Bring every rank's log back to stderr, then end every actor and leave the cluster."""
         if not ray.is_initialized():
             return
-        try:
-            logs = dict(zip(self.actors, ray.get([a.log.remote() for a in self.actors.values()], timeout=10),
-                            strict=True))
-        except (GetTimeoutError, RayActorError):
-            logs = {}
-        for (role, r), text in logs.items():
+        refs = {key: a.log.remote() for key, a in self.actors.items()}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=10)
+        for (role, r), ref in refs.items():
+            try:
+                text = ray.get(ref, timeout=0)
+            except (GetTimeoutError, RayActorError):
+                continue  # its actor is gone (the rank died with it): its harness error says so
             if text.strip():
                 node = self.places.get((role, r))
                 head = f"--- {role} rank {r} log ({node.node if node else 'unplaced'}) ---"

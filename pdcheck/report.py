@@ -237,6 +237,23 @@ def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Tab
     return table, used
 
 
+def placement(rep: Report) -> str | None:
+    """'P ranks 0-7 on A; D ranks 0-7 on B' when ranks ran anywhere but this one host (--ray), else None."""
+    where: dict[str, dict[str, list[int]]] = {}
+    for side, ranks in (("P", rep.prefill_ranks), ("D", rep.decode_ranks)):
+        for r in ranks:
+            where.setdefault(r.node, {}).setdefault(side, []).append(r.tp_rank)
+    if set(where) <= {socket.gethostname(), ""}:
+        return None
+    return "; ".join(f"{side} ranks {_span(ids)}" + f" on {node}"
+                     for node, sides in where.items() for side, ids in sides.items())
+
+
+def _span(ids: list[int]) -> str:
+    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)) \
+        else ",".join(map(str, ids))
+
+
 def render_matrix(rep: Report, console: Console) -> None:
     """Rows are releases, columns decode ranks. Whole status words when the table fits the terminal, else
     one-letter codes with a legend (never a truncated word); a count per status past 16 ranks."""
@@ -246,6 +263,8 @@ def render_matrix(rep: Report, console: Console) -> None:
     if natural > console.width:
         table, used = _matrix_table(rep, labels, short=True)
     console.print(table)
+    if (at := placement(rep)) is not None:
+        console.print(Text(f"placement: {at}", style="dim"))
     if used:
         console.print("[dim]" + " · ".join(f"{k} = {_LEGEND[k]}" for k in _LEGEND if k in used) + "[/]")
     console.print(summary(rep))
@@ -265,6 +284,8 @@ def render(rep: Report, console: Console) -> None:
     for side, sp in rep.num_blocks_spread.items():
         diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
         console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")
+    if (at := placement(rep)) is not None:
+        console.print(Text(f"  placement: {at}"))
     shown = [*rep.releases, CORRECTED.name]
     table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
     table.add_column("D", justify="right")

@@ -8,6 +8,7 @@ the local (loopback, forked) run's.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -105,6 +106,14 @@ def _check(local: Run, placed: Run) -> dict:
     return doc
 
 
+def _placement_line(doc: dict) -> str:
+    import msgspec
+
+    from pdcheck import report
+
+    return report.placement(msgspec.json.decode(json.dumps(doc).encode(), type=report.Report)) or ""
+
+
 def test_local_run_names_this_host_as_node(pdcheck):
     run = pdcheck("handshake", SEED, "--vllm", "0.9.1", "--no-transfer", "--json")
     assert run.code == 1, run.err
@@ -143,8 +152,10 @@ def test_seed_on_two_ray_nodes_equals_the_local_run(pdcheck):
     t0 = time.monotonic()
     with _two_nodes("127.0.0.1", "127.0.0.1") as addr:
         placed = _cli(["handshake", SEED, "--json", "--ray", addr])
-    _check(local, placed)
+    doc = _check(local, placed)
     assert time.monotonic() - t0 < 150
+    line = _placement_line(doc)
+    assert line.startswith("P ranks 0-7 on 127.0.0.1 (ray node ") and "; D ranks 0-7 on 127.0.0.1 (ray node " in line
 
 
 # ---------------------------------------------------------------------------------- a real network link
