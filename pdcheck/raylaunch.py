@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -117,6 +118,7 @@ class RayLauncher:
 
     def __init__(self, address: str) -> None:
         self.address = address
+        _reachable(address)  # before ray.init, which retries an absent cluster for minutes
         try:
             # log_to_driver off: stdout is the report's (--json); rank logs come back by RankActor.log.
             ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
@@ -220,6 +222,30 @@ class RayLauncher:
         self.actors.clear()
         self.ranks.clear()
         ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """BadInput unless a Ray cluster's GCS accepts connections at `address` ('auto': the one this node's
+    `ray start` recorded, or RAY_ADDRESS). Ray Client addresses (ray://) are left to ray.init."""
+    if address.startswith("ray://"):
+        return
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        addr = canonicalize_bootstrap_address(address)
+    except (ValueError, ConnectionError) as exc:
+        raise BadInput(f"--ray {address}: {exc}".rstrip(".")) from None
+    if addr is None:
+        raise BadInput(f"--ray {address}: expected the address of a running Ray cluster (HOST:PORT or auto)")
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise BadInput(f"--ray {address}: expected HOST:PORT of a Ray cluster's head (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise BadInput(f"--ray {address}: no Ray cluster answers at {addr} ({why}; start one with `ray start "
+                       f"--head`)") from None
 
 
 def _short(exc: BaseException) -> str:

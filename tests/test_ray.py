@@ -121,7 +121,16 @@ def test_local_run_names_this_host_as_node(pdcheck):
     assert {r["node"] for r in [*doc["prefill_ranks"], *doc["decode_ranks"]]} == {socket.gethostname()}
 
 
-def test_ray_without_the_resources_is_bad_input_and_leaves_nothing_running():
+@pytest.mark.parametrize("address", ["127.0.0.1:1", "nonsense:xx", ""])
+def test_ray_address_nobody_answers_is_one_line_exit_2(pdcheck, address):
+    run = pdcheck("handshake", SEED, "--vllm", "0.9.1", "--json", "--ray", address, timeout=60)
+    assert run.code == 2, run.err
+    lines = [x for x in run.err.splitlines() if x.startswith("pdcheck: error:")]
+    assert len(lines) == 1 and "--ray" in lines[0] and "Traceback" not in run.err
+    assert run.out == ""
+
+
+def test_ray_cluster_without_the_decode_resource_is_bad_input():
     port = _free_port()
     with _ray_node(["--head", f"--port={port}", "--node-ip-address=127.0.0.1",
                     '--resources={"pdcheck_prefill": 8}']):
