@@ -106,6 +106,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
     tagging = False
+    stopping = False
     poller = zmq.Poller()
     for lst in listeners:
         poller.register(lst.sock, zmq.POLLIN)
@@ -137,13 +138,15 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                             kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
                     _send(conn, m.Tagged(msg.ticket))
                 elif isinstance(msg, m.Stop):
-                    break
+                    stopping = True
             for peer, got in agent.notifs().items():
                 notifs.extend(x.decode(errors="replace") for x in got)
                 if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
                     for x in got:
                         _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
                                   f"{x.decode(errors='replace')!r}")
+            if stopping:  # after this last look: a READ's notification may land with the Stop
+                break
     finally:
         for lst in listeners:
             lst.close()
