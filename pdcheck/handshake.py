@@ -166,7 +166,7 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         prof = profiles[r.name]
         return m.DRelease(r.name, _d_base(sc, r, prof), prof.wire, compat_hash_for(r, d))
 
-    with launcher(opts.ray) as lau, ExitStack() as held:
+    with launcher(opts.ray, opts.start_timeout_s) as lau, ExitStack() as held:
         where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
                           gpu=opts.device == "cuda")
         # Each P rank listens on its own node's address (the scenario's host when all run here).

@@ -251,12 +251,12 @@ def _kill(pid: int | None, sig: int) -> None:
 
 
 @contextmanager
-def launcher(ray: str | None = None) -> Iterator[Launcher]:
+def launcher(ray: str | None = None, place_timeout_s: float = 120.0) -> Iterator[Launcher]:
     """The rank launcher: local forked children, or (ray: a cluster address or 'auto') Ray actors."""
     if ray is not None:
         from pdcheck.raylaunch import RayLauncher  # Ray is an optional extra: imported only when asked for
 
-        lau: Launcher = RayLauncher(ray)  # type: ignore[assignment]
+        lau: Launcher = RayLauncher(ray, place_timeout_s)  # type: ignore[assignment]
     else:
         lau = Launcher()
     try:

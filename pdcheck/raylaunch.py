@@ -116,7 +116,7 @@ class RayRank:
 class RayLauncher:
     """The placement seam of pdcheck.launcher.Launcher, over Ray actors."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, place_timeout_s: float = 120.0) -> None:
         self.address = address
         _reachable(address)  # before ray.init, which retries an absent cluster for minutes
         try:
@@ -128,7 +128,7 @@ class RayLauncher:
         self.actors: dict[tuple[str, int], Any] = {}
         self.places: dict[tuple[str, int], Place] = {}
         self.ranks: list[RayRank] = []
-        self.start_timeout_s = 120.0
+        self.start_timeout_s = place_timeout_s
 
     def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
         want = {RESOURCE[role]: sum(1 for r, _ in ranks if r == role) for role in RESOURCE}

@@ -166,9 +166,13 @@ def test_seed_on_two_ray_nodes_equals_the_local_run(pdcheck):
     """P ranks on the pdcheck_prefill node, D ranks on the pdcheck_decode node, one host."""
     local = pdcheck("handshake", SEED, "--json")
     t0 = time.monotonic()
-    with _two_nodes("127.0.0.1", "127.0.0.1") as addr:
+    # D's node logs NIXL at INFO: its ranks' C-level lines must come back to the CLI's stderr, not stdout.
+    with _two_nodes("127.0.0.1", "127.0.0.1", envs=(_env(), _env(NIXL_LOG_LEVEL="INFO"))) as addr:
         placed = _cli(["handshake", SEED, "--json", "--ray", addr])
     doc = _check(local, placed)
+    for r in range(8):
+        block = placed.err.split(f"--- D rank {r} log (127.0.0.1 (ray node ", 1)[1].split("\n--- ", 1)[0]
+        assert "nixl_plugin_manager.cpp" in block
     assert time.monotonic() - t0 < 150
     line = _placement_line(doc)
     assert line.startswith("P ranks 0-7 on 127.0.0.1 (ray node ") and "; D ranks 0-7 on 127.0.0.1 (ray node " in line
