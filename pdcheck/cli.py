@@ -116,6 +116,10 @@ def handshake(
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
     max_tp: Annotated[int, Opt(metavar="N", rich_help_panel=RUN,
                                 help="Most ranks per side (one process each); up to 256.")] = 64,
+    ray: Annotated[str | None, Opt(metavar="ADDRESS", rich_help_panel=RUN, show_default=False,
+                                   help="Run each rank as a Ray actor on this Ray cluster ('auto': the one this "
+                                        "node belongs to): P on nodes with the pdcheck_prefill resource, D on "
+                                        "pdcheck_decode ones (needs pdcheck[ray]).")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
@@ -157,11 +161,20 @@ def handshake(
         hs.plan_ports(sc, releases)
     inj = _parse_inject(inject or [], sc.prefill.tp_size)
     bounds.check_device(device)
+    if ray is not None:
+        if prefill_endpoint is not None:
+            raise BadInput("--ray places fake P and D ranks; with --prefill-endpoint there is no fake P (drop one)")
+        if not ray.strip():
+            raise BadInput("--ray: expected a Ray cluster address (HOST:PORT, ray://HOST:PORT or auto)")
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise BadInput("--ray: Ray is not installed here (pip install 'pdcheck[ray]')")
     with progress.stderr_progress(enabled=not json_out) as tick:
         rep = hs.run(sc, releases, hs.Options(
             device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
             start_timeout_s=timeout, inject=inj, progress=tick, prefill_endpoint=endpoint,
-            prefill_tp_given=tp_given))
+            prefill_tp_given=tp_given, ray=ray))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:

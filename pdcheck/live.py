@@ -104,7 +104,9 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                          setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
-    rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings)
+    # The live P's ranks run behind its endpoint, not here.
+    rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings,
+                   {f"P rank {r}": host for r in range(p.tp_size)})
     rep.live = rp.Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire,
                        probe=ranks, skipped=skipped, content=_content(rep, opts.transfer), notes=notes)
     return rep

@@ -108,6 +108,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
     tagging = False
+    stopping = False
     poller = zmq.Poller()
     for lst in listeners:
         poller.register(lst.sock, zmq.POLLIN)
@@ -139,13 +140,15 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                             kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
                     _send(conn, m.Tagged(msg.ticket))
                 elif isinstance(msg, m.Stop):
-                    break
+                    stopping = True
             for peer, got in agent.notifs().items():
                 notifs.extend(x.decode(errors="replace") for x in got)
                 if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
                     for x in got:
                         _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
                                   f"{x.decode(errors='replace')!r}")
+            if stopping:  # after this last look: a READ's notification may land with the Stop
+                break
     finally:
         for lst in listeners:
             lst.close()
@@ -196,7 +199,9 @@ class RealIO:
         # Only ports this run bound: a layout port no listener of ours serves goes to our silent port. Against a
         # live P (--prefill-endpoint) the user named the instance, and its layout ports are its real ports.
         port = layout if self.spec.live else self.go.ports.get(layout, self.go.silent)
-        return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
+        # On several nodes each P rank listens on its own node's address; held ports live where the parent runs.
+        host = self.spec.p_host if self.spec.live else self.go.hosts.get(layout, self.go.host or self.spec.p_host)
+        return fetch(self.zctx, host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:
         return self.agent.add_remote(blob)

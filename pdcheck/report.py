@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import msgspec
 from rich import box
@@ -36,6 +37,7 @@ class DecodeRank(msgspec.Struct):
     verdicts: dict[str, m.Verdict]  # release name -> verdict; "corrected" included
     transfer: dict[str, m.TransferResult] | None = None
     bypassed: dict[str, m.Verdict] = {}
+    node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
 
 
 class PrefillRank(msgspec.Struct):
@@ -45,6 +47,7 @@ class PrefillRank(msgspec.Struct):
     requests_served: int | None
     notifications: list[str] | None
     listener_died: str | None = None
+    node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
 
 
 class FailSpan(msgspec.Struct):
@@ -101,7 +104,10 @@ def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
 
 def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: list[m.Req],
           results: dict[int, m.DecodeResult], finals: dict[int, m.PrefillFinal], harness: list[str],
-          timings: Timings) -> Report:
+          timings: Timings, nodes: dict[str, str] | None = None) -> Report:
+    """nodes: rank label ('P rank 0') -> where it ran; default this host."""
+    here = socket.gethostname()
+    nodes = nodes or {}
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
     for r in range(sc.decode.tp_size):
@@ -109,11 +115,12 @@ def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: lis
         if res is None:
             continue
         verdicts = {k: _fold_transfer(v, (res.transfer or {}).get(k)) for k, v in res.verdicts.items()}
-        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed))
+        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed,
+                                 nodes.get(f"D rank {r}", here)))
     prefill = [
         PrefillRank(r, sc.prefill.blocks()[r], sc.prefill.device_id(r),
                     finals[r].served if r in finals else None, finals[r].notifs if r in finals else None,
-                    finals[r].listener_dead if r in finals else None)
+                    finals[r].listener_dead if r in finals else None, nodes.get(f"P rank {r}", here))
         for r in range(sc.prefill.tp_size)
     ]
     survives = {
@@ -244,6 +251,23 @@ def render_live(rep: Report, console: Console) -> None:
         console.print(Text(f"  note: {n}", style="dim"))
 
 
+def placement(rep: Report) -> str | None:
+    """'P ranks 0-7 on A; D ranks 0-7 on B' when ranks ran anywhere but this one host (--ray), else None."""
+    where: dict[str, dict[str, list[int]]] = {}
+    for side, ranks in (("P", rep.prefill_ranks), ("D", rep.decode_ranks)):
+        for r in ranks:
+            where.setdefault(r.node, {}).setdefault(side, []).append(r.tp_rank)
+    if set(where) <= {socket.gethostname(), ""}:
+        return None
+    return "; ".join(f"{side} ranks {_span(ids)}" + f" on {node}"
+                     for node, sides in where.items() for side, ids in sides.items())
+
+
+def _span(ids: list[int]) -> str:
+    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)) \
+        else ",".join(map(str, ids))
+
+
 def render_matrix(rep: Report, console: Console) -> None:
     """Rows are releases, columns decode ranks. Whole status words when the table fits the terminal, else
     one-letter codes with a legend (never a truncated word); a count per status past 16 ranks."""
@@ -253,6 +277,8 @@ def render_matrix(rep: Report, console: Console) -> None:
     if natural > console.width:
         table, used = _matrix_table(rep, labels, short=True)
     console.print(table)
+    if (at := placement(rep)) is not None:
+        console.print(Text(f"placement: {at}", style="dim"))
     if used:
         console.print("[dim]" + " · ".join(f"{k} = {_LEGEND[k]}" for k in _LEGEND if k in used) + "[/]")
     console.print(summary(rep))
@@ -283,6 +309,8 @@ def render(rep: Report, console: Console) -> None:
     render_live(rep, console)
     for side, sp in rep.num_blocks_spread.items():
         console.print(spread_line(f"{side} num_blocks", sp))
+    if (at := placement(rep)) is not None:
+        console.print(Text(f"  placement: {at}"))
     shown = [*rep.releases, CORRECTED.name]
     table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
     table.add_column("D", justify="right")
