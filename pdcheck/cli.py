@@ -36,6 +36,7 @@ app.add_typer(scenario_app, name="scenario")
 Opt = typer.Option
 RUN = "Run"
 OUTPUT = "Output"
+LIVE = "Live prefill"
 
 
 def _version(value: bool) -> None:
@@ -106,15 +107,19 @@ def handshake(
                                   help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout instead of tables (no progress).")] = False,
-    prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=RUN, show_default=False,
+    prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=LIVE, show_default=False,
                                             help="The release the prefill runs (prefill.vllm): a cross-release "
                                                  "pair, or the live P's release with --prefill-endpoint.")] = None,
-    prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=RUN, show_default=False,
-                                                help="A live P's side channel (e.g. pdcheck serve): no fake P; "
-                                                     "its facts are probed.")] = None,
+    prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=LIVE, show_default=False,
+                                                help="A live P's side channel (e.g. pdcheck serve): no fake P; its "
+                                                     "facts are probed, read-only.")] = None,
     inject: Annotated[list[str] | None, Opt(hidden=True, help="Test hooks: die:P1, mute:P1, corrupt:P0:1:17.")] = None,
     max_tp: Annotated[int, Opt(metavar="N", rich_help_panel=RUN,
                                 help="Most ranks per side (one process each); up to 256.")] = 64,
+    ray: Annotated[str | None, Opt(metavar="ADDRESS", rich_help_panel=RUN, show_default=False,
+                                   help="Run each rank as a Ray actor on this Ray cluster ('auto': the one this "
+                                        "node belongs to): P on nodes with the pdcheck_prefill resource, D on "
+                                        "pdcheck_decode ones (needs pdcheck[ray]).")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
@@ -132,7 +137,7 @@ def handshake(
     if prefill_vllm is not None:
         overrides = {**overrides, "prefill": {**overrides.get("prefill", {}), "vllm": prefill_vllm}}
     tp_given = True
-    if prefill_endpoint is not None:
+    if prefill_endpoint is not None and from_logs is None:
         from pdcheck.scenario import read_toml
 
         p_doc = read_toml(scenario).get("prefill", {}) if scenario is not None else {}
@@ -156,16 +161,26 @@ def handshake(
         hs.plan_ports(sc, releases)
     inj = _parse_inject(inject or [], sc.prefill.tp_size)
     bounds.check_device(device)
+    if ray is not None:
+        if prefill_endpoint is not None:
+            raise BadInput("--ray places fake P and D ranks; with --prefill-endpoint there is no fake P (drop one)")
+        if not ray.strip():
+            raise BadInput("--ray: expected a Ray cluster address (HOST:PORT, ray://HOST:PORT or auto)")
+        import importlib.util
+
+        if importlib.util.find_spec("ray") is None:
+            raise BadInput("--ray: Ray is not installed here (pip install 'pdcheck[ray]')")
     with progress.stderr_progress(enabled=not json_out) as tick:
         rep = hs.run(sc, releases, hs.Options(
             device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
             start_timeout_s=timeout, inject=inj, progress=tick, prefill_endpoint=endpoint,
-            prefill_tp_given=tp_given))
+            prefill_tp_given=tp_given, ray=ray))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:
         console = Console()
         report.render_matrix(rep, console)
+        report.render_live(rep, console)
         for e in rep.harness_errors:
             console.print(f"[red]harness:[/] {escape(e)}")
         one = rep.fails[0] if rep.fails else rep.releases[0]

@@ -1,6 +1,12 @@
 """KV-cache geometry of one rank as vLLM lays it out: regions, bytes per block, head slices.
 
-FlashAttention (non-MLA): one K and one V region per layer, block = [block_size, local_heads, head_dim].
+FlashAttention (non-MLA) depends on the release (kv_regions, set from the release model by releases.for_release):
+- "split" (up to 0.22, cache [2, num_blocks, ...]): one K and one V region per layer, block = [block_size,
+  local_heads, head_dim] (or heads first, HND);
+- "blocks_first" (0.23 - 0.25, cache [num_blocks, 2, ...]): one region per layer, block = [2, block_size,
+  local_heads, head_dim]; vLLM indexes K and V as two virtual halves of each block;
+- "packed" (0.26+, cache [num_blocks, heads, block_size, 2 * head_dim] permuted by the layout): one region per
+  layer, K and V packed per (head, token) cell, so a head slice (HND) is one contiguous run of both.
 FlashInfer: K and V share one region per layer, block = [2, block_size, local_heads, head_dim].
 MLA: one region per layer, block = [block_size, latent_dim] (head_dim is the latent dim), replicated per rank.
 """
@@ -8,6 +14,9 @@ MLA: one region per layer, block = [block_size, latent_dim] (head_dim is the lat
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+KVRegions = Literal["split", "blocks_first", "packed"]
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "uint8": 1,
@@ -24,6 +33,7 @@ class Geometry:
     dtype: str
     attn_backend: str
     use_mla: bool
+    kv_regions: KVRegions = "split"  # FlashAttention's per-release cache layout (module docstring)
 
     @property
     def elem_size(self) -> int:
@@ -50,18 +60,56 @@ class Geometry:
         return self.elem_size * self.local_kv_heads * self.head_dim
 
     @property
+    def joint_kv(self) -> bool:
+        """K and V in one region per layer (FlashInfer; FlashAttention from 0.23), not MLA."""
+        return not self.use_mla and (self.flashinfer or self.kv_regions != "split")
+
+    @property
+    def packed(self) -> bool:
+        """K and V packed per (head, token) cell (FlashAttention 0.26+)."""
+        return not self.use_mla and not self.flashinfer and self.kv_regions == "packed"
+
+    @property
     def block_len(self) -> int:
-        """Bytes of one block in one region (vLLM's block_len)."""
+        """Bytes of one block in one region (vLLM's block_len, block_lens[i] on the wire)."""
         per = self.block_size * self.slot_size
-        return 2 * per if (self.flashinfer and not self.use_mla) else per
+        return 2 * per if self.joint_kv else per
 
     @property
     def num_regions(self) -> int:
-        return self.layers if (self.use_mla or self.flashinfer) else 2 * self.layers
+        return self.layers if (self.use_mla or self.joint_kv) else 2 * self.layers
+
+    @property
+    def kv_halves(self) -> int:
+        """2 where vLLM reads K and V as two virtual halves of each block (FlashAttention blocks-first, 0.23 -
+        0.25: _build_fa_remote's second split, V at block_len // 2); 1 where a block is read as one run."""
+        return 2 if (self.kv_regions == "blocks_first" and not self.use_mla and not self.flashinfer) else 1
+
+    @property
+    def head_cell_bytes(self) -> int:
+        """Bytes of one (head, token) cell of a block: head_dim elements, K and V together when packed."""
+        return self.elem_size * self.head_dim * (2 if self.packed else 1)
+
+    @property
+    def per_head_view(self) -> bool:
+        """Whether a block is a grid of (head, token) cells that a layout orders (not MLA, not K|V halves)."""
+        return not self.use_mla and not self.flashinfer and self.kv_regions != "blocks_first"
+
+    @staticmethod
+    def layer_name(layer: int) -> str:
+        """The attention layer's name in vLLM's kv_caches dict (a Llama-style model)."""
+        return f"model.layers.{layer}.self_attn.attn"
+
+    def region_layers(self) -> list[str]:
+        """The layer each registered region belongs to, in registration order (region_names on the wire)."""
+        per = 1 if (self.use_mla or self.joint_kv) else 2
+        return [self.layer_name(r // per) for r in range(self.num_regions)]
 
     def region_name(self, region: int) -> str:
         if self.use_mla:
             return f"layer {region} (MLA)"
-        if self.flashinfer:
+        if self.packed:
+            return f"layer {region} (K|V per head)"
+        if self.joint_kv:
             return f"layer {region} (K+V)"
         return f"layer {region // 2} {'KV'[region % 2]}"

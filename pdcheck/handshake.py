@@ -15,8 +15,9 @@ from pdcheck import messages as m
 from pdcheck import releases
 from pdcheck import report as rp
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.geometry import Geometry
 from pdcheck.kvcache import engine_tag
-from pdcheck.launcher import Launcher, Rank, how_it_ended, launcher
+from pdcheck.launcher import Launcher, Rank, launcher
 from pdcheck.ranks import decode_main, prefill_main
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import ReleaseModel
@@ -26,6 +27,15 @@ from pdcheck.wire import FORMATS
 
 ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens from base_port + 100*k
 LAYOUT_BASE = 5557  # vLLM's default side-channel port: the layout D ranks address when no base_port is set
+
+
+def kv_geometry(inst: Instance, run_releases: list[ReleaseModel]) -> Geometry:
+    """The geometry a fake rank registers: FlashAttention's KV layout of the instance's own release (`vllm` in
+    its table), else of the one release run. A matrix of several releases shares one KV cache per process, so it
+    keeps one layout on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
+    rel = resolve(inst.vllm) if inst.vllm else (run_releases[0] if len(run_releases) == 1 else None)
+    g = inst.geometry()
+    return releases.for_release(rel, g) if rel is not None and rel is not CORRECTED else g
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +49,7 @@ class Options:
     progress: Callable[[str, int, int], None] | None = None  # (stage, done, total), e.g. pdcheck.progress
     prefill_endpoint: tuple[str, int] | None = None  # a live P (pdcheck.live): no fake P is started
     prefill_tp_given: bool = True  # live P: prefill.tp_size was named (else probed where that is safe)
+    ray: str | None = None  # a Ray cluster address ('auto': this node's): ranks become Ray actors (raylaunch)
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
@@ -165,20 +176,25 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         prof = profiles[r.name]
         return m.DRelease(r.name, _d_base(sc, r, prof), prof.wire, compat_hash_for(r, d))
 
-    with launcher() as lau, ExitStack() as held:
+    with launcher(opts.ray, opts.start_timeout_s) as lau, ExitStack() as held:
+        where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
+                          gpu=opts.device == "cuda")
+        # Each P rank listens on its own node's address (the scenario's host when all run here).
+        p_host = {r: where["P", r].host or p.host for r in range(p.tp_size)}
         p_ranks = {
             r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
-                device_id=p.device_id(r), device=opts.device, host=p.host,
-                geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout, inject=opts.inject)))
+                device_id=p.device_id(r), device=opts.device, host=p_host[r],
+                geometry=dataclasses.asdict(kv_geometry(p, releases)), kv_cache_layout=p.kv_cache_layout,
+                inject=opts.inject)))
             for r in range(p.tp_size)
         }
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
-                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
+                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(kv_geometry(d, releases)),
                 kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*releases, CORRECTED]],
-                p_host=p.host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
+                p_host=p_host[0], p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
                 transfer=opts.transfer, requests=requests)))
             for r in range(d.tp_size)
@@ -188,7 +204,10 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         for r, rank in p_ranks.items():
             rank.send(m.Serve(ports.listeners[r], values))
         bound = _await_serving(lau, p_ranks, ports, opts.start_timeout_s, opts.progress)
-        go = _hold_the_rest(held, p.host, ports, bound)
+        hold = lau.hold_host or p.host
+        go = _hold_the_rest(held, hold, ports, bound)
+        go = msgspec.structs.replace(go, host=hold, hosts={
+            ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
         t_ready = time.perf_counter()
         for rank in d_ranks.values():
             rank.send(go)
@@ -196,7 +215,8 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                          setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
-    return rp.build(sc, releases, opts.device, requests, results, p_final, harness, timings)
+    return rp.build(sc, releases, opts.device, requests, results, p_final, harness, timings,
+                    {f"{role} rank {r}": pl.node for (role, r), pl in where.items()})
 
 
 def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float,
@@ -214,7 +234,7 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float,
         elif isinstance(msg, m.Failed):
             raise HarnessError(f"{rank.label} failed to start: {msg.error}")
         elif msg is None:
-            raise HarnessError(f"{rank.label} died during start-up: it {how_it_ended(rank.proc.exitcode)}")
+            raise HarnessError(f"{rank.label} died during start-up: it {rank.ended()}")
     raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s (start-up follows --timeout)")
 
 
@@ -247,7 +267,7 @@ def _await_serving(lau: Launcher, p_ranks: dict[int, Rank], plan: PortPlan, time
             raise HarnessError(f"{rank.label} could not open its side channel: {msg.error}")
         elif msg is None:
             raise HarnessError(f"{rank.label} died during start-up (opening its side channel): it "
-                               f"{how_it_ended(rank.proc.exitcode)}")
+                               f"{rank.ended()}")
     raise HarnessError(f"{', '.join(sorted(pending))} not serving after {timeout_s:g} s")
 
 
@@ -267,7 +287,7 @@ def _collect(lau: Launcher, p_ranks: dict[int, Rank], d_ranks: dict[int, Rank], 
             finished = rank.tp_rank in (results if rank.role == "D" else finals)
             if finished:
                 continue
-            how = f"{rank.label} died during {phase[rank.label]}: it {how_it_ended(rank.proc.exitcode)}"
+            how = f"{rank.label} died during {phase[rank.label]}: it {rank.ended()}"
             expected = rank.role == "P" and rank.tp_rank in opts.inject.die_p
             if not expected:
                 # A rank nobody meant to kill: its sentinel fired now, so say so now, stop everything and

@@ -477,7 +477,7 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
     if why == "same model geometry" and f.p_tp != f.d_tp:
         why += f" (only a release without heterogeneous TP expects D's own {dl} B)"
     detail = (f"P block_len {pl} B ({f.pg.block_size} tokens x {f.pg.local_kv_heads} heads x {f.pg.head_dim} x "
-              f"{f.pg.elem_size} B{' x2 (K+V)' if f.pg.flashinfer and not f.pg.use_mla else ''}), D block_len "
+              f"{f.pg.elem_size} B{' x2 (K+V)' if f.pg.joint_kv else ''}), D block_len "
               f"{dl} B, tp_ratio {f.d_tp}//{f.p_tp}; {why}")
     return _yes("H08", detail, effects)
 

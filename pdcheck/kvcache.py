@@ -134,8 +134,7 @@ class KVCache:
                  layout: str = "HND") -> None:
         self.geometry, self.num_blocks, self.device = geometry, num_blocks, device
         g = geometry
-        self.view = BlockView.of(layout, g.local_kv_heads, g.block_size, g.elem_size * g.head_dim,
-                                 plain=g.use_mla or g.flashinfer)
+        self.view = BlockView.of(layout, g.local_kv_heads, g.block_size, g.head_cell_bytes, plain=not g.per_head_view)
         self.block_len = geometry.block_len
         self.region_bytes = num_blocks * self.block_len
         self._keep: list[Any] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -126,6 +127,19 @@ class Rank:
             return None
         return f"{self.label} {how_it_ended(self.proc.exitcode)}"
 
+    def ended(self) -> str:
+        """How the rank ended, for 'P rank 1 died: it ...' (every placement backend's ranks answer this)."""
+        return how_it_ended(self.proc.exitcode)
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank runs: the address its side channel and NIXL use (None: the scenario's host, as given)
+    and the node it runs on, for the report."""
+
+    host: str | None
+    node: str
+
 
 def how_it_ended(code: int | None) -> str:
     """'killed by SIGKILL' / 'exited with code 17' for a process exit code."""
@@ -181,8 +195,18 @@ def forkserver_alive() -> bool:
 
 
 class Launcher:
+    """Local placement: every rank a forked child on this host. The placement seam: place(), start(), events(),
+    close() and hold_host; pdcheck.raylaunch.RayLauncher answers the same calls with Ray actors on other nodes."""
+
+    hold_host: str | None = None  # where the parent holds silent side-channel ports; None: the scenario's P host
+
     def __init__(self) -> None:
         self.ranks: list[Rank] = []
+
+    def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
+        """(role, tp_rank) -> where it will run. Locally: this host, at the scenario's addresses."""
+        node = socket.gethostname()
+        return {key: Place(None, node) for key in ranks}
 
     def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> Rank:
         ctx = _context()
@@ -273,8 +297,14 @@ def _kill(pid: int | None, sig: int) -> None:
 
 
 @contextmanager
-def launcher() -> Iterator[Launcher]:
-    lau = Launcher()
+def launcher(ray: str | None = None, place_timeout_s: float = 120.0) -> Iterator[Launcher]:
+    """The rank launcher: local forked children, or (ray: a cluster address or 'auto') Ray actors."""
+    if ray is not None:
+        from pdcheck.raylaunch import RayLauncher  # Ray is an optional extra: imported only when asked for
+
+        lau: Launcher = RayLauncher(ray, place_timeout_s)  # type: ignore[assignment]
+    else:
+        lau = Launcher()
     try:
         yield lau
     finally:

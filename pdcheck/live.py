@@ -24,7 +24,7 @@ from pdcheck.errors import BadInput
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.ranks import decode_main
-from pdcheck.releases import CORRECTED, compat_hash_for, resolve
+from pdcheck.releases import CORRECTED, compat_hash_for, for_release, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
 from pdcheck.serve import TAG_BLOCKS
@@ -60,8 +60,8 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
     ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
                                              tp_size=sc.prefill.tp_size if opts.prefill_tp_given else None,
                                              timeout_ms=opts.hang_timeout_ms,
-                                             hint=sc.prefill.geometry())
-    p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes)
+                                             hint=for_release(p_rel, sc.prefill.geometry()))
+    p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes, p_rel)
     sc = msgspec.structs.replace(sc, prefill=p)
     for r in ranks:
         if r.status != "ok":
@@ -88,7 +88,8 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
-                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(d.geometry()),
+                device_id=d.device_id(r), device=opts.device,
+                geometry=dataclasses.asdict(hs.kv_geometry(d, [p_rel])),  # the live P's KV layout
                 kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*run_rels, CORRECTED]],
                 p_host=host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
@@ -103,7 +104,9 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                          setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
-    rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings)
+    # The live P's ranks run behind its endpoint, not here.
+    rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings,
+                   {f"P rank {r}": host for r in range(p.tp_size)})
     rep.live = rp.Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire,
                        probe=ranks, skipped=skipped, content=_content(rep, opts.transfer), notes=notes)
     return rep

@@ -102,6 +102,10 @@ class Go(msgspec.Struct, tag=True):
 
     ports: dict[int, int] = {}
     silent: int = 0
+    # Where each P-served layout port listens (its P rank's node address); every other port, `silent` included,
+    # on `host` (where the parent holds them). Empty: the scenario's P host (one machine).
+    hosts: dict[int, str] = {}
+    host: str = ""
 
 
 class TagReq(msgspec.Struct, tag=True):

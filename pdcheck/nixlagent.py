@@ -163,8 +163,10 @@ def quiet_nixl_env(host: str = "127.0.0.1") -> None:
     goes to stderr, and NIXL's per-agent INFO lines are dropped. A terminal Ctrl-C reaches the whole
     process group: ranks ignore it and let the parent stop them in order."""
     import signal
+    import threading
 
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if threading.current_thread() is threading.main_thread():  # a Ray actor runs its rank in a thread
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     confine_ucx(host)
     os.environ.setdefault("NIXL_LOG_LEVEL", "ERROR")
     os.dup2(2, 1)

@@ -32,6 +32,15 @@ from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode,
 Status = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
 
 Opt = typer.Option
+PROBE = "Probe"
+EPILOG = """[bold]Examples[/]
+  pdcheck probe p-node:5600 --vllm 0.11.1 --tp-size 8
+  [dim]# hazards against a decode configuration (scenario and/or flags)[/]
+  pdcheck probe p-node:5600 --vllm 0.26.0 --tp-size 4 --scenario my.toml --json
+  [dim]# release read from P's API server before any side-channel request[/]
+  pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
+
+Read-only. Exit codes: 0 ok, 1 a hazard fires or a reply is refused, 2 bad input, 3 no reply."""
 
 
 class ProbeRank(msgspec.Struct, kw_only=True):
@@ -161,7 +170,7 @@ def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
     blen = meta.block_len if meta.block_len is not None else (meta.block_lens or [None])[0]
     if hint.use_mla or not blen:
         return None
-    per_head = (meta.block_size or hint.block_size) * hint.elem_size * hint.head_dim * (2 if hint.flashinfer else 1)
+    per_head = (meta.block_size or hint.block_size) * hint.elem_size * hint.head_dim * (2 if hint.joint_kv else 1)
     if blen % per_head:
         return None
     local = blen // per_head
@@ -225,7 +234,7 @@ def _layers(regions: int, geometry_flat: bool) -> int:
 
 
 def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int, dp_rank: int,
-                    notes: list[str]) -> Instance:
+                    notes: list[str], release: ReleaseModel | None = None) -> Instance:
     """The prefill instance as the wire shows it. Facts the metadata does not carry (heads, head_dim, dtype,
     model) come from `base` (the scenario's [prefill] table, else the decode instance); heads are solved
     from the advertised block length when it disagrees."""
@@ -247,12 +256,13 @@ def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int
     devs = [r.device_id for r in ok if r.device_id is not None]
     if len(devs) == len(ranks) and devs != list(range(len(ranks))):
         inst = msgspec.structs.replace(inst, device_ids=devs)
-    g = inst.geometry()
+    # the block lengths and regions P's release registers (FlashAttention's layout differs per release)
+    g = releases.for_release(release, inst.geometry()) if release is not None else inst.geometry()
     if first.regions:
-        inst = msgspec.structs.replace(inst, layers=_layers(first.regions, use_mla or g.flashinfer))
-        g = inst.geometry()
+        inst = msgspec.structs.replace(inst, layers=_layers(first.regions, use_mla or g.joint_kv))
+        g = releases.for_release(release, inst.geometry()) if release is not None else inst.geometry()
     if first.block_len and first.block_len != g.block_len:
-        per_head = g.block_size * g.elem_size * g.head_dim * (2 if g.flashinfer and not use_mla else 1)
+        per_head = g.block_size * g.elem_size * g.head_dim * (2 if g.joint_kv else 1)
         if not use_mla and first.block_len % per_head == 0:
             heads = first.block_len // per_head * inst.tp_size
             notes.append(f"P's block_len {first.block_len} means {heads} KV heads with head_dim {g.head_dim} and "
@@ -273,12 +283,13 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
         expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
     ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
                                        timeout_ms=timeout_ms, expected_hash=expected,
-                                       hint=decode_sc.prefill.geometry() if decode_sc is not None else None)
+                                       hint=releases.for_release(release, decode_sc.prefill.geometry())
+                                       if decode_sc is not None else None)
     fmt = FORMATS[release.wire]
     ok = [r for r in ranks if r.status == "ok"]
     hazards: list[Hazard] = []
     if decode_sc is not None and ok:
-        p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes)
+        p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes, release)
         sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
         hazards = evaluate(sc, [release])
     elif decode_sc is None:
@@ -309,6 +320,8 @@ def render(rep: ProbeReport, console: Any) -> None:
     from rich.table import Table
     from rich.text import Text
 
+    from pdcheck.report import hazard_table, spread_line
+
     src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
     console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release}{src} (era {rep.wire}, "
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
@@ -336,18 +349,10 @@ def render(rep: ProbeReport, console: Any) -> None:
     for r in rep.prefill_ranks:
         if r.message:
             console.print(Text(f"  P rank {r.tp_rank}: {r.message}", style="red"))
-    sp = rep.num_blocks_spread
-    if sp is not None:
-        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
-        console.print(f"  num_blocks: min {sp.min}, max {sp.max}{diff}")
-    applied = [h for h in rep.hazards if h.applies]
-    if applied:
-        ht = Table(title=f"Hazards against the decode configuration ({rep.decode})", show_lines=True)
-        ht.add_column("id")
-        ht.add_column("hazard / detail")
-        for h in applied:
-            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
-            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+    if rep.num_blocks_spread is not None:
+        console.print(spread_line("num_blocks", rep.num_blocks_spread))
+    ht = hazard_table(rep.hazards, f"Hazards against the decode configuration ({rep.decode})")
+    if ht is not None:
         console.print(ht)
     elif rep.decode is not None:
         console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")
@@ -360,23 +365,30 @@ def render(rep: ProbeReport, console: Any) -> None:
 def register(app: Any) -> None:
     from pdcheck.cliopts import scenario_flags
 
-    @app.command()
+    @app.command(epilog=EPILOG)
     @scenario_flags
     def probe(
-        endpoint: Annotated[str, typer.Argument(help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
+        endpoint: Annotated[str, typer.Argument(metavar="HOST:PORT", help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
                                                      "PORT; the base port, before any DP offset).")],
         *,
         overrides: dict[str, Any],
-        vllm: Annotated[str, Opt(help="P's vLLM release: only that era's requests are sent. 'auto': read it "
-                                      "from --version-url first.")],
-        dp_rank: Annotated[int, Opt(help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
-        tp_size: Annotated[int | None, Opt(help="P's TP size (default: discovered where that is safe).")] = None,
-        timeout: Annotated[float, Opt(help="Seconds to wait for each reply.")] = 2.0,
-        version_url: Annotated[str | None, Opt(help="With --vllm auto: P's API server /version URL (read before "
+        vllm: Annotated[str, Opt(metavar="RELEASE", rich_help_panel=PROBE,
+                                 help="P's vLLM release: only that era's requests are sent. 'auto': read it from "
+                                      "--version-url first.")],
+        dp_rank: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
+                                    help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
+        tp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
+                                           help="P's TP size (default: discovered where that is safe).")] = None,
+        timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PROBE,
+                                      help="Seconds to wait for each reply.")] = 2.0,
+        version_url: Annotated[str | None, Opt(metavar="URL", rich_help_panel=PROBE, show_default=False,
+                                               help="With --vllm auto: P's API server /version URL (read before "
                                                     "any side-channel request).")] = None,
-        scenario: Annotated[Path | None, Opt(help="Scenario whose \\[decode] table (and kv_transfer_params) the "
+        scenario: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel="Scenario", show_default=False,
+                                             help="Scenario whose \\[decode] table (and kv_transfer_params) the "
                                                   "hazards are evaluated against.")] = None,
-        json_out: Annotated[bool, Opt("--json", help="One JSON document on stdout instead of tables.")] = False,
+        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel="Output",
+                                      help="One JSON document on stdout instead of tables.")] = False,
     ) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
         import sys

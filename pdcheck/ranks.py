@@ -75,6 +75,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             "attn_backend_name": g.attn_backend, "kv_cache_layout": spec.kv_cache_layout,
             "device_id": spec.device_id, "block_size": g.block_size, "ssm_sizes": (0, 0),
             "physical_blocks_per_logical_kv_block": 1,
+            # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
+            "region_names": g.region_layers(), "region_members": [[n] for n in g.region_layers()],
         }
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
         _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
@@ -106,6 +108,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
     notifs: list[str] = []
     tagging = False
+    stopping = False
     poller = zmq.Poller()
     for lst in listeners:
         poller.register(lst.sock, zmq.POLLIN)
@@ -135,13 +138,15 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                             kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
                     _send(conn, m.Tagged(msg.ticket))
                 elif isinstance(msg, m.Stop):
-                    break
+                    stopping = True
             for peer, got in agent.notifs().items():
                 notifs.extend(x.decode(errors="replace") for x in got)
                 if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
                     for x in got:
                         _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
                                   f"{x.decode(errors='replace')!r}")
+            if stopping:  # after this last look: a READ's notification may land with the Stop
+                break
     finally:
         for lst in listeners:
             lst.close()
@@ -192,14 +197,19 @@ class RealIO:
         # Only ports this run bound: a layout port no listener of ours serves goes to our silent port. Against a
         # live P (--prefill-endpoint) the user named the instance, and its layout ports are its real ports.
         port = layout if self.spec.live else self.go.ports.get(layout, self.go.silent)
-        return fetch(self.zctx, self.spec.p_host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
+        # On several nodes each P rank listens on its own node's address; held ports live where the parent runs.
+        host = self.spec.p_host if self.spec.live else self.go.hosts.get(layout, self.go.host or self.spec.p_host)
+        return fetch(self.zctx, host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:
         return self.agent.add_remote(blob)
 
     def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
         blocks = np.arange(prepared.dlist_blocks, dtype=np.uint64) * np.uint64(prepared.remote_block_len)
-        addrs = np.concatenate([np.uint64(a) + np.uint64(prepared.rank_offset) + blocks for a in prepared.base_addrs])
+        # per region: its blocks (K halves first, then V halves when the release splits a block into two)
+        half = prepared.remote_block_len // prepared.halves
+        addrs = np.concatenate([np.uint64(a + prepared.rank_offset + h * half) + blocks for a in prepared.base_addrs
+                                for h in range(prepared.halves)])
         descs = descs_array(addrs, prepared.block_len, prepared.device_id)
         self.handles[prepared.p_rank] = self.agent.prep(
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")

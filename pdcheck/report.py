@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import socket
 
 import msgspec
 from rich import box
@@ -36,6 +37,7 @@ class DecodeRank(msgspec.Struct):
     verdicts: dict[str, m.Verdict]  # release name -> verdict; "corrected" included
     transfer: dict[str, m.TransferResult] | None = None
     bypassed: dict[str, m.Verdict] = {}
+    node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
 
 
 class PrefillRank(msgspec.Struct):
@@ -45,6 +47,7 @@ class PrefillRank(msgspec.Struct):
     requests_served: int | None
     notifications: list[str] | None
     listener_died: str | None = None
+    node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
 
 
 class FailSpan(msgspec.Struct):
@@ -101,7 +104,10 @@ def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
 
 def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: list[m.Req],
           results: dict[int, m.DecodeResult], finals: dict[int, m.PrefillFinal], harness: list[str],
-          timings: Timings) -> Report:
+          timings: Timings, nodes: dict[str, str] | None = None) -> Report:
+    """nodes: rank label ('P rank 0') -> where it ran; default this host."""
+    here = socket.gethostname()
+    nodes = nodes or {}
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
     for r in range(sc.decode.tp_size):
@@ -109,11 +115,12 @@ def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: lis
         if res is None:
             continue
         verdicts = {k: _fold_transfer(v, (res.transfer or {}).get(k)) for k, v in res.verdicts.items()}
-        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed))
+        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed,
+                                 nodes.get(f"D rank {r}", here)))
     prefill = [
         PrefillRank(r, sc.prefill.blocks()[r], sc.prefill.device_id(r),
                     finals[r].served if r in finals else None, finals[r].notifs if r in finals else None,
-                    finals[r].listener_dead if r in finals else None)
+                    finals[r].listener_dead if r in finals else None, nodes.get(f"P rank {r}", here))
         for r in range(sc.prefill.tp_size)
     ]
     survives = {
@@ -230,6 +237,37 @@ def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Tab
     return table, used
 
 
+def render_live(rep: Report, console: Console) -> None:
+    """--prefill-endpoint: the live P, what could be checked, and the releases not run against it."""
+    if rep.live is None:
+        return
+    lv = rep.live
+    console.print(f"  live prefill {lv.endpoint}: vLLM {lv.prefill_release} (era {lv.prefill_wire}), "
+                  f"{len(lv.probe)} rank(s) probed; no fake P started", highlight=False)
+    console.print(Text(f"  KV content: {lv.content}"))
+    for name, why in lv.skipped.items():
+        console.print(Text(f"  vLLM {name}: {why}", style="yellow"))
+    for n in lv.notes:
+        console.print(Text(f"  note: {n}", style="dim"))
+
+
+def placement(rep: Report) -> str | None:
+    """'P ranks 0-7 on A; D ranks 0-7 on B' when ranks ran anywhere but this one host (--ray), else None."""
+    where: dict[str, dict[str, list[int]]] = {}
+    for side, ranks in (("P", rep.prefill_ranks), ("D", rep.decode_ranks)):
+        for r in ranks:
+            where.setdefault(r.node, {}).setdefault(side, []).append(r.tp_rank)
+    if set(where) <= {socket.gethostname(), ""}:
+        return None
+    return "; ".join(f"{side} ranks {_span(ids)}" + f" on {node}"
+                     for node, sides in where.items() for side, ids in sides.items())
+
+
+def _span(ids: list[int]) -> str:
+    return f"{ids[0]}-{ids[-1]}" if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)) \
+        else ",".join(map(str, ids))
+
+
 def render_matrix(rep: Report, console: Console) -> None:
     """Rows are releases, columns decode ranks. Whole status words when the table fits the terminal, else
     one-letter codes with a legend (never a truncated word); a count per status past 16 ranks."""
@@ -239,25 +277,40 @@ def render_matrix(rep: Report, console: Console) -> None:
     if natural > console.width:
         table, used = _matrix_table(rep, labels, short=True)
     console.print(table)
+    if (at := placement(rep)) is not None:
+        console.print(Text(f"placement: {at}", style="dim"))
     if used:
         console.print("[dim]" + " · ".join(f"{k} = {_LEGEND[k]}" for k in _LEGEND if k in used) + "[/]")
     console.print(summary(rep))
 
 
+def spread_line(what: str, sp: NumBlocksSpread) -> str:
+    """'  prefill num_blocks: min 111488, max 112448; ranks 0,6 differ from 111488'."""
+    diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
+    return f"  {what}: min {sp.min}, max {sp.max}{diff}"
+
+
+def hazard_table(hazards: list[Hazard], title: str) -> Table | None:
+    """The catalogue hazards that apply, one row each with their effects; None when none applies."""
+    applied = [h for h in hazards if h.applies]
+    if not applied:
+        return None
+    ht = Table(title=title, show_lines=True)
+    ht.add_column("id")
+    ht.add_column("hazard / detail")
+    for h in applied:
+        eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
+        ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+    return ht
+
+
 def render(rep: Report, console: Console) -> None:
     console.print(f"[bold]pdcheck handshake[/] {escape(rep.scenario)} [dim]({escape(rep.source)}, device {rep.device})[/]")
-    if rep.live is not None:
-        lv = rep.live
-        console.print(f"  live prefill {lv.endpoint}: vLLM {lv.prefill_release} (era {lv.prefill_wire}), "
-                      f"{len(lv.probe)} rank(s) probed; no fake P started", highlight=False)
-        console.print(Text(f"  KV content: {lv.content}"))
-        for name, why in lv.skipped.items():
-            console.print(Text(f"  vLLM {name}: {why}", style="yellow"))
-        for n in lv.notes:
-            console.print(Text(f"  note: {n}", style="dim"))
+    render_live(rep, console)
     for side, sp in rep.num_blocks_spread.items():
-        diff = f"; ranks {','.join(map(str, sp.differing))} differ from {sp.mode}" if sp.differing else ""
-        console.print(f"  {side} num_blocks: min {sp.min}, max {sp.max}{diff}")
+        console.print(spread_line(f"{side} num_blocks", sp))
+    if (at := placement(rep)) is not None:
+        console.print(Text(f"  placement: {at}"))
     shown = [*rep.releases, CORRECTED.name]
     table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
     table.add_column("D", justify="right")
@@ -281,14 +334,8 @@ def render(rep: Report, console: Console) -> None:
                 fm = t.first_mismatch
                 line += f"; first mismatch: expected {fm.expected}, found {fm.found}"
             console.print(line, highlight=False)
-    applied = [h for h in rep.hazards if h.applies]
-    if applied:
-        ht = Table(title="Hazards that apply (reference §11)", show_lines=True)
-        ht.add_column("id")
-        ht.add_column("hazard / detail")
-        for h in applied:
-            eff = "".join(f"\n  {k}: {v}" for k, v in h.effects.items())
-            ht.add_row(h.id, Text(h.name, style="bold") + Text(f"\n{h.detail}{eff}"))
+    ht = hazard_table(rep.hazards, "Hazards that apply (reference §11)")
+    if ht is not None:
         console.print(ht)
     for e in rep.harness_errors:
         console.print(f"[red]harness:[/] {escape(e)}")

@@ -7,11 +7,11 @@ Flags are merged into the raw document *before* decoding, so they get exactly th
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import msgspec
-import tomllib
 
 from pdcheck import bounds as b
 from pdcheck.errors import BadInput

@@ -27,7 +27,7 @@ from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.ranks import prefill_main
-from pdcheck.releases import compat_hash_for, resolve
+from pdcheck.releases import compat_hash_for, for_release, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
 from pdcheck.wire import FORMATS
@@ -35,6 +35,16 @@ from pdcheck.wire import FORMATS
 TAG_BLOCKS = 4096  # default: blocks [0, 4096) of every region carry coordinate tags (RAM stays bounded)
 
 Opt = typer.Option
+SERVE = "Serve"
+EPILOG = """[bold]Examples[/]
+  pdcheck serve scenarios/seed-19338-tp8.toml --vllm 0.11.1 --port 5600
+  [dim]# first stdout line: the ready document (endpoints, kv_transfer_params)[/]
+  pdcheck serve --prefill-tp 2 --prefill-blocks 3008,2992 --vllm 0.26.0 --json
+  [dim]# pdcheck's own decode ranks against it[/]
+  pdcheck handshake --vllm 0.26.0 --decode-blocks 3000 \\
+      --prefill-endpoint 127.0.0.1:PORT
+
+Serves until Ctrl-C (exit 130) or SIGTERM (exit 0); every rank is reaped."""
 
 
 class Endpoint(msgspec.Struct):
@@ -170,6 +180,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
     p = msgspec.structs.replace(p, host=host, base_port=base)
     sc = msgspec.structs.replace(sc, prefill=p)
     chash = compat_hash_for(release, p.geometry(), p.model)
+    pg = for_release(release, p.geometry())  # the regions and block lengths a real P of `release` registers
     # base_port is set: the plan binds vLLM's layout ports themselves (fixed), as a real P of `release` would.
     plan = hs.plan_ports(sc, [release], "serve")
     stop = {"why": None}
@@ -187,7 +198,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                     engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                     device_id=p.device_id(r), device=opts.device, host=host,
-                    geometry=dataclasses.asdict(p.geometry()), kv_cache_layout=p.kv_cache_layout,
+                    geometry=dataclasses.asdict(pg), kv_cache_layout=p.kv_cache_layout,
                     inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
                 for r in range(p.tp_size)
             }
@@ -197,7 +208,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             for r, rank in ranks.items():
                 rank.send(m.Serve(listeners[r], values))
             hs._await_serving(lau, ranks, plan, opts.start_timeout_s)
-            g = p.geometry()
+            g = pg
             served = [
                 ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),
                            agent_name=f"{p.engine_id}-p{r}", block_len=g.block_len, regions=g.num_regions,
@@ -317,25 +328,30 @@ def _log(text: str) -> None:
 def register(app: Any) -> None:
     from pdcheck.cliopts import scenario_flags
 
-    @app.command()
+    @app.command(epilog=EPILOG)
     @scenario_flags
     def serve(
-        scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file; its \\[prefill] table is served.")
+        scenario: Annotated[Path | None, typer.Argument(metavar="SCENARIO", help="Scenario TOML file; its \\[prefill] table is served.")
                             ] = None,
         *,
         overrides: dict[str, Any],
-        vllm: Annotated[str | None, Opt(help="The release P speaks (default: the scenario's prefill.vllm, else its "
-                                      "first release).")
-                        ] = None,
-        port: Annotated[int | None, Opt(help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
+        vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=SERVE, show_default=False,
+                                        help="The release P speaks (default: the scenario's prefill.vllm, else its "
+                                             "first release).")] = None,
+        port: Annotated[int | None, Opt(metavar="PORT", rich_help_panel=SERVE, show_default=False,
+                                        help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
                                              "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
                                              "default: OS-chosen.")] = None,
-        tag_blocks: Annotated[int, Opt(help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
-        duration: Annotated[float | None, Opt(help="Stop after this many seconds (default: run until a signal).")
+        tag_blocks: Annotated[int, Opt(metavar="N", rich_help_panel=SERVE,
+                                       help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
+        duration: Annotated[float | None, Opt(metavar="SECONDS", rich_help_panel=SERVE, show_default=False,
+                                              help="Stop after this many seconds (default: run until a signal).")
                             ] = None,
-        api_port: Annotated[int | None, Opt(help="Also answer GET /version on this port (0: OS-chosen), as "
-                                                 "vLLM's API server does (for probe --vllm auto).")] = None,
-        json_out: Annotated[bool, Opt("--json", help="The ready document as one JSON line on stdout.")] = False,
+        api_port: Annotated[int | None, Opt(metavar="PORT", rich_help_panel=SERVE, show_default=False,
+                                            help="Also answer GET /version on this port (0: OS-chosen), as vLLM's "
+                                                 "API server does (for probe --vllm auto).")] = None,
+        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel="Output",
+                                      help="The ready document as one JSON line on stdout.")] = False,
     ) -> None:
         """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
         from pdcheck.scenario import load, read_toml

@@ -2,6 +2,8 @@
 
 Local descriptor ids are region * local_num_blocks + block; remote ids are region * stride + block, where the
 stride is what the release recorded for the engine (dst_num_blocks) or, corrected, the remote rank's own count.
+Where a release reads K and V as two halves of each block (Prepared.halves), each region counts as two virtual
+regions (K half, V half), as vLLM 0.23 - 0.25 order their descriptors.
 """
 
 from __future__ import annotations
@@ -22,18 +24,20 @@ TagFn = Callable[[int, dict[int, list[int]]], None]
 
 
 class LocalLists:
-    """Local dlists over the whole cache, one per (read length, offset in block): prepared once, like vLLM."""
+    """Local dlists over the whole cache, one per (read length, offset in block, halves): prepared once, like
+    vLLM."""
 
     def __init__(self, agent: Agent, kv: KVCache, device_id: int) -> None:
         self.agent, self.kv, self.device_id = agent, kv, device_id
         self._h: dict[tuple[int, int], Any] = {}
 
-    def get(self, read_len: int, offset: int) -> Any:
-        key = (read_len, offset)
+    def get(self, read_len: int, offset: int, halves: int = 1) -> Any:
+        key = (read_len, offset, halves)
         if key not in self._h:
             kv = self.kv
             blocks = np.arange(kv.num_blocks, dtype=np.uint64) * np.uint64(kv.block_len) + np.uint64(offset)
-            addrs = np.concatenate([np.uint64(a) + blocks for a in kv.base_addrs])
+            half = kv.block_len // halves
+            addrs = np.concatenate([np.uint64(a + h * half) + blocks for a in kv.base_addrs for h in range(halves)])
             self._h[key] = self.agent.prep(LOCAL, descs_array(addrs, read_len, self.device_id), kv.mem_type, "local")
         return self._h[key]
 
@@ -51,25 +55,26 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
     otherwise the result says that the bytes arrived and that their content cannot be checked."""
     if not outcome.prepared:
         return TransferResult("skipped", message="no remote descriptor list was prepared")
-    regions = kv.geometry.num_regions
     res = TransferResult("ok", stride=None if corrected else outcome.stride)
     wrong_regions: set[int] = set()
     unchecked = 0
     for req in requests:
         for prep in outcome.prepared:
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
+            regions = kv.geometry.num_regions * prep.halves  # virtual regions: K and V halves when split
             lids = _ids(regions, kv.num_blocks, req.local_block_ids)
             rids = _ids(regions, stride, req.remote_block_ids)
-            limit = len(prep.base_addrs) * prep.dlist_blocks  # the remote list's real size (P's regions)
+            limit = len(prep.base_addrs) * prep.halves * prep.dlist_blocks  # the remote list's real size
             phys: dict[int, list[int]] = {}
             for rid in rids[rids < limit]:
-                phys.setdefault(int(rid // prep.dlist_blocks), []).append(int(rid % prep.dlist_blocks))
+                phys.setdefault(int(rid // prep.dlist_blocks) // prep.halves, []).append(
+                    int(rid % prep.dlist_blocks))
             if not live:
                 tag(prep.p_rank, phys)
             kv.clear_all(np.asarray(req.local_block_ids))
             msg = notif.format(req=req.req_id, tp_ratio=tp_ratio, d_world_size=local.tp_size).encode()
             try:
-                res.seconds += agent.read(lists.get(prep.block_len, prep.local_offset), lids,
+                res.seconds += agent.read(lists.get(prep.block_len, prep.local_offset, prep.halves), lids,
                                           remote_handles[prep.p_rank], rids, msg,
                                           context=f"{req.req_id} from P rank {prep.p_rank}")
             except NixlCallError as exc:
@@ -110,14 +115,19 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     lo, n = prep.local_offset, prep.block_len
     # D reads the P block as if it had D's own layout (vLLM assumes equal layouts): check it that way.
     g = kv.geometry
-    head_bytes = g.elem_size * g.head_dim
+    head_bytes = g.head_cell_bytes
     p_heads = max(1, prep.remote_block_len // max(1, g.block_size * head_bytes))
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, head_bytes,
-                        plain=g.use_mla or g.flashinfer)
+                        plain=not g.per_head_view)
+    local_half, remote_half = kv.block_len // prep.halves, prep.remote_block_len // prep.halves
     regions = kv.geometry.num_regions
-    got = kv.read_all(local_ids, lo, n)  # (regions, blocks, n): every region checked in one pass
+    # Every region in one pass. Each half (K, then V when split) of the local block holds its slice of the
+    # same half of the P block.
+    got = np.concatenate([kv.read_all(local_ids, h * local_half + lo, n) for h in range(prep.halves)], axis=2)
     reg = np.repeat(np.arange(regions, dtype=np.int64), len(remote))
-    exp = pattern(p_tag, prep.p_rank, reg, np.tile(remote, regions), prep.rank_offset, n, view).reshape(got.shape)
+    blk = np.tile(remote, regions)
+    exp = np.concatenate([pattern(p_tag, prep.p_rank, reg, blk, prep.rank_offset + h * remote_half, n, view)
+                          for h in range(prep.halves)], axis=1).reshape(got.shape)
     bad_block = (got != exp).any(axis=2)
     res.blocks += regions * len(local_ids)
     res.bytes += got.size
@@ -129,9 +139,10 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
         region, i = (int(x) for x in np.argwhere(bad_block)[0])  # region-major, like reading region by region
         cell = int(np.flatnonzero(got[region, i] != exp[region, i])[0]) // CELL * CELL
         found = decode_cell(got[region, i][cell:cell + CELL])
+        at = prep.rank_offset + (cell // n) * remote_half + cell % n  # byte offset in the P block
         res.first_mismatch = Mismatch(
             region=region, local_block=int(local_ids[i]), remote_block=int(remote[i]), p_rank=prep.p_rank,
             expected=f"P rank {prep.p_rank} {kv.geometry.region_name(region)} (region {region}) block "
-            f"{int(remote[i])} +{prep.rank_offset + cell}",
+            f"{int(remote[i])} +{at}",
             found=found.describe(kv.geometry),
         )

@@ -63,6 +63,7 @@ class MemIO:
             block_lens=[g.block_len] * g.num_regions, block_strides=[g.block_len] * g.num_regions,
             attn_backend_name=g.attn_backend, kv_cache_layout=self.p.layout, device_id=p_rank,
             block_size=self.p.block_size, ssm_sizes=(0, 0), physical_blocks_per_logical_kv_block=1,
+            region_names=g.region_layers(), region_members=[[n] for n in g.region_layers()],
         )
         vals.update(self.override.get(p_rank, {}))
         return vals

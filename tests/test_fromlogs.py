@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import gzip
 import random
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 from conftest import ROOT, SCENARIOS
 
 from pdcheck import fromlogs

@@ -17,13 +17,13 @@ import os
 import random
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-import tomllib
 from conftest import ROOT, SCENARIOS
 
 BASE_SEED = int(os.environ.get("FUZZ_SEED", "7"))

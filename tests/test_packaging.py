@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import ast
 import sys
-
 import tomllib
+
 from conftest import ROOT
 
 # import name -> distribution name as pyproject.toml declares it
 IMPORT_TO_DIST = {"typer": "typer", "rich": "rich", "torch": "torch", "nixl": "nixl", "zmq": "pyzmq",
-                  "msgspec": "msgspec", "numpy": "numpy", "matplotlib": "matplotlib"}
+                  "msgspec": "msgspec", "numpy": "numpy", "matplotlib": "matplotlib", "ray": "ray"}
 
 
 def _declared() -> set[str]:
@@ -39,4 +39,4 @@ def test_every_import_is_stdlib_or_declared() -> None:
 def test_test_extra_has_what_the_tests_need() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     test = {r.split(">")[0].strip().lower() for r in meta["optional-dependencies"]["test"]}
-    assert {"pytest", "ruff", "matplotlib"} <= test
+    assert {"pytest", "ruff", "matplotlib", "ray"} <= test

@@ -735,7 +735,14 @@ class TestV034:
                              "remote_heads 4 // local_heads 2 // block_size_ratio 1.")
 
     def test_number_of_layers(self) -> None:
+        # 0.34 pairs regions through the layer names first: a layer D lacks raises there (pp_size 1)
         o = run_rank(V034, side("P", 2, 3000, layers=2), side("D", 2, 3000), 0, enforce=False)
+        assert_raise(o, "layer_known", "Engine P holds KV layer 'model.layers.1.self_attn.attn', which has no "
+                     "counterpart here.")
+        o = run_rank(V034, side("P", 2, 3000), side("D", 2, 3000, layers=3), 0, enforce=False)
+        assert_raise(o, "layers_held", "Engine P does not hold the KV layers ['model.layers.1.self_attn.attn', "
+                     "'model.layers.2.self_attn.attn'].")
+        o = run_rank(V031, side("P", 2, 3000, layers=2), side("D", 2, 3000), 0, enforce=False)
         assert_msg(o, "num_kv_layers", "len(local_regions) == len(nixl_agent_meta.block_lens)",
                    "Number of KV layers must match between prefill and decode")
         o = run_rank(V024, side("P", 2, 3000, layers=2), side("D", 2, 3000), 0, enforce=False)
@@ -743,19 +750,19 @@ class TestV034:
                    "Number of KV layers must match between prefill and decode")
 
     def test_ranks_lay_out_regions_alike(self) -> None:
-        """P rank 1 registers 4 regions where rank 0 registered 2: raised before rank 1's NIXL add."""
-        p = side("P", 4, 3000)
-        bl = p.geometry.block_len
-        four = {"kv_caches_base_addr": [2 << 32 | r << 24 for r in range(4)], "block_lens": [bl] * 4,
-                "block_strides": [bl] * 4}
-        io = mem_io(V034, p, override={1: four})
-        o = run_rank(V034, p, side("D", 2, 3000), 0, io=io)
+        """P rank 1 lists its layers' regions in another order than rank 0: raised before rank 1's NIXL add."""
+        p = side("P", 4, 3000, layers=2)
+        names = p.geometry.region_layers()[::-1]
+        swapped = {"region_names": names, "region_members": [[n] for n in names]}
+        io = mem_io(V034, p, override={1: swapped})
+        o = run_rank(V034, p, side("D", 2, 3000, layers=2), 0, io=io)
         assert_raise(o, "regions_alike", "The TP ranks of engine P lay out their KV regions differently.")
         assert (o.handshake, o.remote_rank, len(io.added)) == (2, 1, 1)
-        # 0.31 adds rank 1's agent first and then fails the validation on the region count
-        io = mem_io(V031, p, override={1: four})
-        o = run_rank(V031, p, side("D", 2, 3000), 0, io=io)
-        assert (o.check, len(io.added)) == ("num_kv_layers", 2)
+        # 0.31 adds rank 1's agent first and then fails the validation on the region names
+        io = mem_io(V031, p, override={1: swapped})
+        o = run_rank(V031, p, side("D", 2, 3000, layers=2), 0, io=io)
+        assert (o.check, o.assert_expr, len(io.added)) == ("region_names", "nixl_agent_meta.region_names == "
+                                                           "expected_names", 2)
 
     def test_region_metadata_lengths(self) -> None:
         p = side("P", 2, 3000)

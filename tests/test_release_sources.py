@@ -187,13 +187,6 @@ def test_head_split_enum_layouts_from_029(layout: str, ok: bool) -> None:
                 assert_raise(o, "head_split_contiguous", ENUM_MSG)
 
 
-def test_head_split_looks_at_the_local_layout() -> None:
-    """0.34 compares layouts first; with a permute-free setup the local layout decides the head split."""
-    rel = resolve("0.34.0")
-    o = run_rank(rel, side("P", 2, 3000, layout="HND"), side("D", 4, 3000, layout="NHD"), 0)
-    assert (o.status, o.check) == ("error", "kv_cache_layout")  # different layouts raise before the split check
-
-
 # ---- layout messages ----------------------------------------------------------------------------------------------
 OLD_LAYOUT = ("Heterogeneous TP expects same kv_cache_layout. Or enable experimental feature to use HND to NHD "
               "support by setting 'enable_permute_local_kv'=True in --kv-transfer-config.")

@@ -44,7 +44,8 @@ _LINES: list[tuple[tuple[int, int, int], tuple[int, int, int], ReleaseModel]] = 
     ((0, 18, 0), (0, 19, _ANY), v0_14.MODEL_0_18),  # G18 (ssm_sizes), + is_hma_enabled (False)
     ((0, 20, 0), (0, 20, _ANY), v0_20.MODEL),  # G20, TransferTopology: strict replication, HND head split
     ((0, 21, 0), (0, 21, _ANY), v0_20.MODEL_0_21),  # G24 fields, version 3, MLA skips the P > D assert
-    ((0, 22, 0), (0, 23, _ANY), v0_20.MODEL_0_22),  # version 4, is_hma_enabled True
+    ((0, 22, 0), (0, 22, _ANY), v0_20.MODEL_0_22),  # version 4, is_hma_enabled True
+    ((0, 23, 0), (0, 23, _ANY), v0_20.MODEL_0_23),  # FlashAttention blocks-first: one region per layer
     ((0, 24, 0), (0, 25, _ANY), v0_20.MODEL_0_24),  # per-region checks, per-rank head counts
     ((0, 26, 0), (0, 27, _ANY), v0_26.MODEL),  # era H: two reply frames, version 5
     ((0, 28, 0), (0, 28, _ANY), v0_26.MODEL_0_28),  # version 7, + speculative_config, transfer_mode
@@ -120,7 +121,8 @@ def resolve(text: str, where: str = "--vllm") -> ReleaseModel:
     raise BadInput(f"{where}: release {text.strip()!r} is not modelled (modelled: {_RANGE}, corrected)")
 
 
-# One representative per line, for `--vllm all`.
+# One representative per line of checks, for `--vllm all`. 0.23 is 0.22's checks with FlashAttention's blocks-first
+# KV layout, which only a single-release run (or serve) registers: a matrix keeps one layout (handshake.kv_geometry).
 REPRESENTATIVES = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.11.1", "0.13.0", "0.14.0",
                    "0.16.0", "0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.24.0", "0.26.0", "0.28.0", "0.29.0",
                    "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
@@ -141,6 +143,12 @@ def resolve_many(text: str, where: str = "--vllm") -> list[ReleaseModel]:
     if not out:
         raise BadInput(f"{where}: name at least one release")
     return out
+
+
+def for_release(release: ReleaseModel, geometry: Geometry) -> Geometry:
+    """The geometry an instance of `release` registers: FlashAttention's KV layout of that release."""
+    kv = release.fa_kv_regions
+    return geometry if geometry.kv_regions == kv else replace(geometry, kv_regions=kv)  # type: ignore[arg-type]
 
 
 def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdcheck/fake-model", *,

@@ -61,6 +61,9 @@ class Prepared:
     local_offset: int = 0  # byte offset inside the local block (P TP > D TP: one chunk per P rank)
     device_id: int = 0  # device id used in the remote descriptors
     base_addrs: list[int] = field(default_factory=list)
+    # 2: each region's blocks are read as a K half and a V half (FlashAttention blocks-first, 0.23 - 0.25), the
+    # V half at remote_block_len // 2 (remote) and the local block_len // 2 (local); block_len is one half's read.
+    halves: int = 1
 
 
 @dataclass
@@ -72,6 +75,7 @@ class State:
     remote_agents: dict[str, dict[int, str]] = field(default_factory=dict)
     prepared: dict[int, Prepared] = field(default_factory=dict)
     contacted: list[int] = field(default_factory=list)
+    dst_pairs: dict[str, object] = field(default_factory=dict)  # 0.34: how each engine's regions pair with ours
 
     @classmethod
     def for_local(cls, local: Local) -> State:
@@ -179,3 +183,6 @@ class ReleaseModel:
     # manager`, which 0.18 - 0.21 turn on for any --kv-transfer-config and 0.22+ leave off (NixlConnector is
     # SupportsHMA, CUDA supports the hybrid manager).
     is_hma_enabled: bool = False
+    # How FlashAttention lays out and registers KV (geometry.KVRegions): "split" K and V regions up to 0.22,
+    # "blocks_first" [num_blocks, 2, ...] from 0.23, "packed" [num_blocks, heads, block_size, 2 * head_dim] from 0.26.
+    fa_kv_regions: str = "split"

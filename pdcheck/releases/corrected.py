@@ -36,27 +36,29 @@ def _record_rank(c: Ctx) -> None:
 def _prep(c: Ctx) -> None:
     d_tp, p_tp = c.local.tp_size, _p_tp(c)
     rlen = c.remote_block_len()
+    halves = c.local.geometry.kv_halves
+    unit = c.local.block_len // halves  # K and V read as two halves of a blocks-first block
     if d_tp >= p_tp:
         # The D rank's first head, and where it sits inside its P rank's block. With D TP > heads several
         # D ranks share a head, so this is not simply (tp_rank % ratio).
         g = c.local.geometry
         first_head = c.local.tp_rank * g.total_kv_heads // d_tp
         p_heads = max(1, g.total_kv_heads // p_tp)
-        head_len = c.local.block_len // g.local_kv_heads  # one head's slice of a block (HND)
+        head_len = unit // g.local_kv_heads  # one head's slice of a block (HND)
         rank_offset = 0 if _replicated(c) else (first_head % p_heads) * head_len
-        read_len, local_offset = c.local.block_len, 0
+        read_len, local_offset = unit, 0
     else:
         ratio = p_tp // d_tp
         if _replicated(c):  # MLA / replicated KV: one P rank holds everything this D rank needs
-            read_len, local_offset, rank_offset = c.local.block_len, 0, 0
+            read_len, local_offset, rank_offset = unit, 0, 0
         else:
-            read_len = c.local.block_len // ratio
+            read_len = unit // ratio
             local_offset, rank_offset = (c.remote_tp_rank % ratio) * read_len, 0
     dev = c.meta.device_id if c.meta.device_id is not None else c.remote_tp_rank
     prepared = Prepared(
         p_rank=c.remote_tp_rank, agent=c.state.remote_agents[c.engine_id][c.remote_tp_rank],
         dlist_blocks=c.meta.num_blocks, block_len=read_len, remote_block_len=rlen, rank_offset=rank_offset,
-        local_offset=local_offset, device_id=dev, base_addrs=list(c.meta.kv_caches_base_addr),
+        local_offset=local_offset, device_id=dev, base_addrs=list(c.meta.kv_caches_base_addr), halves=halves,
     )
     c.io.prep_remote(prepared, "DRAM")
     c.state.prepared[c.remote_tp_rank] = prepared
@@ -95,7 +97,8 @@ MODEL = ReleaseModel(
               message=lambda c: f"refused: attention backend P={c.meta.attn_backend_name} D={c.local.backend_name}",
               exc="RuntimeError", hazard="H10"),
         Check("kv_cache_layout", "meta.kv_cache_layout == local.kv_cache_layout",
-              lambda c: c.meta.kv_cache_layout == c.local.kv_cache_layout, when=_layout_known,
+              lambda c: rules.layout_enum(c.meta.kv_cache_layout) == rules.layout_enum(c.local.kv_cache_layout),
+              when=_layout_known,
               message=lambda c: f"refused: kv_cache_layout P={c.meta.kv_cache_layout} D={c.local.kv_cache_layout}",
               exc="RuntimeError", hazard="H09"),
         Check("block_len", "meta.block_len == expected (heads, head_dim, dtype)",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pdcheck.releases.base import Action, Check, Ctx, Prepared
+from pdcheck.wire.formats import KV_LAYOUT_NAMES
 
 MSG_SHAPE = (
     "Remote P worker KV layer cache must be of shape [2, N, local_kv_heads*tp_ratio, block_size, "
@@ -76,8 +77,8 @@ def remote_block_size(ctx: Ctx, with_replication: bool) -> int:
     if _replicated(ctx, with_replication):
         return ctx.remote_block_len() // slot
     size = ctx.remote_block_len() // (slot * ctx.tp_ratio)
-    if ctx.local.geometry.flashinfer:
-        size //= 2  # K and V share one FlashInfer region
+    if ctx.local.geometry.joint_kv:
+        size //= 2  # K and V share one region (FlashInfer; FlashAttention 0.23+)
     return size
 
 
@@ -171,7 +172,7 @@ def remote_block_size_corrected(ctx: Ctx) -> int:
     g = ctx.local.geometry
     elem_heads = g.elem_size * g.head_dim * (1 if g.use_mla else max(1, g.total_kv_heads // ctx.remote_tp_size))
     size = ctx.remote_block_len() // elem_heads
-    return size // 2 if (g.flashinfer and not g.use_mla) else size
+    return size // 2 if g.joint_kv else size
 
 
 # ---- 0.10.1 - 0.34 (eras D - H) ------------------------------------------------------------------------------
@@ -328,7 +329,7 @@ MSG_LAYOUT_111 = (
 )
 
 # Enum names of KVCacheLayout (0.31+) and the older strings they replace.
-LAYOUT_ENUM = {"HND": "LBHNC", "NHD": "LBNHC"}
+LAYOUT_ENUM = KV_LAYOUT_NAMES
 
 
 def layout_enum(value: str | None) -> str | None:
@@ -340,8 +341,9 @@ def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111) -> Check
     """0.11.1+: RuntimeError on any layout difference (homogeneous TP too), non-MLA only. pdcheck models the
     default enable_permute_local_kv=False, so the permute escape never applies.
 
-    enum_names (0.31+): the release compares KVCacheLayout names; a P advertising the pre-0.31 string of the same
-    layout (pdcheck's fake P does) is read as that enum name."""
+    enum_names (0.29+): the release compares KVCacheLayout names (what its metadata carries: pdcheck's fake P and
+    serve advertise them on wires H31/H34); the D's own layout, which a scenario may name the pre-0.29 way, and an
+    old-style name from P are read as the enum name of the same layout."""
 
     def ok(c: Ctx) -> bool:
         if enum_names:
@@ -378,10 +380,6 @@ DST_NUM_BLOCKS_ASSERT = Check(
 
 # ---- 0.14+ (P TP > D TP, #27274)
 
-def _p_gt_d(c: Ctx) -> bool:
-    return signed_tp_ratio(c) < 0
-
-
 def _split_pos(c: Ctx) -> bool:
     return not_replicated(c) and signed_tp_ratio(c) > 0
 
@@ -389,12 +387,6 @@ def _split_pos(c: Ctx) -> bool:
 def _split_neg(c: Ctx) -> bool:
     return not_replicated(c) and signed_tp_ratio(c) < 0
 
-
-# Bare in 0.14. MLA is left out: its P > D path reads one rank and notifies the others (reference H13: non-MLA).
-NOT_P_GT_D_REPLICATED = Check(
-    "p_gt_d_replicated", "not (tp_ratio < 0 and is_kv_replicated)",
-    lambda c: not (signed_tp_ratio(c) < 0 and c.is_kv_replicated), when=lambda c: not c.local.use_mla, hazard="H13",
-)
 
 BLOCK_LEN_TP_RATIO_14 = Check(
     "block_len_tp_ratio", "remote_block_len == (self.block_len_per_layer[0] * tp_ratio) // block_size_ratio",
@@ -431,7 +423,8 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
         ratio = signed_tp_ratio(ctx) if signed else ctx.tp_ratio
         bsr = block_size_ratio(ctx)
         rep = replicated(ctx)  # type: ignore[operator]
-        read_len = ctx.local.block_len
+        halves = ctx.local.geometry.kv_halves
+        read_len = ctx.local.block_len // halves  # get_backend_aware_kv_block_len: the K half when split
         remote_kv_block_len = read_len // bsr
         if bsr > 1:
             read_len = remote_kv_block_len  # using the remote kv_block_len as the transfer unit
@@ -450,7 +443,7 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             p_rank=ctx.remote_tp_rank, agent=ctx.state.remote_agents[ctx.engine_id][ctx.remote_tp_rank],
             dlist_blocks=ctx.meta.num_blocks, block_len=read_len, remote_block_len=ctx.remote_block_len(),
             rank_offset=rank_offset, local_offset=local_offset, device_id=dev,
-            base_addrs=list(ctx.meta.kv_caches_base_addr),
+            base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves,
         )
         ctx.io.prep_remote(prepared, "DRAM")
         if ratio < 0 and ctx.local.use_mla and ctx.remote_tp_rank != ctx.local.tp_rank * -ratio:

@@ -67,9 +67,14 @@ MODEL = replace(
 MODEL_0_21 = replace(MODEL, name="0.21.0", versions=("0.21.0",), wire="G24", version="0.21.0", connector_version=3,
                      add_remote=(*HEAD_20, *_validate_20(rules.P_GT_D_REPLICATED_21), PREP_20))
 
-MODEL_0_22 = replace(MODEL_0_21, name="0.22.0", versions=("0.22.0", "0.22.1", "0.23.0"), version="0.22.0",
+MODEL_0_22 = replace(MODEL_0_21, name="0.22.0", versions=("0.22.0", "0.22.1"), version="0.22.0",
                      connector_version=4, is_hma_enabled=True)
 
-MODEL_0_24 = replace(MODEL_0_22, name="0.24.0", versions=("0.24.0", "0.25.0", "0.25.1"), version="0.24.0",
+# 0.23: FlashAttention's cache becomes blocks-first, [num_blocks, 2, block_size, heads, head_dim]: one region per
+# layer with K then V inside each block (TransferTopology.split_k_and_v is False); same checks as 0.22.
+MODEL_0_23 = replace(MODEL_0_22, name="0.23.0", versions=("0.23.0",), version="0.23.0", fa_kv_regions="blocks_first",
+                     summary="FlashAttention blocks-first: one region per layer, K and V inside each block")
+
+MODEL_0_24 = replace(MODEL_0_23, name="0.24.0", versions=("0.24.0", "0.25.0", "0.25.1"), version="0.24.0",
                      add_remote=(*HEAD_20, *VALIDATE_24, PREP_24),
                      summary="per-region block lengths with per-rank head counts")

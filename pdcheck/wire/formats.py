@@ -92,10 +92,19 @@ def parse_request(fmt: WireFormat, msg: bytes) -> int | None:
     return int(tp_rank)
 
 
+# 0.29+ put KVCacheLayout names on the wire (`get_resolved_kv_cache_layout().name`) and compare them as strings:
+# the pre-0.29 names of the same layouts.
+KV_LAYOUT_NAMES = {"HND": "LBHNC", "NHD": "LBNHC"}
+_ENUM_LAYOUT_WIRES = ("H31", "H34")
+
+
 def build_metadata(fmt: WireFormat, values: dict[str, Any]) -> Any:
     """Instantiate the era's schema from a superset of field values (extra keys ignored)."""
     schema = fmt.schema_type
-    return schema(**{k: values[k] for k in field_names(schema) if k in values})
+    out = {k: values[k] for k in field_names(schema) if k in values}
+    if fmt.name in _ENUM_LAYOUT_WIRES and out.get("kv_cache_layout") in KV_LAYOUT_NAMES:
+        out["kv_cache_layout"] = KV_LAYOUT_NAMES[out["kv_cache_layout"]]
+    return schema(**out)
 
 
 def encode_reply(fmt: WireFormat, values: dict[str, Any], compat_hash: str | None = None) -> list[bytes]:

@@ -157,6 +157,8 @@ class AnyMeta(msgspec.Struct):
     block_size: int | None = None
     ssm_sizes: tuple[int, int] | None = None
     physical_blocks_per_logical_kv_block: int | None = None
+    region_names: list[str] | None = None  # 0.30+
+    region_members: list[list[str]] | None = None  # 0.31+ (0.34 requires one entry per region)
 
 
 class AnyPayload(msgspec.Struct):

@@ -1,0 +1,251 @@
+"""`--ray ADDRESS`: every P and D rank a Ray actor on an existing Ray cluster (the optional `ray` extra).
+
+P ranks go to nodes offering the `pdcheck_prefill` resource, D ranks to `pdcheck_decode` ones (one GPU each
+with --device cuda). Each actor runs the same rank body as a local run (pdcheck.ranks) in a thread, over a
+local pipe; the parent reaches it with Ray actor calls that carry msgspec-packed bytes only (messages.pack /
+unpack, never a pickled object of ours). A P rank binds its node's own address and D ranks are told it, so
+the side channel and NIXL cross the network between nodes. An actor's fd 1/2 (UCX's C-level lines too) go to
+a per-rank log that comes back to the CLI's stderr when the run ends.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, Pipe
+from typing import Any
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from pdcheck import messages as m
+from pdcheck.errors import BadInput, HarnessError
+from pdcheck.launcher import Place
+
+RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
+_LOG_TAIL = 20_000  # bytes of a rank's log brought back
+_JOIN_WAIT_S = 10.0  # how long placement waits for nodes with the wanted resources to join
+
+
+@ray.remote(num_cpus=0, concurrency_groups={"recv": 1, "send": 1})
+class RankActor:
+    """One rank on its node. Its own calls run in order per group: `send` (parent -> rank) in submission
+    order, `recv` (rank -> parent) one at a time; place/start/log in the default group."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        fd, self.log_path = tempfile.mkstemp(prefix=f"pdcheck-{label.replace(' ', '')}-", suffix=".log")
+        # The actor serves one rank: its stdout/stderr (Python and C-level) are that rank's log.
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives as long as the actor
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        self.parent, self.child = Pipe(duplex=True)
+
+    def place(self) -> tuple[str, str]:
+        """(this node's address, its Ray node id)."""
+        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+
+    def start(self, module: str, name: str, spec: bytes) -> None:
+        target: Callable[[Connection, bytes], None] = getattr(importlib.import_module(module), name)
+        threading.Thread(target=self._body, args=(target, spec), name=f"pdcheck-{self.label}", daemon=True).start()
+
+    def _body(self, target: Callable[[Connection, bytes], None], spec: bytes) -> None:
+        try:
+            target(self.child, spec)
+        except BaseException:  # the rank's traceback belongs in its log; the parent sees the pipe close
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            self.child.close()
+
+    @ray.method(concurrency_group="recv")
+    def recv(self) -> bytes | None:
+        """The rank's next message (msgspec bytes); None once its body ended."""
+        try:
+            return self.parent.recv_bytes()
+        except (EOFError, OSError):
+            return None
+
+    @ray.method(concurrency_group="send")
+    def send(self, data: bytes) -> None:
+        try:
+            self.parent.send_bytes(data)
+        except (BrokenPipeError, OSError):
+            pass  # the rank ended; its recv reports that
+
+    def log(self) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(self.log_path, "rb") as f:
+            f.seek(max(0, os.path.getsize(self.log_path) - _LOG_TAIL))
+            return f.read().decode(errors="replace")
+
+
+@dataclass(eq=False)
+class RayRank:
+    role: str
+    tp_rank: int
+    actor: Any
+    node: str
+    done: bool = False
+    pending: Any = None  # the outstanding recv() call
+    how: str = "is still running"
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} rank {self.tp_rank}"
+
+    def send(self, msg: m.Msg) -> None:
+        self.actor.send.remote(m.pack(msg))  # runs even if its ref is dropped; a dead rank shows in recv
+
+    def ended(self) -> str:
+        return self.how
+
+
+class RayLauncher:
+    """The placement seam of pdcheck.launcher.Launcher, over Ray actors."""
+
+    def __init__(self, address: str, place_timeout_s: float = 120.0) -> None:
+        self.address = address
+        _reachable(address)  # before ray.init, which retries an absent cluster for minutes
+        try:
+            # log_to_driver off: stdout is the report's (--json); rank logs come back by RankActor.log.
+            ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            raise BadInput(f"--ray {address}: cannot connect to a Ray cluster there ({exc})") from None
+        self.hold_host: str | None = ray.util.get_node_ip_address()  # D ranks reach the parent's held ports
+        self.actors: dict[tuple[str, int], Any] = {}
+        self.places: dict[tuple[str, int], Place] = {}
+        self.ranks: list[RayRank] = []
+        self.start_timeout_s = place_timeout_s
+
+    def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
+        want = {RESOURCE[role]: sum(1 for r, _ in ranks if r == role) for role in RESOURCE}
+        have = ray.cluster_resources()
+        t_end = time.monotonic() + _JOIN_WAIT_S
+        while any(have.get(k, 0) < n for k, n in want.items()) and time.monotonic() < t_end:
+            time.sleep(0.5)  # nodes started a moment ago may still be joining
+            have = ray.cluster_resources()
+        for role in ("P", "D"):
+            want = sum(1 for r, _ in ranks if r == role)
+            if want and have.get(RESOURCE[role], 0) < want:
+                raise BadInput(f"--ray {self.address}: {want} {role} rank(s) need {want} x {RESOURCE[role]}; the "
+                               f"cluster offers {have.get(RESOURCE[role], 0):g} (ray start --resources "
+                               f"'{{\"{RESOURCE[role]}\": {want}}}' on the {role} nodes)")
+            if want and gpu and have.get("GPU", 0) < len(ranks):
+                raise BadInput(f"--ray {self.address}: --device cuda needs one GPU per rank ({len(ranks)}); the "
+                               f"cluster offers {have.get('GPU', 0):g}")
+        for key in ranks:
+            role, r = key
+            self.actors[key] = RankActor.options(  # type: ignore[attr-defined]
+                resources={RESOURCE[role]: 1}, num_gpus=1 if gpu else 0, name=None,
+            ).remote(f"{role} rank {r}")
+        refs = {key: a.place.remote() for key, a in self.actors.items()}
+        try:
+            got = ray.get(list(refs.values()), timeout=self.start_timeout_s)
+        except GetTimeoutError:
+            raise HarnessError(f"Ray did not place every rank within {self.start_timeout_s:g} s") from None
+        except RayActorError as exc:
+            raise HarnessError(f"a Ray rank actor died while starting: {_short(exc)}") from None
+        for key, (ip, node_id) in zip(refs, got, strict=True):
+            self.places[key] = Place(ip, f"{ip} (ray node {node_id[:8]})")
+        return dict(self.places)
+
+    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> RayRank:
+        key = (role, tp_rank)
+        if key not in self.actors:
+            self.place([key])
+        actor = self.actors[key]
+        actor.start.remote(target.__module__, target.__name__, spec)
+        rank = RayRank(role, tp_rank, actor, self.places[key].node)
+        self.ranks.append(rank)
+        return rank
+
+    def events(self, ranks: list[RayRank], deadline: float) -> Iterator[tuple[RayRank, m.Msg | None]]:
+        """As Launcher.events: (rank, message) as they arrive, (rank, None) when a rank's body or actor ended."""
+        while True:
+            live = [r for r in ranks if not r.done]
+            if not live:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for r in live:
+                if r.pending is None:
+                    r.pending = r.actor.recv.remote()
+            by_ref = {r.pending: r for r in live}
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=left)
+            for ref in ready:
+                r = by_ref[ref]
+                r.pending = None
+                try:
+                    data = ray.get(ref)
+                except RayActorError as exc:
+                    r.how, r.done = f"lost its Ray actor ({_short(exc)})", True
+                    yield r, None
+                    continue
+                if data is None:
+                    r.how, r.done = "ended (its rank body returned; see its log)", True
+                    yield r, None
+                    continue
+                yield r, m.unpack(data)
+
+    def close(self) -> None:
+        """Bring every rank's log back to stderr, then end every actor and leave the cluster."""
+        if not ray.is_initialized():
+            return
+        refs = {key: a.log.remote() for key, a in self.actors.items()}
+        ray.wait(list(refs.values()), num_returns=len(refs), timeout=10)
+        for (role, r), ref in refs.items():
+            try:
+                text = ray.get(ref, timeout=0)
+            except (GetTimeoutError, RayActorError):
+                continue  # its actor is gone (the rank died with it): its harness error says so
+            if text.strip():
+                node = self.places.get((role, r))
+                head = f"--- {role} rank {r} log ({node.node if node else 'unplaced'}) ---"
+                sys.stderr.write(f"{head}\n{text.rstrip()}\n")
+        sys.stderr.flush()
+        for a in self.actors.values():
+            ray.kill(a)
+        self.actors.clear()
+        self.ranks.clear()
+        ray.shutdown()
+
+
+def _reachable(address: str) -> None:
+    """BadInput unless a Ray cluster's GCS accepts connections at `address` ('auto': the one this node's
+    `ray start` recorded, or RAY_ADDRESS). Ray Client addresses (ray://) are left to ray.init."""
+    if address.startswith("ray://"):
+        return
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        addr = canonicalize_bootstrap_address(address)
+    except (ValueError, ConnectionError) as exc:
+        raise BadInput(f"--ray {address}: {exc}".rstrip(".")) from None
+    if addr is None:
+        raise BadInput(f"--ray {address}: expected the address of a running Ray cluster (HOST:PORT or auto)")
+    host, _, port = addr.rpartition(":")
+    if not host or not port.isdigit():
+        raise BadInput(f"--ray {address}: expected HOST:PORT of a Ray cluster's head (or auto)")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise BadInput(f"--ray {address}: no Ray cluster answers at {addr} ({why}; start one with `ray start "
+                       f"--head`)") from None
+
+
+def _short(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
