@@ -10,7 +10,8 @@ RANK_COMMANDS = ("handshake", "serve", "probe", "transfer-bench")
 
 
 def main() -> None:
-    if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS:
+    # --ray places ranks as Ray actors: no local forkserver to warm.
+    if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS and not any(a.startswith("--ray") for a in sys.argv):
         from pdcheck.launcher import warm_up
 
         warm_up()
