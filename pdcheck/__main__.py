@@ -6,7 +6,7 @@ runs on another core while this process imports the CLI.
 
 import sys
 
-RANK_COMMANDS = ("handshake", "serve", "probe", "transfer-bench")
+RANK_COMMANDS = ("handshake", "serve", "transfer-bench")  # probe starts no ranks
 
 
 def main() -> None:
