@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import pytest
@@ -306,12 +307,25 @@ def test_serve_exits_cleanly_on_sigterm_and_reaps_every_rank():
         s.bind(("127.0.0.1", doc["base_port"]))
 
 
+def _free_run(n: int) -> int:
+    """A base port with n free ports from it, below the kernel's ephemeral range (which starts at 32768 by
+    default), so that no outgoing connection of a parallel test can take one between this check and serve's bind."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000)
+        try:
+            with ExitStack() as held:
+                for p in range(base, base + n):
+                    s = held.enter_context(socket.socket())
+                    s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+    raise AssertionError(f"no run of {n} free ports found")
+
+
 def test_serve_fixed_port_layout_per_worker_era():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        base = s.getsockname()[1]
-    if base > 65000:
-        base -= 1000
+    base = _free_run(3)
     with serve("--prefill-tp", "3", "--prefill-blocks", "64", "--vllm", "0.9.2", "--port", str(base)) as s:
         assert [e["port"] for e in s.doc["endpoints"]] == [base, base + 1, base + 2]
         assert s.doc["kv_transfer_params"]["remote_port"] == base
