@@ -13,6 +13,7 @@ import ast
 import contextlib
 import dataclasses
 import inspect
+import itertools
 import logging
 import os
 import socket
@@ -111,6 +112,25 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def with_vllm_handshake(release: str) -> dict[str, Any]:
+    """The release's module namespace with its own decode-side `_nixl_handshake` compiled into it."""
+    ns = _load(release)
+
+    @contextlib.contextmanager
+    def zmq_ctx(socket_type: Any, addr: str) -> Any:  # vLLM's: REQ connects, context destroyed with linger 0
+        ctx = zmq.Context()
+        try:
+            sock = ctx.socket(socket_type)
+            sock.connect(addr)
+            yield sock
+        finally:
+            ctx.destroy(linger=0)
+
+    ns.update(zmq_ctx=zmq_ctx, itertools=itertools)
+    exec(compile(_segment(release, "_nixl_handshake"), f"<vllm {release} _nixl_handshake>", "exec"), ns)  # noqa: S102
+    return ns
+
+
 # The listener thread dying on the wrong-era request is the point: its traceback is expected.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("release", ["0.13.0", "0.20.0", "0.26.0", "0.34.0"])
@@ -144,7 +164,6 @@ def test_vllms_own_decode_handshake_against_serve(release):
     hash and engine-id checks) against `pdcheck serve`; its add_remote_agent stand-in loads P's agent blob into
     a real NIXL agent. The compatibility hash is serve's own (whether it equals a GPU deployment's is the
     release models' concern)."""
-    import itertools
 
     from test_live import serve
 
@@ -152,20 +171,7 @@ def test_vllms_own_decode_handshake_against_serve(release):
 
     if not (Path(SRC or "") / release).is_dir():
         pytest.skip(f"{release} not unpacked under PDCHECK_VLLM_SRC")
-    ns = _load(release)
-
-    @contextlib.contextmanager
-    def zmq_ctx(socket_type: Any, addr: str) -> Any:  # vLLM's: REQ connects, context destroyed with linger 0
-        ctx = zmq.Context()
-        try:
-            sock = ctx.socket(socket_type)
-            sock.connect(addr)
-            yield sock
-        finally:
-            ctx.destroy(linger=0)
-
-    ns.update(zmq_ctx=zmq_ctx, itertools=itertools)
-    exec(compile(_segment(release, "_nixl_handshake"), f"<vllm {release} _nixl_handshake>", "exec"), ns)  # noqa: S102
+    ns = with_vllm_handshake(release)
     handshake = ns["_nixl_handshake"]
     agent = Agent("vllm-decode")
     added: list[Any] = []

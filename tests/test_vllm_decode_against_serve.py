@@ -20,10 +20,8 @@ Nothing here is part of pdcheck.
 from __future__ import annotations
 
 import ast
-import contextlib
 import dataclasses
 import inspect
-import itertools
 import os
 import textwrap
 import types
@@ -33,7 +31,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import zmq
 
 SRC = os.environ.get("PDCHECK_VLLM_SRC")
 pytestmark = pytest.mark.skipif(not SRC, reason="PDCHECK_VLLM_SRC (unpacked vLLM wheels) not set")
@@ -249,27 +246,14 @@ def _bind(me: Any, g: dict[str, Any]) -> None:
 @pytest.mark.parametrize("release", ["0.20.0", "0.23.0", "0.26.0", "0.34.0"])
 def test_vllms_own_decode_code_accepts_serve_and_reads_tagged_blocks(release: str) -> None:
     from test_live import serve
-    from test_probe_vllm_listener import _load, _segment
+    from test_probe_vllm_listener import with_vllm_handshake
     from wheelkit import Release
 
     from pdcheck.kvcache import CELL, BlockView, decode_cell, engine_tag, pattern
 
     if not _nixl_dir(release).is_dir():
         pytest.skip(f"{release} not unpacked under PDCHECK_VLLM_SRC")
-    ns = _load(release)
-
-    @contextlib.contextmanager
-    def zmq_ctx(socket_type: Any, addr: str) -> Any:  # vLLM's: REQ connects, context destroyed with linger 0
-        ctx = zmq.Context()
-        try:
-            sock = ctx.socket(socket_type)
-            sock.connect(addr)
-            yield sock
-        finally:
-            ctx.destroy(linger=0)
-
-    ns.update(zmq_ctx=zmq_ctx, itertools=itertools)
-    exec(compile(_segment(release, "_nixl_handshake"), f"<vllm {release} _nixl_handshake>", "exec"), ns)  # noqa: S102
+    ns = with_vllm_handshake(release)
     rel = Release(Path(SRC or ""), release)
     _load_worker_code(release, rel)
     read = 0
