@@ -122,11 +122,6 @@ class Rank:
             return False
         return self.proc.exitcode is None or comm.split(b":")[0] == f"pdcheck-{self.role}{self.tp_rank}".encode()
 
-    def died(self) -> str | None:
-        if self.proc.is_alive():
-            return None
-        return f"{self.label} {how_it_ended(self.proc.exitcode)}"
-
     def ended(self) -> str:
         """How the rank ended, for 'P rank 1 died: it ...' (every placement backend's ranks answer this)."""
         return how_it_ended(self.proc.exitcode)

@@ -8,7 +8,6 @@ Both talk to the launcher over a pipe with msgspec messages.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -51,9 +50,6 @@ def _recv(conn: Connection) -> m.Msg:
 # ---------------------------------------------------------------------------------------------- prefill
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
-    if spec.log_requests:
-        # `pdcheck serve`: Ctrl-C reaches the whole process group; the parent stops the ranks in order.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
     name_this_process(f"pdcheck-P{spec.tp_rank}")
     quiet_nixl_env(spec.host)
     t0 = time.perf_counter()

@@ -24,6 +24,7 @@ import typer
 from pdcheck import __version__
 from pdcheck import handshake as hs
 from pdcheck import messages as m
+from pdcheck.bounds import MIN_BASE_PORT
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.ranks import prefill_main
@@ -166,18 +167,22 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
     host = p.host  # the scenario's, or --host / --prefill-host (loopback by default)
     fmt = FORMATS[release.wire]
     n_ports = p.tp_size if fmt.port_scheme == "per_rank" else 1
-    if opts.port is not None:
-        base = opts.port
+    # --port, else the scenario's prefill.base_port (or --prefill-base-port), else ports the OS picks.
+    port = opts.port if opts.port is not None else p.base_port
+    if port is not None:
+        base = port
         top = remote_port(release, base, p.dp_rank, p.tp_size) + n_ports - 1
         if top > 65535:
-            raise BadInput(f"--port: {base} + ranks runs past port 65535")
+            where = "--port" if opts.port is not None else "prefill.base_port"
+            raise BadInput(f"{where}: {base} + ranks runs past port 65535")
     else:
         # The OS picks; in per-worker eras the ranks above it must be free too.
         offset = remote_port(release, 0, p.dp_rank, p.tp_size)
         base = free_base(host, n_ports) - offset
         if base < 1:
             raise HarnessError(f"serve: the OS chose a port below DP rank {p.dp_rank}'s offset; pass --port")
-    p = msgspec.structs.replace(p, host=host, base_port=base)
+    # P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree.
+    p = msgspec.structs.replace(p, host=host, base_port=base, vllm=release.name)
     sc = msgspec.structs.replace(sc, prefill=p)
     chash = compat_hash_for(release, p.geometry(), p.model)
     pg = for_release(release, p.geometry())  # the regions and block lengths a real P of `release` registers
@@ -361,8 +366,8 @@ def register(app: Any) -> None:
         if "," in name or name.strip() in ("all", "corrected"):
             raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
         release = resolve(name)
-        if port is not None and not 1 <= port <= 65535:
-            raise BadInput(f"--port: {port} is not a port")
+        if port is not None and not MIN_BASE_PORT <= port <= 65535:
+            raise BadInput(f"--port: {port} is outside {MIN_BASE_PORT}-65535")
         if tag_blocks < 0 or (duration is not None and duration <= 0):
             raise BadInput("--tag-blocks must be >= 0 and --duration positive")
         if api_port is not None and not 0 <= api_port <= 65535:

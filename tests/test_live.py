@@ -417,3 +417,17 @@ def test_handshake_live_flags_only_discovers_per_worker_ranks():
     assert any("2 P rank(s) found" in n for n in rep["live"]["notes"])
     assert rep["matrix"] == {"0.10.1": ["ok", "ok"], "corrected": ["ok", "ok"]}
     assert all(d["transfer"]["0.10.1"]["status"] == "ok" for d in rep["decode_ranks"])
+
+
+def test_serve_takes_prefill_base_port_and_its_vllm_wins_over_the_scenarios():
+    """--prefill-base-port lays out the ports as --port does, and --vllm replaces the scenario's prefill.vllm
+    (here 0.11.1, one scheduler port of era F) for the listeners too, not only for the ready document."""
+    sc = SCEN / "cross-release-listener-death.toml"
+    base = _free_run(2)
+    with serve(str(sc), "--prefill-tp", "2", "--prefill-blocks", "64", "--vllm", "0.9.2",
+               "--prefill-base-port", str(base)) as s:
+        assert s.doc["release"] == "0.9.2" and s.doc["wire"] == "C"
+        assert [e["port"] for e in s.doc["endpoints"]] == [base, base + 1]  # per-worker era: one port per rank
+        r = pdcheck("probe", f"127.0.0.1:{base}", "--vllm", "0.9.2", "--tp-size", "2", "--json")
+        assert r.returncode == 0, r.stderr
+        assert [p["num_blocks"] for p in json.loads(r.stdout)["prefill_ranks"]] == [64, 64]
