@@ -52,8 +52,11 @@ class RankActor:
         self.parent, self.child = Pipe(duplex=True)
 
     def place(self) -> tuple[str, str]:
-        """(this node's address, its Ray node id)."""
-        return ray.util.get_node_ip_address(), ray.get_runtime_context().get_node_id()
+        """(this node's address, its Ray node id). The address the node was started with (`ray start
+        --node-ip-address`), which a worker's own route lookup (ray.util.get_node_ip_address) can miss."""
+        node_id = ray.get_runtime_context().get_node_id()
+        ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
+        return ip or ray.util.get_node_ip_address(), node_id
 
     def start(self, module: str, name: str, spec: bytes) -> None:
         target: Callable[[Connection, bytes], None] = getattr(importlib.import_module(module), name)
@@ -117,13 +120,15 @@ class RayLauncher:
 
     def __init__(self, address: str, place_timeout_s: float = 120.0) -> None:
         self.address = address
-        _reachable(address)  # before ray.init, which retries an absent cluster for minutes
+        # Before ray.init, which retries an absent cluster for minutes; the local end of that connection is the
+        # address the cluster reaches this process at, where D ranks find the parent's held ports.
+        local = _reachable(address)
         try:
             # log_to_driver off: stdout is the report's (--json); rank logs come back by RankActor.log.
             ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
         except (ConnectionError, ValueError, RuntimeError) as exc:
             raise BadInput(f"--ray {address}: cannot connect to a Ray cluster there ({exc})") from None
-        self.hold_host: str | None = ray.util.get_node_ip_address()  # D ranks reach the parent's held ports
+        self.hold_host: str | None = local or ray.util.get_node_ip_address()
         self.actors: dict[tuple[str, int], Any] = {}
         self.places: dict[tuple[str, int], Place] = {}
         self.ranks: list[RayRank] = []
@@ -223,11 +228,12 @@ class RayLauncher:
         ray.shutdown()
 
 
-def _reachable(address: str) -> None:
+def _reachable(address: str) -> str | None:
     """BadInput unless a Ray cluster's GCS accepts connections at `address` ('auto': the one this node's
-    `ray start` recorded, or RAY_ADDRESS). Ray Client addresses (ray://) are left to ray.init."""
+    `ray start` recorded, or RAY_ADDRESS); returns this end's address of that connection. Ray Client
+    addresses (ray://) are left to ray.init (None)."""
     if address.startswith("ray://"):
-        return
+        return None
     from ray._private.services import canonicalize_bootstrap_address
 
     try:
@@ -240,7 +246,8 @@ def _reachable(address: str) -> None:
     if not host or not port.isdigit():
         raise BadInput(f"--ray {address}: expected HOST:PORT of a Ray cluster's head (or auto)")
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=3).close()
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=3) as conn:
+            return str(conn.getsockname()[0])
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise BadInput(f"--ray {address}: no Ray cluster answers at {addr} ({why}; start one with `ray start "
