@@ -96,10 +96,15 @@ class PortPlan:
     fixed: bool  # explicit base_port: bind the layout ports themselves
 
 
+def layout_base(wire: str, base: int, dp_rank: int, tp_size: int) -> int:
+    """Where a P of DP rank `dp_rank` listens in vLLM's layout: per-worker eras (A-E) put its TP rank r at the
+    result + r, the scheduler eras (F-H) one port per DP rank."""
+    return base + (dp_rank * tp_size if FORMATS[wire].port_scheme == "per_rank" else dp_rank)
+
+
 def _d_base(sc: Scenario, r: ReleaseModel, prof: Profile) -> int:
-    p = sc.prefill
     wire = r.wire if r is not CORRECTED else prof.wire
-    return prof.base_port + (p.dp_rank * p.tp_size if FORMATS[wire].port_scheme == "per_rank" else p.dp_rank)
+    return layout_base(wire, prof.base_port, sc.prefill.dp_rank, sc.prefill.tp_size)
 
 
 def plan_ports(sc: Scenario, releases: list[ReleaseModel], where: str = "") -> PortPlan:
@@ -176,6 +181,9 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         prof = profiles[r.name]
         return m.DRelease(r.name, _d_base(sc, r, prof), prof.wire, compat_hash_for(r, d))
 
+    # Once, not per rank: each release entry computes a compatibility hash.
+    d_rels = [d_release(x) for x in [*releases, CORRECTED]]
+    p_geom, d_geom = (dataclasses.asdict(kv_geometry(inst, releases)) for inst in (p, d))
     with launcher(opts.ray, opts.start_timeout_s) as lau, ExitStack() as held:
         where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
                           gpu=opts.device == "cuda")
@@ -185,15 +193,15 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
             r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p_host[r],
-                geometry=dataclasses.asdict(kv_geometry(p, releases)), kv_cache_layout=p.kv_cache_layout,
+                geometry=p_geom, kv_cache_layout=p.kv_cache_layout,
                 inject=opts.inject)))
             for r in range(p.tp_size)
         }
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
-                device_id=d.device_id(r), device=opts.device, geometry=dataclasses.asdict(kv_geometry(d, releases)),
-                kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*releases, CORRECTED]],
+                device_id=d.device_id(r), device=opts.device, geometry=d_geom,
+                kv_cache_layout=d.kv_cache_layout, releases=d_rels,
                 p_host=p_host[0], p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
                 transfer=opts.transfer, requests=requests)))

@@ -24,7 +24,7 @@ from pdcheck.errors import BadInput
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.ranks import decode_main
-from pdcheck.releases import CORRECTED, compat_hash_for, for_release, resolve
+from pdcheck.releases import CORRECTED, for_release, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
 from pdcheck.serve import TAG_BLOCKS
@@ -79,18 +79,18 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
 
     def d_release(r: ReleaseModel) -> m.DRelease:
         wire = p_rel.wire if r is CORRECTED else r.wire  # corrected reads whatever P speaks
-        per_rank = FORMATS[wire].port_scheme == "per_rank"
-        base = port + (p.dp_rank * p.tp_size if per_rank else p.dp_rank)
-        return m.DRelease(r.name, base, p_rel.wire, compat_hash_for(r, d.geometry(), d.model))
+        base = hs.layout_base(wire, port, p.dp_rank, p.tp_size)
+        return m.DRelease(r.name, base, p_rel.wire, hs.compat_hash_for(r, d))
 
+    d_rels = [d_release(x) for x in [*run_rels, CORRECTED]]  # once: each computes a compatibility hash
+    d_geom = dataclasses.asdict(hs.kv_geometry(d, [p_rel]))  # the live P's KV layout
     harness: list[str] = []
     with launcher() as lau:
         d_ranks = {
             r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
                 device_id=d.device_id(r), device=opts.device,
-                geometry=dataclasses.asdict(hs.kv_geometry(d, [p_rel])),  # the live P's KV layout
-                kv_cache_layout=d.kv_cache_layout, releases=[d_release(x) for x in [*run_rels, CORRECTED]],
+                geometry=d_geom, kv_cache_layout=d.kv_cache_layout, releases=d_rels,
                 p_host=host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
                 transfer=opts.transfer, requests=requests, live=True)))

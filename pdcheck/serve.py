@@ -28,7 +28,7 @@ from pdcheck.bounds import MIN_BASE_PORT
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.ranks import prefill_main
-from pdcheck.releases import compat_hash_for, for_release, resolve
+from pdcheck.releases import for_release, resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
 from pdcheck.wire import FORMATS
@@ -121,11 +121,6 @@ def free_base(host: str, n: int, attempts: int = 50) -> int:
     raise HarnessError(f"serve: no {n} consecutive free ports on {host}")
 
 
-def remote_port(release: ReleaseModel, base: int, dp_rank: int, tp_size: int) -> int:
-    per_rank = FORMATS[release.wire].port_scheme == "per_rank"
-    return base + (dp_rank * tp_size if per_rank else dp_rank)
-
-
 def _v(release: ReleaseModel) -> tuple[int, ...]:
     return tuple(int(x) for x in (release.version or release.versions[0]).split(".")[:3])
 
@@ -171,20 +166,20 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
     port = opts.port if opts.port is not None else p.base_port
     if port is not None:
         base = port
-        top = remote_port(release, base, p.dp_rank, p.tp_size) + n_ports - 1
+        top = hs.layout_base(release.wire, base, p.dp_rank, p.tp_size) + n_ports - 1
         if top > 65535:
             where = "--port" if opts.port is not None else "prefill.base_port"
             raise BadInput(f"{where}: {base} + ranks runs past port 65535")
     else:
         # The OS picks; in per-worker eras the ranks above it must be free too.
-        offset = remote_port(release, 0, p.dp_rank, p.tp_size)
+        offset = hs.layout_base(release.wire, 0, p.dp_rank, p.tp_size)
         base = free_base(host, n_ports) - offset
         if base < 1:
             raise HarnessError(f"serve: the OS chose a port below DP rank {p.dp_rank}'s offset; pass --port")
     # P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree.
     p = msgspec.structs.replace(p, host=host, base_port=base, vllm=release.name)
     sc = msgspec.structs.replace(sc, prefill=p)
-    chash = compat_hash_for(release, p.geometry(), p.model)
+    chash = hs.compat_hash_for(release, p)
     pg = for_release(release, p.geometry())  # the regions and block lengths a real P of `release` registers
     # base_port is set: the plan binds vLLM's layout ports themselves (fixed), as a real P of `release` would.
     plan = hs.plan_ports(sc, [release], "serve")
@@ -222,7 +217,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             ]
             from pdcheck.kvcache import engine_tag
 
-            rport = remote_port(release, base, p.dp_rank, p.tp_size)
+            rport = hs.layout_base(release.wire, base, p.dp_rank, p.tp_size)
             on_ready(Ready(
                 tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
                 release=release.name, wire=release.wire, engine_id=p.engine_id, host=host, base_port=base,
