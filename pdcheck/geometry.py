@@ -113,3 +113,29 @@ class Geometry:
         if self.joint_kv:
             return f"layer {region} (K+V)"
         return f"layer {region // 2} {'KV'[region % 2]}"
+
+    def head_start(self, rank: int) -> int:
+        """The first KV head TP rank `rank` holds: heads split in rank order; with more ranks than heads,
+        consecutive ranks replicate one head; MLA's latent is held whole by every rank."""
+        if self.use_mla:
+            return 0
+        if self.tp_size <= self.total_kv_heads:
+            return rank * self.local_kv_heads
+        return rank // max(1, self.tp_size // self.total_kv_heads)
+
+    @property
+    def head_slice_bytes(self) -> int:
+        """Bytes of one head's run in a heads-first (HND) block: block_size tokens of head_dim elements."""
+        return self.block_size * self.head_cell_bytes
+
+
+def read_source(p: Geometry, d: Geometry, d_rank: int) -> tuple[int, int] | None:
+    """Which P rank holds D rank `d_rank`'s heads whole, and at what byte offset of a heads-first P block its
+    slice starts (None: its heads span several P ranks). Replicated sources are spread over the P ranks."""
+    lo, n = d.head_start(d_rank), d.local_kv_heads
+    holders = [r for r in range(p.tp_size)
+               if p.head_start(r) <= lo and lo + n <= p.head_start(r) + p.local_kv_heads]
+    if not holders:
+        return None
+    src = holders[d_rank % len(holders)]
+    return src, (lo - p.head_start(src)) * d.head_slice_bytes

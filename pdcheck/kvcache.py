@@ -23,14 +23,15 @@ from pdcheck.geometry import Geometry
 CELL = 16
 _MMAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+_M32 = np.uint64(0xFFFFFFFF)
 _SALT = 0xA5C3_5A3C  # so that zeroed (stale, never-written) memory never passes the check
 
 
 def host_memory(nbytes: int, *, hugepages: bool = False) -> tuple[mmap.mmap, np.ndarray]:
-    """Private anonymous host memory, the one allocation both KV caches and transfer-bench pools use.
+    """Private anonymous host memory, the one allocation behind every KV cache.
 
     Private, not mmap's default shared mapping: shared anonymous memory is shmem, which gets no THP.
-    NORESERVE: only touched pages cost. hugepages: ask for transparent huge pages (the bench's pools)."""
+    NORESERVE: only touched pages cost. hugepages: ask for transparent huge pages (transfer-bench's arenas)."""
     mm = mmap.mmap(-1, max(1, nbytes), flags=_MMAP_FLAGS)
     if hugepages and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
@@ -38,6 +39,103 @@ def host_memory(nbytes: int, *, hugepages: bool = False) -> tuple[mmap.mmap, np.
         except OSError:
             pass  # THP disabled: plain pages, the same for every measured row
     return mm, np.frombuffer(mm, dtype=np.uint8)
+
+
+class Arena:
+    """The memory one rank registers with NIXL: host (anonymous mmap) or GPU (one torch tensor).
+
+    A handshake rank sizes it to its KV cache; a transfer-bench rank sizes it to its largest row and lays
+    each row's KV cache over it (KVCache(..., arena=)), so NIXL registration and page faults happen once.
+    torch is imported only on the GPU path (it costs ~2 s and 650 MB per process)."""
+
+    def __init__(self, nbytes: int, device: str = "cpu", gpu_index: int = 0, *, hugepages: bool = False,
+                 touch: bool = False) -> None:
+        self.nbytes, self.device = nbytes, device
+        self.arr: np.ndarray | None = None  # host: uint8 over the whole arena
+        self.tensor: Any = None  # GPU: uint8 tensor over the whole arena
+        if device == "cpu":
+            self.mem_type, self.dev = "DRAM", 0
+            self._map, self.arr = host_memory(nbytes, hugepages=hugepages)
+            if touch:
+                # A first READ of untouched memory maps the shared zero page; the copy-on-write faults that
+                # follow (maybe onto 4 KiB pages) would land inside measured loops.
+                self.arr[:] = 0
+            self.addr = self.arr.ctypes.data
+        else:
+            import torch  # only here: the GPU path
+
+            count = torch.cuda.device_count()
+            if count == 0:
+                raise RuntimeError("--device cuda: torch sees no CUDA device")
+            self.mem_type, self.dev = "VRAM", gpu_index % count  # more ranks than GPUs: round-robin
+            torch.cuda.set_device(self.dev)
+            self.tensor = torch.empty(max(1, nbytes), dtype=torch.uint8, device=f"cuda:{self.dev}")
+            self.addr = int(self.tensor.data_ptr())
+
+    def span(self, start: int, nbytes: int) -> Any:
+        """Bytes [start, start + nbytes): a numpy view (host) or a tensor view (GPU)."""
+        whole = self.arr if self.arr is not None else self.tensor
+        return whole[start:start + nbytes]
+
+    def host_bytes(self, start: int, nbytes: int) -> np.ndarray:
+        """Bytes [start, start + nbytes) as host numpy (a view on the host, a copy from the GPU)."""
+        if self.arr is not None:
+            return self.arr[start:start + nbytes]
+        return self.tensor[start:start + nbytes].cpu().numpy()
+
+    def zero(self, nbytes: int) -> None:
+        if self.arr is not None:
+            self.arr[:nbytes] = 0
+        else:
+            self.tensor[:nbytes].zero_()
+            self.sync()
+
+    def flip(self, byte_index: int) -> None:
+        """Invert one byte (transfer-bench's self-test of the check)."""
+        if self.arr is not None:
+            self.arr[byte_index] ^= 0xFF
+        else:
+            self.tensor[byte_index:byte_index + 1].bitwise_xor_(0xFF)
+            self.sync()
+
+    def copy(self, dst: int, src: int, nbytes: int) -> None:
+        """One-thread copy inside the arena: transfer-bench's memcpy ceiling."""
+        if self.arr is not None:
+            np.copyto(self.arr[dst:dst + nbytes], self.arr[src:src + nbytes])
+        else:
+            self.tensor[dst:dst + nbytes].copy_(self.tensor[src:src + nbytes])
+
+    def sync(self) -> None:
+        if self.tensor is not None:
+            import torch
+
+            torch.cuda.synchronize(self.dev)
+
+    def registration(self) -> list[tuple[int, int, int]]:
+        """The whole arena as one NIXL region (addr, bytes, device id)."""
+        return [(self.addr, self.nbytes, self.dev)]
+
+
+def region_addrs(base: int, geometry: Geometry, num_blocks: int) -> list[int]:
+    """Where each region of a KV cache laid over memory at `base` starts (KVCache's layout: regions back to
+    back). A transfer-bench D rank computes its P peer's regions from the peer's arena address with it."""
+    region_bytes = num_blocks * geometry.block_len
+    return [base + r * region_bytes for r in range(geometry.num_regions)]
+
+
+def block_descs(base_addrs: list[int], num_blocks: int, block_len: int, read_len: int, dev: int, *,
+                offset: int = 0, halves: int = 1) -> np.ndarray:
+    """Nx3 (addr, len, devId) for every block of every region in descriptor-id order (region-major, then K
+    and V halves where a release reads a block as two, then block): what local and remote dlists are built
+    from. offset: where in each block (or half) the read starts, e.g. a D rank's head slice of a P block."""
+    blocks = np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_len)
+    half = block_len // halves
+    addrs = np.concatenate([np.uint64(a + offset + h * half) + blocks for a in base_addrs for h in range(halves)])
+    out = np.empty((len(addrs), 3), dtype=np.uint64)
+    out[:, 0] = addrs
+    out[:, 1] = read_len
+    out[:, 2] = dev
+    return out
 
 
 def engine_tag(engine_id: str) -> int:
@@ -51,9 +149,15 @@ def coord_word(tag: int, p_rank: int, region: int | np.ndarray, block: np.ndarra
         reg << np.uint64(32)) | np.asarray(block).astype(np.uint64)
 
 
-def offset_word(coord: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    check = ((coord * _MIX) ^ offsets.astype(np.uint64) ^ np.uint64(_SALT)) & np.uint64(0xFFFFFFFF)
-    return (offsets.astype(np.uint64) << np.uint64(32)) | check
+def _check_keys(coord: np.ndarray) -> np.ndarray:
+    """The per-block half of the offset word's check value (the per-cell half is the offset itself)."""
+    return ((coord * _MIX) & _M32) ^ np.uint64(_SALT)
+
+
+def _cell_words(logical: np.ndarray) -> np.ndarray:
+    """Offset words before the per-block check key is XORed in: offset in the high half, offset in the low."""
+    off = logical.astype(np.uint64)
+    return (off << np.uint64(32)) | (off & _M32)
 
 
 @dataclass(frozen=True)
@@ -90,16 +194,30 @@ class BlockView:
 PLAIN = BlockView()
 
 
+def _cells(view: BlockView, start: int, length: int) -> np.ndarray:
+    return _cell_words(view.logical(np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64)
+                                    * np.uint64(CELL)))
+
+
+def write_pattern(dst: np.ndarray, tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray,
+                  start: int = 0, view: BlockView = PLAIN) -> None:
+    """Write the expected bytes [start, start + length) of each block into dst, (len(blocks), length) uint8
+    with contiguous rows, in place: a broadcast store and a broadcast XOR, no temporaries the size of dst.
+    Each 16-byte cell holds the coordinate word and the offset word, offset | check, where
+    check = low32(coord * MIX) ^ offset ^ SALT splits into a per-block key and a per-cell term."""
+    coord = coord_word(tag, p_rank, region, np.asarray(blocks))
+    cells = dst.view(np.uint64).reshape(len(coord), -1, 2)
+    cells[:, :, 0] = coord[:, None]
+    np.bitwise_xor(_cells(view, start, dst.shape[1])[None, :], _check_keys(coord)[:, None], out=cells[:, :, 1])
+
+
 def pattern(tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray, start: int, length: int,
             view: BlockView = PLAIN) -> np.ndarray:
     """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8.
     region: one region for all blocks, or one per block (a whole proof in one vectorised pass)."""
-    cells = view.logical(np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64) * np.uint64(CELL))
-    coord = coord_word(tag, p_rank, region, np.asarray(blocks))[:, None]
-    out = np.empty((len(blocks), len(cells), 2), dtype=np.uint64)
-    out[:, :, 0] = coord
-    out[:, :, 1] = offset_word(coord, cells[None, :])
-    return out.reshape(len(blocks), -1).view(np.uint8)
+    out = np.empty((len(np.asarray(blocks)), length), dtype=np.uint8)
+    write_pattern(out, tag, p_rank, region, blocks, start, view)
+    return out
 
 
 @dataclass(frozen=True)
@@ -128,47 +246,53 @@ def decode_cell(cell: np.ndarray) -> Found:
 
 
 class KVCache:
-    """num_regions buffers of num_blocks * block_len bytes, registered with one NIXL agent."""
+    """num_regions regions of num_blocks * block_len bytes, contiguous in one Arena, each registered with NIXL
+    as its own region (as vLLM registers one tensor per layer and K/V). Contiguous: tagging, clearing and
+    checking every region is one numpy operation, not a loop. arena: lay the cache over memory that is
+    already allocated and registered (transfer-bench, one cache per row); otherwise it gets its own."""
 
     def __init__(self, geometry: Geometry, num_blocks: int, device: str = "cpu", gpu_index: int = 0,
-                 layout: str = "HND") -> None:
-        self.geometry, self.num_blocks, self.device = geometry, num_blocks, device
+                 layout: str = "HND", arena: Arena | None = None) -> None:
+        self.geometry, self.num_blocks = geometry, num_blocks
         g = geometry
         self.view = BlockView.of(layout, g.local_kv_heads, g.block_size, g.head_cell_bytes, plain=not g.per_head_view)
         self.block_len = geometry.block_len
         self.region_bytes = num_blocks * self.block_len
-        self._keep: list[Any] = []
-        self.views: list[Any] = []
-        self.base_addrs: list[int] = []
-        self.blocks3: np.ndarray | None = None  # host: (regions, num_blocks, block_len) over every region
-        if device == "cpu":
-            self.mem_type = "DRAM"
-            # One mapping for all regions (each still registered as its own region, like vLLM's tensors):
-            # tagging, clearing and checking every region is then one numpy operation, not a loop.
-            mm, whole = host_memory(geometry.num_regions * self.region_bytes)
-            self._keep.append(mm)
-            self.blocks3 = whole[:geometry.num_regions * self.region_bytes].reshape(
-                geometry.num_regions, num_blocks, self.block_len)
-            for r in range(geometry.num_regions):
-                arr = whole[r * self.region_bytes:(r + 1) * self.region_bytes]
-                self.views.append(arr)
-                self.base_addrs.append(arr.ctypes.data)
-        else:
-            import torch  # only here: the GPU path
-
-            self.mem_type = "VRAM"
-            dev = torch.device("cuda", gpu_index)
-            for _ in range(geometry.num_regions):
-                t = torch.empty(self.region_bytes, dtype=torch.uint8, device=dev)
-                self.views.append(t)
-                self.base_addrs.append(t.data_ptr())
+        nbytes = geometry.num_regions * self.region_bytes
+        if arena is None:
+            arena = Arena(nbytes, device, gpu_index)
+        elif arena.nbytes < nbytes:
+            raise ValueError(f"KV cache of {nbytes} bytes does not fit its {arena.nbytes}-byte arena")
+        self.arena = arena
+        self.device, self.mem_type = arena.device, arena.mem_type
+        self.views: list[Any] = [arena.span(r * self.region_bytes, self.region_bytes)
+                                 for r in range(geometry.num_regions)]
+        self.base_addrs = region_addrs(arena.addr, geometry, num_blocks)
+        # host: (regions, num_blocks, block_len) over every region
+        self.blocks3: np.ndarray | None = None if arena.arr is None else arena.arr[:nbytes].reshape(
+            geometry.num_regions, num_blocks, self.block_len)
 
     def regions(self, device_id: int) -> list[tuple[int, int, int]]:
         return [(a, self.region_bytes, device_id) for a in self.base_addrs]
 
-    def _block_slice(self, region: int, block: int) -> slice:
-        start = block * self.block_len
-        return slice(start, start + self.block_len)
+    def descs(self, read_len: int, device_id: int, *, offset: int = 0, halves: int = 1) -> np.ndarray:
+        """This cache's dlist: every block of every region (kvcache.block_descs)."""
+        return block_descs(self.base_addrs, self.num_blocks, self.block_len, read_len, device_id, offset=offset,
+                           halves=halves)
+
+    def fill(self, tag: int, p_rank: int, chunk_bytes: int = 1 << 20) -> None:
+        """Tag every block of every region, at memory speed: in place, a cache-sized chunk at a time, so the
+        coordinate store and the check XOR meet the same lines in cache."""
+        g = self.geometry
+        rows = max(1, chunk_bytes // self.block_len)
+        for region in range(g.num_regions):
+            for lo in range(0, self.num_blocks, rows):
+                blocks = np.arange(lo, min(lo + rows, self.num_blocks))
+                if self.blocks3 is not None:
+                    write_pattern(self.blocks3[region, lo:lo + len(blocks)], tag, p_rank, region, blocks, 0, self.view)
+                else:
+                    self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len,
+                                                              self.view))
 
     def write_blocks(self, region: int, blocks: np.ndarray, data: np.ndarray) -> None:
         """data: (len(blocks), block_len) uint8."""

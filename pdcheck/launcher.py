@@ -22,7 +22,7 @@ from typing import Any
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 
-_PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks"]
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
 
 
@@ -71,6 +71,15 @@ class _RankProcess(mp.context.ForkServerProcess):
     @staticmethod
     def _Popen(process_obj: Any) -> _Popen:  # type: ignore[override]
         return _Popen(process_obj)
+
+
+def _logged(target: Callable[[Connection, bytes], None], log: str, conn: Connection, spec: bytes) -> None:
+    """In the forked rank: point fd 1 and 2 at its own log file, then run the rank."""
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    target(conn, spec)
 
 
 def stop_forkserver() -> None:
@@ -203,7 +212,10 @@ class Launcher:
         node = socket.gethostname()
         return {key: Place(None, node) for key in ranks}
 
-    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> Rank:
+    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes,
+              log: str | None = None) -> Rank:
+        """Fork a rank from the forkserver; it runs target(pipe, spec). log: a file that takes the rank's fd 1
+        and 2, C-level output included (UCX prints its protocol tables there); None: the parent's stderr."""
         ctx = _context()
         if not forkserver_alive():
             # warm_up() started it early; multiprocessing would quietly start another, but a killed
@@ -212,7 +224,9 @@ class Launcher:
             raise HarnessError(f"the rank forkserver died before {role} rank {tp_rank} started; nothing was left "
                                "running")
         parent, child = ctx.Pipe(duplex=True)
-        proc = _RankProcess(target=target, args=(child, spec), name=f"pdcheck-{role}{tp_rank}", daemon=True)
+        args: tuple[Any, ...] = (child, spec) if log is None else (target, log, child, spec)
+        proc = _RankProcess(target=target if log is None else _logged, args=args, name=f"pdcheck-{role}{tp_rank}",
+                            daemon=True)
         try:
             proc.start()
         except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start

@@ -1,4 +1,5 @@
-"""Messages between the launcher and rank processes, and the per-rank results. msgspec, never pickle."""
+"""Messages between the launcher and rank processes (handshake, serve and transfer-bench ranks alike), and the
+per-rank results. msgspec msgpack over the launcher's pipes, never pickle."""
 
 from __future__ import annotations
 
@@ -174,7 +175,143 @@ class DecodeResult(msgspec.Struct, tag=True):
     elapsed_ms: float = 0.0
 
 
-Msg = Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult
+# ------------------------------------------------------------------ transfer-bench: the same pipe and codec
+class BenchShape(msgspec.Struct, frozen=True):
+    name: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str
+    mla: bool
+
+
+class BenchSpec(msgspec.Struct, frozen=True):
+    """What a transfer-bench rank is started with (launcher.start's spec)."""
+
+    role: str  # "P" or "D"
+    tp_rank: int
+    agent_name: str
+    arena_bytes: int  # sized for the largest row
+    device: str
+    gpu: int
+    cores: list[int]  # [] = not pinned
+    error_mode: str | None
+    progress_thread: bool
+    target_busy: bool
+    ucx_env: dict[str, str]  # the transport preset's UCX variables, set before the agent exists
+    shape: BenchShape
+    ptp: int
+    dtp: int
+    iters: int  # 0 = auto from min_time
+    warmup: int
+    min_time: float
+    notif: bool
+
+
+class BenchReady(msgspec.Struct, tag=True):
+    tp_rank: int
+    agent_name: str
+    metadata: bytes
+    addr: int
+    nbytes: int
+    dev: int
+    ucx_version: str
+    cores: list[int]
+
+
+class PeerInfo(msgspec.Struct):
+    rank: int
+    name: str
+    metadata: bytes
+    addr: int
+    dev: int
+
+
+class Peers(msgspec.Struct, tag=True):
+    peers: list[PeerInfo]
+
+
+class Row(msgspec.Struct, tag=True):
+    """One sweep point. Block tables travel as raw little-endian int64 (requests x blocks)."""
+
+    index: int
+    block_tokens: int
+    tokens: int
+    blocks: int
+    requests: int
+    run_length: int
+    num_blocks: int
+    tables_p: bytes
+    tables_d: bytes
+    corrupt: int  # -1, or the descriptor index (request 0 of decode rank 0) to corrupt at the source
+
+
+class Filled(msgspec.Struct, tag=True):
+    fill_ms: float
+
+
+class Armed(msgspec.Struct, tag=True):
+    pass
+
+
+class Ack(msgspec.Struct, tag=True):
+    pass
+
+
+class Measure(msgspec.Struct, tag=True):
+    """Start the timed loop (every D rank at once)."""
+
+
+class Poll(msgspec.Struct, tag=True):
+    pass
+
+
+class Stats(msgspec.Struct, tag=True):
+    cpu_s: float  # process CPU time so far (all threads, progress thread included)
+    wall_s: float
+    notifs: int  # notifications received so far
+
+
+class Ceiling(msgspec.Struct):
+    gbps: float
+    p50_us: float
+    nbytes: int
+    iters: int
+    working_set: int
+    wrong: int = 0
+
+
+class RankRow(msgspec.Struct, tag=True):
+    """One decode rank's measurements for one sweep point."""
+
+    rank: int
+    nbytes: int  # per transfer
+    block_bytes: int
+    desc_count: int
+    desc_merged: list[int]  # NIXL telemetry descCount per request handle (empty when unavailable)
+    desc_runs: float  # mean contiguous runs per request: the count if NIXL merged every run
+    iters: int
+    wall_ns: int
+    lat_ns: bytes  # int64 per transfer
+    checked: int
+    wrong: int
+    first_wrong: str | None
+    memcpy: list[Ceiling]  # before and after the row, to catch drift
+    wire: Ceiling
+    prep_ms: float
+    make_us: float
+    verify_ms: float
+    cpu_s: float
+    working_set: int
+    telemetry_error: str | None = None
+
+
+class Bye(msgspec.Struct, tag=True):
+    notifs: int
+
+
+Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult
+       | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye)
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Msg)

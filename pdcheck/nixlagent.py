@@ -39,15 +39,6 @@ def _call(op: str, context: str, fn: Any, *args: Any, **kw: Any) -> Any:
         raise NixlCallError(op, _status(exc), f"{type(exc).__name__}: {exc}".strip(), context) from exc
 
 
-def descs_array(addrs: np.ndarray, length: int, dev: int) -> np.ndarray:
-    """Nx3 uint64 (addr, len, devId): the cheapest form NIXL accepts (no Python tuples)."""
-    out = np.empty((len(addrs), 3), dtype=np.uint64)
-    out[:, 0] = addrs
-    out[:, 1] = length
-    out[:, 2] = dev
-    return out
-
-
 class Agent:
     """One NIXL agent with the UCX backend.
 

@@ -19,9 +19,9 @@ import zmq
 from pdcheck import messages as m
 from pdcheck.engine import Outcome, Params, run
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import KVCache, engine_tag
+from pdcheck.kvcache import KVCache, block_descs, engine_tag
 from pdcheck.launcher import name_this_process
-from pdcheck.nixlagent import Agent, descs_array, quiet_nixl_env
+from pdcheck.nixlagent import Agent, quiet_nixl_env
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
 from pdcheck.sidechannel import Listener, fetch
@@ -201,12 +201,10 @@ class RealIO:
         return self.agent.add_remote(blob)
 
     def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
-        blocks = np.arange(prepared.dlist_blocks, dtype=np.uint64) * np.uint64(prepared.remote_block_len)
         # per region: its blocks (K halves first, then V halves when the release splits a block into two)
-        half = prepared.remote_block_len // prepared.halves
-        addrs = np.concatenate([np.uint64(a + prepared.rank_offset + h * half) + blocks for a in prepared.base_addrs
-                                for h in range(prepared.halves)])
-        descs = descs_array(addrs, prepared.block_len, prepared.device_id)
+        descs = block_descs(prepared.base_addrs, prepared.dlist_blocks, prepared.remote_block_len,
+                            prepared.block_len, prepared.device_id, offset=prepared.rank_offset,
+                            halves=prepared.halves)
         self.handles[prepared.p_rank] = self.agent.prep(
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")
 

@@ -17,7 +17,7 @@ from pdcheck.engine import Outcome
 from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import CELL, BlockView, KVCache, decode_cell, pattern
 from pdcheck.messages import Mismatch, Req, TransferResult
-from pdcheck.nixlagent import LOCAL, Agent, descs_array
+from pdcheck.nixlagent import LOCAL, Agent
 from pdcheck.releases.base import Local, Prepared
 
 TagFn = Callable[[int, dict[int, list[int]]], None]
@@ -34,11 +34,8 @@ class LocalLists:
     def get(self, read_len: int, offset: int, halves: int = 1) -> Any:
         key = (read_len, offset, halves)
         if key not in self._h:
-            kv = self.kv
-            blocks = np.arange(kv.num_blocks, dtype=np.uint64) * np.uint64(kv.block_len) + np.uint64(offset)
-            half = kv.block_len // halves
-            addrs = np.concatenate([np.uint64(a + h * half) + blocks for a in kv.base_addrs for h in range(halves)])
-            self._h[key] = self.agent.prep(LOCAL, descs_array(addrs, read_len, self.device_id), kv.mem_type, "local")
+            descs = self.kv.descs(read_len, self.device_id, offset=offset, halves=halves)
+            self._h[key] = self.agent.prep(LOCAL, descs, self.kv.mem_type, "local")
         return self._h[key]
 
 

@@ -17,15 +17,16 @@ import msgspec
 import numpy as np
 import pytest
 
-from pdcheck.bench import layout, output, pattern, schema
+from pdcheck.bench import measure, output, schema, tables
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
+from pdcheck.geometry import read_source
+from pdcheck.kvcache import KVCache
 
 ROOT = Path(__file__).resolve().parent.parent
 # 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; 4 requests of 256 tokens.
 SMALL = ["--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
          "--requests", "4", "--iters", "40", "--min-time", "0.05"]
-RANK_MODULE = "pdcheck.bench.rank"
 
 
 def bench(*args: str, timeout: float = 120, **env_extra: str) -> subprocess.CompletedProcess[str]:
@@ -34,8 +35,9 @@ def bench(*args: str, timeout: float = 120, **env_extra: str) -> subprocess.Comp
                           text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
-def rank_pids() -> list[int]:
-    """Live rank processes of transfer-bench started from this tree, from /proc (zombies excluded). Another
+def rank_pids(forkserver: bool = False) -> list[int]:
+    """Live transfer-bench processes started from this tree, from /proc (zombies excluded): ranks name
+    themselves pdcheck-P0, pdcheck-D1 (/proc/PID/comm); with forkserver, their forkserver too. Another
     checkout's test run on the same machine has another PYTHONPATH and is not ours to count."""
     out = []
     mine = str(ROOT).encode()
@@ -43,12 +45,14 @@ def rank_pids() -> list[int]:
         if not d.name.isdigit():
             continue
         try:
-            cmd = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            comm = (d / "comm").read_text().strip()
+            cmd = (d / "cmdline").read_bytes()
             state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            env = (d / "environ").read_bytes() if RANK_MODULE in cmd else b""
+            ours = comm.startswith(("pdcheck-P", "pdcheck-D")) or (forkserver and b"forkserver" in cmd)
+            env = (d / "environ").read_bytes() if ours else b""
         except OSError:
             continue
-        if RANK_MODULE in cmd and state != "Z" and mine in env:
+        if ours and state != "Z" and mine in env:
             out.append(int(d.name))
     return out
 
@@ -102,7 +106,8 @@ def test_block_corrupted_at_the_source_is_caught() -> None:
     row = doc["rows"][0]
     assert row["wrong"] == 1
     block = row["block_bytes"]
-    assert "layer 0 K" in row["first_wrong"] and f"byte offset {block // 2}" in row["first_wrong"]
+    assert "layer 0 K" in row["first_wrong"] and f"byte offset {block // 2};" in row["first_wrong"]
+    assert "found untagged bytes" in row["first_wrong"]  # the flipped byte breaks its cell's check value
 
 
 def test_floors_set_the_exit_code() -> None:
@@ -122,7 +127,7 @@ def test_table_names_transport_progress_thread_and_ceilings() -> None:
     out = p.stdout
     for text in ("#wrong", "GB/s", "memcpy", "wire", "progress thread off", "transport:", "p999"):
         assert text in out
-    assert not rank_pids()
+    assert not rank_pids(forkserver=True)
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
@@ -220,7 +225,7 @@ def test_ctrl_c_reaps_every_rank() -> None:
             proc.wait()
     assert proc.returncode == 130, err
     assert len(err.strip().splitlines()) == 1 and "interrupted" in err
-    assert not rank_pids()
+    assert not rank_pids(forkserver=True)
 
 
 # --- pure functions: no processes -----------------------------------------------------------------
@@ -230,41 +235,55 @@ def test_presets_get_the_kv_shapes_right() -> None:
     ds = resolve_shape("DeepSeek-V3")
     assert (ds.mla, ds.layers, ds.regions, ds.head_dim) == (True, 61, 61, 576)
     # MLA latent KV is replicated: every TP rank holds the whole latent block.
-    g = layout.rank_geom(ds, 8, 5, 64)
-    assert (g.heads, g.head_start, g.block_bytes) == (1, 0, 64 * 576 * 2)
+    g = ds.geometry(8, 64)
+    assert (g.local_kv_heads, g.head_start(5), g.block_len) == (1, 0, 64 * 576 * 2)
     l70 = resolve_shape("llama-3.1-70b")
     assert (l70.layers, l70.kv_heads, l70.head_dim, l70.regions) == (80, 8, 128, 160)
     q = resolve_shape("Qwen3-8B", dtype="fp8")
     assert (q.layers, q.kv_heads, q.dtype_bytes) == (36, 8, 1)
-    assert layout.rank_geom(l70, 16, 3, 16).head_start == 1  # TP 16 > 8 heads: pairs of ranks share a head
-    plan = layout.read_plan(l70, 2, 4, 3, 16)  # decode rank 3 holds head 6..7: second half of prefill rank 1
-    assert (plan.p.rank, plan.offset, plan.d.heads) == (1, 2 * 16 * 128 * 2, 2)
+    assert l70.geometry(16, 16).head_start(3) == 1  # TP 16 > 8 heads: pairs of ranks share a head
+    # decode rank 3 of 4 holds heads 6..7: the second half of prefill rank 1's heads-first block
+    d = l70.geometry(4, 16)
+    assert read_source(l70.geometry(2, 16), d, 3) == (1, 2 * 16 * 128 * 2) and d.local_kv_heads == 2
+    assert read_source(l70.geometry(4, 16), l70.geometry(2, 16), 0) is None  # heads of two prefill ranks
     with pytest.raises(BadInput):
         resolve_shape("Llama-3.1-8B", dtype="int4")
 
 
 def test_block_tables_come_in_runs_and_never_share_blocks() -> None:
-    tables, nb = layout.block_tables(5, 10, 4, np.random.default_rng(1))
-    assert tables.shape == (5, 10) and nb == 5 * 3 * 4
-    assert len(set(tables.ravel().tolist())) == 50
-    for t in tables:
+    tbl, nb = tables.block_tables(5, 10, 4, np.random.default_rng(1))
+    assert tbl.shape == (5, 10) and nb == 5 * 3 * 4
+    assert len(set(tbl.ravel().tolist())) == 50
+    for t in tbl:
         for start in (0, 4, 8):
             run = t[start:start + 4]
             assert (np.diff(run) == 1).all()
-    ids = layout.desc_ids(3, nb, tables[0])
-    assert ids.dtype == np.int32 and ids[10] == nb + tables[0][0]  # region-major: region * num_blocks + block
+    ids = tables.desc_ids(3, nb, tbl[0])
+    assert ids.dtype == np.int32 and ids[10] == nb + tbl[0][0]  # region-major: region * num_blocks + block
 
 
-def test_pattern_catches_a_swapped_block() -> None:
-    keys = pattern.block_keys(7, 2, 8)
-    pool = np.empty((2, 8, 16), dtype=np.uint64)
-    pattern.fill(pool, keys, 0)
-    p_ids = np.array([1, 2, 3])
-    got = pool[1][[1, 3, 2]]  # blocks 2 and 3 swapped in transit
-    chk = pattern.check_region(got, keys[1], p_ids, np.array([0, 1, 2]), 0, 1, False)
-    assert (chk.checked, chk.wrong) == (3, 2) and "layer 0 V" in (chk.first or "")
-    ok = pattern.check_region(pool[1][p_ids], keys[1], p_ids, p_ids, 0, 1, False)
-    assert ok.wrong == 0
+def test_check_names_the_block_that_arrived_instead() -> None:
+    # One KV cache model and one coordinate pattern for both commands: P's cache tagged whole, D's holding
+    # P blocks 1, 2, 3 of every region with 2 and 3 swapped in transit in region 1 (layer 0 V).
+    shape = resolve_shape(None, layers=1, kv_heads=2, head_dim=64)
+    g = shape.geometry(1, 16)
+    p, d = KVCache(g, 8), KVCache(g, 8)
+    p.fill(7, 0)
+    p_ids, d_ids = np.array([1, 2, 3]), np.array([0, 1, 2])
+    d.blocks3[:, d_ids] = p.blocks3[:, p_ids]
+    d.blocks3[1, [1, 2]] = p.blocks3[1, [3, 2]]
+    chk = measure.verify_requests(d, g, 7, 0, 0, p_ids[None, :], d_ids[None, :])
+    assert (chk.checked, chk.wrong) == (6, 2)
+    assert chk.first is not None and chk.first.startswith("layer 0 V, prefill block 2 -> decode block 1, byte offset 0")
+    assert "found P rank 0 layer 0 V (region 1) block 3 +0" in chk.first
+    d.blocks3[1, [1, 2]] = p.blocks3[1, [2, 3]]
+    assert measure.verify_requests(d, g, 7, 0, 0, p_ids[None, :], d_ids[None, :]).wrong == 0
+    # the wire ceiling's check over a contiguous run of P's cache, starting mid-block
+    start = g.block_len + 48
+    assert measure.wrong_words(p.arena.arr[start:start + 3 * g.block_len].copy(), 7, 0, g, 8, start) == 0
+    wrong = p.arena.arr[start:start + 3 * g.block_len].copy()
+    wrong[100] ^= 1
+    assert measure.wrong_words(wrong, 7, 0, g, 8, start) == 1
 
 
 def test_plot_without_matplotlib_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:

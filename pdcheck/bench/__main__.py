@@ -33,6 +33,8 @@ def main() -> None:
     except USAGE_ERRORS as exc:  # outside the command, e.g. an unknown command name
         sys.stderr.write(f"pdcheck transfer-bench: error: {one_line(exc.format_message())}\n")  # type: ignore[attr-defined]
         code = exc.exit_code  # type: ignore[attr-defined]
+    finally:
+        lifecycle.shutdown()  # the ranks' forkserver, now rather than when it notices we are gone
     sys.exit(lifecycle.exit_code(code))
 
 

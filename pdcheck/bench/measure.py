@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from pdcheck.bench import pattern
-from pdcheck.bench.buffers import Pool
-from pdcheck.bench.protocol import Ceiling
 from pdcheck.errors import NixlCallError
+from pdcheck.geometry import Geometry
+from pdcheck.kvcache import CELL, Arena, KVCache, decode_cell, pattern
+from pdcheck.messages import Ceiling
 
 
 class Poster:
@@ -87,7 +87,7 @@ def auto_iters(per_op_s: float, min_time: float, floor: int = 20, cap: int = 200
     return int(min(cap, max(floor, math.ceil(min_time / per_op_s))))
 
 
-def memcpy_ceiling(pool: Pool, used: int, nbytes: int, budget_s: float) -> Ceiling:
+def memcpy_ceiling(pool: Arena, used: int, nbytes: int, budget_s: float) -> Ceiling:
     """One-thread copy of `nbytes` between slots of the pool, rotating over `used` bytes (beyond the LLC)."""
     pairs = max(1, used // nbytes // 2)
     lat: list[int] = []
@@ -160,25 +160,56 @@ def wire_ceiling(
                    working_set=slots * nbytes, wrong=wrong)
 
 
-def verify_requests(
-    pool: Pool,
-    keys: np.ndarray,
-    tables_p: np.ndarray,
-    tables_d: np.ndarray,
-    num_blocks: int,
-    words_per_block: int,
-    word_offset: int,
-    mla: bool,
-) -> pattern.Check:
-    """Compare every transferred decode block with the prefill pattern, region by region (bounded memory)."""
-    out = pattern.Check()
-    regions = keys.shape[0]
+@dataclass
+class Check:
+    checked: int = 0  # blocks compared
+    wrong: int = 0  # blocks with at least one wrong byte
+    first: str | None = None  # the first wrong block: where, and what arrived instead
+
+
+def verify_requests(kv: KVCache, gp: Geometry, tag: int, src: int, offset: int, tables_p: np.ndarray,
+                    tables_d: np.ndarray, chunk_bytes: int = 64 << 20) -> Check:
+    """Compare every transferred decode block with the coordinate pattern of the prefill block it was read from
+    (D holds bytes [offset, offset + block_len) of P rank src's block), a bounded number of regions at a time."""
+    out = Check()
+    g, bd = kv.geometry, kv.block_len
     for q in range(tables_p.shape[0]):
         p_ids, d_ids = tables_p[q], tables_d[q]
-        for r in range(regions):
-            got = pool.gather(r, num_blocks, words_per_block, d_ids)
-            out.add(pattern.check_region(got, keys[r], p_ids, d_ids, word_offset, r, mla))
+        step = max(1, chunk_bytes // max(1, len(d_ids) * bd))
+        for lo in range(0, g.num_regions, step):
+            regs = np.arange(lo, min(lo + step, g.num_regions))
+            got = kv.read_all(d_ids, 0, bd)[regs] if kv.blocks3 is None else kv.blocks3[lo:lo + len(regs)][:, d_ids]
+            exp = pattern(tag, src, np.repeat(regs, len(p_ids)), np.tile(p_ids, len(regs)), offset, bd).reshape(
+                got.shape)
+            bad = (got != exp).any(axis=2)
+            out.checked += bad.size
+            out.wrong += int(bad.sum())
+            if out.first is None and bad.any():
+                r, i = (int(x) for x in np.argwhere(bad)[0])
+                byte = int(np.flatnonzero(got[r, i] != exp[r, i])[0])
+                cell = byte // CELL * CELL
+                found = decode_cell(got[r, i, cell:cell + CELL]).describe(gp)
+                out.first = (f"{g.region_name(int(regs[r]))}, prefill block {int(p_ids[i])} -> decode block "
+                             f"{int(d_ids[i])}, byte offset {byte}; found {found}")
     return out
+
+
+def wrong_words(got: np.ndarray, tag: int, src: int, gp: Geometry, num_blocks: int, start: int,
+                chunk_bytes: int = 8 << 20) -> int:
+    """Wrong 8-byte words in bytes [start, start + len(got)) of P rank src's tagged KV cache (its regions back
+    to back from the arena's start): the wire ceiling's one-descriptor READ. Chunked: a 128 MiB transfer must
+    not allocate gigabytes of temporaries."""
+    bp = gp.block_len
+    wrong = 0
+    step = max(1, chunk_bytes // bp)
+    first, last = start // bp, -(-(start + got.size) // bp)
+    for lo in range(first, last, step):
+        rows = np.arange(lo, min(lo + step, last))
+        exp = pattern(tag, src, rows // num_blocks, rows % num_blocks, 0, bp).reshape(-1)
+        a, b = max(start, lo * bp), min(start + got.size, (lo + len(rows)) * bp)
+        part = got[a - start:b - start].view(np.uint64)
+        wrong += int((part != exp[a - lo * bp:b - lo * bp].view(np.uint64)).sum())
+    return wrong
 
 
 @dataclass

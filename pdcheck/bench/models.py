@@ -10,12 +10,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from pdcheck.errors import BadInput
+from pdcheck.geometry import DTYPE_BYTES, Geometry
 
-DTYPE_BYTES: dict[str, int] = {
-    "bf16": 2, "bfloat16": 2,
-    "fp16": 2, "float16": 2, "half": 2,
-    "fp32": 4, "float32": 4, "float": 4,
-    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
+# The names transfer-bench accepts -> pdcheck.geometry's (one table of element sizes for both commands).
+DTYPES: dict[str, str] = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+    "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
 }
 
 
@@ -28,18 +30,20 @@ class ModelShape:
     dtype: str = "bf16"
     mla: bool = False
 
+    def geometry(self, tp: int, block_tokens: int) -> Geometry:
+        """What one of `tp` ranks holds, in vLLM's split K/V FlashAttention layout (one K and one V region per
+        layer; MLA: one latent region per layer) with heads-first blocks, as `pdcheck handshake` registers it."""
+        return Geometry(tp_size=tp, block_size=block_tokens, layers=self.layers, total_kv_heads=self.kv_heads,
+                        head_dim=self.head_dim, dtype=DTYPES[self.dtype], attn_backend="FLASH_ATTN",
+                        use_mla=self.mla)
+
     @property
     def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[self.dtype]
+        return DTYPE_BYTES[DTYPES[self.dtype]]
 
     @property
     def regions(self) -> int:
-        """vLLM registers K and V of a layer as separate regions; MLA has one region per layer."""
-        return self.layers if self.mla else 2 * self.layers
-
-    def kv_bytes_per_token(self) -> int:
-        """Whole-model KV per token (all heads, all layers): what one TP-1 rank holds."""
-        return self.regions * self.kv_heads * self.head_dim * self.dtype_bytes
+        return self.geometry(1, 1).num_regions
 
 
 PRESETS: dict[str, ModelShape] = {
@@ -79,7 +83,7 @@ def resolve_shape(
     """A preset with explicit flags layered on top, or a fully explicit shape when no preset is named."""
     for flag, val in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
         _positive(flag, val)
-    if dtype is not None and dtype.lower() not in DTYPE_BYTES:
+    if dtype is not None and dtype.lower() not in DTYPES:
         raise BadInput(f"--dtype {dtype!r} is not one of: bf16, fp16, fp32, fp8")
     if model:
         base = PRESETS.get(model.lower())

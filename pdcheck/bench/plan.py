@@ -10,11 +10,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pdcheck.bench import layout
+from pdcheck.bench import tables
 from pdcheck.bench.envinfo import host
 from pdcheck.bench.models import ModelShape
 from pdcheck.bench.transport import Preset
 from pdcheck.errors import BadInput
+from pdcheck.geometry import Geometry, read_source
+from pdcheck.kvcache import CELL
 
 
 @dataclass
@@ -53,7 +55,7 @@ class BenchConfig:
 
 @dataclass
 class Plan:
-    rows: list[layout.RowPlan]
+    rows: list[tables.RowPlan]
     pool_p: list[int]  # bytes per prefill rank
     pool_d: list[int]  # bytes per decode rank
     llc: int
@@ -72,8 +74,8 @@ def _check_ints(cfg: BenchConfig) -> None:
                         ("--warmup", cfg.warmup, 0)):
         if v < lo:
             raise BadInput(f"{flag} must be >= {lo}, got {v}")
-    if cfg.requests > layout.MAX_REQUESTS:
-        raise BadInput(f"--requests must be <= {layout.MAX_REQUESTS}, got {cfg.requests}")
+    if cfg.requests > tables.MAX_REQUESTS:
+        raise BadInput(f"--requests must be <= {tables.MAX_REQUESTS}, got {cfg.requests}")
     if cfg.ptp + cfg.dtp > 64:
         raise BadInput("--prefill-tp + --decode-tp must be <= 64 rank processes")
     if not (cfg.min_time > 0 and math.isfinite(cfg.min_time)):
@@ -91,32 +93,51 @@ def _check_ints(cfg: BenchConfig) -> None:
         raise BadInput(f"--error-mode {cfg.error_mode!r} is not one of: peer, none")
 
 
+def _check_tp(shape: ModelShape, tp: int) -> None:
+    h = shape.kv_heads
+    if shape.mla:
+        return  # the latent is replicated on every rank
+    if tp <= h and h % tp:
+        raise BadInput(f"TP {tp} does not divide the {h} KV heads")
+    if tp > h and tp % h:
+        raise BadInput(f"TP {tp} is larger than the {h} KV heads and not a multiple of them")
+
+
+def rank_geometries(cfg: BenchConfig, block_tokens: int) -> tuple[Geometry, Geometry]:
+    """The P and D ranks' KV geometry for one block size (pdcheck.geometry, as `pdcheck handshake` uses);
+    BadInput when a D rank's heads are not whole on one P rank."""
+    _check_tp(cfg.shape, cfg.ptp)
+    _check_tp(cfg.shape, cfg.dtp)
+    gp, gd = cfg.shape.geometry(cfg.ptp, block_tokens), cfg.shape.geometry(cfg.dtp, block_tokens)
+    if any(read_source(gp, gd, d) is None for d in range(cfg.dtp)):
+        raise BadInput(f"decode TP {cfg.dtp} < prefill TP {cfg.ptp}: a decode rank would need heads from several "
+                       "prefill ranks (not modelled; use --decode-tp >= --prefill-tp)")
+    return gp, gd
+
+
 def make_plan(cfg: BenchConfig) -> Plan:
     _check_ints(cfg)
     shape = cfg.shape
-    llc = layout.llc_bytes()
-    rows: list[layout.RowPlan] = []
+    llc = tables.llc_bytes()
+    rows: list[tables.RowPlan] = []
     pool_p = [0] * cfg.ptp
     pool_d = [0] * cfg.dtp
     for tokens in cfg.tokens:
         for bt in cfg.block_sizes:
             head_bytes = bt * shape.head_dim * shape.dtype_bytes
-            if head_bytes % 8:
+            if head_bytes % CELL:
                 raise BadInput(f"block of {bt} tokens x head dim {shape.head_dim} x {shape.dtype_bytes} B is "
-                               f"{head_bytes} B per head: must be a multiple of 8")
-            plans = [layout.read_plan(shape, cfg.ptp, cfg.dtp, d, bt) for d in range(cfg.dtp)]
+                               f"{head_bytes} B per head: must be a multiple of {CELL} (the pattern's cell)")
+            gp, gd = rank_geometries(cfg, bt)
             blocks = math.ceil(tokens / bt)
-            req_bytes = shape.regions * blocks * plans[0].d.block_bytes
-            requests = cfg.requests or layout.auto_requests(req_bytes, 4 * llc)
-            row = layout.plan_row(len(rows), bt, tokens, requests, cfg.run_length, cfg.seed)
-            if shape.regions * row.num_blocks >= 2**31:
-                raise BadInput(f"row {row.label()}: {shape.regions * row.num_blocks} descriptors exceed int32 ids")
+            req_bytes = gd.num_regions * blocks * gd.block_len
+            requests = cfg.requests or tables.auto_requests(req_bytes, 4 * llc)
+            row = tables.plan_row(len(rows), bt, tokens, requests, cfg.run_length, cfg.seed)
+            if gp.num_regions * row.num_blocks >= 2**31:
+                raise BadInput(f"row {row.label()}: {gp.num_regions * row.num_blocks} descriptors exceed int32 ids")
             rows.append(row)
-            for p in range(cfg.ptp):
-                g = layout.rank_geom(shape, cfg.ptp, p, bt)
-                pool_p[p] = max(pool_p[p], layout.pool_bytes(shape, g, row.num_blocks))
-            for d, rp in enumerate(plans):
-                pool_d[d] = max(pool_d[d], layout.pool_bytes(shape, rp.d, row.num_blocks))
+            pool_p = [max(n, tables.arena_bytes(gp, row.num_blocks)) for n in pool_p]
+            pool_d = [max(n, tables.arena_bytes(gd, row.num_blocks)) for n in pool_d]
     if 0 <= cfg.corrupt and cfg.corrupt >= shape.regions * min(r.blocks for r in rows):
         raise BadInput(f"--corrupt-block {cfg.corrupt} is past the {shape.regions * min(r.blocks for r in rows)} "
                        "descriptors of a request")

@@ -6,21 +6,26 @@ import os
 import shutil
 import statistics
 import tempfile
-import uuid
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
+import msgspec
 import numpy as np
 
 import pdcheck
-from pdcheck.bench import envinfo, layout, measure, schema
-from pdcheck.bench import protocol as pr
+from pdcheck import messages as m
+from pdcheck.bench import envinfo, measure, schema, tables
 from pdcheck.bench.plan import BenchConfig, Plan, make_plan
-from pdcheck.bench.procs import Ranks, assign_cores, rank_env
+from pdcheck.bench.rank import bench_main
 from pdcheck.bench.transport import diagnose, parse_proto_info, warnings_for
+from pdcheck.errors import HarnessError, RankFailed, RankTimeout
+from pdcheck.launcher import Launcher, Rank, launcher
 
 ProgressFn = Callable[[int, int, str], None]
+M = TypeVar("M")
 FOREIGN_LIMIT = 0.15  # CPU-s/s used by other processes during a row before it counts as disturbed
 
 MEMCPY_METHOD = {
@@ -48,15 +53,17 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
         if k in os.environ and os.environ[k] != v:
             warnings.append(f"{k}={os.environ[k]} from the environment replaced by --transport "
                             f"{cfg.transport.name} ({k}={v})")
-    env = rank_env(cfg.transport.env)
+    ucx = dict(cfg.transport.env)
+    if "UCX_PROTO_INFO" not in os.environ:
+        ucx["UCX_PROTO_INFO"] = "y"  # the protocol tables we parse for the transport diagnosis
+    env = {**os.environ, **ucx}
     log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="pdcheck-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with Ranks(plan.labels, env, log_dir, uuid.uuid4().hex[:8]) as ranks:
-            rows, ready, target_cpu = _drive(cfg, plan, ranks, cores, progress)
-        # UCX prints its protocol tables on stderr; read both streams of every decode rank.
-        proto = "\n".join((log_dir / f"{lbl}.{ext}").read_text(errors="replace")
-                          for lbl in plan.labels if lbl.startswith("D") for ext in ("out", "err"))
+        with launcher() as lau:
+            rows, ready, target_cpu = _drive(cfg, plan, _Ranks(lau, log_dir), cores, ucx, progress)
+        # Each rank's fd 1/2 went to its log: UCX's tables of every decode rank.
+        proto = "\n".join(_log(log_dir, lbl).read_text(errors="replace") for lbl in plan.labels if lbl[0] == "D")
     finally:
         if cfg.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
@@ -95,63 +102,140 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     return Outcome(_config(cfg), envs, transport, rows, ceilings, warnings)
 
 
-def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[str, list[int]],
-           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[str, pr.Ready], float | None]:
+def _log(log_dir: Path, label: str) -> Path:
+    return log_dir / f"{label}.log"
+
+
+def assign_cores(ptp: int, dtp: int, pin: bool) -> tuple[dict[str, list[int]], str]:
+    """Cores per rank label, and a note when the machine cannot give every rank its own core."""
+    labels_p = [f"P{i}" for i in range(ptp)]
+    labels_d = [f"D{i}" for i in range(dtp)]
+    if not pin:
+        return {lbl: [] for lbl in labels_p + labels_d}, "--no-pin"
+    avail = sorted(os.sched_getaffinity(0))
+    if len(avail) < 2:
+        return {lbl: [] for lbl in labels_p + labels_d}, "only one usable core: prefill and decode share it"
+    if len(avail) >= ptp + dtp:
+        cores = {lbl: [avail[i]] for i, lbl in enumerate(labels_p + labels_d)}
+        return cores, ""
+    # Fewer cores than ranks: keep the two roles apart, share cores within a role.
+    k = max(1, min(len(avail) - 1, round(len(avail) * ptp / (ptp + dtp))))
+    cores = {lbl: [avail[i % k]] for i, lbl in enumerate(labels_p)}
+    cores.update({lbl: [avail[k + i % (len(avail) - k)]] for i, lbl in enumerate(labels_d)})
+    return cores, f"{ptp + dtp} ranks on {len(avail)} cores: ranks of one role share cores (oversubscribed)"
+
+
+class _Ranks:
+    """The bench's ranks on pdcheck's launcher (the one that starts handshake and serve ranks): start by label,
+    send to a group, and gather one reply per rank with a deadline, reporting a dead or failed rank."""
+
+    def __init__(self, lau: Launcher, log_dir: Path) -> None:
+        self.lau, self.log_dir = lau, log_dir
+        self.by_label: dict[str, Rank] = {}
+
+    def start(self, label: str, spec: m.BenchSpec) -> None:
+        self.by_label[label] = self.lau.start(label[0], int(label[1:]), bench_main, msgspec.msgpack.encode(spec),
+                                              log=str(_log(self.log_dir, label)))
+
+    def pids(self) -> list[int]:
+        return [r.proc.pid for r in self.by_label.values() if r.proc.pid is not None]
+
+    def send(self, labels: list[str], msg: m.Msg) -> None:
+        for lbl in labels:
+            self.by_label[lbl].send(msg)
+
+    def gather(self, labels: list[str], kind: type[M], timeout: float, what: str) -> dict[str, M]:
+        pending = set(labels)
+        got: dict[str, M] = {}
+        # Every rank's pipe and sentinel, not only the awaited ones: a P rank that dies while D ranks measure
+        # is reported now, not when the D ranks' READs time out.
+        for rank, msg in self.lau.events(list(self.by_label.values()), time.monotonic() + timeout):
+            lbl = f"{rank.role}{rank.tp_rank}"
+            if msg is None:
+                if lbl not in pending and kind is m.Bye:
+                    continue  # said goodbye and exited
+                why = _last_line(_log(self.log_dir, lbl))
+                raise RankFailed(f"rank {lbl} {rank.ended()} while {what}" + (f": {why}" if why else ""))
+            if isinstance(msg, m.Failed):
+                raise RankFailed(f"rank {lbl} failed while {what}: {msg.error}")
+            if not isinstance(msg, kind) or lbl not in pending:
+                raise HarnessError(f"rank {lbl} sent {type(msg).__name__} while {what}")
+            got[lbl] = msg
+            pending.discard(lbl)
+            if not pending:
+                return got
+        raise RankTimeout(f"rank(s) {', '.join(sorted(pending))} did not answer within {timeout:g} s while {what} "
+                          "(raise --timeout for very large rows)")
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    return lines[-1] if lines else ""
+
+
+def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[int]], ucx: dict[str, str],
+           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[str, m.BenchReady], float | None]:
     t = cfg.timeout
     labels = plan.labels
     ps = [lbl for lbl in labels if lbl.startswith("P")]
     ds = [lbl for lbl in labels if lbl.startswith("D")]
     s = cfg.shape
-    shape = pr.ShapeMsg(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
-    ranks.gather(labels, pr.Hello, t, "starting")
+    shape = m.BenchShape(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
     for lbl in labels:
         rank = int(lbl[1:])
         is_p = lbl.startswith("P")
-        ranks.send([lbl], pr.Setup(
-            agent_name=f"pdcheck-{lbl}", pool_bytes=(plan.pool_p if is_p else plan.pool_d)[rank],
-            device=cfg.device, gpu=rank if is_p else cfg.ptp + rank, cores=cores[lbl],
+        ranks.start(lbl, m.BenchSpec(
+            role=lbl[0], tp_rank=rank, agent_name=f"pdcheck-{lbl}",
+            arena_bytes=(plan.pool_p if is_p else plan.pool_d)[rank], device=cfg.device,
+            gpu=rank if is_p else cfg.ptp + rank, cores=cores[lbl],
             error_mode=cfg.error_mode or cfg.transport.error_mode, progress_thread=cfg.progress_thread,
-            target_busy=cfg.target_busy, shape=shape, ptp=cfg.ptp, dtp=cfg.dtp, seed=cfg.seed,
-            iters=cfg.iters, warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif, llc=plan.llc,
+            target_busy=cfg.target_busy, ucx_env=ucx, shape=shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
+            warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif,
         ))
-    ready = ranks.gather(labels, pr.Ready, t, "creating agents and registering memory")
-    peers = [pr.PeerInfo(int(lbl[1:]), r.agent_name, r.metadata, r.addr, r.dev)
+    ready = ranks.gather(labels, m.BenchReady, t, "creating agents and registering memory")
+    peers = [m.PeerInfo(int(lbl[1:]), r.agent_name, r.metadata, r.addr, r.dev)
              for lbl, r in ready.items() if lbl.startswith("P")]
-    ranks.send(ds, pr.Peers(peers))
-    ranks.gather(ds, pr.Ack, t, "loading prefill metadata")
+    ranks.send(ds, m.Peers(peers))
+    ranks.gather(ds, m.Ack, t, "loading prefill metadata")
 
     rows: list[schema.Row] = []
     target_cpu: list[float] = []
-    meter = envinfo.ForeignCpu([os.getpid()] + [p.popen.pid for p in ranks.procs.values()])
+    meter = envinfo.ForeignCpu([os.getpid(), *ranks.pids()])
     for row in plan.rows:
         what = f"row {row.label()}"
-        msg = pr.RowMsg(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
-                        row.num_blocks, pr.arr_bytes(row.tables_p), pr.arr_bytes(row.tables_d), cfg.corrupt)
+        msg = m.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
+                    row.num_blocks, _table(row.tables_p), _table(row.tables_d), cfg.corrupt)
         ranks.send(ps, msg)
-        filled = ranks.gather(ps, pr.Filled, t, f"filling {what}")
+        filled = ranks.gather(ps, m.Filled, t, f"filling {what}")
         ranks.send(ds, msg)
-        ranks.gather(ds, pr.Armed, t, f"preparing {what}")
-        ranks.send(ps, pr.Poll())
-        before = ranks.gather(ps, pr.Stats, t, f"polling {what}")
+        ranks.gather(ds, m.Armed, t, f"preparing {what}")
+        ranks.send(ps, m.Poll())
+        before = ranks.gather(ps, m.Stats, t, f"polling {what}")
         meter.restart()
-        ranks.send(ds, pr.Go())
-        results = ranks.gather(ds, pr.RankRow, t, f"measuring {what}")
+        ranks.send(ds, m.Measure())
+        results = ranks.gather(ds, m.RankRow, t, f"measuring {what}")
         foreign = meter.read()
-        ranks.send(ps, pr.Poll())
-        after = ranks.gather(ps, pr.Stats, t, f"polling {what}")
+        ranks.send(ps, m.Poll())
+        after = ranks.gather(ps, m.Stats, t, f"polling {what}")
         cpu = sum((after[p].cpu_s - before[p].cpu_s) / max(1e-9, after[p].wall_s - before[p].wall_s) for p in ps)
         target_cpu.append(cpu)
         fill_ms = max(f.fill_ms for f in filled.values())
         rows.append(aggregate(cfg, row, [results[d] for d in ds], cpu, fill_ms, plan.llc, foreign))
         if progress:
             progress(len(rows), len(plan.rows), row.label())
-    ranks.send(labels, pr.Stop())
-    ranks.gather(labels, pr.Bye, t, "stopping")
-    ranks.wait_exit(10.0)
+    ranks.send(labels, m.Stop())
+    ranks.gather(labels, m.Bye, t, "stopping")
     return rows, ready, statistics.median(target_cpu) if target_cpu else None
 
 
-def aggregate(cfg: BenchConfig, row: layout.RowPlan, rr: list[pr.RankRow], target_cpu: float | None,
+def _table(a: np.ndarray) -> bytes:
+    return np.ascontiguousarray(a, dtype="<i8").tobytes()
+
+
+def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target_cpu: float | None,
               fill_ms: float, llc: int, foreign_cpu: float = 0.0) -> schema.Row:
     """Decode ranks pull at the same time: sum their bytes and GB/s, pool their latencies."""
     lat = np.concatenate([np.frombuffer(r.lat_ns, dtype="<i8") for r in rr])

@@ -1,9 +1,8 @@
-"""vLLM-shaped KV geometry: per-rank block sizes, seeded block tables, descriptor arrays.
+"""The sweep's seeded block tables and vLLM's descriptor ids over them.
 
-vLLM registers one region per layer and K/V (MLA: per layer), each `num_blocks` blocks long, and
-addresses a block as descriptor id `region * num_blocks + block_id`. Blocks are HND (heads outermost
-within a block), so a decode rank with fewer heads than its prefill peer reads a contiguous slice of
-each prefill block. All TP ranks of one engine share one block table.
+The KV geometry itself (regions, block bytes, which P rank's head slice a D rank reads) is pdcheck.geometry's,
+the same as `pdcheck handshake` uses. vLLM addresses a block as descriptor id `region * num_blocks + block_id`;
+all TP ranks of one engine share one block table.
 """
 
 from __future__ import annotations
@@ -13,71 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdcheck.bench.models import ModelShape
 from pdcheck.errors import BadInput
+from pdcheck.geometry import Geometry
 
 PAGE = 4096
 MAX_REQUESTS = 4096
-
-
-@dataclass(frozen=True)
-class RankGeom:
-    """What one TP rank holds per block: a slice of heads (or the whole replicated MLA latent)."""
-
-    tp: int
-    rank: int
-    head_start: int
-    heads: int
-    head_bytes: int  # one head of one block (block_tokens * head_dim * dtype)
-
-    @property
-    def block_bytes(self) -> int:
-        return self.heads * self.head_bytes
-
-    @property
-    def word_offset(self) -> int:
-        """Offset of this rank's slice inside the logical (all-heads) block, in 8-byte words."""
-        return self.head_start * self.head_bytes // 8
-
-
-def rank_geom(shape: ModelShape, tp: int, rank: int, block_tokens: int) -> RankGeom:
-    head_bytes = block_tokens * shape.head_dim * shape.dtype_bytes
-    if shape.mla:
-        return RankGeom(tp, rank, 0, 1, head_bytes)  # latent KV is replicated on every rank
-    h = shape.kv_heads
-    if tp <= h:
-        if h % tp:
-            raise BadInput(f"TP {tp} does not divide the {h} KV heads")
-        n = h // tp
-        return RankGeom(tp, rank, rank * n, n, head_bytes)
-    if tp % h:
-        raise BadInput(f"TP {tp} is larger than the {h} KV heads and not a multiple of them")
-    return RankGeom(tp, rank, rank // (tp // h), 1, head_bytes)  # vLLM replicates heads when TP > heads
-
-
-@dataclass(frozen=True)
-class ReadPlan:
-    """Where decode rank `d` reads from: prefill rank `src`, at `offset` bytes into each prefill block."""
-
-    d: RankGeom
-    p: RankGeom
-    offset: int
-
-
-def read_plan(shape: ModelShape, ptp: int, dtp: int, d_rank: int, block_tokens: int) -> ReadPlan:
-    d = rank_geom(shape, dtp, d_rank, block_tokens)
-    candidates = []
-    for p_rank in range(ptp):
-        p = rank_geom(shape, ptp, p_rank, block_tokens)
-        if p.head_start <= d.head_start and d.head_start + d.heads <= p.head_start + p.heads:
-            candidates.append(p)
-    if not candidates:
-        raise BadInput(
-            f"decode TP {dtp} < prefill TP {ptp}: a decode rank would need heads from several prefill ranks "
-            "(not modelled; use --decode-tp >= --prefill-tp)"
-        )
-    p = candidates[d_rank % len(candidates)]  # spread replicated sources over the prefill ranks
-    return ReadPlan(d, p, (d.head_start - p.head_start) * d.head_bytes)
 
 
 @dataclass
@@ -131,17 +70,6 @@ def desc_ids(regions: int, num_blocks: int, table: np.ndarray) -> np.ndarray:
     return out.astype(np.int32)
 
 
-def pool_descs(base: int, regions: int, num_blocks: int, block_bytes: int, length: int, dev: int,
-               offset: int = 0) -> np.ndarray:
-    """Nx3 (addr, len, devId) for every block of every region, in descriptor-id order."""
-    n = regions * num_blocks
-    out = np.empty((n, 3), dtype=np.uint64)
-    out[:, 0] = np.uint64(base + offset) + np.arange(n, dtype=np.uint64) * np.uint64(block_bytes)
-    out[:, 1] = length
-    out[:, 2] = dev
-    return out
-
-
 def contiguous_runs(local_ids: np.ndarray, l_bytes: int, remote_ids: np.ndarray, r_bytes: int, length: int) -> int:
     """Descriptors left if every address-contiguous run (on both sides at once) were merged into one."""
     if local_ids.size == 0:
@@ -152,8 +80,9 @@ def contiguous_runs(local_ids: np.ndarray, l_bytes: int, remote_ids: np.ndarray,
     return int(breaks.sum()) + 1
 
 
-def pool_bytes(shape: ModelShape, geom: RankGeom, num_blocks: int) -> int:
-    n = shape.regions * num_blocks * geom.block_bytes
+def arena_bytes(geometry: Geometry, num_blocks: int) -> int:
+    """A rank's KV cache for one row, in whole pages."""
+    n = geometry.num_regions * num_blocks * geometry.block_len
     return -(-n // PAGE) * PAGE
 
 
