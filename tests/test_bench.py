@@ -228,6 +228,38 @@ def test_ctrl_c_reaps_every_rank() -> None:
     assert not rank_pids(forkserver=True)
 
 
+def test_a_dead_rank_is_reported_at_once_and_logs_are_kept(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck.bench", "transfer-bench", *SMALL, "--block-size",
+                             "16,16,16,16,16,16", "--min-time", "1", "--iters", "0", "--log-dir", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        victim = None
+        while time.monotonic() < deadline and victim is None:
+            time.sleep(0.1)
+            victim = next((pid for pid in rank_pids() if Path(f"/proc/{pid}/comm").read_text().strip()
+                           == "pdcheck-P0"), None) if (tmp_path / "D0.log").exists() else None
+        assert victim is not None, "the ranks never started"
+        time.sleep(1.0)  # mid-sweep
+        killed = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        out, err = proc.communicate(timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 3, err
+    line = err.strip().splitlines()[-1]
+    assert "rank P0 was killed by SIGKILL" in line, err
+    assert took < 10, f"reported {took:.1f} s after the kill"
+    assert not rank_pids(forkserver=True)
+    # each rank's fd 1/2 went to its own log: UCX's protocol tables are in the decode rank's
+    assert "cfg#" in (tmp_path / "D0.log").read_text(errors="replace")
+    assert (tmp_path / "P0.log").exists()
+
+
 # --- pure functions: no processes -----------------------------------------------------------------
 
 

@@ -154,10 +154,12 @@ class _Ranks:
             if msg is None:
                 if lbl not in pending and kind is m.Bye:
                     continue  # said goodbye and exited
-                why = _last_line(_log(self.log_dir, lbl))
-                raise RankFailed(f"rank {lbl} {rank.ended()} while {what}" + (f": {why}" if why else ""))
+                raise RankFailed(self._died(rank, what))
             if isinstance(msg, m.Failed):
-                raise RankFailed(f"rank {lbl} failed while {what}: {msg.error}")
+                # A READ from a rank that was killed fails on the reader first: name the cause, then the symptom.
+                dead = next((r for r in self.by_label.values() if r is not rank and not r.running()), None)
+                failed = f"rank {lbl} failed while {what}: {msg.error}"
+                raise RankFailed(f"{self._died(dead, what)} ({failed})" if dead else failed)
             if not isinstance(msg, kind) or lbl not in pending:
                 raise HarnessError(f"rank {lbl} sent {type(msg).__name__} while {what}")
             got[lbl] = msg
@@ -166,6 +168,15 @@ class _Ranks:
                 return got
         raise RankTimeout(f"rank(s) {', '.join(sorted(pending))} did not answer within {timeout:g} s while {what} "
                           "(raise --timeout for very large rows)")
+
+
+    def _died(self, rank: Rank, what: str) -> str:
+        rank.proc.join(0.5)  # its exit status, for how it ended
+        lbl = f"{rank.role}{rank.tp_rank}"
+        # An exit code: the rank's own last words say why. A signal: its log ends wherever UCX last printed.
+        code = rank.proc.exitcode
+        why = _last_line(_log(self.log_dir, lbl)) if code is not None and code > 0 else ""
+        return f"rank {lbl} {rank.ended()} while {what}" + (f": {why}" if why else "")
 
 
 def _last_line(path: Path) -> str:
