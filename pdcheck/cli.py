@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from pdcheck.cliopts import scenario_flags
 from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
@@ -27,8 +28,55 @@ EPILOG = """[bold]Examples[/]
 Exit codes: 0 survives, 1 a hazard fires, 2 bad input, 3 harness failure, 130 interrupted.
 Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich", epilog=EPILOG,
-                  help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
+# Commands whose modules are imported only when that command runs (or --help/completion lists it): `handshake`
+# should not pay for probe's, serve's and transfer-bench's imports. Name -> (module, its register(app)).
+LAZY = {"probe": "pdcheck.probe", "serve": "pdcheck.serve", "transfer-bench": "pdcheck.bench.command"}
+_lazy_loaded: dict[str, Any] = {}  # name -> its click command, or None (transfer-bench not in this tree)
+
+
+def _lazy_command(name: str) -> Any:
+    if name not in _lazy_loaded:
+        import importlib
+
+        try:
+            register = importlib.import_module(LAZY[name]).register
+        except ImportError:  # transfer-bench not installed in this tree
+            _lazy_loaded[name] = None
+            return None
+        # The module adds its command to a scratch app of the same settings, built into a click command here.
+        scratch = typer.Typer(pretty_exceptions_enable=False, rich_markup_mode=app.rich_markup_mode)
+        register(scratch)
+        _lazy_loaded[name] = typer.main.get_group(scratch).commands.get(name)
+    return _lazy_loaded[name]
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: lists the lazy commands in their place (before the sub-groups) and imports one only
+    when it is looked up."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = [n for n, c in self.commands.items() if not isinstance(c, TyperGroup)]
+        names += [n for n in LAZY if n not in names]
+        return names + [n for n in self.commands if n not in names]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = self.commands.get(cmd_name)
+        if cmd is None and cmd_name in LAZY:
+            cmd = _lazy_command(cmd_name)
+        return cmd
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and args[0] not in LAZY:
+            # An unknown name: typer's "Did you mean ..." draws on self.commands, so load the lazy ones.
+            for name in LAZY:
+                cmd = _lazy_command(name)
+                if cmd is not None:
+                    self.commands.setdefault(name, cmd)
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(cls=_LazyGroup, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich",
+                  epilog=EPILOG, help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
 scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
                            help="Make scenarios: from-logs reads them out of vLLM start-up logs.")
 app.add_typer(scenario_app, name="scenario")
@@ -293,28 +341,6 @@ def _parse_inject(items: list[str], p_tp: int) -> Any:
         except (ValueError, IndexError):
             raise BadInput(f"--inject: {item!r} is not die:P<r>, mute:P<r> or corrupt:P<r>:<region>:<block>") from None
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
-
-
-def _register_live() -> None:
-    """Commands that meet real deployments live in their own modules."""
-    from pdcheck import probe, serve
-
-    probe.register(app)
-    serve.register(app)
-
-
-_register_live()
-
-
-def _register_optional() -> None:
-    try:
-        from pdcheck.bench.command import register
-    except ImportError:  # transfer-bench not installed in this tree
-        return
-    register(app)
-
-
-_register_optional()
 
 
 def run(argv: list[str] | None = None) -> int:
