@@ -7,8 +7,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
 from typer.core import TyperGroup
 
 from pdcheck.cliopts import scenario_flags
@@ -87,6 +85,19 @@ OUTPUT = "Output"
 LIVE = "Live prefill"
 
 
+def _console(**kw: Any) -> Any:
+    """A rich Console, imported here: a --json run renders nothing and never imports rich."""
+    from rich.console import Console
+
+    return Console(**kw)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
 def _version(value: bool) -> None:
     if value:
         from pdcheck import __version__
@@ -125,7 +136,7 @@ def _report_missing(fl: Any, overrides: dict[str, Any]) -> None:
 
     lines = fromlogs.missing_report(fl, overrides)
     if lines:
-        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err = _console(stderr=True, highlight=False, soft_wrap=True)
         err.print("[yellow]not in the logs[/] (the scenario default is used):")
         for ln in lines:
             err.print(f"  {ln}", markup=False)
@@ -226,16 +237,16 @@ def handshake(
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:
-        console = Console()
+        console = _console()
         report.render_matrix(rep, console)
         report.render_live(rep, console)
         for e in rep.harness_errors:
-            console.print(f"[red]harness:[/] {escape(e)}")
+            console.print(f"[red]harness:[/] {_escape(e)}")
         one = rep.fails[0] if rep.fails else rep.releases[0]
         console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
                       f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
-        report.render(rep, Console())
+        report.render(rep, _console())
     raise typer.Exit(rep.exit_code)
 
 
@@ -281,7 +292,7 @@ def scenario_from_logs(
     if output is None:
         sys.stdout.write(text)
     else:
-        Console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
+        _console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
     _report_missing(fl, overrides)
 
 
@@ -316,7 +327,7 @@ def smoke(
 
         sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
     else:
-        sm.render(rep, Console())
+        sm.render(rep, _console())
     raise typer.Exit(rep.exit_code)
 
 
@@ -346,19 +357,21 @@ def _parse_inject(items: list[str], p_tp: int) -> Any:
 def run(argv: list[str] | None = None) -> int:
     """The CLI without the process-wide parts of main(): parse, run, map every outcome to an exit code with
     at most one error line on stderr. The fuzz suite drives this in-process."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    def error(text: str) -> None:
+        _console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]pdcheck: error:[/] {_escape(text)}")
+
     try:
         rc = app(argv, standalone_mode=False)  # typer returns the exit code here instead of raising it
         return rc if isinstance(rc, int) else 0
     except PdcheckError as exc:
-        err.print(f"[red]pdcheck: error:[/] {escape(one_line(str(exc)))}")
+        error(one_line(str(exc)))
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except typer.Exit as exc:
         return exc.exit_code
     except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
-        err.print(f"[red]pdcheck: error:[/] {escape(one_line(exc.format_message()))}")  # type: ignore[attr-defined]
+        error(one_line(exc.format_message()))  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt
         return EXIT_INTERRUPTED
