@@ -93,13 +93,19 @@ PLAIN = BlockView()
 def pattern(tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray, start: int, length: int,
             view: BlockView = PLAIN) -> np.ndarray:
     """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8.
-    region: one region for all blocks, or one per block (a whole proof in one vectorised pass)."""
+    region: one region for all blocks, or one per block (a whole proof in one vectorised pass).
+
+    Computed in place in the result (offset_word's formula, reordered): a proof's pattern is tens of MB,
+    and full-size temporaries cost as much in page faults as the arithmetic itself."""
     cells = view.logical(np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64) * np.uint64(CELL))
-    coord = coord_word(tag, p_rank, region, np.asarray(blocks))[:, None]
-    out = np.empty((len(blocks), len(cells), 2), dtype=np.uint64)
-    out[:, :, 0] = coord
-    out[:, :, 1] = offset_word(coord, cells[None, :])
-    return out.reshape(len(blocks), -1).view(np.uint8)
+    coord = coord_word(tag, p_rank, region, np.asarray(blocks))
+    out = np.empty((len(coord), len(cells), 2), dtype=np.uint64)
+    out[:, :, 0] = coord[:, None]
+    word = out[:, :, 1]  # offset_word: (offset << 32) | (((coord * MIX) ^ offset ^ SALT) & 0xFFFFFFFF)
+    np.bitwise_xor(((coord * _MIX) ^ np.uint64(_SALT))[:, None], cells[None, :], out=word)
+    np.bitwise_and(word, np.uint64(0xFFFFFFFF), out=word)
+    np.bitwise_or(word, (cells << np.uint64(32))[None, :], out=word)
+    return out.reshape(len(coord), -1).view(np.uint8)
 
 
 @dataclass(frozen=True)

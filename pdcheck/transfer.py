@@ -109,6 +109,20 @@ def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
     return found.valid and found.tag == p_tag
 
 
+def _join(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+
+
+def _rows_differ(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
+    """(got != exp).any(axis=-1), compared 8 bytes at a time where the rows allow it (8x fewer elements)."""
+    if got.shape[-1] % 8 == 0:
+        try:
+            return (got.view(np.uint64) != exp.view(np.uint64)).any(axis=-1)
+        except ValueError:  # a last axis that is not contiguous cannot be viewed as wider words
+            pass
+    return (got != exp).any(axis=-1)
+
+
 def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int]) -> None:
     remote = np.asarray(req.remote_block_ids, dtype=np.int64)
     local_ids = np.asarray(req.local_block_ids, dtype=np.int64)
@@ -123,12 +137,13 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     regions = kv.geometry.num_regions
     # Every region in one pass. Each half (K, then V when split) of the local block holds its slice of the
     # same half of the P block.
-    got = np.concatenate([kv.read_all(local_ids, h * local_half + lo, n) for h in range(prep.halves)], axis=2)
+    # (One half: no concatenate, whose copy of tens of MB costs as much as the check.)
+    got = _join([kv.read_all(local_ids, h * local_half + lo, n) for h in range(prep.halves)], axis=2)
     reg = np.repeat(np.arange(regions, dtype=np.int64), len(remote))
     blk = np.tile(remote, regions)
-    exp = np.concatenate([pattern(p_tag, prep.p_rank, reg, blk, prep.rank_offset + h * remote_half, n, view)
-                          for h in range(prep.halves)], axis=1).reshape(got.shape)
-    bad_block = (got != exp).any(axis=2)
+    exp = _join([pattern(p_tag, prep.p_rank, reg, blk, prep.rank_offset + h * remote_half, n, view)
+                 for h in range(prep.halves)], axis=1).reshape(got.shape)
+    bad_block = _rows_differ(got, exp)
     res.blocks += regions * len(local_ids)
     res.bytes += got.size
     res.wrong += int(bad_block.sum())
