@@ -21,6 +21,7 @@ import numpy as np
 from pdcheck.geometry import Geometry
 
 CELL = 16
+CHUNK_BYTES = 1 << 20  # pattern work in pieces this big: a proof's whole pattern (tens of MB) would leave the cache
 _MMAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _SALT = 0xA5C3_5A3C  # so that zeroed (stale, never-written) memory never passes the check
@@ -213,7 +214,10 @@ class KVCache:
             return
         regs = np.concatenate([np.full(len(b), r, dtype=np.int64) for r, b in pairs])
         blks = np.concatenate([b for _r, b in pairs])
-        self.blocks3[regs, blks] = pattern(tag, p_rank, regs, blks, 0, self.block_len, self.view)
+        step = max(1, CHUNK_BYTES // self.block_len)  # a pattern chunk at a time: it stays in cache
+        for i in range(0, len(regs), step):
+            r, b = regs[i:i + step], blks[i:i + step]
+            self.blocks3[r, b] = pattern(tag, p_rank, r, b, 0, self.block_len, self.view)
 
     def clear_all(self, blocks: np.ndarray) -> None:
         """Zero the given blocks in every region."""
@@ -224,12 +228,14 @@ class KVCache:
         for r in range(self.geometry.num_regions):
             self.clear(r, blocks)
 
-    def read_all(self, blocks: np.ndarray, start: int, length: int) -> np.ndarray:
-        """Bytes [start, start+length) of the given blocks of every region: (regions, len(blocks), length)."""
+    def read_all(self, blocks: np.ndarray, start: int, length: int, first: int = 0, last: int | None = None
+                 ) -> np.ndarray:
+        """Bytes [start, start+length) of the given blocks of every region (or of regions first..last-1):
+        (regions, len(blocks), length)."""
+        last = self.geometry.num_regions if last is None else last
         if self.blocks3 is not None:
-            return self.blocks3[:, blocks, start:start + length]
-        return np.stack([self.read_blocks(r, blocks)[:, start:start + length]
-                         for r in range(self.geometry.num_regions)])
+            return self.blocks3[first:last, blocks, start:start + length]
+        return np.stack([self.read_blocks(r, blocks)[:, start:start + length] for r in range(first, last)])
 
     def clear(self, region: int, blocks: np.ndarray) -> None:
         blocks = np.unique(np.asarray(blocks, dtype=np.int64))
