@@ -148,6 +148,10 @@ class KVCache:
         self.views: list[Any] = []
         self.base_addrs: list[int] = []
         self.blocks3: np.ndarray | None = None  # host: (regions, num_blocks, block_len) over every region
+        # host: which (region, block) still hold tag_many's pattern for _tagged_by = (tag, P rank). Every D
+        # release asks P to tag the same blocks again; those writes would change no byte.
+        self._tagged: np.ndarray | None = None
+        self._tagged_by: tuple[int, int] | None = None
         if device == "cpu":
             self.mem_type = "DRAM"
             # One mapping for all regions (each still registered as its own region, like vLLM's tensors):
@@ -182,6 +186,8 @@ class KVCache:
         view = self.views[region]
         if self.device == "cpu":
             view.reshape(self.num_blocks, self.block_len)[blocks] = data
+            if self._tagged is not None:
+                self._tagged[region, blocks] = False
             return
         import torch
 
@@ -214,16 +220,24 @@ class KVCache:
             return
         regs = np.concatenate([np.full(len(b), r, dtype=np.int64) for r, b in pairs])
         blks = np.concatenate([b for _r, b in pairs])
+        if self._tagged is None or self._tagged_by != (tag, p_rank):
+            self._tagged, self._tagged_by = np.zeros((self.geometry.num_regions, self.num_blocks), dtype=bool), (
+                tag, p_rank)
+        fresh = ~self._tagged[regs, blks]  # blocks already holding this pattern keep it
+        regs, blks = regs[fresh], blks[fresh]
         step = max(1, CHUNK_BYTES // self.block_len)  # a pattern chunk at a time: it stays in cache
         for i in range(0, len(regs), step):
             r, b = regs[i:i + step], blks[i:i + step]
             self.blocks3[r, b] = pattern(tag, p_rank, r, b, 0, self.block_len, self.view)
+        self._tagged[regs, blks] = True
 
     def clear_all(self, blocks: np.ndarray) -> None:
         """Zero the given blocks in every region."""
         blocks = np.unique(np.asarray(blocks, dtype=np.int64))
         if self.blocks3 is not None:
             self.blocks3[:, blocks] = 0
+            if self._tagged is not None:
+                self._tagged[:, blocks] = False
             return
         for r in range(self.geometry.num_regions):
             self.clear(r, blocks)

@@ -36,3 +36,25 @@ def test_tag_many_clear_all_read_all() -> None:
     kv.clear_all(np.array([5]))
     assert not kv.read_all(np.array([5]), 0, kv.block_len).any()
     assert kv.read_all(np.array([2]), 0, kv.block_len)[0].any()
+
+
+def test_tag_many_again_restores_what_was_overwritten_and_keeps_the_rest() -> None:
+    """tag_many skips blocks still holding its pattern; every write through the cache re-arms them."""
+    kv = _kv()
+    want = {r: pattern(9, 1, r, np.array([2, 5]), 0, kv.block_len, kv.view) for r in (0, 3)}
+    kv.tag_many(9, 1, {0: [2, 5], 3: [2, 5]})
+    kv.write_blocks(0, np.array([5]), np.full((1, kv.block_len), 0x5A, np.uint8))  # corrupt:P1:0:5
+    kv.clear_all(np.array([2]))
+    kv.tag_many(9, 1, {0: [2, 5], 3: [2, 5]})
+    for r in (0, 3):
+        assert (kv.read_all(np.array([2, 5]), 0, kv.block_len, r, r + 1)[0] == want[r]).all()
+    kv.tag_many(7, 1, {0: [2]})  # another tag: written, whatever the first one marked
+    assert (kv.read_all(np.array([2]), 0, kv.block_len, 0, 1)[0, 0] == pattern(7, 1, 0, np.array([2]), 0,
+                                                                              kv.block_len, kv.view)[0]).all()
+
+
+def test_read_all_region_range_is_a_slice_of_every_region() -> None:
+    kv = _kv()
+    kv.tag_many(9, 1, {r: [1, 4] for r in range(kv.geometry.num_regions)})
+    every = kv.read_all(np.array([4, 1]), 8, 32)
+    assert (kv.read_all(np.array([4, 1]), 8, 32, 2, 5) == every[2:5]).all()
