@@ -12,6 +12,11 @@ RANK_COMMANDS = ("handshake", "serve", "transfer-bench")  # probe starts no rank
 
 
 def main() -> None:
+    import os
+
+    # numpy's OpenBLAS starts a thread pool at import that spins ~0.07 s of CPU in this process and again in the
+    # forkserver, on 2 cores while the ranks start; pdcheck does no linear algebra. The user's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     # --ray places ranks as Ray actors: no local forkserver to warm.
     if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS and not any(a.startswith("--ray") for a in sys.argv):
         from pdcheck.launcher import warm_up
