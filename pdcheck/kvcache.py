@@ -96,16 +96,16 @@ def pattern(tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray,
     """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8.
     region: one region for all blocks, or one per block (a whole proof in one vectorised pass).
 
-    Computed in place in the result (offset_word's formula, reordered): a proof's pattern is tens of MB,
-    and full-size temporaries cost as much in page faults as the arithmetic itself."""
+    Written straight into the result, one pass per word: a proof's pattern is tens of MB. offset_word is
+    (offset << 32) | ((coord * MIX ^ offset ^ SALT) & 0xFFFFFFFF); offsets fit in 32 bits, so that equals
+    ((offset << 32) | offset) ^ ((coord * MIX ^ SALT) & 0xFFFFFFFF): one XOR of a per-offset and a per-block
+    term."""
     cells = view.logical(np.arange(start // CELL, (start + length) // CELL, dtype=np.uint64) * np.uint64(CELL))
     coord = coord_word(tag, p_rank, region, np.asarray(blocks))
     out = np.empty((len(coord), len(cells), 2), dtype=np.uint64)
     out[:, :, 0] = coord[:, None]
-    word = out[:, :, 1]  # offset_word: (offset << 32) | (((coord * MIX) ^ offset ^ SALT) & 0xFFFFFFFF)
-    np.bitwise_xor(((coord * _MIX) ^ np.uint64(_SALT))[:, None], cells[None, :], out=word)
-    np.bitwise_and(word, np.uint64(0xFFFFFFFF), out=word)
-    np.bitwise_or(word, (cells << np.uint64(32))[None, :], out=word)
+    per_block = ((coord * _MIX) ^ np.uint64(_SALT)) & np.uint64(0xFFFFFFFF)
+    np.bitwise_xor(per_block[:, None], ((cells << np.uint64(32)) | cells)[None, :], out=out[:, :, 1])
     return out.reshape(len(coord), -1).view(np.uint8)
 
 

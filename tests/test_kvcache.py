@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import KVCache, decode_cell, pattern
+from pdcheck.kvcache import BlockView, KVCache, coord_word, decode_cell, offset_word, pattern
 
 
 def _kv() -> KVCache:
@@ -58,3 +58,15 @@ def test_read_all_region_range_is_a_slice_of_every_region() -> None:
     kv.tag_many(9, 1, {r: [1, 4] for r in range(kv.geometry.num_regions)})
     every = kv.read_all(np.array([4, 1]), 8, 32)
     assert (kv.read_all(np.array([4, 1]), 8, 32, 2, 5) == every[2:5]).all()
+
+
+def test_pattern_words_are_coord_word_and_offset_word() -> None:
+    """pattern() computes the offset word in one XOR: it must equal offset_word's formula cell by cell."""
+    view = BlockView.of("NHD", 8, 16, 256)  # tokens-first: logical offsets differ from byte offsets
+    blocks, regions = np.array([0, 7, 99_999, 123_456]), np.array([4095, 0, 17, 3])
+    start, length = 4096, 65536
+    got = pattern(0xABC, 255, regions, blocks, start, length, view).view(np.uint64).reshape(len(blocks), -1, 2)
+    cells = view.logical(np.arange(start // 16, (start + length) // 16, dtype=np.uint64) * np.uint64(16))
+    coord = coord_word(0xABC, 255, regions, blocks)[:, None]
+    assert (got[:, :, 0] == coord).all()
+    assert (got[:, :, 1] == offset_word(coord, cells[None, :])).all()
