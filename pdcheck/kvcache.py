@@ -41,6 +41,18 @@ def host_memory(nbytes: int, *, hugepages: bool = False) -> tuple[mmap.mmap, np.
     return mm, np.frombuffer(mm, dtype=np.uint8)
 
 
+def unique(a: np.ndarray | list[int]) -> np.ndarray:
+    """np.unique of block ids (sorted, int64) without its first-call cost: numpy 2.4's unique imports numpy.ma
+    (~12 ms) in every rank that calls it."""
+    out = np.sort(np.asarray(a, dtype=np.int64).reshape(-1))
+    if len(out) < 2:
+        return out
+    keep = np.empty(len(out), dtype=bool)
+    keep[0] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    return out[keep]
+
+
 def engine_tag(engine_id: str) -> int:
     return zlib.crc32(engine_id.encode()) & 0xFFF
 
@@ -204,13 +216,13 @@ class KVCache:
         return view.view(self.num_blocks, self.block_len)[idx].cpu().numpy()
 
     def tag(self, tag: int, p_rank: int, region: int, blocks: np.ndarray) -> None:
-        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        blocks = unique(blocks)
         if len(blocks):
             self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len, self.view))
 
     def tag_many(self, tag: int, p_rank: int, blocks: dict[int, list[int]]) -> None:
         """Tag the given blocks of each region (regions outside this cache are skipped) in one pass."""
-        pairs = [(r, np.unique(np.asarray(b, dtype=np.int64))) for r, b in blocks.items()
+        pairs = [(r, unique(b)) for r, b in blocks.items()
                  if 0 <= r < self.geometry.num_regions and len(b)]
         if not pairs:
             return
@@ -233,7 +245,7 @@ class KVCache:
 
     def clear_all(self, blocks: np.ndarray) -> None:
         """Zero the given blocks in every region."""
-        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        blocks = unique(blocks)
         if self.blocks3 is not None:
             self.blocks3[:, blocks] = 0
             if self._tagged is not None:
@@ -252,6 +264,6 @@ class KVCache:
         return np.stack([self.read_blocks(r, blocks)[:, start:start + length] for r in range(first, last)])
 
     def clear(self, region: int, blocks: np.ndarray) -> None:
-        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        blocks = unique(blocks)
         if len(blocks):
             self.write_blocks(region, blocks, np.zeros((len(blocks), self.block_len), dtype=np.uint8))

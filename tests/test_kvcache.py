@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import BlockView, KVCache, coord_word, decode_cell, offset_word, pattern
+from pdcheck.kvcache import BlockView, KVCache, coord_word, decode_cell, offset_word, pattern, unique
 
 
 def _kv() -> KVCache:
@@ -70,3 +70,11 @@ def test_pattern_words_are_coord_word_and_offset_word() -> None:
     coord = coord_word(0xABC, 255, regions, blocks)[:, None]
     assert (got[:, :, 0] == coord).all()
     assert (got[:, :, 1] == offset_word(coord, cells[None, :])).all()
+
+
+def test_unique_is_np_unique_of_block_ids() -> None:
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 300):
+        ids = rng.integers(0, 40, n)
+        assert unique(ids).tolist() == np.unique(ids).tolist()
+        assert unique(ids.tolist()).dtype == np.int64
