@@ -7,8 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.markup import escape
+from typer.core import TyperGroup
 
 from pdcheck.cliopts import scenario_flags
 from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
@@ -27,8 +26,55 @@ EPILOG = """[bold]Examples[/]
 Exit codes: 0 survives, 1 a hazard fires, 2 bad input, 3 harness failure, 130 interrupted.
 Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 
-app = typer.Typer(no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich", epilog=EPILOG,
-                  help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
+# Commands whose modules are imported only when that command runs (or --help/completion lists it): `handshake`
+# should not pay for probe's, serve's and transfer-bench's imports. Name -> (module, its register(app)).
+LAZY = {"probe": "pdcheck.probe", "serve": "pdcheck.serve", "transfer-bench": "pdcheck.bench.command"}
+_lazy_loaded: dict[str, Any] = {}  # name -> its click command, or None (transfer-bench not in this tree)
+
+
+def _lazy_command(name: str) -> Any:
+    if name not in _lazy_loaded:
+        import importlib
+
+        try:
+            register = importlib.import_module(LAZY[name]).register
+        except ImportError:  # transfer-bench not installed in this tree
+            _lazy_loaded[name] = None
+            return None
+        # The module adds its command to a scratch app of the same settings, built into a click command here.
+        scratch = typer.Typer(pretty_exceptions_enable=False, rich_markup_mode=app.rich_markup_mode)
+        register(scratch)
+        _lazy_loaded[name] = typer.main.get_group(scratch).commands.get(name)
+    return _lazy_loaded[name]
+
+
+class _LazyGroup(TyperGroup):
+    """The root group: lists the lazy commands in their place (before the sub-groups) and imports one only
+    when it is looked up."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        names = [n for n, c in self.commands.items() if not isinstance(c, TyperGroup)]
+        names += [n for n in LAZY if n not in names]
+        return names + [n for n in self.commands if n not in names]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        cmd = self.commands.get(cmd_name)
+        if cmd is None and cmd_name in LAZY:
+            cmd = _lazy_command(cmd_name)
+        return cmd
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and args[0] not in LAZY:
+            # An unknown name: typer's "Did you mean ..." draws on self.commands, so load the lazy ones.
+            for name in LAZY:
+                cmd = _lazy_command(name)
+                if cmd is not None:
+                    self.commands.setdefault(name, cmd)
+        return super().resolve_command(ctx, args)
+
+
+app = typer.Typer(cls=_LazyGroup, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich",
+                  epilog=EPILOG, help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
 scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
                            help="Make scenarios: from-logs reads them out of vLLM start-up logs.")
 app.add_typer(scenario_app, name="scenario")
@@ -37,6 +83,19 @@ Opt = typer.Option
 RUN = "Run"
 OUTPUT = "Output"
 LIVE = "Live prefill"
+
+
+def _console(**kw: Any) -> Any:
+    """A rich Console, imported here: a --json run renders nothing and never imports rich."""
+    from rich.console import Console
+
+    return Console(**kw)
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
 
 
 def _version(value: bool) -> None:
@@ -77,7 +136,7 @@ def _report_missing(fl: Any, overrides: dict[str, Any]) -> None:
 
     lines = fromlogs.missing_report(fl, overrides)
     if lines:
-        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err = _console(stderr=True, highlight=False, soft_wrap=True)
         err.print("[yellow]not in the logs[/] (the scenario default is used):")
         for ln in lines:
             err.print(f"  {ln}", markup=False)
@@ -178,16 +237,16 @@ def handshake(
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:
-        console = Console()
+        console = _console()
         report.render_matrix(rep, console)
         report.render_live(rep, console)
         for e in rep.harness_errors:
-            console.print(f"[red]harness:[/] {escape(e)}")
+            console.print(f"[red]harness:[/] {_escape(e)}")
         one = rep.fails[0] if rep.fails else rep.releases[0]
         console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
                       f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
-        report.render(rep, Console())
+        report.render(rep, _console())
     raise typer.Exit(rep.exit_code)
 
 
@@ -233,7 +292,7 @@ def scenario_from_logs(
     if output is None:
         sys.stdout.write(text)
     else:
-        Console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
+        _console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
     _report_missing(fl, overrides)
 
 
@@ -268,7 +327,7 @@ def smoke(
 
         sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
     else:
-        sm.render(rep, Console())
+        sm.render(rep, _console())
     raise typer.Exit(rep.exit_code)
 
 
@@ -295,44 +354,24 @@ def _parse_inject(items: list[str], p_tp: int) -> Any:
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
 
 
-def _register_live() -> None:
-    """Commands that meet real deployments live in their own modules."""
-    from pdcheck import probe, serve
-
-    probe.register(app)
-    serve.register(app)
-
-
-_register_live()
-
-
-def _register_optional() -> None:
-    try:
-        from pdcheck.bench.command import register
-    except ImportError:  # transfer-bench not installed in this tree
-        return
-    register(app)
-
-
-_register_optional()
-
-
 def run(argv: list[str] | None = None) -> int:
     """The CLI without the process-wide parts of main(): parse, run, map every outcome to an exit code with
     at most one error line on stderr. The fuzz suite drives this in-process."""
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    def error(text: str) -> None:
+        _console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]pdcheck: error:[/] {_escape(text)}")
+
     try:
         rc = app(argv, standalone_mode=False)  # typer returns the exit code here instead of raising it
         return rc if isinstance(rc, int) else 0
     except PdcheckError as exc:
-        err.print(f"[red]pdcheck: error:[/] {escape(one_line(str(exc)))}")
+        error(one_line(str(exc)))
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except typer.Exit as exc:
         return exc.exit_code
     except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
-        err.print(f"[red]pdcheck: error:[/] {escape(one_line(exc.format_message()))}")  # type: ignore[attr-defined]
+        error(one_line(exc.format_message()))  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt
         return EXIT_INTERRUPTED

@@ -21,6 +21,7 @@ import numpy as np
 from pdcheck.geometry import Geometry
 
 CELL = 16
+CHUNK_BYTES = 1 << 20  # pattern work in pieces this big: a proof's whole pattern (tens of MB) would leave the cache
 _MMAP_FLAGS = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 _M32 = np.uint64(0xFFFFFFFF)
@@ -138,6 +139,18 @@ def block_descs(base_addrs: list[int], num_blocks: int, block_len: int, read_len
     return out
 
 
+def unique(a: np.ndarray | list[int]) -> np.ndarray:
+    """np.unique of block ids (sorted, int64) without its first-call cost: numpy 2.4's unique imports numpy.ma
+    (~12 ms) in every rank that calls it."""
+    out = np.sort(np.asarray(a, dtype=np.int64).reshape(-1))
+    if len(out) < 2:
+        return out
+    keep = np.empty(len(out), dtype=bool)
+    keep[0] = True
+    np.not_equal(out[1:], out[:-1], out=keep[1:])
+    return out[keep]
+
+
 def engine_tag(engine_id: str) -> int:
     return zlib.crc32(engine_id.encode()) & 0xFFF
 
@@ -147,6 +160,15 @@ def coord_word(tag: int, p_rank: int, region: int | np.ndarray, block: np.ndarra
     reg = np.asarray(region).astype(np.uint64) & np.uint64(0xFFF)
     return (np.uint64(tag) << np.uint64(52)) | (np.uint64(p_rank & 0xFF) << np.uint64(44)) | (
         reg << np.uint64(32)) | np.asarray(block).astype(np.uint64)
+
+
+def offset_word(coord: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """The offset word of a cell, in its defining form: (offset << 32) | low32(coord * MIX ^ offset ^ SALT).
+    write_pattern computes the same bits as one XOR of a per-block and a per-cell term; decode_cell checks
+    a cell against this form."""
+    off = np.asarray(offsets).astype(np.uint64)
+    check = ((np.asarray(coord).astype(np.uint64) * _MIX) ^ off ^ np.uint64(_SALT)) & _M32
+    return (off << np.uint64(32)) | check
 
 
 def _check_keys(coord: np.ndarray) -> np.ndarray:
@@ -241,7 +263,7 @@ class Found:
 def decode_cell(cell: np.ndarray) -> Found:
     w0, w1 = (int(x) for x in cell.view(np.uint64)[:2])
     offset = w1 >> 32
-    valid = (w1 & 0xFFFFFFFF) == ((((w0 * int(_MIX)) & 0xFFFFFFFFFFFFFFFF) ^ offset ^ _SALT) & 0xFFFFFFFF)
+    valid = w1 == int(offset_word(np.uint64(w0), np.uint64(offset)))
     return Found(w0 >> 52, (w0 >> 44) & 0xFF, (w0 >> 32) & 0xFFF, w0 & 0xFFFFFFFF, offset, bool(valid))
 
 
@@ -271,6 +293,10 @@ class KVCache:
         # host: (regions, num_blocks, block_len) over every region
         self.blocks3: np.ndarray | None = None if arena.arr is None else arena.arr[:nbytes].reshape(
             geometry.num_regions, num_blocks, self.block_len)
+        # host: which (region, block) still hold tag_many's pattern for _tagged_by = (tag, P rank). Every D
+        # release asks P to tag the same blocks again; those writes would change no byte.
+        self._tagged: np.ndarray | None = None
+        self._tagged_by: tuple[int, int] | None = None
 
     def regions(self, device_id: int) -> list[tuple[int, int, int]]:
         return [(a, self.region_bytes, device_id) for a in self.base_addrs]
@@ -293,12 +319,15 @@ class KVCache:
                 else:
                     self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len,
                                                               self.view))
+        self._tagged, self._tagged_by = None, None  # tag_many's marks know nothing of this fill
 
     def write_blocks(self, region: int, blocks: np.ndarray, data: np.ndarray) -> None:
         """data: (len(blocks), block_len) uint8."""
         view = self.views[region]
         if self.device == "cpu":
             view.reshape(self.num_blocks, self.block_len)[blocks] = data
+            if self._tagged is not None:
+                self._tagged[region, blocks] = False
             return
         import torch
 
@@ -315,13 +344,13 @@ class KVCache:
         return view.view(self.num_blocks, self.block_len)[idx].cpu().numpy()
 
     def tag(self, tag: int, p_rank: int, region: int, blocks: np.ndarray) -> None:
-        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        blocks = unique(blocks)
         if len(blocks):
             self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len, self.view))
 
     def tag_many(self, tag: int, p_rank: int, blocks: dict[int, list[int]]) -> None:
         """Tag the given blocks of each region (regions outside this cache are skipped) in one pass."""
-        pairs = [(r, np.unique(np.asarray(b, dtype=np.int64))) for r, b in blocks.items()
+        pairs = [(r, unique(b)) for r, b in blocks.items()
                  if 0 <= r < self.geometry.num_regions and len(b)]
         if not pairs:
             return
@@ -331,25 +360,38 @@ class KVCache:
             return
         regs = np.concatenate([np.full(len(b), r, dtype=np.int64) for r, b in pairs])
         blks = np.concatenate([b for _r, b in pairs])
-        self.blocks3[regs, blks] = pattern(tag, p_rank, regs, blks, 0, self.block_len, self.view)
+        if self._tagged is None or self._tagged_by != (tag, p_rank):
+            self._tagged, self._tagged_by = np.zeros((self.geometry.num_regions, self.num_blocks), dtype=bool), (
+                tag, p_rank)
+        fresh = ~self._tagged[regs, blks]  # blocks already holding this pattern keep it
+        regs, blks = regs[fresh], blks[fresh]
+        step = max(1, CHUNK_BYTES // self.block_len)  # a pattern chunk at a time: it stays in cache
+        for i in range(0, len(regs), step):
+            r, b = regs[i:i + step], blks[i:i + step]
+            self.blocks3[r, b] = pattern(tag, p_rank, r, b, 0, self.block_len, self.view)
+        self._tagged[regs, blks] = True
 
     def clear_all(self, blocks: np.ndarray) -> None:
         """Zero the given blocks in every region."""
-        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        blocks = unique(blocks)
         if self.blocks3 is not None:
             self.blocks3[:, blocks] = 0
+            if self._tagged is not None:
+                self._tagged[:, blocks] = False
             return
         for r in range(self.geometry.num_regions):
             self.clear(r, blocks)
 
-    def read_all(self, blocks: np.ndarray, start: int, length: int) -> np.ndarray:
-        """Bytes [start, start+length) of the given blocks of every region: (regions, len(blocks), length)."""
+    def read_all(self, blocks: np.ndarray, start: int, length: int, first: int = 0, last: int | None = None
+                 ) -> np.ndarray:
+        """Bytes [start, start+length) of the given blocks of every region (or of regions first..last-1):
+        (regions, len(blocks), length)."""
+        last = self.geometry.num_regions if last is None else last
         if self.blocks3 is not None:
-            return self.blocks3[:, blocks, start:start + length]
-        return np.stack([self.read_blocks(r, blocks)[:, start:start + length]
-                         for r in range(self.geometry.num_regions)])
+            return self.blocks3[first:last, blocks, start:start + length]
+        return np.stack([self.read_blocks(r, blocks)[:, start:start + length] for r in range(first, last)])
 
     def clear(self, region: int, blocks: np.ndarray) -> None:
-        blocks = np.unique(np.asarray(blocks, dtype=np.int64))
+        blocks = unique(blocks)
         if len(blocks):
             self.write_blocks(region, blocks, np.zeros((len(blocks), self.block_len), dtype=np.uint8))

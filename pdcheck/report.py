@@ -4,14 +4,9 @@ from __future__ import annotations
 
 import re
 import socket
+from typing import TYPE_CHECKING
 
 import msgspec
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.measure import Measurement
-from rich.table import Table
-from rich.text import Text
 
 from pdcheck import __version__
 from pdcheck import messages as m
@@ -21,6 +16,11 @@ from pdcheck.probe import ProbeRank
 from pdcheck.releases import CORRECTED
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
+
+if TYPE_CHECKING:  # rich is imported where a table is drawn: a --json run never imports it
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
 
 
 class Timings(msgspec.Struct):
@@ -177,6 +177,8 @@ def _detail(v: m.Verdict) -> str:
 
 def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]) -> Text:
     """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
+    from rich.text import Text
+
     if v is None:
         return Text("-")
     text = Text(v.status.upper(), style=_STYLE.get(v.status, ""))
@@ -216,6 +218,11 @@ def summary(rep: Report) -> str:
 
 
 def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Table, set[str]]:
+    from rich import box
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
     per_rank = len(rep.decode_ranks) <= 16
     table = Table(title=f"Version matrix: {escape(rep.scenario)}", box=box.SIMPLE_HEAD, pad_edge=False,
                   show_edge=False)
@@ -239,6 +246,8 @@ def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Tab
 
 def render_live(rep: Report, console: Console) -> None:
     """--prefill-endpoint: the live P, what could be checked, and the releases not run against it."""
+    from rich.text import Text
+
     if rep.live is None:
         return
     lv = rep.live
@@ -271,6 +280,9 @@ def _span(ids: list[int]) -> str:
 def render_matrix(rep: Report, console: Console) -> None:
     """Rows are releases, columns decode ranks. Whole status words when the table fits the terminal, else
     one-letter codes with a legend (never a truncated word); a count per status past 16 ranks."""
+    from rich.measure import Measurement
+    from rich.text import Text
+
     labels = {n: n if n == CORRECTED.name else f"vLLM {n}" for n in rep.matrix}
     table, used = _matrix_table(rep, labels, short=False)
     natural = Measurement.get(console, console.options.update_width(10**4), table).maximum
@@ -292,6 +304,9 @@ def spread_line(what: str, sp: NumBlocksSpread) -> str:
 
 def hazard_table(hazards: list[Hazard], title: str) -> Table | None:
     """The catalogue hazards that apply, one row each with their effects; None when none applies."""
+    from rich.table import Table
+    from rich.text import Text
+
     applied = [h for h in hazards if h.applies]
     if not applied:
         return None
@@ -305,6 +320,10 @@ def hazard_table(hazards: list[Hazard], title: str) -> Table | None:
 
 
 def render(rep: Report, console: Console) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+    from rich.text import Text
+
     console.print(f"[bold]pdcheck handshake[/] {escape(rep.scenario)} [dim]({escape(rep.source)}, device {rep.device})[/]")
     render_live(rep, console)
     for side, sp in rep.num_blocks_spread.items():

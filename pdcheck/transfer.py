@@ -15,7 +15,7 @@ import numpy as np
 
 from pdcheck.engine import Outcome
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import CELL, BlockView, KVCache, decode_cell, pattern
+from pdcheck.kvcache import CELL, CHUNK_BYTES, BlockView, KVCache, decode_cell, pattern
 from pdcheck.messages import Mismatch, Req, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
 from pdcheck.releases.base import Local, Prepared
@@ -106,6 +106,21 @@ def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
     return found.valid and found.tag == p_tag
 
 
+def _join(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    """np.concatenate, without its copy when there is one part (one half per block)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+
+
+def _rows_differ(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
+    """(got != exp).any(axis=-1), compared 8 bytes at a time where the rows allow it (8x fewer elements)."""
+    if got.shape[-1] % 8 == 0:
+        try:
+            return (got.view(np.uint64) != exp.view(np.uint64)).any(axis=-1)
+        except ValueError:  # a last axis that is not contiguous cannot be viewed as wider words
+            pass
+    return (got != exp).any(axis=-1)
+
+
 def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int]) -> None:
     remote = np.asarray(req.remote_block_ids, dtype=np.int64)
     local_ids = np.asarray(req.local_block_ids, dtype=np.int64)
@@ -117,25 +132,35 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, head_bytes,
                         plain=not g.per_head_view)
     local_half, remote_half = kv.block_len // prep.halves, prep.remote_block_len // prep.halves
-    regions = kv.geometry.num_regions
-    # Every region in one pass. Each half (K, then V when split) of the local block holds its slice of the
-    # same half of the P block.
-    got = np.concatenate([kv.read_all(local_ids, h * local_half + lo, n) for h in range(prep.halves)], axis=2)
-    reg = np.repeat(np.arange(regions, dtype=np.int64), len(remote))
-    blk = np.tile(remote, regions)
-    exp = np.concatenate([pattern(p_tag, prep.p_rank, reg, blk, prep.rank_offset + h * remote_half, n, view)
-                          for h in range(prep.halves)], axis=1).reshape(got.shape)
-    bad_block = (got != exp).any(axis=2)
-    res.blocks += regions * len(local_ids)
-    res.bytes += got.size
+    regions, k = kv.geometry.num_regions, len(local_ids)
+
+    def got_exp(first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read and expected bytes of regions first..last-1: (regions, blocks, bytes read per block). Each half
+        (K, then V when split) of the local block holds its slice of the same half of the P block."""
+        got = _join([kv.read_all(local_ids, h * local_half + lo, n, first, last) for h in range(prep.halves)], 2)
+        reg = np.repeat(np.arange(first, last, dtype=np.int64), k)
+        blk = np.tile(remote, last - first)
+        exp = _join([pattern(p_tag, prep.p_rank, reg, blk, prep.rank_offset + h * remote_half, n, view)
+                     for h in range(prep.halves)], 1).reshape(got.shape)
+        return got, exp
+
+    # A few regions per pass (CHUNK_BYTES): the pattern and the bytes read stay in cache.
+    step = max(1, CHUNK_BYTES // max(1, k * n * prep.halves))
+    bad_block = np.zeros((regions, k), dtype=bool)
+    for first in range(0, regions, step):
+        last = min(regions, first + step)
+        bad_block[first:last] = _rows_differ(*got_exp(first, last))
+    res.blocks += regions * k
+    res.bytes += regions * k * n * prep.halves
     res.wrong += int(bad_block.sum())
     if not bad_block.any():
         return
     wrong_regions.update(int(r) for r in np.flatnonzero(bad_block.any(axis=1)))
     if res.first_mismatch is None:
         region, i = (int(x) for x in np.argwhere(bad_block)[0])  # region-major, like reading region by region
-        cell = int(np.flatnonzero(got[region, i] != exp[region, i])[0]) // CELL * CELL
-        found = decode_cell(got[region, i][cell:cell + CELL])
+        got, exp = got_exp(region, region + 1)
+        cell = int(np.flatnonzero(got[0, i] != exp[0, i])[0]) // CELL * CELL
+        found = decode_cell(got[0, i][cell:cell + CELL])
         at = prep.rank_offset + (cell // n) * remote_half + cell % n  # byte offset in the P block
         res.first_mismatch = Mismatch(
             region=region, local_block=int(local_ids[i]), remote_block=int(remote[i]), p_rank=prep.p_rank,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import KVCache, decode_cell, pattern
+from pdcheck.kvcache import BlockView, KVCache, coord_word, decode_cell, offset_word, pattern, unique
 
 
 def _kv() -> KVCache:
@@ -36,3 +36,45 @@ def test_tag_many_clear_all_read_all() -> None:
     kv.clear_all(np.array([5]))
     assert not kv.read_all(np.array([5]), 0, kv.block_len).any()
     assert kv.read_all(np.array([2]), 0, kv.block_len)[0].any()
+
+
+def test_tag_many_again_restores_what_was_overwritten_and_keeps_the_rest() -> None:
+    """tag_many skips blocks still holding its pattern; every write through the cache re-arms them."""
+    kv = _kv()
+    want = {r: pattern(9, 1, r, np.array([2, 5]), 0, kv.block_len, kv.view) for r in (0, 3)}
+    kv.tag_many(9, 1, {0: [2, 5], 3: [2, 5]})
+    kv.write_blocks(0, np.array([5]), np.full((1, kv.block_len), 0x5A, np.uint8))  # corrupt:P1:0:5
+    kv.clear_all(np.array([2]))
+    kv.tag_many(9, 1, {0: [2, 5], 3: [2, 5]})
+    for r in (0, 3):
+        assert (kv.read_all(np.array([2, 5]), 0, kv.block_len, r, r + 1)[0] == want[r]).all()
+    kv.tag_many(7, 1, {0: [2]})  # another tag: written, whatever the first one marked
+    assert (kv.read_all(np.array([2]), 0, kv.block_len, 0, 1)[0, 0] == pattern(7, 1, 0, np.array([2]), 0,
+                                                                              kv.block_len, kv.view)[0]).all()
+
+
+def test_read_all_region_range_is_a_slice_of_every_region() -> None:
+    kv = _kv()
+    kv.tag_many(9, 1, {r: [1, 4] for r in range(kv.geometry.num_regions)})
+    every = kv.read_all(np.array([4, 1]), 8, 32)
+    assert (kv.read_all(np.array([4, 1]), 8, 32, 2, 5) == every[2:5]).all()
+
+
+def test_pattern_words_are_coord_word_and_offset_word() -> None:
+    """pattern() computes the offset word in one XOR: it must equal offset_word's formula cell by cell."""
+    view = BlockView.of("NHD", 8, 16, 256)  # tokens-first: logical offsets differ from byte offsets
+    blocks, regions = np.array([0, 7, 99_999, 123_456]), np.array([4095, 0, 17, 3])
+    start, length = 4096, 65536
+    got = pattern(0xABC, 255, regions, blocks, start, length, view).view(np.uint64).reshape(len(blocks), -1, 2)
+    cells = view.logical(np.arange(start // 16, (start + length) // 16, dtype=np.uint64) * np.uint64(16))
+    coord = coord_word(0xABC, 255, regions, blocks)[:, None]
+    assert (got[:, :, 0] == coord).all()
+    assert (got[:, :, 1] == offset_word(coord, cells[None, :])).all()
+
+
+def test_unique_is_np_unique_of_block_ids() -> None:
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 2, 7, 300):
+        ids = rng.integers(0, 40, n)
+        assert unique(ids).tolist() == np.unique(ids).tolist()
+        assert unique(ids.tolist()).dtype == np.int64

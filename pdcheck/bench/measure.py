@@ -178,7 +178,7 @@ def verify_requests(kv: KVCache, gp: Geometry, tag: int, src: int, offset: int, 
         step = max(1, chunk_bytes // max(1, len(d_ids) * bd))
         for lo in range(0, g.num_regions, step):
             regs = np.arange(lo, min(lo + step, g.num_regions))
-            got = kv.read_all(d_ids, 0, bd)[regs] if kv.blocks3 is None else kv.blocks3[lo:lo + len(regs)][:, d_ids]
+            got = kv.read_all(d_ids, 0, bd, lo, lo + len(regs))
             exp = pattern(tag, src, np.repeat(regs, len(p_ids)), np.tile(p_ids, len(regs)), offset, bd).reshape(
                 got.shape)
             bad = (got != exp).any(axis=2)
