@@ -21,7 +21,7 @@ from pdcheck.engine import Outcome, Params, run
 from pdcheck.geometry import Geometry
 from pdcheck.kvcache import KVCache, block_descs, engine_tag
 from pdcheck.launcher import name_this_process
-from pdcheck.nixlagent import Agent, quiet_nixl_env
+from pdcheck.nixlagent import Agent, no_memory_hooks, quiet_nixl_env
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
 from pdcheck.sidechannel import Listener, fetch
@@ -52,6 +52,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
     name_this_process(f"pdcheck-P{spec.tp_rank}")
     quiet_nixl_env(spec.host)
+    no_memory_hooks(spec.device)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
@@ -221,6 +222,7 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
     name_this_process(f"pdcheck-D{spec.tp_rank}")
     quiet_nixl_env(spec.p_host)
+    no_memory_hooks(spec.device)
     t0 = time.perf_counter()
     try:
         g = _geometry(spec.geometry)
