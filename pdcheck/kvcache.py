@@ -1,8 +1,9 @@
-"""KV-cache allocation, registration and coordinate tagging for one fake rank.
+"""KV-cache memory, layout and coordinate tagging for every rank, handshake and transfer-bench alike.
 
-Host memory is an anonymous mmap per region: nothing is faulted in until a block is tagged or written,
-so the seed's ~0.9 GB per rank costs only the pages actually touched. GPU memory (--device cuda) uses
-torch tensors; torch is imported only on that path (it costs ~2.7 s and 650 MB per process).
+An Arena is the memory a rank registers: on the host one private anonymous NORESERVE mapping (nothing is
+faulted in until a block is tagged or written, so the seed's ~0.9 GB per rank costs only the pages touched),
+on --device cuda one torch tensor (torch is imported only on that path: ~2.7 s and 650 MB per process).
+A KVCache lays vLLM's regions over an arena back to back; block_descs turns any cache into NIXL dlists.
 
 Pattern: every 16-byte cell of a P block holds (coordinate word, offset word). The coordinate word packs
 engine tag, P rank, region and block id; the offset word packs the byte offset and a check value. A D
