@@ -30,7 +30,8 @@ def _status(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _call(op: str, context: str, fn: Any, *args: Any, **kw: Any) -> Any:
+def nixl_call(op: str, context: str, fn: Any, *args: Any, **kw: Any) -> Any:
+    """Call into NIXL's bindings; a failure becomes a NixlCallError naming the operation and NIXL's status."""
     try:
         return fn(*args, **kw)
     except NixlCallError:
@@ -68,8 +69,8 @@ class Agent:
             enable_prog_thread=progress_thread, enable_listen_thread=False, backends=[],
             capture_telemetry=telemetry,
         )
-        self._a = _call("create agent", name, nixl_agent, name, cfg)
-        _call("create backend UCX", name, self._a.create_backend, "UCX", params)
+        self._a = nixl_call("create agent", name, nixl_agent, name, cfg)
+        nixl_call("create backend UCX", name, self._a.create_backend, "UCX", params)
         self._registered: list[Any] = []
 
     @property
@@ -77,23 +78,23 @@ class Agent:
         return self._a
 
     def register(self, regions: Sequence[tuple[int, int, int]], mem_type: str) -> None:
-        descs = _call(
+        descs = nixl_call(
             "get_reg_descs", self.name, self._a.get_reg_descs,
             [(a, n, d, "") for a, n, d in regions], mem_type,
         )
-        _call("register_memory", self.name, self._a.register_memory, descs)
+        nixl_call("register_memory", self.name, self._a.register_memory, descs)
         self._registered.append(descs)
 
     def metadata(self) -> bytes:
         return bytes(self._a.get_agent_metadata())
 
     def add_remote(self, blob: bytes) -> str:
-        name = _call("add_remote_agent", self.name, self._a.add_remote_agent, blob)
+        name = nixl_call("add_remote_agent", self.name, self._a.add_remote_agent, blob)
         return name.decode() if isinstance(name, bytes) else str(name)
 
     def prep(self, agent: str, descs: np.ndarray, mem_type: str, context: str = "") -> Any:
-        xd = _call("get_xfer_descs", context or self.name, self._a.get_xfer_descs, descs, mem_type)
-        return _call("prep_xfer_dlist", context or agent, self._a.prep_xfer_dlist, agent, xd)
+        xd = nixl_call("get_xfer_descs", context or self.name, self._a.get_xfer_descs, descs, mem_type)
+        return nixl_call("prep_xfer_dlist", context or agent, self._a.prep_xfer_dlist, agent, xd)
 
     def read(
         self,
@@ -110,14 +111,14 @@ class Agent:
         lid = np.ascontiguousarray(local_ids, dtype=np.int32)
         rid = np.ascontiguousarray(remote_ids, dtype=np.int32)
         t0 = time.perf_counter()
-        h = _call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, lid, remote, rid, notif)
+        h = nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, lid, remote, rid, notif)
         try:
-            state = _call("transfer", context, self._a.transfer, h)
+            state = nixl_call("transfer", context, self._a.transfer, h)
             deadline = t0 + timeout_s
             while state not in ("DONE", "ERR"):
                 if time.perf_counter() > deadline:
                     raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {timeout_s:g} s", context)
-                state = _call("check_xfer_state", context, self._a.check_xfer_state, h)
+                state = nixl_call("check_xfer_state", context, self._a.check_xfer_state, h)
             if state == "ERR":
                 raise NixlCallError("transfer", "NIXL_ERR_BACKEND", "transfer state ERR", context)
             return time.perf_counter() - t0
@@ -125,7 +126,7 @@ class Agent:
             self._a.release_xfer_handle(h)
 
     def send_notif(self, agent: str, msg: bytes) -> None:
-        _call("send_notif", agent, self._a.send_notif, agent, msg)
+        nixl_call("send_notif", agent, self._a.send_notif, agent, msg)
 
     def notifs(self) -> dict[str, list[bytes]]:
         got = self._a.get_new_notifs()

@@ -24,7 +24,7 @@ from pdcheck.errors import NixlCallError
 from pdcheck.geometry import Geometry, read_source
 from pdcheck.kvcache import Arena, KVCache, block_descs, engine_tag, region_addrs
 from pdcheck.launcher import name_this_process
-from pdcheck.nixlagent import LOCAL, Agent, quiet_nixl_env
+from pdcheck.nixlagent import LOCAL, Agent, nixl_call, quiet_nixl_env
 
 BENCH_TAG = engine_tag("pdcheck-transfer-bench")  # the engine tag in every P block's coordinate cells
 
@@ -154,7 +154,7 @@ class Initiator:
             for q in range(msg.requests):
                 lids = tables.desc_ids(gd.num_regions, nb, tables_d[q])
                 rids = tables.desc_ids(gd.num_regions, nb, tables_p[q])
-                handles.append(_nixl("make_prepped_xfer", ctx, raw.make_prepped_xfer, "READ", lh, lids, rh, rids,
+                handles.append(nixl_call("make_prepped_xfer", ctx, raw.make_prepped_xfer, "READ", lh, lids, rh, rids,
                                      notif))
                 runs.append(tables.contiguous_runs(lids, bd, rids, bp, bd))
             make_us = (time.perf_counter() - t0) * 1e6 / max(1, msg.requests)
@@ -218,15 +218,6 @@ class Initiator:
             first_wrong=chk.first, memcpy=[mem_a, mem_b], wire=wire, prep_ms=prep_ms, make_us=make_us,
             verify_ms=verify_ms, cpu_s=cpu, working_set=used_d, telemetry_error=terr,
         )
-
-
-def _nixl(op: str, ctx: str, fn: Any, *args: Any) -> Any:
-    """A raw NIXL call whose failure names the operation and NIXL's status word."""
-    try:
-        return fn(*args)
-    except Exception as exc:  # the bindings raise their own nixl*Error classes
-        words = [w for w in str(exc).replace(":", " ").split() if w.startswith("NIXL_")]
-        raise NixlCallError(op, words[0] if words else type(exc).__name__, str(exc), ctx) from exc
 
 
 def bench_main(conn: Connection, spec_bytes: bytes) -> None:
