@@ -9,6 +9,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TypeVar
 
@@ -157,7 +158,10 @@ class _Ranks:
                 raise RankFailed(self._died(rank, what))
             if isinstance(msg, m.Failed):
                 # A READ from a rank that was killed fails on the reader first: name the cause, then the symptom.
-                dead = next((r for r in self.by_label.values() if r is not rank and not r.running()), None)
+                # The reader may hear of it before the killed rank's exit completes: give sentinels a moment.
+                others = [r for r in self.by_label.values() if r is not rank and not r.done]
+                ended = wait([r.proc.sentinel for r in others], timeout=0.5)
+                dead = next((r for r in others if r.proc.sentinel in ended), None)
                 failed = f"rank {lbl} failed while {what}: {msg.error}"
                 raise RankFailed(f"{self._died(dead, what)} ({failed})" if dead else failed)
             if not isinstance(msg, kind) or lbl not in pending:
