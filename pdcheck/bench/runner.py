@@ -173,7 +173,6 @@ class _Ranks:
         raise RankTimeout(f"rank(s) {', '.join(sorted(pending))} did not answer within {timeout:g} s while {what} "
                           "(raise --timeout for very large rows)")
 
-
     def _died(self, rank: Rank, what: str) -> str:
         rank.proc.join(0.5)  # its exit status, for how it ended
         lbl = f"{rank.role}{rank.tp_rank}"
