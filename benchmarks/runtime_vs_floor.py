@@ -35,27 +35,18 @@ SMALL_BLOCKS, LARGE_BLOCKS = 1000, 111680
 REQUESTS, BLOCKS_PER_REQUEST = 2, 32  # the scenario defaults pdcheck's transfer proof uses
 RELEASES = 2  # "0.10.0" + corrected: one handshake each per D rank
 
-SCENARIO = """name = "floor-t{t}-l{layers}-b{blocks}"
-vllm = ["0.10.0"]
-[prefill]
-engine_id = "floor-p"
-tp_size = {t}
-num_blocks = {blocks}
+SIDE = """[{side}]
+engine_id = "floor-{e}"
+tp_size = {{t}}
+num_blocks = {{blocks}}
 block_size = 16
-layers = {layers}
-kv_heads = {t}
-head_dim = 128
-dtype = "bfloat16"
-[decode]
-engine_id = "floor-d"
-tp_size = {t}
-num_blocks = {blocks}
-block_size = 16
-layers = {layers}
-kv_heads = {t}
+layers = {{layers}}
+kv_heads = {{t}}
 head_dim = 128
 dtype = "bfloat16"
 """
+SCENARIO = ('name = "floor-t{t}-l{layers}-b{blocks}"\nvllm = ["0.10.0"]\n'
+            + SIDE.format(side="prefill", e="p") + SIDE.format(side="decode", e="d"))
 # What the `pdcheck` console script runs (pdcheck.__main__:main); an installed script may predate this tree.
 PDCHECK = [sys.executable, "-m", "pdcheck"]
 BLOCK_LEN = 16 * 1 * 128 * 2  # block_size x one local head x head_dim x bf16

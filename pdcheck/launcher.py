@@ -142,7 +142,7 @@ class Rank:
 
     def send(self, msg: m.Msg) -> None:
         try:
-            self.conn.send_bytes(m.pack(msg))
+            m.send(self.conn, msg)
         except (BrokenPipeError, ConnectionResetError, OSError):
             pass  # the rank is gone; its sentinel reports that
 

@@ -3,6 +3,8 @@ per-rank results. msgspec msgpack over the launcher's pipes, never pickle."""
 
 from __future__ import annotations
 
+from multiprocessing.connection import Connection
+
 import msgspec
 
 
@@ -323,3 +325,12 @@ def pack(msg: Msg) -> bytes:
 
 def unpack(data: bytes) -> Msg:
     return _dec.decode(data)
+
+
+def send(conn: Connection, msg: Msg) -> None:
+    """One message over a launcher pipe (either end)."""
+    conn.send_bytes(pack(msg))
+
+
+def recv(conn: Connection) -> Msg:
+    return unpack(conn.recv_bytes())

@@ -39,14 +39,6 @@ def _gpu_index(device_id: int) -> int:
     return device_id % max(1, torch.cuda.device_count())
 
 
-def _send(conn: Connection, msg: m.Msg) -> None:
-    conn.send_bytes(m.pack(msg))
-
-
-def _recv(conn: Connection) -> m.Msg:
-    return m.unpack(conn.recv_bytes())
-
-
 # ---------------------------------------------------------------------------------------------- prefill
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
@@ -76,10 +68,10 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             "region_names": g.region_layers(), "region_members": [[n] for n in g.region_layers()],
         }
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
-        _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3, msgspec.msgpack.encode(values)))
-    serve = _recv(conn)
+    m.send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3, msgspec.msgpack.encode(values)))
+    serve = m.recv(conn)
     if not isinstance(serve, m.Serve):
         return
     ctx = zmq.Context()
@@ -97,9 +89,9 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         for lst in listeners:
             lst.close()
         ctx.destroy(0)
-        _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    _send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
+    m.send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
     name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
     inj = spec.inject
     p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
@@ -123,7 +115,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                         _log_line(f"listener {lst.fmt.name} :{lst.port} died on a request it could not unpack: "
                                   f"{lst.dead} (vLLM's listener thread ends here; later requests time out)")
             if conn.fileno() in events:
-                msg = _recv(conn)
+                msg = m.recv(conn)
                 if isinstance(msg, m.TagReq):
                     if not tagging:
                         tagging = True
@@ -133,7 +125,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
                     for p, region, block in inj.corrupt:
                         if p == spec.tp_rank and block in msg.blocks.get(region, []):
                             kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
-                    _send(conn, m.Tagged(msg.ticket))
+                    m.send(conn, m.Tagged(msg.ticket))
                 elif isinstance(msg, m.Stop):
                     stopping = True
             for peer, got in agent.notifs().items():
@@ -149,7 +141,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             lst.close()
         ctx.destroy(0)
     dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
-    _send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
+    m.send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
 
 
 def _log_line(text: str) -> None:
@@ -234,10 +226,10 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
         if spec.transfer:
             lists.get(kv.block_len, 0)  # vLLM prepares the local list at registration
     except Exception as exc:
-        _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    _send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
-    go = _recv(conn)
+    m.send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
+    go = m.recv(conn)
     if not isinstance(go, m.Go):
         return
     name_this_process(f"pdcheck-D{spec.tp_rank}:hs")
@@ -253,8 +245,8 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
         if ticket[0] == 0:
             name_this_process(f"pdcheck-D{spec.tp_rank}:xfer")
         ticket[0] += 1
-        _send(conn, m.TagReq(ticket[0], p_rank, blocks))
-        reply = _recv(conn)
+        m.send(conn, m.TagReq(ticket[0], p_rank, blocks))
+        reply = m.recv(conn)
         assert isinstance(reply, m.Tagged) and reply.ticket == ticket[0]
 
     tp_ratio = max(1, spec.tp_size // max(1, spec.params_tp_size))
@@ -282,5 +274,5 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
                 transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
     finally:
         zctx.destroy(0)
-    _send(conn, m.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
+    m.send(conn, m.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
                                bypassed, (time.perf_counter() - t1) * 1e3))

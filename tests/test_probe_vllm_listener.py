@@ -55,16 +55,28 @@ def _segment(release: str, name: str) -> str:
     raise LookupError(f"{name} not found in {release}")
 
 
-def _load(release: str) -> dict[str, Any]:
+def _zmq_ctx(bind: bool) -> Any:
+    """vLLM's zmq_ctx helper: a socket that binds (listener) or connects (decode), its context destroyed with
+    linger 0."""
+
     @contextlib.contextmanager
-    def zmq_ctx(socket_type: Any, addr: str) -> Any:  # vLLM's: ROUTER binds, context destroyed with linger 0
+    def zmq_ctx(socket_type: Any, addr: str) -> Any:
         ctx = zmq.Context()
         try:
             sock = ctx.socket(socket_type)
-            sock.bind(addr)
+            if bind:
+                sock.bind(addr)
+            else:
+                sock.connect(addr)
             yield sock
         finally:
             ctx.destroy(linger=0)
+
+    return zmq_ctx
+
+
+def _load(release: str) -> dict[str, Any]:
+    zmq_ctx = _zmq_ctx(bind=True)  # vLLM's listener: its ROUTER binds
 
     class KVConnectorHandshakeMetadata:  # vLLM's is an empty ABC
         pass
@@ -116,15 +128,7 @@ def with_vllm_handshake(release: str) -> dict[str, Any]:
     """The release's module namespace with its own decode-side `_nixl_handshake` compiled into it."""
     ns = _load(release)
 
-    @contextlib.contextmanager
-    def zmq_ctx(socket_type: Any, addr: str) -> Any:  # vLLM's: REQ connects, context destroyed with linger 0
-        ctx = zmq.Context()
-        try:
-            sock = ctx.socket(socket_type)
-            sock.connect(addr)
-            yield sock
-        finally:
-            ctx.destroy(linger=0)
+    zmq_ctx = _zmq_ctx(bind=False)  # vLLM's decode: its REQ connects
 
     ns.update(zmq_ctx=zmq_ctx, itertools=itertools)
     exec(compile(_segment(release, "_nixl_handshake"), f"<vllm {release} _nixl_handshake>", "exec"), ns)  # noqa: S102

@@ -43,14 +43,6 @@ def ucx_version() -> str:
     return "unknown"
 
 
-def _send(conn: Connection, msg: m.Msg) -> None:
-    conn.send_bytes(m.pack(msg))
-
-
-def _recv(conn: Connection) -> m.Msg:
-    return m.unpack(conn.recv_bytes())
-
-
 def _shape(s: m.BenchShape) -> ModelShape:
     return ModelShape(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
 
@@ -83,13 +75,13 @@ class Target:
                     continue
             elif not poll(0.001):
                 continue
-            msg = _recv(self.conn)
+            msg = m.recv(self.conn)
             if isinstance(msg, m.Row):
-                _send(self.conn, self.fill(msg))
+                m.send(self.conn, self.fill(msg))
             elif isinstance(msg, m.Poll):
-                _send(self.conn, m.Stats(time.process_time(), time.perf_counter() - self.t0, self.notifs))
+                m.send(self.conn, m.Stats(time.process_time(), time.perf_counter() - self.t0, self.notifs))
             elif isinstance(msg, m.Stop):
-                _send(self.conn, m.Bye(self.notifs))
+                m.send(self.conn, m.Bye(self.notifs))
                 return
 
     def fill(self, msg: m.Row) -> m.Filled:
@@ -101,7 +93,7 @@ class Target:
             src, offset = read_source(gp, gd, 0) or (0, 0)
             if src == s.tp_rank:  # decode rank 0 reads from this rank: flip a byte in the middle of its slice
                 region, i = divmod(msg.corrupt % (gp.num_regions * msg.blocks), msg.blocks)
-                block = int(np.frombuffer(msg.tables_p, dtype="<i8").reshape(msg.requests, -1)[0, i])
+                block = int(tables.table_of(msg.tables_p, msg.requests)[0, i])
                 self.arena.flip((region * msg.num_blocks + block) * gp.block_len + offset + gd.block_len // 2)
         self.arena.sync()
         return m.Filled((time.perf_counter() - t0) * 1e3)
@@ -118,16 +110,16 @@ class Initiator:
 
     def run(self) -> None:
         while True:
-            msg = _recv(self.conn)
+            msg = m.recv(self.conn)
             if isinstance(msg, m.Peers):
                 for p in msg.peers:
                     self.peers[p.rank] = p
                     self.names[p.rank] = self.agent.add_remote(p.metadata)
-                _send(self.conn, m.Ack())
+                m.send(self.conn, m.Ack())
             elif isinstance(msg, m.Row):
-                _send(self.conn, self.row(msg))
+                m.send(self.conn, self.row(msg))
             elif isinstance(msg, m.Stop):
-                _send(self.conn, m.Bye(0))
+                m.send(self.conn, m.Bye(0))
                 return
 
     def row(self, msg: m.Row) -> m.RankRow:
@@ -137,8 +129,8 @@ class Initiator:
         nb, bd, bp = msg.num_blocks, gd.block_len, gp.block_len
         kv = KVCache(gd, nb, arena=arena)
         peer, remote = self.peers[src], self.names[src]
-        tables_p = np.frombuffer(msg.tables_p, dtype="<i8").reshape(msg.requests, -1)
-        tables_d = np.frombuffer(msg.tables_d, dtype="<i8").reshape(msg.requests, -1)
+        tables_p = tables.table_of(msg.tables_p, msg.requests)
+        tables_d = tables.table_of(msg.tables_d, msg.requests)
         notif = f"pdcheck:{msg.index}".encode() if s.notif else b""
         ctx = f"row {msg.index} ({msg.block_tokens}-token blocks)"
 
@@ -199,8 +191,8 @@ class Initiator:
         except Exception as exc:  # telemetry is optional in NIXL builds; report why it is missing
             terr = f"{type(exc).__name__}: {exc}"
 
-        _send(self.conn, m.Armed())
-        go = _recv(self.conn)
+        m.send(self.conn, m.Armed())
+        go = m.recv(self.conn)
         if not isinstance(go, m.Measure):
             raise RuntimeError(f"expected Measure, got {type(go).__name__}")
         cpu0 = time.process_time()
@@ -234,7 +226,7 @@ def bench_main(conn: Connection, spec_bytes: bytes) -> None:
         agent = Agent(spec.agent_name, progress_thread=spec.progress_thread, error_mode=spec.error_mode,
                       telemetry=spec.role == "D")
         agent.register(arena.registration(), arena.mem_type)
-        _send(conn, m.BenchReady(spec.tp_rank, spec.agent_name, agent.metadata(), arena.addr, arena.nbytes,
+        m.send(conn, m.BenchReady(spec.tp_rank, spec.agent_name, agent.metadata(), arena.addr, arena.nbytes,
                                  arena.dev, ucx_version(), sorted(os.sched_getaffinity(0))))
         role = Target if spec.role == "P" else Initiator
         role(spec, agent, arena, conn).run()
@@ -244,6 +236,6 @@ def bench_main(conn: Connection, spec_bytes: bytes) -> None:
         text = " ".join(str(exc).split()) or type(exc).__name__
         print(f"{spec.role}{spec.tp_rank}: {type(exc).__name__}: {text}", flush=True)
         try:
-            _send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {text}"))
+            m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {text}"))
         except OSError:
             pass

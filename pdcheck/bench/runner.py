@@ -221,7 +221,7 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[in
     for row in plan.rows:
         what = f"row {row.label()}"
         msg = m.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
-                    row.num_blocks, _table(row.tables_p), _table(row.tables_d), cfg.corrupt)
+                    row.num_blocks, tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d), cfg.corrupt)
         ranks.send(ps, msg)
         filled = ranks.gather(ps, m.Filled, t, f"filling {what}")
         ranks.send(ds, msg)
@@ -243,10 +243,6 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[in
     ranks.send(labels, m.Stop())
     ranks.gather(labels, m.Bye, t, "stopping")
     return rows, ready, statistics.median(target_cpu) if target_cpu else None
-
-
-def _table(a: np.ndarray) -> bytes:
-    return np.ascontiguousarray(a, dtype="<i8").tobytes()
 
 
 def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target_cpu: float | None,

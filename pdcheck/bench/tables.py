@@ -61,6 +61,16 @@ def plan_row(index: int, block_tokens: int, tokens: int, requests: int, run_leng
     return RowPlan(index, block_tokens, tokens, blocks, requests, run, nb, tp_, td)
 
 
+def table_bytes(table: np.ndarray) -> bytes:
+    """A (requests, blocks) block table as it travels in messages.Row: raw little-endian int64."""
+    return np.ascontiguousarray(table, dtype="<i8").tobytes()
+
+
+def table_of(data: bytes, requests: int) -> np.ndarray:
+    """The (requests, blocks) block table back from table_bytes."""
+    return np.frombuffer(data, dtype="<i8").reshape(requests, -1)
+
+
 def desc_ids(regions: int, num_blocks: int, table: np.ndarray) -> np.ndarray:
     """vLLM descriptor ids for one request, region-major: region * num_blocks + block_id (int32 for NIXL)."""
     ids = np.arange(regions, dtype=np.int64)[:, None] * num_blocks + table[None, :]
