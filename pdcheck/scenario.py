@@ -17,8 +17,6 @@ from pdcheck import bounds as b
 from pdcheck.errors import BadInput
 from pdcheck.geometry import DTYPE_BYTES, Geometry
 
-Pos = Annotated[int, msgspec.Meta(ge=1)]
-NonNeg = Annotated[int, msgspec.Meta(ge=0)]
 Port = Annotated[int, msgspec.Meta(ge=b.MIN_BASE_PORT, le=65535)]
 Status = Literal["ok", "assert", "silent", "error", "hang"]
 # Bounds (pdcheck/bounds.py, README "Input bounds"): checked while decoding, so a flag gets the same check.

@@ -167,14 +167,6 @@ def engine_id_matches(exc_message: str = "0.10") -> Check:
     )
 
 
-def remote_block_size_corrected(ctx: Ctx) -> int:
-    """Token block size implied by the P block when the era does not advertise block_size."""
-    g = ctx.local.geometry
-    elem_heads = g.elem_size * g.head_dim * (1 if g.use_mla else max(1, g.total_kv_heads // ctx.remote_tp_size))
-    size = ctx.remote_block_len() // elem_heads
-    return size // 2 if g.joint_kv else size
-
-
 # ---- 0.10.1 - 0.34 (eras D - H) ------------------------------------------------------------------------------
 # Shared steps of the later release files. Only additions: the steps above keep their behaviour.
 

@@ -19,7 +19,6 @@ from pdcheck.releases.v0_20 import HEAD_20, PREP_24
 from pdcheck.releases.v0_26 import HASH_0_28, MODEL_0_28
 
 HASH_0_29 = tuple(k for k in HASH_0_28 if k != "cross_layers_blocks")
-HASH_0_31 = HASH_0_29  # kept for importers
 
 
 MSG_REGION_NAMES = "NIXL transfer regions must name the same model caches in the same order"

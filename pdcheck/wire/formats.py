@@ -24,7 +24,6 @@ class WireFormat:
     request: Literal["raw", "tp", "pp_tp"]
     reply_frames: int  # H: payload + msgpack(perf_counter)
     wrapped: bool  # G/H: NixlHandshakePayload{compatibility_hash, agent_metadata_bytes}
-    default_port: int
 
     @property
     def schema_type(self) -> type:
@@ -39,19 +38,19 @@ class WireFormat:
 FORMATS: dict[str, WireFormat] = {
     f.name: f
     for f in (
-        WireFormat("A", "A", "per_rank", "raw", 1, False, 5557),
-        WireFormat("B", "B", "per_rank", "raw", 1, False, 5557),
-        WireFormat("C", "C", "per_rank", "raw", 1, False, 5557),
-        WireFormat("D", "D", "per_rank", "raw", 1, False, 5557),
-        WireFormat("E", "E", "per_rank", "raw", 1, False, 5557),
-        WireFormat("F", "F", "per_dp", "tp", 1, False, 5600),
-        WireFormat("G", "G", "per_dp", "tp", 1, True, 5600),
-        WireFormat("G18", "G18", "per_dp", "tp", 1, True, 5600),
-        WireFormat("G20", "G20", "per_dp", "tp", 1, True, 5600),
-        WireFormat("G24", "G24", "per_dp", "tp", 1, True, 5600),
-        WireFormat("H", "H", "per_dp", "pp_tp", 2, True, 5600),
-        WireFormat("H31", "H31", "per_dp", "pp_tp", 2, True, 5600),
-        WireFormat("H34", "H34", "per_dp", "pp_tp", 2, True, 5600),
+        WireFormat("A", "A", "per_rank", "raw", 1, False),
+        WireFormat("B", "B", "per_rank", "raw", 1, False),
+        WireFormat("C", "C", "per_rank", "raw", 1, False),
+        WireFormat("D", "D", "per_rank", "raw", 1, False),
+        WireFormat("E", "E", "per_rank", "raw", 1, False),
+        WireFormat("F", "F", "per_dp", "tp", 1, False),
+        WireFormat("G", "G", "per_dp", "tp", 1, True),
+        WireFormat("G18", "G18", "per_dp", "tp", 1, True),
+        WireFormat("G20", "G20", "per_dp", "tp", 1, True),
+        WireFormat("G24", "G24", "per_dp", "tp", 1, True),
+        WireFormat("H", "H", "per_dp", "pp_tp", 2, True),
+        WireFormat("H31", "H31", "per_dp", "pp_tp", 2, True),
+        WireFormat("H34", "H34", "per_dp", "pp_tp", 2, True),
     )
 }
 

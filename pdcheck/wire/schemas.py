@@ -176,14 +176,3 @@ def field_names(schema: type) -> list[str]:
     if dataclasses.is_dataclass(schema):
         return [f.name for f in dataclasses.fields(schema)]
     return list(schema.__struct_fields__)  # type: ignore[attr-defined]
-
-
-def required_fields(schema: type) -> list[str]:
-    if dataclasses.is_dataclass(schema):
-        return [
-            f.name for f in dataclasses.fields(schema)
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-        ]
-    defaults = len(schema.__struct_defaults__)  # type: ignore[attr-defined]
-    names = list(schema.__struct_fields__)  # type: ignore[attr-defined]
-    return names[: len(names) - defaults]
