@@ -182,8 +182,7 @@ def handshake(
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
-    from pdcheck import handshake as hs
-    from pdcheck.releases import resolve_many
+    from pdcheck import plan as pl
     from pdcheck.scenario import load
 
     # Every check before any process starts: flags, file, releases, port layout, device.
@@ -209,16 +208,15 @@ def handshake(
         _report_missing(fl, overrides)
     else:
         sc = load(scenario, overrides, max_tp)
-    releases = (resolve_many(vllm) if vllm is not None
-                else resolve_many(",".join(sc.vllm), f"{sc.source}: vllm"))
-    endpoint = None
+    live = None
     if prefill_endpoint is not None:
         from pdcheck.probe import parse_endpoint
 
-        endpoint = parse_endpoint(prefill_endpoint, "--prefill-endpoint")
-    else:
-        hs.plan_ports(sc, releases)
-    inj = _parse_inject(inject or [], sc.prefill.tp_size)
+        live = pl.LiveP(*parse_endpoint(prefill_endpoint, "--prefill-endpoint"), tp_given=tp_given)
+    options = pl.RunOptions(device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000),
+                            run_timeout_s=timeout, start_timeout_s=timeout,
+                            inject=_parse_inject(inject or [], sc.prefill.tp_size))
+    run_plan = pl.build(sc, vllm, options, live=live, ray=ray)  # releases resolved and ports laid out once
     bounds.check_device(device)
     if ray is not None:
         if prefill_endpoint is not None:
@@ -229,14 +227,15 @@ def handshake(
 
         if importlib.util.find_spec("ray") is None:
             raise BadInput("--ray: Ray is not installed here (pip install 'pdcheck[ray]')")
+    if live is not None:
+        from pdcheck.live import run as runner
+    else:
+        from pdcheck.handshake import run as runner
     with progress.stderr_progress(enabled=not json_out) as tick:
-        rep = hs.run(sc, releases, hs.Options(
-            device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
-            start_timeout_s=timeout, inject=inj, progress=tick, prefill_endpoint=endpoint,
-            prefill_tp_given=tp_given, ray=ray))
+        rep = report.build(runner(run_plan.with_progress(tick)))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
-    elif len(releases) > 2:
+    elif len(run_plan.releases) > 2:
         console = _console()
         report.render_matrix(rep, console)
         report.render_live(rep, console)
@@ -312,11 +311,11 @@ def smoke(
 ) -> None:
     """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
     from pdcheck import bounds
-    from pdcheck import handshake as hs
     from pdcheck import smoke as sm
+    from pdcheck.plan import RunOptions
 
     bounds.check_timeouts(hang_timeout)
-    rep = sm.run(directory, hs.Options(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
+    rep = sm.run(directory, RunOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
     if junit is not None:
         try:
             junit.write_bytes(sm.junit(rep))

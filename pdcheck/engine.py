@@ -6,15 +6,15 @@ and in unit tests. The result is an Outcome: ok / assert / silent / error / hang
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
+from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
 from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
 from pdcheck.releases.rules import already_added
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
-StatusT = Literal["ok", "assert", "silent", "error", "hang"]
+StatusT = m.Status
 
 
 class FetchTimeout(Exception):
@@ -32,23 +32,16 @@ class Params:
     enforce_hash: bool = True
 
 
-@dataclass
-class Outcome:
-    status: StatusT = "ok"
-    exception: str | None = None
-    check: str | None = None
-    assert_expr: str | None = None
-    message: str | None = None
-    hazard: str | None = None
-    handshake: int | None = None  # 1-based index of the handshake where it stopped
-    remote_rank: int | None = None
-    contacted: list[int] = field(default_factory=list)
-    recorded_num_blocks: int | None = None
-    rank_num_blocks: dict[int, int] = field(default_factory=dict)  # what each contacted rank advertised
-    stride: int | None = None  # remote descriptor-id stride the release will use
-    prepared: list[Prepared] = field(default_factory=list)
+class Outcome(m.Verdict):
+    """The Verdict the D rank reports (Outcome.verdict()), plus what the transfer proof needs in-process."""
+
+    prepared: list[Prepared] = []
     local_num_blocks: int = 0
-    findings: list[str] = field(default_factory=list)
+    findings: list[str] = []
+
+    def verdict(self) -> m.Verdict:
+        """The verdict alone, every Verdict field as the engine set it; the in-process state stays here."""
+        return m.Verdict(**{f: getattr(self, f) for f in m.Verdict.__struct_fields__})
 
 
 class _Stop(Exception):

@@ -13,8 +13,9 @@ MLA: one region per layer, block = [block_size, latent_dim] (head_dim is the lat
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Literal
+
+import msgspec
 
 KVRegions = Literal["split", "blocks_first", "packed"]
 
@@ -23,8 +24,9 @@ DTYPE_BYTES: dict[str, int] = {
 }
 
 
-@dataclass(frozen=True)
-class Geometry:
+class Geometry(msgspec.Struct, frozen=True):
+    """One rank's KV geometry; it travels to the rank inside its spec message as it is (msgspec)."""
+
     tp_size: int
     block_size: int  # tokens per block
     layers: int

@@ -11,7 +11,6 @@ thread of a live instance (reference §3.2, H15). The report names the releases 
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import msgspec
@@ -19,26 +18,15 @@ import msgspec
 from pdcheck import handshake as hs
 from pdcheck import messages as m
 from pdcheck import probe
-from pdcheck import report as rp
-from pdcheck.errors import BadInput
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
+from pdcheck.plan import TAG_BLOCKS, Plan, d_release, make_requests
+from pdcheck.ports import layout_base
 from pdcheck.ranks import decode_main
-from pdcheck.releases import CORRECTED, for_release, resolve
+from pdcheck.releases import CORRECTED
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.scenario import Scenario
-from pdcheck.serve import TAG_BLOCKS
+from pdcheck.results import Live, RunResult, Timings
 from pdcheck.wire import FORMATS, WireFormat, encode_request, parse_request
-
-
-def prefill_release(sc: Scenario, releases: list[ReleaseModel]) -> ReleaseModel:
-    """The release the live P runs: prefill.vllm, else the one release modelled."""
-    if sc.prefill.vllm:
-        return resolve(sc.prefill.vllm)
-    if len(releases) == 1:
-        return releases[0]
-    raise BadInput("--prefill-endpoint: name the release the live P runs (--prefill-vllm, prefill.vllm in the scenario, or a "
-                   "single --vllm): pdcheck only sends a live P requests of its own era")
 
 
 def kills_listener(p_fmt: WireFormat, d_fmt: WireFormat) -> str | None:
@@ -52,15 +40,16 @@ def kills_listener(p_fmt: WireFormat, d_fmt: WireFormat) -> str | None:
     return None
 
 
-def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str, port: int) -> rp.Report:
+def run(plan: Plan) -> RunResult:
+    assert plan.live is not None and plan.p_release is not None, "a fake P's plan runs through pdcheck.handshake"
     t0 = time.perf_counter()
-    p_rel = prefill_release(sc, releases)
+    host, port, opts = plan.live.host, plan.live.port, plan.options
+    sc, releases, p_rel = plan.scenario, plan.releases, plan.p_release
     p_fmt = FORMATS[p_rel.wire]
     d = sc.decode
     ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
-                                             tp_size=sc.prefill.tp_size if opts.prefill_tp_given else None,
-                                             timeout_ms=opts.hang_timeout_ms,
-                                             hint=for_release(p_rel, sc.prefill.geometry()))
+                                             tp_size=sc.prefill.tp_size if plan.live.tp_given else None,
+                                             timeout_ms=opts.hang_timeout_ms, hint=plan.p_geometry)
     p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes, p_rel)
     sc = msgspec.structs.replace(sc, prefill=p)
     for r in ranks:
@@ -75,15 +64,12 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
         else:
             skipped[rel.name] = (f"not run: its era-{rel.wire} request would kill the live P's era-{p_rel.wire} "
                                  f"listener thread ({why}; H15)")
-    requests = hs.make_requests(sc, p_limit=TAG_BLOCKS)
-
-    def d_release(r: ReleaseModel) -> m.DRelease:
-        wire = p_rel.wire if r is CORRECTED else r.wire  # corrected reads whatever P speaks
-        base = hs.layout_base(wire, port, p.dp_rank, p.tp_size)
-        return m.DRelease(r.name, base, p_rel.wire, hs.compat_hash_for(r, d))
-
-    d_rels = [d_release(x) for x in [*run_rels, CORRECTED]]  # once: each computes a compatibility hash
-    d_geom = dataclasses.asdict(hs.kv_geometry(d, [p_rel]))  # the live P's KV layout
+    requests = make_requests(sc, p_limit=TAG_BLOCKS)
+    # The live P's layout from its probed TP size; corrected reads whatever P speaks. Once: each entry
+    # computes a compatibility hash.
+    d_rels = [d_release(r, layout_base(p_rel.wire if r is CORRECTED else r.wire, port, p.dp_rank, p.tp_size),
+                        p_rel.wire, d) for r in [*run_rels, CORRECTED]]
+    d_geom = plan.d_geometry  # the live P's KV layout
     harness: list[str] = []
     with launcher() as lau:
         d_ranks = {
@@ -102,20 +88,19 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
             rank.send(m.Go())
         results, _finals = hs._collect(lau, {}, d_ranks, opts, harness)
     t_end = time.perf_counter()
-    timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
-                         setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
+    timings = Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
+                      setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
     # The live P's ranks run behind its endpoint, not here.
-    rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings,
-                   {f"P rank {r}": host for r in range(p.tp_size)})
-    rep.live = rp.Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire,
-                       probe=ranks, skipped=skipped, content=_content(rep, opts.transfer), notes=notes)
-    return rep
+    live = Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire, probe=ranks,
+                skipped=skipped, content=_content(results, opts.transfer), notes=notes)
+    return RunResult(sc, run_rels, opts.device, requests, results, {}, harness, timings,
+                     {f"P rank {r}": host for r in range(p.tp_size)}, live)
 
 
-def _content(rep: rp.Report, transfer: bool) -> str:
+def _content(results: dict[int, m.DecodeResult], transfer: bool) -> str:
     if not transfer:
         return "not read (--no-transfer)"
-    seen = {t.status for d in rep.decode_ranks for t in (d.transfer or {}).values()}
+    seen = {t.status for d in results.values() for t in (d.transfer or {}).values()}
     if "arrived" in seen:
         return ("bytes arrived (READ DONE), content not checkable: the live P's blocks carry no pdcheck "
                 "coordinate tags; a real vLLM instance's KV cannot be verified from outside")

@@ -4,8 +4,14 @@ per-rank results. msgspec msgpack over the launcher's pipes, never pickle."""
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
+from typing import Literal
 
 import msgspec
+
+from pdcheck.geometry import Geometry
+from pdcheck.wire.schemas import AnyMeta
+
+Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict
 
 
 class Inject(msgspec.Struct, frozen=True):
@@ -30,7 +36,7 @@ class PrefillSpec(msgspec.Struct, frozen=True):
     device_id: int
     device: str
     host: str
-    geometry: dict[str, object]
+    geometry: Geometry
     kv_cache_layout: str
     inject: Inject
     log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
@@ -63,7 +69,7 @@ class DecodeSpec(msgspec.Struct, frozen=True):
     num_blocks: int
     device_id: int
     device: str
-    geometry: dict[str, object]
+    geometry: Geometry
     kv_cache_layout: str
     releases: list[DRelease]  # "corrected" included
     p_host: str
@@ -81,12 +87,12 @@ class Ready(msgspec.Struct, tag=True):
     tp_rank: int
     agent: str
     setup_ms: float
-    values: bytes = b""  # P: msgpack of this rank's metadata values, for per-DP listeners on P rank 0
+    values: AnyMeta | None = None  # P: this rank's metadata values, for per-DP listeners on P rank 0
 
 
 class Serve(msgspec.Struct, tag=True):
     listeners: list[ListenerSpec]
-    values: dict[int, bytes]  # P rank -> metadata values (msgpack)
+    values: dict[int, AnyMeta]  # P rank -> its metadata values
 
 
 class Serving(msgspec.Struct, tag=True):
@@ -154,18 +160,21 @@ class TransferResult(msgspec.Struct):
 
 
 class Verdict(msgspec.Struct):
-    status: str
-    assert_expr: str | None
-    message: str | None
-    recorded_num_blocks: int | None
-    contacted: list[int]
+    """One release's handshake on one D rank, as the engine finds it (engine.Outcome is this plus in-process
+    state) and as the report's JSON shows it."""
+
+    status: Status = "ok"
+    assert_expr: str | None = None
+    message: str | None = None
+    recorded_num_blocks: int | None = None
+    contacted: list[int] = []
     exception: str | None = None
     check: str | None = None
     hazard: str | None = None
-    handshake: int | None = None
+    handshake: int | None = None  # 1-based index of the handshake where it stopped
     remote_rank: int | None = None
-    stride: int | None = None
-    rank_num_blocks: dict[int, int] = {}
+    stride: int | None = None  # remote descriptor-id stride the release will use
+    rank_num_blocks: dict[int, int] = {}  # what each contacted rank advertised
 
 
 class DecodeResult(msgspec.Struct, tag=True):

@@ -24,12 +24,12 @@ from pdcheck.engine import FetchTimeout
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
+from pdcheck.ports import rank_port
 from pdcheck.releases.base import ReleaseModel
+from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
-
-Status = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
 
 Opt = typer.Option
 PROBE = "Probe"
@@ -41,31 +41,6 @@ EPILOG = """[bold]Examples[/]
   pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
 
 Read-only. Exit codes: 0 ok, 1 a hazard fires or a reply is refused, 2 bad input, 3 no reply."""
-
-
-class ProbeRank(msgspec.Struct, kw_only=True):
-    tp_rank: int
-    port: int
-    status: Status
-    message: str | None = None  # why a reply was refused, as the release would raise it
-    reply_ms: float | None = None
-    frames: int | None = None
-    reply_bytes: int | None = None
-    era_seen: str | None = None  # the era the reply looks like (tolerant decode), when it is not the expected one
-    engine_id: str | None = None
-    agent_name: str | None = None
-    num_blocks: int | None = None
-    block_len: int | None = None
-    block_lens: list[int] | None = None
-    block_size: int | None = None
-    layout: str | None = None
-    device_id: int | None = None
-    tp_size: int | None = None
-    attn_backend: str | None = None
-    regions: int | None = None
-    compat_hash: str | None = None
-    compat_hash_expected: str | None = None  # what a D of this release with the decode configuration computes
-    hash_match: bool | None = None
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
@@ -93,13 +68,6 @@ def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise BadInput(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:5600)")
     return host, int(port)
-
-
-def rank_port(fmt: WireFormat, base: int, dp_rank: int, tp_size: int, tp_rank: int) -> int:
-    """Where P rank `tp_rank` answers: A-E each worker on base + dp*tp + rank, F-H the scheduler on base + dp."""
-    if fmt.port_scheme == "per_rank":
-        return base + dp_rank * tp_size + tp_rank
-    return base + dp_rank
 
 
 def agent_name(blob: bytes) -> str | None:
@@ -194,7 +162,7 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
         n = tp_size
         r = 0
         while n is None or r < n:
-            port = rank_port(fmt, base, dp_rank, n or 1, r)
+            port = rank_port(fmt.name, base, dp_rank, n or 1, r)
             pr, meta = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash)
             if r == 0 and pr.status == "no_reply":
                 raise HarnessError(f"probe: {pr.message}")

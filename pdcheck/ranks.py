@@ -17,20 +17,16 @@ import numpy as np
 import zmq
 
 from pdcheck import messages as m
-from pdcheck.engine import Outcome, Params, run
-from pdcheck.geometry import Geometry
+from pdcheck.engine import Params, run
 from pdcheck.kvcache import KVCache, block_descs, engine_tag
 from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, no_memory_hooks, quiet_nixl_env
+from pdcheck.ports import rank_offset
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
 from pdcheck.sidechannel import Listener, fetch
 from pdcheck.transfer import LocalLists, prove
-from pdcheck.wire import FORMATS, WireFormat, encode_reply
-
-
-def _geometry(d: dict[str, Any]) -> Geometry:
-    return Geometry(**d)  # type: ignore[arg-type]
+from pdcheck.wire import FORMATS, AnyMeta, WireFormat, encode_reply
 
 
 def _gpu_index(device_id: int) -> int:
@@ -47,7 +43,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
     no_memory_hooks(spec.device)
     t0 = time.perf_counter()
     try:
-        g = _geometry(spec.geometry)
+        g = spec.geometry
         agent = Agent(f"{spec.engine_id}-p{spec.tp_rank}")
         kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
                      spec.kv_cache_layout)
@@ -57,27 +53,27 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             every = np.arange(min(spec.tag_blocks, spec.num_blocks))
             for region in range(len(kv.views)):  # region by region: bounds the pattern's memory
                 kv.tag(engine_tag(spec.engine_id), spec.tp_rank, region, every)
-        values = {
-            "engine_id": spec.engine_id, "agent_metadata": agent.metadata(), "kv_caches_base_addr": kv.base_addrs,
-            "num_blocks": spec.num_blocks, "tp_size": spec.tp_size, "block_len": g.block_len,
-            "block_lens": [g.block_len] * g.num_regions, "block_strides": [g.block_len] * g.num_regions,
-            "attn_backend_name": g.attn_backend, "kv_cache_layout": spec.kv_cache_layout,
-            "device_id": spec.device_id, "block_size": g.block_size, "ssm_sizes": (0, 0),
-            "physical_blocks_per_logical_kv_block": 1,
+        values = AnyMeta(
+            engine_id=spec.engine_id, agent_metadata=agent.metadata(), kv_caches_base_addr=kv.base_addrs,
+            num_blocks=spec.num_blocks, tp_size=spec.tp_size, block_len=g.block_len,
+            block_lens=[g.block_len] * g.num_regions, block_strides=[g.block_len] * g.num_regions,
+            attn_backend_name=g.attn_backend, kv_cache_layout=spec.kv_cache_layout,
+            device_id=spec.device_id, block_size=g.block_size, ssm_sizes=(0, 0),
+            physical_blocks_per_logical_kv_block=1,
             # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
-            "region_names": g.region_layers(), "region_members": [[n] for n in g.region_layers()],
-        }
+            region_names=g.region_layers(), region_members=[[n] for n in g.region_layers()],
+        )
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
         m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
         return
-    m.send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3, msgspec.msgpack.encode(values)))
+    m.send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3, values))
     serve = m.recv(conn)
     if not isinstance(serve, m.Serve):
         return
     ctx = zmq.Context()
     listeners: list[Listener] = []
     try:
-        per_rank = {r: msgspec.msgpack.decode(v) for r, v in serve.values.items()}
+        per_rank = serve.values
         for ls in serve.listeners:
             fmt = FORMATS[ls.wire]
             frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
@@ -182,7 +178,7 @@ class RealIO:
 
     def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
         # D addresses P by its own era's port scheme; P may speak another era (cross-release pairs).
-        layout = self.rel.p_base_port + (p_rank if fmt.port_scheme == "per_rank" else 0)
+        layout = self.rel.p_base_port + rank_offset(fmt.name, p_rank)
         # Only ports this run bound: a layout port no listener of ours serves goes to our silent port. Against a
         # live P (--prefill-endpoint) the user named the instance, and its layout ports are its real ports.
         port = layout if self.spec.live else self.go.ports.get(layout, self.go.silent)
@@ -202,14 +198,6 @@ class RealIO:
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")
 
 
-def _verdict(o: Outcome) -> m.Verdict:
-    return m.Verdict(
-        status=o.status, assert_expr=o.assert_expr, message=o.message, recorded_num_blocks=o.recorded_num_blocks,
-        contacted=o.contacted, exception=o.exception, check=o.check, hazard=o.hazard, handshake=o.handshake,
-        remote_rank=o.remote_rank, stride=o.stride, rank_num_blocks=o.rank_num_blocks,
-    )
-
-
 def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
     name_this_process(f"pdcheck-D{spec.tp_rank}")
@@ -217,7 +205,7 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
     no_memory_hooks(spec.device)
     t0 = time.perf_counter()
     try:
-        g = _geometry(spec.geometry)
+        g = spec.geometry
         agent = Agent(f"{spec.engine_id}-d{spec.tp_rank}")
         kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
                      spec.kv_cache_layout)
@@ -257,14 +245,14 @@ def decode_main(conn: Connection, spec_bytes: bytes) -> None:
             params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
             io = RealIO(zctx, spec, agent, kv, rel, go)
             out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
-            verdicts[name] = _verdict(out)
+            verdicts[name] = out.verdict()
             if not spec.transfer:
                 continue
             if model is not CORRECTED and out.status in ("assert",):
                 # Show what the release would have delivered with its asserts stripped (python -O).
                 io = RealIO(zctx, spec, agent, kv, rel, go)
                 out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
-                bypassed[name] = _verdict(out)
+                bypassed[name] = out.verdict()
             if out.status in ("ok", "silent"):
                 transfers[name] = prove(
                     agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles, lists=lists,

@@ -1,4 +1,5 @@
-"""The handshake report: one msgspec document (--json) and a rich rendering of the same data."""
+"""The handshake report: built from a run's results, one msgspec document (--json) and a rich rendering of the
+same data."""
 
 from __future__ import annotations
 
@@ -12,22 +13,13 @@ from pdcheck import __version__
 from pdcheck import messages as m
 from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
-from pdcheck.probe import ProbeRank
 from pdcheck.releases import CORRECTED
-from pdcheck.releases.base import ReleaseModel
-from pdcheck.scenario import Scenario
+from pdcheck.results import Live, RunResult, Timings
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: a --json run never imports it
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
-
-
-class Timings(msgspec.Struct):
-    start_s: float  # launching every rank until all are registered and listening
-    run_s: float  # handshakes and transfers
-    total_s: float
-    setup_ms: dict[str, float] = {}
 
 
 class DecodeRank(msgspec.Struct):
@@ -53,18 +45,6 @@ class PrefillRank(msgspec.Struct):
 class FailSpan(msgspec.Struct):
     fails: list[str]  # consecutive modelled releases (by number) that fail
     fixed_in: str | None  # the next modelled release, which survives; None: none after them does
-
-
-class Live(msgspec.Struct):
-    """--prefill-endpoint: what the live P was found to be, and what could be checked."""
-
-    endpoint: str
-    prefill_release: str
-    prefill_wire: str
-    probe: list[ProbeRank]
-    skipped: dict[str, str]  # release -> why it was not run against the live P
-    content: str  # whether READ blocks could be verified
-    notes: list[str] = []
 
 
 class Report(msgspec.Struct):
@@ -102,20 +82,19 @@ def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
     return msgspec.structs.replace(v, status=status, message=t.message)
 
 
-def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: list[m.Req],
-          results: dict[int, m.DecodeResult], finals: dict[int, m.PrefillFinal], harness: list[str],
-          timings: Timings, nodes: dict[str, str] | None = None) -> Report:
-    """nodes: rank label ('P rank 0') -> where it ran; default this host."""
+def build(res: RunResult) -> Report:
+    """The report of one run: verdicts folded with the transfer proof, the hazards, the exit code."""
+    sc, releases, results, finals, harness = res.scenario, res.releases, res.decode, res.prefill, res.harness
     here = socket.gethostname()
-    nodes = nodes or {}
+    nodes = res.nodes
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
     for r in range(sc.decode.tp_size):
-        res = results.get(r)
-        if res is None:
+        dr = results.get(r)
+        if dr is None:
             continue
-        verdicts = {k: _fold_transfer(v, (res.transfer or {}).get(k)) for k, v in res.verdicts.items()}
-        decode.append(DecodeRank(r, res.num_blocks, sc.decode.device_id(r), verdicts, res.transfer, res.bypassed,
+        verdicts = {k: _fold_transfer(v, (dr.transfer or {}).get(k)) for k, v in dr.verdicts.items()}
+        decode.append(DecodeRank(r, dr.num_blocks, sc.decode.device_id(r), verdicts, dr.transfer, dr.bypassed,
                                  nodes.get(f"D rank {r}", here)))
     prefill = [
         PrefillRank(r, sc.prefill.blocks()[r], sc.prefill.device_id(r),
@@ -130,13 +109,13 @@ def build(sc: Scenario, releases: list[ReleaseModel], device: str, requests: lis
     matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
     spans = fail_spans(survives) if not harness else []
     return Report(
-        tool="pdcheck", version=__version__, scenario=sc.name, source=sc.source, releases=names, device=device,
+        tool="pdcheck", version=__version__, scenario=sc.name, source=sc.source, releases=names, device=res.device,
         decode_ranks=decode, prefill_ranks=prefill,
         num_blocks_spread={"prefill": spread(sc.prefill.blocks()), "decode": spread(sc.decode.blocks())},
-        hazards=evaluate(sc, releases), requests=requests, harness_errors=harness, survives=survives,
-        matrix=matrix, first_surviving=next((n for n in names if survives[n]), None), exit_code=code, timings=timings,
-        fails=[n for sp in spans for n in sp.fails], fixed_in=spans[-1].fixed_in if spans else None,
-        fail_spans=spans,
+        hazards=evaluate(sc, releases), requests=res.requests, harness_errors=harness, survives=survives,
+        matrix=matrix, first_surviving=next((n for n in names if survives[n]), None), exit_code=code,
+        timings=res.timings, fails=[n for sp in spans for n in sp.fails], fixed_in=spans[-1].fixed_in if spans else None,
+        fail_spans=spans, live=res.live,
     )
 
 

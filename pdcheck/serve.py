@@ -8,7 +8,6 @@ on stderr. The first stdout line (with --json) is the ready document: endpoints 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
@@ -27,13 +26,11 @@ from pdcheck import messages as m
 from pdcheck.bounds import MIN_BASE_PORT
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
+from pdcheck.plan import TAG_BLOCKS, ServeOptions, ServePlan, build_serve
 from pdcheck.ranks import prefill_main
-from pdcheck.releases import for_release, resolve
+from pdcheck.releases import resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
-from pdcheck.wire import FORMATS
-
-TAG_BLOCKS = 4096  # default: blocks [0, 4096) of every region carry coordinate tags (RAM stays bounded)
 
 Opt = typer.Option
 SERVE = "Serve"
@@ -86,41 +83,6 @@ class Ready(msgspec.Struct):
     version_url: str | None = None  # --api-port: GET answers {"version": release} as vLLM's /version does
 
 
-@dataclasses.dataclass(frozen=True)
-class Options:
-    port: int | None = None  # base port; None: OS-chosen
-    tag_blocks: int = TAG_BLOCKS
-    duration_s: float | None = None  # serve this long, then stop (tests, scripts); None: until a signal
-    api_port: int | None = None  # serve vLLM's GET /version here (0: OS-chosen), for `probe --vllm auto`
-    start_timeout_s: float = 60.0
-    device: str = "cpu"
-
-
-def free_base(host: str, n: int, attempts: int = 50) -> int:
-    """An OS-chosen port with the n-1 ports above it free too (per-worker eras lay ranks out contiguously)."""
-    for _ in range(attempts):
-        held: list[socket.socket] = []
-        try:
-            fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-            s = socket.socket(fam, socket.SOCK_STREAM)
-            held.append(s)
-            s.bind((host, 0))
-            base = s.getsockname()[1]
-            if base + n - 1 > 65535:
-                continue
-            for k in range(1, n):
-                t = socket.socket(fam, socket.SOCK_STREAM)
-                held.append(t)
-                t.bind((host, base + k))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in held:
-                s.close()
-    raise HarnessError(f"serve: no {n} consecutive free ports on {host}")
-
-
 def _v(release: ReleaseModel) -> tuple[int, ...]:
     return tuple(int(x) for x in (release.version or release.versions[0]).split(".")[:3])
 
@@ -155,34 +117,14 @@ def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, t
     return out
 
 
-def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[Ready], None],
-        log: Callable[[str], None]) -> int:
+def run(served: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], None]) -> int:
     """Start P's ranks, call on_ready, serve until SIGTERM/SIGINT or duration. Returns the exit code."""
+    sc, release, opts = served.scenario, served.release, served.options
     p = sc.prefill
-    host = p.host  # the scenario's, or --host / --prefill-host (loopback by default)
-    fmt = FORMATS[release.wire]
-    n_ports = p.tp_size if fmt.port_scheme == "per_rank" else 1
-    # --port, else the scenario's prefill.base_port (or --prefill-base-port), else ports the OS picks.
-    port = opts.port if opts.port is not None else p.base_port
-    if port is not None:
-        base = port
-        top = hs.layout_base(release.wire, base, p.dp_rank, p.tp_size) + n_ports - 1
-        if top > 65535:
-            where = "--port" if opts.port is not None else "prefill.base_port"
-            raise BadInput(f"{where}: {base} + ranks runs past port 65535")
-    else:
-        # The OS picks; in per-worker eras the ranks above it must be free too.
-        offset = hs.layout_base(release.wire, 0, p.dp_rank, p.tp_size)
-        base = free_base(host, n_ports) - offset
-        if base < 1:
-            raise HarnessError(f"serve: the OS chose a port below DP rank {p.dp_rank}'s offset; pass --port")
-    # P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree.
-    p = msgspec.structs.replace(p, host=host, base_port=base, vllm=release.name)
-    sc = msgspec.structs.replace(sc, prefill=p)
-    chash = hs.compat_hash_for(release, p)
-    pg = for_release(release, p.geometry())  # the regions and block lengths a real P of `release` registers
-    # base_port is set: the plan binds vLLM's layout ports themselves (fixed), as a real P of `release` would.
-    plan = hs.plan_ports(sc, [release], "serve")
+    host, base = p.host, served.base_port  # the scenario's host, or --host (loopback by default)
+    chash = served.compat_hash
+    pg = served.p_geometry
+    plan = served.ports  # base_port is set: vLLM's layout ports bound as they are, as a real P of `release` would
     stop = {"why": None}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -198,7 +140,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                     engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                     device_id=p.device_id(r), device=opts.device, host=host,
-                    geometry=dataclasses.asdict(pg), kv_cache_layout=p.kv_cache_layout,
+                    geometry=pg, kv_cache_layout=p.kv_cache_layout,
                     inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
                 for r in range(p.tp_size)
             }
@@ -217,7 +159,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             ]
             from pdcheck.kvcache import engine_tag
 
-            rport = hs.layout_base(release.wire, base, p.dp_rank, p.tp_size)
+            rport = served.remote_port
             on_ready(Ready(
                 tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
                 release=release.name, wire=release.wire, engine_id=p.engine_id, host=host, base_port=base,
@@ -367,8 +309,9 @@ def register(app: Any) -> None:
             raise BadInput("--tag-blocks must be >= 0 and --duration positive")
         if api_port is not None and not 0 <= api_port <= 65535:
             raise BadInput(f"--api-port: {api_port} is not a port")
-        code = run(sc, release, Options(port=port, tag_blocks=tag_blocks, duration_s=duration, api_port=api_port),
-                   lambda doc: _print_ready(doc, json_out), _log)
+        plan = build_serve(sc, release, ServeOptions(port=port, tag_blocks=tag_blocks, duration_s=duration,
+                                                     api_port=api_port))
+        code = run(plan, lambda doc: _print_ready(doc, json_out), _log)
         raise typer.Exit(code)
 
 

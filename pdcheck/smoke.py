@@ -12,9 +12,11 @@ from rich.markup import escape
 from rich.table import Table
 
 from pdcheck import handshake as hs
+from pdcheck import report
 from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck.plan import Plan, RunOptions, build
 from pdcheck.releases import CORRECTED, resolve
-from pdcheck.scenario import Scenario, load
+from pdcheck.scenario import load
 
 
 class Case(msgspec.Struct):
@@ -40,8 +42,9 @@ class SmokeReport(msgspec.Struct):
 MAX_SCENARIOS = 1000
 
 
-def discover(directory: Path) -> list[Scenario]:
-    """Every *.toml of the directory, validated exactly as `handshake` validates a file, before anything runs."""
+def discover(directory: Path, opts: RunOptions) -> list[Plan]:
+    """The plan of every *.toml of the directory (its [expect] releases), validated exactly as `handshake`
+    validates a file, before anything runs."""
     try:
         if not directory.is_dir():
             raise BadInput(f"{directory}: not a directory of scenarios")
@@ -53,17 +56,18 @@ def discover(directory: Path) -> list[Scenario]:
     if len(files) > MAX_SCENARIOS:
         raise BadInput(f"{directory}: {len(files)} scenarios; at most {MAX_SCENARIOS}")
     scenarios = [load(f) for f in files]
+    plans = []
     for sc in scenarios:
         if not sc.expect:
             raise BadInput(f"{sc.source}: expect: no expected outcomes (add an [expect] table)")
-        hs.plan_ports(sc, [resolve(r) for r in sc.expect if r != CORRECTED.name])
-    return scenarios
+        plans.append(build(sc, ",".join(r for r in sc.expect if r != CORRECTED.name), opts, where=sc.source))
+    return plans
 
 
-def run_one(sc: Scenario, opts: hs.Options) -> list[Case]:
-    releases = [resolve(r) for r in sc.expect if r != CORRECTED.name]
+def run_one(plan: Plan) -> list[Case]:
+    sc = plan.scenario
     t0 = time.perf_counter()
-    rep = hs.run(sc, releases, opts)
+    rep = report.build(hs.run(plan))
     secs = time.perf_counter() - t0
     cases = []
     for release, exp in sc.expect.items():
@@ -77,10 +81,10 @@ def run_one(sc: Scenario, opts: hs.Options) -> list[Case]:
     return cases
 
 
-def run(directory: Path, opts: hs.Options) -> SmokeReport:
-    scenarios = discover(directory)
+def run(directory: Path, opts: RunOptions) -> SmokeReport:
+    plans = discover(directory, opts)
     t0 = time.perf_counter()
-    cases = [c for sc in scenarios for c in run_one(sc, opts)]
+    cases = [c for plan in plans for c in run_one(plan)]
     failed = sum(not c.passed for c in cases)
     return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
                        EXIT_OK if not failed else EXIT_HAZARD)

@@ -6,6 +6,8 @@ import re
 from dataclasses import replace
 from typing import Any
 
+import msgspec
+
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
 from pdcheck.releases import (
@@ -148,7 +150,7 @@ def resolve_many(text: str, where: str = "--vllm") -> list[ReleaseModel]:
 def for_release(release: ReleaseModel, geometry: Geometry) -> Geometry:
     """The geometry an instance of `release` registers: FlashAttention's KV layout of that release."""
     kv = release.fa_kv_regions
-    return geometry if geometry.kv_regions == kv else replace(geometry, kv_regions=kv)  # type: ignore[arg-type]
+    return geometry if geometry.kv_regions == kv else msgspec.structs.replace(geometry, kv_regions=kv)
 
 
 def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdcheck/fake-model", *,

@@ -97,8 +97,10 @@ KV_LAYOUT_NAMES = {"HND": "LBHNC", "NHD": "LBNHC"}
 _ENUM_LAYOUT_WIRES = ("H31", "H34")
 
 
-def build_metadata(fmt: WireFormat, values: dict[str, Any]) -> Any:
-    """Instantiate the era's schema from a superset of field values (extra keys ignored)."""
+def build_metadata(fmt: WireFormat, values: AnyMeta | dict[str, Any]) -> Any:
+    """Instantiate the era's schema from a superset of field values (extra keys and unset fields ignored)."""
+    if isinstance(values, AnyMeta):
+        values = {k: v for k, v in msgspec.structs.asdict(values).items() if v is not None}
     schema = fmt.schema_type
     out = {k: values[k] for k in field_names(schema) if k in values}
     if fmt.name in _ENUM_LAYOUT_WIRES and out.get("kv_cache_layout") in KV_LAYOUT_NAMES:
@@ -106,7 +108,7 @@ def build_metadata(fmt: WireFormat, values: dict[str, Any]) -> Any:
     return schema(**out)
 
 
-def encode_reply(fmt: WireFormat, values: dict[str, Any], compat_hash: str | None = None) -> list[bytes]:
+def encode_reply(fmt: WireFormat, values: AnyMeta | dict[str, Any], compat_hash: str | None = None) -> list[bytes]:
     body = _enc.encode(build_metadata(fmt, values))
     if fmt.wrapped:
         body = _enc.encode(HandshakePayload(compat_hash or "", body))

@@ -1,0 +1,172 @@
+"""One typed plan per run, built once by the command layer from a scenario and flags before any process starts:
+the releases resolved once, the KV geometry each side registers, the side-channel port plan, placement (local
+or a Ray cluster), the prefill endpoint (fake P, or a live one), the requests and the run options. Runners
+(handshake, live, serve) execute a plan; nothing below them resolves a release or lays out a port again.
+
+ReleaseModel objects stay in-process: a plan is typed (msgspec) but only its data fields would encode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+
+from pdcheck import messages as m
+from pdcheck import ports
+from pdcheck.errors import BadInput
+from pdcheck.geometry import Geometry
+from pdcheck.ports import PortPlan
+from pdcheck.releases import CORRECTED, compat_hash_for, for_release, resolve, resolve_many
+from pdcheck.releases.base import ReleaseModel
+from pdcheck.scenario import Instance, Scenario
+
+TAG_BLOCKS = 4096  # a served P coordinate-tags blocks [0, 4096) of every region (RAM stays bounded)
+
+
+class RunOptions(msgspec.Struct, frozen=True):
+    device: str = "cpu"
+    transfer: bool = True
+    hang_timeout_ms: int = 3000
+    start_timeout_s: float = 60.0
+    run_timeout_s: float = 120.0
+    inject: m.Inject = m.Inject()
+    # The command layer's tick (stage, done, total), e.g. pdcheck.progress; not data: never encoded.
+    progress: Callable[[str, int, int], None] | None = None
+
+
+class LiveP(msgspec.Struct, frozen=True):
+    """--prefill-endpoint: a live P's side channel; no fake P is started."""
+
+    host: str
+    port: int
+    tp_given: bool  # prefill.tp_size was named (else probed where that is safe)
+
+
+class Plan(msgspec.Struct, frozen=True):
+    """`pdcheck handshake`: everything a run needs, decided once."""
+
+    scenario: Scenario
+    releases: list[ReleaseModel]  # the modelled releases, in the order given ("corrected" runs besides them)
+    p_release: ReleaseModel | None  # what P speaks when it is fixed: prefill.vllm, or the live P's release
+    p_geometry: Geometry  # the KV geometry the fake P ranks register
+    d_geometry: Geometry
+    options: RunOptions
+    ports: PortPlan | None = None  # None with a live P: its ports are its own
+    d_releases: list[m.DRelease] = []  # what each D rank models and where it finds P (fake P)
+    requests: list[m.Req] = []  # fake P; a live P's are drawn after its probe (its block counts)
+    ray: str | None = None  # a Ray cluster address ('auto': this node's): ranks become Ray actors; None: local
+    live: LiveP | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return [r.name for r in self.releases]
+
+    def with_progress(self, tick: Callable[[str, int, int], None] | None) -> Plan:
+        return msgspec.structs.replace(self, options=msgspec.structs.replace(self.options, progress=tick))
+
+
+def releases_of(sc: Scenario, vllm: str | None) -> list[ReleaseModel]:
+    """The releases a run models: --vllm, else the scenario's list."""
+    return resolve_many(vllm) if vllm is not None else resolve_many(",".join(sc.vllm), f"{sc.source}: vllm")
+
+
+def own_release(inst: Instance, where: str) -> ReleaseModel | None:
+    """An instance's own release (its `vllm` key, for cross-release pairs)."""
+    return resolve(inst.vllm, where) if inst.vllm else None
+
+
+def kv_geometry(inst: Instance, own: ReleaseModel | None, run_releases: list[ReleaseModel]) -> Geometry:
+    """The geometry a fake rank registers: FlashAttention's KV layout of the instance's own release, else of
+    the one release run. A matrix of several releases shares one KV cache per process, so it keeps one layout
+    on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
+    rel = own if own is not None else (run_releases[0] if len(run_releases) == 1 else None)
+    g = inst.geometry()
+    return for_release(rel, g) if rel is not None and rel is not CORRECTED else g
+
+
+def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
+    """Seeded block tables. P's scheduler hands out ids below the smallest count of its ranks (vLLM uses
+    min(num_blocks) logically), D's likewise; both sides of a request have the same number of blocks.
+    p_limit: remote ids stay below it (a live `pdcheck serve` P tags only its first blocks)."""
+    rng = np.random.default_rng(sc.transfer.seed)
+    p_max, d_max = min(sc.prefill.blocks()), min(sc.decode.blocks())
+    if p_limit is not None:
+        p_max = min(p_max, p_limit)
+    k = min(sc.transfer.blocks_per_request, p_max, d_max)
+    return [
+        m.Req(f"req-{i}", sorted(rng.choice(p_max, k, replace=False).tolist()),
+              sorted(rng.choice(d_max, k, replace=False).tolist()))
+        for i in range(sc.transfer.requests)
+    ]
+
+
+def d_release(release: ReleaseModel, p_base: int, p_wire: str, d: Instance) -> m.DRelease:
+    """One release a D rank models: where P's side channel is (layout base) and the hash D checks against."""
+    return m.DRelease(release.name, p_base, p_wire, compat_hash_for(release, d.geometry(), d.model))
+
+
+def live_release(sc: Scenario, p_own: ReleaseModel | None, releases: list[ReleaseModel]) -> ReleaseModel:
+    """The release a live P runs: prefill.vllm, else the one release modelled."""
+    if p_own is not None:
+        return p_own
+    if len(releases) == 1:
+        return releases[0]
+    raise BadInput("--prefill-endpoint: name the release the live P runs (--prefill-vllm, prefill.vllm in the scenario, or a "
+                   "single --vllm): pdcheck only sends a live P requests of its own era")
+
+
+def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | None = None,
+          ray: str | None = None, where: str = "") -> Plan:
+    """The plan of one handshake run; BadInput for anything wrong with it. Releases are resolved here, once."""
+    releases = releases_of(sc, vllm)
+    p_own = own_release(sc.prefill, f"{sc.source}: prefill.vllm")
+    d_own = own_release(sc.decode, f"{sc.source}: decode.vllm")
+    if live is not None:
+        p_rel = live_release(sc, p_own, releases)
+        # The live P's KV layout on the D side; P's own geometry is probed at run time.
+        return Plan(sc, releases, p_rel, for_release(p_rel, sc.prefill.geometry()),
+                    kv_geometry(sc.decode, d_own, [p_rel]), options, ray=ray, live=live)
+    plan = ports.plan_ports(sc, releases, p_own, where)
+    # Once, not per rank: each release entry computes a compatibility hash.
+    d_rels = [d_release(r, plan.d_base(sc, r), plan.profiles[r.name].wire, sc.decode) for r in [*releases, CORRECTED]]
+    return Plan(sc, releases, p_own, kv_geometry(sc.prefill, p_own, releases), kv_geometry(sc.decode, d_own, releases),
+                options, plan, d_rels, make_requests(sc), ray)
+
+
+# ------------------------------------------------------------------------------------------------ serve
+class ServeOptions(msgspec.Struct, frozen=True):
+    port: int | None = None  # base port; None: OS-chosen
+    tag_blocks: int = TAG_BLOCKS
+    duration_s: float | None = None  # serve this long, then stop (tests, scripts); None: until a signal
+    api_port: int | None = None  # serve vLLM's GET /version here (0: OS-chosen), for `probe --vllm auto`
+    start_timeout_s: float = 60.0
+    device: str = "cpu"
+
+
+class ServePlan(msgspec.Struct, frozen=True):
+    """`pdcheck serve`: P's ranks as one release lays them out."""
+
+    scenario: Scenario  # prefill.host, base_port and vllm as served
+    release: ReleaseModel
+    p_geometry: Geometry  # the regions and block lengths a real P of `release` registers
+    base_port: int  # VLLM_NIXL_SIDE_CHANNEL_PORT as P would have it
+    compat_hash: str | None
+    ports: PortPlan  # fixed: vLLM's layout ports bound as they are, as a real P of `release` would
+    remote_port: int  # what kv_transfer_params carry: DP-offset base (A-E) or the scheduler port (F-H)
+    options: ServeOptions
+
+
+def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> ServePlan:
+    """--port, else the scenario's prefill.base_port (or --prefill-base-port), else ports the OS picks.
+    P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree."""
+    p = sc.prefill
+    where = "--port" if options.port is not None else "prefill.base_port"
+    base = ports.serve_base(release.wire, p.host, options.port if options.port is not None else p.base_port,
+                            p.dp_rank, p.tp_size, where)
+    p = msgspec.structs.replace(p, base_port=base, vllm=release.name)
+    sc = msgspec.structs.replace(sc, prefill=p)
+    return ServePlan(sc, release, for_release(release, p.geometry()), base, compat_hash_for(release, p.geometry(), p.model),
+                     ports.plan_ports(sc, [release], release, "serve"),
+                     ports.layout_base(release.wire, base, p.dp_rank, p.tp_size), options)
