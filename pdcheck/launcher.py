@@ -21,6 +21,7 @@ from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
+from pdcheck.placement import Place, RankLauncher
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
@@ -162,15 +163,6 @@ class Rank:
         return how_it_ended(self.proc.exitcode)
 
 
-@dataclass(frozen=True)
-class Place:
-    """Where a rank runs: the address its side channel and NIXL use (None: the scenario's host, as given)
-    and the node it runs on, for the report."""
-
-    host: str | None
-    node: str
-
-
 def how_it_ended(code: int | None) -> str:
     """'killed by SIGKILL' / 'exited with code 17' for a process exit code."""
     if code is None:
@@ -224,7 +216,7 @@ def forkserver_alive() -> bool:
     return done == 0
 
 
-class Launcher:
+class Launcher(RankLauncher[Rank]):
     """Local placement: every rank a forked child on this host. The placement seam: place(), start(), events(),
     close() and hold_host; pdcheck.raylaunch.RayLauncher answers the same calls with Ray actors on other nodes."""
 
@@ -332,12 +324,13 @@ def _kill(pid: int | None, sig: int) -> None:
 
 
 @contextmanager
-def launcher(ray: str | None = None, place_timeout_s: float = 120.0) -> Iterator[Launcher]:
+def launcher(ray: str | None = None, place_timeout_s: float = 120.0) -> Iterator[RankLauncher[Any]]:
     """The rank launcher: local forked children, or (ray: a cluster address or 'auto') Ray actors."""
+    lau: RankLauncher[Any]
     if ray is not None:
         from pdcheck.raylaunch import RayLauncher  # Ray is an optional extra: imported only when asked for
 
-        lau: Launcher = RayLauncher(ray, place_timeout_s)  # type: ignore[assignment]
+        lau = RayLauncher(ray, place_timeout_s)
     else:
         lau = Launcher()
     try:

@@ -28,7 +28,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.launcher import Place
+from pdcheck.placement import Place, RankLauncher
 
 RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
 _LOG_TAIL = 20_000  # bytes of a rank's log brought back
@@ -115,8 +115,8 @@ class RayRank:
         return self.how
 
 
-class RayLauncher:
-    """The placement seam of pdcheck.launcher.Launcher, over Ray actors."""
+class RayLauncher(RankLauncher[RayRank]):
+    """The placement seam (pdcheck.placement.RankLauncher) over Ray actors."""
 
     def __init__(self, address: str, place_timeout_s: float = 120.0) -> None:
         self.address = address

@@ -1,0 +1,57 @@
+"""The placement seam, on its own so both launchers import it and neither imports the other's module: where a
+rank runs (Place), and what a launcher answers (RankLauncher). pdcheck.launcher.Launcher forks local ranks,
+pdcheck.raylaunch.RayLauncher starts Ray actors; pdcheck.launcher.launcher() picks one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Protocol, TypeVar
+
+from pdcheck import messages as m
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a rank runs: the address its side channel and NIXL use (None: the scenario's host, as given)
+    and the node it runs on, for the report."""
+
+    host: str | None
+    node: str
+
+
+class RankHandle(Protocol):
+    """One started rank, as the parent talks to it."""
+
+    role: str
+    tp_rank: int
+    done: bool  # sent its final message (or ended)
+
+    @property
+    def label(self) -> str: ...
+
+    def send(self, msg: m.Msg) -> None: ...
+
+    def ended(self) -> str:
+        """How the rank ended, for 'P rank 1 died: it ...'."""
+        ...
+
+
+R = TypeVar("R", bound=RankHandle)
+
+
+class RankLauncher(Protocol[R]):
+    """place(), start(), events(), close() and hold_host: what handshake, live and serve ask of a launcher."""
+
+    hold_host: str | None  # where the parent holds silent side-channel ports; None: the scenario's P host
+
+    def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]: ...
+
+    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> R: ...
+
+    def events(self, ranks: list[R], deadline: float) -> Iterator[tuple[R, m.Msg | None]]:
+        """(rank, message) as they arrive; (rank, None) when a rank ends. Stops at deadline."""
+        ...
+
+    def close(self) -> None: ...
