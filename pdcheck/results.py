@@ -9,7 +9,7 @@ from pdcheck import messages as m
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
 
-Status = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
+ProbeStatus = str  # "ok" | "wrong_era" | "garbled" | "no_reply"
 
 
 class Timings(msgspec.Struct):
@@ -24,7 +24,7 @@ class ProbeRank(msgspec.Struct, kw_only=True):
 
     tp_rank: int
     port: int
-    status: Status
+    status: ProbeStatus
     message: str | None = None  # why a reply was refused, as the release would raise it
     reply_ms: float | None = None
     frames: int | None = None

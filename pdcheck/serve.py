@@ -117,14 +117,14 @@ def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, t
     return out
 
 
-def run(served: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], None]) -> int:
+def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], None]) -> int:
     """Start P's ranks, call on_ready, serve until SIGTERM/SIGINT or duration. Returns the exit code."""
-    sc, release, opts = served.scenario, served.release, served.options
+    sc, release, opts = sp.scenario, sp.release, sp.options
     p = sc.prefill
-    host, base = p.host, served.base_port  # the scenario's host, or --host (loopback by default)
-    chash = served.compat_hash
-    pg = served.p_geometry
-    plan = served.ports  # base_port is set: vLLM's layout ports bound as they are, as a real P of `release` would
+    host, base = p.host, sp.base_port  # the scenario's host, or --host (loopback by default)
+    chash = sp.compat_hash
+    pg = sp.p_geometry
+    plan = sp.ports  # base_port is set: vLLM's layout ports bound as they are, as a real P of `release` would
     stop = {"why": None}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -159,7 +159,7 @@ def run(served: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str
             ]
             from pdcheck.kvcache import engine_tag
 
-            rport = served.remote_port
+            rport = sp.remote_port
             on_ready(Ready(
                 tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
                 release=release.name, wire=release.wire, engine_id=p.engine_id, host=host, base_port=base,

@@ -124,7 +124,7 @@ def resolve(text: str, where: str = "--vllm") -> ReleaseModel:
 
 
 # One representative per line of checks, for `--vllm all`. 0.23 is 0.22's checks with FlashAttention's blocks-first
-# KV layout, which only a single-release run (or serve) registers: a matrix keeps one layout (handshake.kv_geometry).
+# KV layout, which only a single-release run (or serve) registers: a matrix keeps one layout (plan.kv_geometry).
 REPRESENTATIVES = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.11.1", "0.13.0", "0.14.0",
                    "0.16.0", "0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.24.0", "0.26.0", "0.28.0", "0.29.0",
                    "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
