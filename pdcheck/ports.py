@@ -10,15 +10,18 @@ base + dp serves every TP rank.
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.releases import CORRECTED, compat_hash_for
-from pdcheck.releases.base import ReleaseModel
-from pdcheck.scenario import Scenario
 from pdcheck.wire import FORMATS
+
+if TYPE_CHECKING:  # annotations only: the D ranks import this module for rank_offset
+    from pdcheck.releases.base import ReleaseModel
+    from pdcheck.scenario import Scenario
 
 ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens from its base + 100*k
 
