@@ -18,6 +18,7 @@ import msgspec
 
 from pdcheck import handshake as hs
 from pdcheck import messages as m
+from pdcheck import orchestrate as orc
 from pdcheck import probe
 from pdcheck import report as rp
 from pdcheck.errors import BadInput
@@ -96,14 +97,13 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
                 transfer=opts.transfer, requests=requests, live=True)))
             for r in range(d.tp_size)
         }
-        ready = hs._await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)
+        ready = orc.await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)
         t_ready = time.perf_counter()
-        for rank in d_ranks.values():
-            rank.send(m.Go())
-        results, _finals = hs._collect(lau, {}, d_ranks, opts, harness)
+        orc.send_all(d_ranks.values(), m.Go())
+        results, _finals = orc.route_tags(lau, {}, d_ranks, opts.run_timeout_s, harness, tick=opts.progress)
     t_end = time.perf_counter()
     timings = rp.Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
-                         setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
+                         setup_ms={str(rid): ms for rid, (ms, _v) in ready.items()})
     # The live P's ranks run behind its endpoint, not here.
     rep = rp.build(sc, run_rels, opts.device, requests, results, {}, harness, timings,
                    {f"P rank {r}": host for r in range(p.tp_size)})

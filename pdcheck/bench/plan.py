@@ -43,6 +43,7 @@ class BenchConfig:
     corrupt: int = -1
     log_dir: Path | None = None
     max_mem_fraction: float = 0.6
+    ray: str | None = None  # a Ray cluster address: ranks become Ray actors on pdcheck_prefill/decode nodes
 
     @property
     def target_busy(self) -> bool:
