@@ -53,7 +53,7 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     if cfg.ray is None:
         cores, pin_note = assign_cores(cfg.ptp, cfg.dtp, cfg.pin)
     else:  # this host's cores say nothing about a Ray node's: leave placement within a node to Ray
-        cores, pin_note = {rid: [] for rid in everyone}, "--ray: not pinned (each rank's Ray node owns its cores)"
+        cores, pin_note = {rid: [] for rid in everyone}, "--ray (each rank's Ray node owns its cores)"
     warnings: list[str] = []
     for k, v in cfg.transport.env.items():
         if k in os.environ and os.environ[k] != v:
