@@ -68,6 +68,8 @@ class RankActor:
     def _body(self, target: Callable[[Connection, bytes], None], spec: bytes) -> None:
         try:
             target(self.child, spec)
+        except SystemExit:  # the rank skeleton's "failed" exit: it already logged why and told the parent
+            pass
         except BaseException:  # the rank's traceback belongs in its log; the parent sees the pipe close
             traceback.print_exc()
         finally:
@@ -168,7 +170,7 @@ class RayLauncher:
             role, r = key
             self.actors[key] = RankActor.options(  # type: ignore[attr-defined]
                 resources={RESOURCE[role]: 1}, num_gpus=1 if gpu else 0, name=None,
-            ).remote(f"{role} rank {r}")
+            ).remote(str(RankId(role, r)))
         refs = {key: a.place.remote() for key, a in self.actors.items()}
         try:
             got = ray.get(list(refs.values()), timeout=self.start_timeout_s)
