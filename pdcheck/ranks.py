@@ -1,8 +1,8 @@
 """The rank skeleton every rank process runs, and the handshake roles that plug into it.
 
-The skeleton (run_rank) does what every rank does: decode its spec, name the process, quiet NIXL's output,
-create its memory and NIXL agent (the role's setup), send the role's Ready message, run the role, and turn any
-failure into one Failed line to the parent. Roles: handshake/serve P (PrefillRole), handshake D (DecodeRole)
+The skeleton (run_rank) does what every rank does: decode its spec, name the process, quiet NIXL's output, let
+the role set its environment and allocate its memory, create the NIXL agent and register that memory, send the
+role's Ready message, run the role, and turn any failure into one Failed line to the parent. Roles: handshake/serve P (PrefillRole), handshake D (DecodeRole)
 below; transfer-bench target and initiator in pdcheck.bench.rank. Every rank is a real NIXL agent
 (pdcheck.nixlagent.Agent) talking to the launcher over a pipe with msgspec messages.
 """
@@ -35,11 +35,13 @@ from pdcheck.wire import FORMATS, WireFormat, encode_reply
 
 # ---------------------------------------------------------------------------------------------- skeleton
 class Role:
-    """One kind of rank. The skeleton calls environment(), setup() (memory and agent; returns the Ready message),
-    then run() (the role's conversation with the parent, to its Stop)."""
+    """One kind of rank. The skeleton calls environment(), memory(), creates `agent` (agent_name, agent_options())
+    and registers that memory, sends ready(), then calls run() (the role's conversation with the parent, to its
+    Stop)."""
 
     spec_type: ClassVar[type[Any]]
     letter: ClassVar[str] = ""  # "P" or "D": the process name pdcheck-P3 (a role may take it from its spec)
+    agent: Agent
 
     def __init__(self, conn: Connection, spec: Any) -> None:
         self.conn, self.spec = conn, spec
@@ -62,7 +64,20 @@ class Role:
     def environment(self) -> None:
         """Process-wide settings read when the agent is created (UCX variables, pinning)."""
 
-    def setup(self) -> m.Msg:
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        """Allocate this rank's memory (before the agent: for VRAM the CUDA context must exist before UCX
+        creates its worker); the regions to register (addr, bytes, device id) and their NIXL memory type."""
+        raise NotImplementedError
+
+    @property
+    def agent_name(self) -> str:
+        raise NotImplementedError
+
+    def agent_options(self) -> dict[str, Any]:
+        return {}
+
+    def ready(self) -> m.Msg:
+        """The message that tells the parent this rank is up (agent created, memory registered)."""
         raise NotImplementedError
 
     def run(self) -> None:
@@ -81,7 +96,10 @@ def run_rank(role_type: type[Role], conn: Connection, spec_bytes: bytes) -> None
     try:
         role.environment()
         role.t0 = time.perf_counter()
-        ready = role.setup()
+        regions, mem_type = role.memory()
+        role.agent = Agent(role.agent_name, **role.agent_options())
+        role.agent.register(regions, mem_type)
+        ready = role.ready()
     except Exception as exc:  # reported to the launcher, which turns it into a harness error
         _fail(role, exc)
         return
@@ -120,14 +138,15 @@ class _HandshakeRole(Role):
     def environment(self) -> None:
         no_memory_hooks(self.spec.device)
 
-    def kv_agent(self, suffix: str) -> tuple[Agent, KVCache]:
+    @property
+    def agent_name(self) -> str:
+        return f"{self.spec.engine_id}-{self.letter.lower()}{self.spec.tp_rank}"
+
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
         spec = self.spec
-        g = Geometry(**spec.geometry)
-        agent = Agent(f"{spec.engine_id}-{suffix}{spec.tp_rank}")
-        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
-                     spec.kv_cache_layout)
-        agent.register(kv.regions(spec.device_id), kv.mem_type)
-        return agent, kv
+        self.kv = KVCache(Geometry(**spec.geometry), spec.num_blocks, spec.device,
+                          _gpu_index(spec.device_id) if spec.device == "cuda" else 0, spec.kv_cache_layout)
+        return self.kv.regions(spec.device_id), self.kv.mem_type
 
 
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
@@ -150,9 +169,8 @@ class PrefillRole(_HandshakeRole):
     def host(self) -> str:
         return str(self.spec.host)
 
-    def setup(self) -> m.Msg:
-        spec = self.spec
-        self.agent, self.kv = agent, kv = self.kv_agent("p")
+    def ready(self) -> m.Msg:
+        spec, agent, kv = self.spec, self.agent, self.kv
         g = kv.geometry
         if spec.tag_blocks:
             # A real decode instance reads blocks without asking: tag them before the side channel opens.
@@ -323,9 +341,8 @@ class DecodeRole(_HandshakeRole):
     def host(self) -> str:
         return str(self.spec.p_host)
 
-    def setup(self) -> m.Msg:
-        spec = self.spec
-        self.agent, self.kv = agent, kv = self.kv_agent("d")
+    def ready(self) -> m.Msg:
+        spec, agent, kv = self.spec, self.agent, self.kv
         self.lists = LocalLists(agent, kv, spec.device_id)
         if spec.transfer:
             self.lists.get(kv.block_len, 0)  # vLLM prepares the local list at registration

@@ -23,7 +23,7 @@ from pdcheck.bench.models import ModelShape
 from pdcheck.errors import NixlCallError
 from pdcheck.geometry import Geometry, read_source
 from pdcheck.kvcache import Arena, KVCache, block_descs, engine_tag, region_addrs
-from pdcheck.nixlagent import LOCAL, Agent
+from pdcheck.nixlagent import LOCAL
 from pdcheck.ranks import Role, run_rank
 
 BENCH_TAG = engine_tag("pdcheck-transfer-bench")  # the engine tag in every P block's coordinate cells
@@ -76,14 +76,22 @@ class BenchRole(Role):
         if spec.cores:
             os.sched_setaffinity(0, spec.cores)
 
-    def setup(self) -> m.Msg:
-        spec = self.spec
-        # The arena first: for VRAM the CUDA context must exist before UCX creates its worker.
-        self.arena = arena = Arena(spec.arena_bytes, spec.device, spec.gpu, hugepages=True, touch=True)
-        self.agent = agent = Agent(spec.agent_name, progress_thread=spec.progress_thread,
-                                   error_mode=spec.error_mode, telemetry=spec.role == "D")
-        agent.register(arena.registration(), arena.mem_type)
-        return m.BenchReady(spec.tp_rank, spec.agent_name, agent.metadata(), arena.addr, arena.nbytes, arena.dev,
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        s = self.spec
+        self.arena = Arena(s.arena_bytes, s.device, s.gpu, hugepages=True, touch=True)
+        return self.arena.registration(), self.arena.mem_type
+
+    @property
+    def agent_name(self) -> str:
+        return str(self.spec.agent_name)
+
+    def agent_options(self) -> dict[str, Any]:
+        s = self.spec
+        return {"progress_thread": s.progress_thread, "error_mode": s.error_mode, "telemetry": s.role == "D"}
+
+    def ready(self) -> m.Msg:
+        s, arena = self.spec, self.arena
+        return m.BenchReady(s.tp_rank, s.agent_name, self.agent.metadata(), arena.addr, arena.nbytes, arena.dev,
                             ucx_version(), sorted(os.sched_getaffinity(0)))
 
 
