@@ -2,9 +2,12 @@
 
 The skeleton (run_rank) does what every rank does: decode its spec, name the process, quiet NIXL's output, let
 the role set its environment and allocate its memory, create the NIXL agent and register that memory, send the
-role's Ready message, run the role, and turn any failure into one Failed line to the parent. Roles: handshake/serve P (PrefillRole), handshake D (DecodeRole)
-below; transfer-bench target and initiator in pdcheck.bench.rank. Every rank is a real NIXL agent
-(pdcheck.nixlagent.Agent) talking to the launcher over a pipe with msgspec messages.
+role's Ready message, run the role, and turn any failure into one Failed line to the parent.
+
+Roles: handshake and serve P (PrefillRole; serve only sets its spec's log_requests and tag_blocks) and handshake
+D (DecodeRole) below; transfer-bench's target and initiator in pdcheck.bench.rank. Every rank is a real NIXL agent
+(pdcheck.nixlagent.Agent, the one wrapper every NIXL call goes through) talking to the launcher over a pipe with
+msgspec messages.
 """
 
 from __future__ import annotations

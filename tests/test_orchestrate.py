@@ -188,7 +188,8 @@ def test_route_tags_stops_at_once_when_a_rank_nobody_killed_dies(capsys):
     assert results == {}  # the run stopped before D rank 1's result was read
     assert harness == ["D rank 0 died during handshake: it was killed by SIGKILL",
                        "D rank 1 did not report within 7 s"]
-    assert "pdcheck: D rank 0 died during handshake: it was killed by SIGKILL; stopping the run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pdcheck: D rank 0 died during handshake: it was killed by SIGKILL; stopping the run" in err
 
 
 def _answers(port: int) -> bool:
