@@ -240,8 +240,10 @@ def forkserver_alive() -> bool:
 
 
 class Launcher:
-    """Local placement: every rank a forked child on this host. The placement seam: place(), start(), events(),
-    close() and hold_host; pdcheck.raylaunch.RayLauncher answers the same calls with Ray actors on other nodes."""
+    """Local placement: every rank a forked child on this host. The placement seam: place(), start() (with an
+    optional log file), events(), close() and hold_host, and ranks that answer id, label, send(), ended(), pid,
+    reap() and done; pdcheck.raylaunch.RayLauncher answers the same calls with Ray actors on other nodes.
+    pdcheck.orchestrate drives the ranks over either."""
 
     hold_host: str | None = None  # where the parent holds silent side-channel ports; None: the scenario's P host
 
