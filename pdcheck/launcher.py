@@ -21,7 +21,6 @@ from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.orchestrate import RankId
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
@@ -127,6 +126,26 @@ def stop_forkserver() -> None:
                 if hasattr(rt, attr):
                     setattr(rt, attr, None)
     _CTX = None
+
+
+@dataclass(frozen=True, order=True)
+class RankId:
+    """A rank's one label: its role ("P" prefill / target, "D" decode / initiator) and index. Rendered for people
+    as 'P rank 3' (str) and for files and process names as 'P3' (short); never parsed back."""
+
+    role: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role} rank {self.index}"
+
+    @property
+    def short(self) -> str:
+        return f"{self.role}{self.index}"
+
+
+def ids(role: str, n: int) -> list[RankId]:
+    return [RankId(role, i) for i in range(n)]
 
 
 @dataclass

@@ -5,6 +5,7 @@ serves.
 
 Works over any placement backend: it needs a launcher's `events()` and ranks that answer `id`, `send()`,
 `ended()` and `done` (pdcheck.launcher.Launcher with forked ranks, pdcheck.raylaunch.RayLauncher with actors).
+Ranks are named by their launcher.RankId (re-exported here with `ids`, as every result is keyed by it).
 """
 
 from __future__ import annotations
@@ -18,30 +19,13 @@ from typing import Any, Protocol, TypeVar
 
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
-from pdcheck.sidechannel import hold_silent
+from pdcheck.launcher import RankId, ids
+
+__all__ = ["Events", "Faults", "RankId", "RankLike", "Stage", "await_ready", "await_serving", "gather",
+           "hold_the_rest", "ids", "route_tags", "send_all"]
 
 M = TypeVar("M")
 Tick = Callable[[str, int, int], None]  # (stage, done, total), e.g. pdcheck.progress
-
-
-@dataclass(frozen=True, order=True)
-class RankId:
-    """A rank's one label: its role ("P" prefill / target, "D" decode / initiator) and index. Rendered for people
-    as 'P rank 3' (str) and for files and process names as 'P3' (short); never parsed back."""
-
-    role: str
-    index: int
-
-    def __str__(self) -> str:
-        return f"{self.role} rank {self.index}"
-
-    @property
-    def short(self) -> str:
-        return f"{self.role}{self.index}"
-
-
-def ids(role: str, n: int) -> list[RankId]:
-    return [RankId(role, i) for i in range(n)]
 
 
 class RankLike(Protocol):
@@ -170,6 +154,9 @@ def await_serving(lau: Events, p_ranks: dict[int, R], listeners: dict[int, list[
 def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool, bound: dict[int, int]) -> m.Go:
     """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port.
     fixed: the layout ports are bound as they are (explicit base_port), else each maps to the catch-all."""
+    # zmq, imported here: the launcher imports this module, and its forkserver warm-up comes before zmq
+    from pdcheck.sidechannel import hold_silent
+
     ports = dict(bound)
     catch_all = held.enter_context(hold_silent(host, 0))
     for layout in contacted:

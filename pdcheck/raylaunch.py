@@ -28,8 +28,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.launcher import Place
-from pdcheck.orchestrate import RankId
+from pdcheck.launcher import Place, RankId
 
 RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
 _LOG_TAIL = 20_000  # bytes of a rank's log brought back to stderr

@@ -23,8 +23,7 @@ from pdcheck.bench.plan import BenchConfig, Plan, make_plan
 from pdcheck.bench.rank import bench_main
 from pdcheck.bench.transport import diagnose, parse_proto_info, warnings_for
 from pdcheck.errors import HarnessError, RankFailed, RankTimeout
-from pdcheck.launcher import Launcher, Rank, launcher
-from pdcheck.orchestrate import RankId
+from pdcheck.launcher import Launcher, Rank, RankId, launcher
 
 ProgressFn = Callable[[int, int, str], None]
 M = TypeVar("M")
