@@ -20,6 +20,7 @@ from typing import Any, Protocol, TypeVar
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 from pdcheck.placement import RankHandle, RankId, ids
+from pdcheck.wire import AnyMeta
 
 __all__ = ["Events", "Faults", "RankHandle", "RankId", "Stage", "await_ready", "await_serving", "gather",
            "hold_the_rest", "ids", "route_tags", "send_all"]
@@ -113,7 +114,7 @@ def gather(lau: Events, ranks: Sequence[R], kind: type[M], timeout_s: float, fau
 
 
 def await_ready(lau: Events, ranks: Sequence[R], timeout_s: float,
-                tick: Tick | None = None) -> dict[RankId, tuple[float, bytes]]:
+                tick: Tick | None = None) -> dict[RankId, tuple[float, AnyMeta | None]]:
     """Every handshake/serve rank's Ready: rank id -> (setup ms, P's metadata values)."""
     stage = Stage("{rank} failed to start: {error}", "{rank} died during start-up: it {ended}",
                   "{ranks} not ready after {timeout:g} s (start-up follows --timeout)", timeout_s)

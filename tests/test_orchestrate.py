@@ -71,7 +71,7 @@ def test_await_ready_keys_by_rank_id_and_ticks():
     ticks: list[tuple[str, int, int]] = []
     lau = Script((d0, m.Ready(0, "d", 2.0)), (p0, m.Serving(0)), (p0, m.Ready(0, "p", 1.0, b"v")))
     got = orc.await_ready(lau, [p0, d0], 5, lambda *a: ticks.append(a))
-    assert got == {RankId("D", 0): (2.0, b""), RankId("P", 0): (1.0, b"v")}
+    assert got == {RankId("D", 0): (2.0, None), RankId("P", 0): (1.0, b"v")}
     assert ticks == [("ranks up", 1, 2), ("ranks up", 2, 2)]
 
 
