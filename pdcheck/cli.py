@@ -219,6 +219,11 @@ def handshake(
     else:
         hs.plan_ports(sc, releases)
     inj = _parse_inject(inject or [], sc.prefill.tp_size)
+    regions = hs.kv_geometry(sc.prefill, releases).num_regions
+    for p_rank, region, block in inj.corrupt:  # a block the rank does not have would index past its cache
+        if region >= regions or block >= sc.prefill.blocks()[p_rank]:
+            raise BadInput(f"--inject: corrupt:P{p_rank}:{region}:{block}: P rank {p_rank} has {regions} regions "
+                           f"and {sc.prefill.blocks()[p_rank]} blocks")
     bounds.check_device(device)
     if ray is not None:
         if prefill_endpoint is not None:
@@ -233,7 +238,7 @@ def handshake(
         rep = hs.run(sc, releases, hs.Options(
             device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
             start_timeout_s=timeout, inject=inj, progress=tick, prefill_endpoint=endpoint,
-            prefill_tp_given=tp_given, ray=ray))
+            prefill_tp_given=tp_given, ray=ray, max_tp=max_tp))
     if json_out:
         sys.stdout.buffer.write(report.to_json(rep) + b"\n")
     elif len(releases) > 2:

@@ -50,6 +50,7 @@ class Options:
     prefill_endpoint: tuple[str, int] | None = None  # a live P (pdcheck.live): no fake P is started
     prefill_tp_given: bool = True  # live P: prefill.tp_size was named (else probed where that is safe)
     ray: str | None = None  # a Ray cluster address ('auto': this node's): ranks become Ray actors (raylaunch)
+    max_tp: int = 64  # --max-tp: also the largest tp_size a live P may advertise (bounds.MAX_TP by default)
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:

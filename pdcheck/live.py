@@ -20,7 +20,7 @@ from pdcheck import handshake as hs
 from pdcheck import messages as m
 from pdcheck import probe
 from pdcheck import report as rp
-from pdcheck.errors import BadInput
+from pdcheck.errors import BadInput, HarnessError
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.ranks import decode_main
@@ -60,9 +60,13 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
     ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
                                              tp_size=sc.prefill.tp_size if opts.prefill_tp_given else None,
                                              timeout_ms=opts.hang_timeout_ms,
-                                             hint=for_release(p_rel, sc.prefill.geometry()))
+                                             hint=for_release(p_rel, sc.prefill.geometry()),
+                                             max_tp=opts.max_tp)
+    for r in ranks:
+        if r.out_of_bounds is not None:
+            raise HarnessError(f"--prefill-endpoint {host}:{port}: P rank {r.tp_rank}: {r.message}")
     p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes, p_rel)
-    sc = msgspec.structs.replace(sc, prefill=p)
+    sc = _checked(msgspec.structs.replace(sc, prefill=p), f"{host}:{port}", opts.max_tp)
     for r in ranks:
         if r.status != "ok":
             notes.append(f"probe of P rank {r.tp_rank} ({p_rel.name}, era {p_rel.wire}): {r.message}")
@@ -110,6 +114,19 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
     rep.live = rp.Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire,
                        probe=ranks, skipped=skipped, content=_content(rep, opts.transfer), notes=notes)
     return rep
+
+
+def _checked(sc: Scenario, endpoint: str, max_tp: int) -> Scenario:
+    """The scenario with the live P's facts, through the same checks as a scenario file (bounds.py): what a peer
+    advertises never sizes a loop, a block table or a KV cache unchecked. Out of bounds: exit 3, one line."""
+    from pdcheck.scenario import decode_scenario
+
+    try:
+        checked = decode_scenario(msgspec.to_builtins(sc), f"the live P at {endpoint}", max_tp)
+    except BadInput as exc:
+        raise HarnessError(f"--prefill-endpoint: {exc} (advertised by the peer; pdcheck uses no value outside "
+                           "its bounds)") from None
+    return msgspec.structs.replace(checked, source=sc.source)
 
 
 def _content(rep: rp.Report, transfer: bool) -> str:

@@ -24,7 +24,7 @@ import typer
 from pdcheck import __version__
 from pdcheck import handshake as hs
 from pdcheck import messages as m
-from pdcheck.bounds import MIN_BASE_PORT
+from pdcheck.bounds import MIN_BASE_PORT, SERVE_DURATION_S, check_seconds
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.ranks import prefill_main
@@ -45,7 +45,7 @@ EPILOG = """[bold]Examples[/]
   pdcheck handshake --vllm 0.26.0 --decode-blocks 3000 \\
       --prefill-endpoint 127.0.0.1:PORT
 
-Serves until Ctrl-C (exit 130) or SIGTERM (exit 0); every rank is reaped."""
+Serves until Ctrl-C (exit 130), SIGTERM (exit 143) or --duration (exit 0); every rank is reaped."""
 
 
 class Endpoint(msgspec.Struct):
@@ -246,8 +246,8 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
                     notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
                     log(f"{rank.label}: {msg.served} request(s) answered{notifs}{dead}")
         # Leaving the launcher reaped every rank (terminate, then kill) whatever happened above.
-        if stop["why"] == "SIGINT" and code == 0:
-            code = 130
+        if stop["why"] in ("SIGINT", "SIGTERM") and code == 0:
+            code = 128 + signal.Signals[stop["why"]]  # 130 / 143, as every pdcheck command (lifecycle)
         return code
     finally:
         if api is not None:
@@ -363,8 +363,10 @@ def register(app: Any) -> None:
         release = resolve(name)
         if port is not None and not MIN_BASE_PORT <= port <= 65535:
             raise BadInput(f"--port: {port} is outside {MIN_BASE_PORT}-65535")
-        if tag_blocks < 0 or (duration is not None and duration <= 0):
-            raise BadInput("--tag-blocks must be >= 0 and --duration positive")
+        if tag_blocks < 0:
+            raise BadInput("--tag-blocks must be >= 0")
+        if duration is not None:
+            check_seconds("--duration", duration, SERVE_DURATION_S)  # nan would end the run at once
         if api_port is not None and not 0 <= api_port <= 65535:
             raise BadInput(f"--api-port: {api_port} is not a port")
         code = run(sc, release, Options(port=port, tag_blocks=tag_blocks, duration_s=duration, api_port=api_port),
