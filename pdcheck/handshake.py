@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -186,6 +187,7 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
     d_rels = [d_release(x) for x in [*releases, CORRECTED]]
     p_geom, d_geom = (dataclasses.asdict(kv_geometry(inst, releases)) for inst in (p, d))
     with launcher(opts.ray, opts.start_timeout_s) as lau, ExitStack() as held:
+        reserved = reserve_layout(held, p.host, ports) if ports.fixed and opts.ray is None else {}
         where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
                           gpu=opts.device == "cuda")
         # Each P rank listens on its own node's address (the scenario's host when all run here).
@@ -210,11 +212,12 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: Options) -> rp.Report:
         }
         ready = _await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
         values = {r: ready[f"P rank {r}"][1] for r in p_ranks}
+        release_served(reserved, ports)
         for r, rank in p_ranks.items():
             rank.send(m.Serve(ports.listeners[r], values))
         bound = _await_serving(lau, p_ranks, ports, opts.start_timeout_s, opts.progress)
         hold = lau.hold_host or p.host
-        go = _hold_the_rest(held, hold, ports, bound)
+        go = _hold_the_rest(held, hold, ports, bound, reserved)
         go = msgspec.structs.replace(go, host=hold, hosts={
             ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
         t_ready = time.perf_counter()
@@ -247,12 +250,37 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float,
     raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s (start-up follows --timeout)")
 
 
-def _hold_the_rest(held: ExitStack, host: str, plan: PortPlan, bound: dict[int, int]) -> m.Go:
-    """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port."""
+def reserve_layout(held: ExitStack, host: str, plan: PortPlan) -> dict[int, socket.socket]:
+    """An explicit base_port: hold every layout port (served and contacted) before any rank starts. A rank's
+    UCX listeners and outgoing connections take ports from the kernel's ephemeral range
+    (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), which skips ports already bound: a
+    layout inside that range cannot be taken by the run's own ranks. Served ports are released just before
+    their P rank binds them (release_served), the others stay held silent for the run."""
+    ports = sorted({*plan.contacted, *(ls.port for specs in plan.listeners.values() for ls in specs)})
+    return {port: held.enter_context(hold_silent(host, port)) for port in ports}
+
+
+def release_served(reserved: dict[int, socket.socket], plan: PortPlan) -> None:
+    for specs in plan.listeners.values():
+        for ls in specs:
+            sock = reserved.pop(ls.port, None)
+            if sock is not None:
+                sock.close()  # the P rank binds it next (two listening sockets cannot share a port)
+
+
+def _hold_the_rest(held: ExitStack, host: str, plan: PortPlan, bound: dict[int, int],
+                   reserved: dict[int, socket.socket] | None = None) -> m.Go:
+    """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port. Ports
+    reserve_layout already holds stay held as they are."""
     ports = dict(bound)
+    reserved = reserved or {}
     catch_all = held.enter_context(hold_silent(host, 0))
     for layout in plan.contacted:
-        if layout not in ports:
+        if layout in ports:
+            continue
+        if layout in reserved:
+            ports[layout] = reserved[layout].getsockname()[1]
+        else:
             ports[layout] = held.enter_context(hold_silent(host, layout)).getsockname()[1] if plan.fixed \
                 else catch_all.getsockname()[1]
     return m.Go(ports, catch_all.getsockname()[1])

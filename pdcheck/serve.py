@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -193,7 +194,10 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
     try:
         if opts.api_port is not None:
             api = version_server(host, opts.api_port, release.name)
-        with launcher() as lau:
+        with launcher() as lau, ExitStack() as held:
+            # The layout ports are held from before any rank starts until just before the ranks bind them, so
+            # no rank's UCX listener or connection takes one from the ephemeral range (handshake.reserve_layout).
+            reserved = hs.reserve_layout(held, host, plan)
             ranks = {
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                     engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
@@ -205,6 +209,8 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
             ready = hs._await_ready(lau, list(ranks.values()), opts.start_timeout_s)
             values = {r: ready[f"P rank {r}"][1] for r in ranks}
             listeners = plan.listeners
+            for sock in reserved.values():
+                sock.close()
             for r, rank in ranks.items():
                 rank.send(m.Serve(listeners[r], values))
             hs._await_serving(lau, ranks, plan, opts.start_timeout_s)
