@@ -128,9 +128,13 @@ def _inflated(stream: Any, raw: Any) -> str:
 def _decode(line: bytes) -> Iterator[str]:
     """One newline-ended line as text: any other line break (\\r, \\r\\n, ...) splits it further, as
     str.splitlines does; an empty line stays one (empty) line, so line numbers match the file's."""
-    parts = line.decode("utf-8", errors="replace").splitlines() or [""]
-    for part in parts:
-        yield ANSI.sub("", part)
+    text = line.decode("utf-8", errors="replace")
+    if "\x1b" in text:
+        text = ANSI.sub("", text)
+    if text.isprintable():  # the common case: no other line break inside (splitlines' breaks are not printable)
+        yield text
+    else:
+        yield from text.splitlines() or [""]
 
 
 def split_lines(text: str) -> list[str]:
@@ -240,7 +244,7 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             tokens = int(m.group("tokens").replace(",", ""))
             kv_sizes[dp] = Found((tokens, bool(m.group("conc"))), f"{name}:{n}{f' ({label})' if label else ''}: "
                                  f"{m.group(0).removesuffix(', Maximum')}")
-        elif (m := _ENGINE_INIT.search(line)) is not None:
+        elif "LLM engine" in line and (m := _ENGINE_INIT.search(line)) is not None:
             label = _process(line)[0]
             put("vllm", m.group("ver"), n, label, f"Initializing a V1 LLM engine (v{m.group('ver')})")
             cfg = m.group("cfg")
@@ -257,9 +261,9 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             elif dt:
                 put("dtype", _TORCH_DTYPES.get(dt.removeprefix("torch."), dt.removeprefix("torch.")), n, label,
                     f"engine config dtype={dt}, kv_cache_dtype={kvd or 'auto'} (the KV cache takes the model dtype)")
-        elif (m := _SERVER_VER.search(line)) is not None:
+        elif "server version" in line and (m := _SERVER_VER.search(line)) is not None:
             put("vllm", m.group("ver"), n, _process(line)[0], f"vLLM server version {m.group('ver')}")
-        elif (m := _NON_DEFAULT.search(line)) is not None:
+        elif "non-default args" in line and (m := _NON_DEFAULT.search(line)) is not None:
             args = m.group("args")
             label = _process(line)[0]
             for key, skey in (("tensor_parallel_size", "tp_size"), ("data_parallel_size", "dp_size"),

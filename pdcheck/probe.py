@@ -21,11 +21,11 @@ import zmq
 
 from pdcheck import __version__, releases
 from pdcheck import bounds as b
-from pdcheck.engine import FetchTimeout
+from pdcheck.engine import FetchRefused, FetchTimeout
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
-from pdcheck.netio import MAX_FRAME_BYTES, PeerError
+from pdcheck.netio import MAX_FRAME_BYTES
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
@@ -68,7 +68,7 @@ class ProbeRank(msgspec.Struct, kw_only=True):
     compat_hash: str | None = None
     compat_hash_expected: str | None = None  # what a D of this release with the decode configuration computes
     hash_match: bool | None = None
-    out_of_bounds: str | None = None  # the advertised field outside pdcheck's bounds (status garbled)
+    out_of_bounds: str | None = None  # the advertised field out of bounds, or "reply" over the caps (garbled)
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
@@ -156,8 +156,8 @@ def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, t
                       f"host, a listener thread that already died (H15), or a frame over "
                       f"{MAX_FRAME_BYTES >> 20} MiB, which pdcheck drops)")
         return pr, None
-    except PeerError as exc:
-        pr.status, pr.message = "garbled", f"refused: {exc}"
+    except FetchRefused as exc:
+        pr.status, pr.out_of_bounds, pr.message = "garbled", "reply", f"refused: {exc}"
         return pr, None
     pr.reply_ms = (time.perf_counter() - t0) * 1e3
     pr.frames, pr.reply_bytes = len(frames), sum(len(f) for f in frames)

@@ -12,9 +12,9 @@ from contextlib import contextmanager
 
 import zmq
 
-from pdcheck.engine import FetchTimeout
+from pdcheck.engine import FetchRefused, FetchTimeout
 from pdcheck.errors import HarnessError
-from pdcheck.netio import ReplyTimeout, request_reply
+from pdcheck.netio import PeerError, ReplyTimeout, request_reply
 from pdcheck.wire import WireFormat, encode_request, parse_request
 
 MAX_REQUEST_BYTES = 64 << 10  # a request is at most a few dozen bytes in every era
@@ -86,12 +86,14 @@ class Listener:
 def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int) -> list[bytes]:
     """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, reference §9), the
     whole exchange within timeout_ms and the reply bounded (netio.request_reply). FetchTimeout when nothing
-    came in time; netio.PeerError for a reply pdcheck refuses to read (too many frames or bytes)."""
+    came in time; FetchRefused for a reply pdcheck refuses to read (too many frames or bytes)."""
     try:
         return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, encode_request(fmt, tp_rank),
                              timeout_ms / 1000)
     except ReplyTimeout:
         raise FetchTimeout(f"{host}:{port}") from None
+    except PeerError as exc:
+        raise FetchRefused(str(exc)) from None
 
 
 @contextmanager
