@@ -250,13 +250,15 @@ def _await_ready(lau: Launcher, ranks: list[Rank], timeout_s: float,
     raise HarnessError(f"{', '.join(sorted(pending))} not ready after {timeout_s:g} s (start-up follows --timeout)")
 
 
-def reserve_layout(held: ExitStack, host: str, plan: PortPlan) -> dict[int, socket.socket]:
+def reserve_layout(held: ExitStack, host: str, plan: PortPlan, contacted: bool = True) -> dict[int, socket.socket]:
     """An explicit base_port: hold every layout port (served and contacted) before any rank starts. A rank's
     UCX listeners and outgoing connections take ports from the kernel's ephemeral range
     (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), which skips ports already bound: a
     layout inside that range cannot be taken by the run's own ranks. Served ports are released just before
-    their P rank binds them (release_served), the others stay held silent for the run."""
-    ports = sorted({*plan.contacted, *(ls.port for specs in plan.listeners.values() for ls in specs)})
+    their P rank binds them (release_served), the others stay held silent for the run. contacted=False: the
+    served ports only (serve holds no silent ports)."""
+    served = {ls.port for specs in plan.listeners.values() for ls in specs}
+    ports = sorted({*plan.contacted, *served} if contacted else served)
     return {port: held.enter_context(hold_silent(host, port)) for port in ports}
 
 

@@ -197,7 +197,7 @@ def run(sc: Scenario, release: ReleaseModel, opts: Options, on_ready: Callable[[
         with launcher() as lau, ExitStack() as held:
             # The layout ports are held from before any rank starts until just before the ranks bind them, so
             # no rank's UCX listener or connection takes one from the ephemeral range (handshake.reserve_layout).
-            reserved = hs.reserve_layout(held, host, plan)
+            reserved = hs.reserve_layout(held, host, plan, contacted=False)
             ranks = {
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                     engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
