@@ -418,3 +418,75 @@ def test_from_logs_corrupt_gzip_is_one_line(tmp):
     bad = tmp / "bad.log.gz"
     bad.write_bytes(gzip.compress(SEED_LOG.read_bytes())[:200])  # truncated
     contract(run("scenario", "from-logs", str(bad), str(SEED_LOG)), 2, within_s=10, says="not a readable gzip")
+
+
+# ------------------------------------------------------------------------------------------- /dev/shm, ports
+def test_leaked_ucx_segments_are_removed_and_nothing_else(tmp):
+    """remove_leaked_segments removes a new segment nobody holds, and keeps one that existed before the run and
+    one a live process (another run's rank, here a sleeper) holds open, as UCX's creator does until it unlinks."""
+    from pdcheck import launcher
+
+    tag = f"{os.getpid():x}{time.monotonic_ns() & 0xffffff:x}"
+    old, leaked, held = (Path(launcher.SHM_DIR) / f"{launcher.UCX_SHM_PREFIX}{k}{tag}" for k in ("o", "l", "h"))
+    old.write_bytes(b"x")
+    before = launcher.ucx_segments()
+    leaked.write_bytes(b"x")
+    held.write_bytes(b"x")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; f = open(sys.argv[1]); print(1, flush=True); "
+                               "time.sleep(60)", str(held)], stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout.readline()
+        removed = launcher.remove_leaked_segments(before)
+        assert removed == [leaked.name]
+        assert old.exists() and held.exists() and not leaked.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+        for p in (old, leaked, held):
+            p.unlink(missing_ok=True)
+
+
+def test_layout_ports_are_held_before_any_rank_starts():
+    """An explicit base port inside the ephemeral range: the parent binds every layout port before forking a rank,
+    so no rank's UCX listener or connection can take one (the issue's 64 x 64 run collided 3 times in 4)."""
+    import pdcheck.handshake as hs
+    from pdcheck.releases import resolve
+    from pdcheck.scenario import load
+
+    lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+    base = next(p for p in range(lo + 1000, hi - 500, 500) if _free_run(p, 300))
+    sc = load(None, {"prefill": {"tp_size": 4, "num_blocks": 64, "base_port": base},
+                     "decode": {"tp_size": 8, "num_blocks": 64}})
+    plan = hs.plan_ports(sc, [resolve("0.9.1"), resolve("0.13.0")])
+    from contextlib import ExitStack
+
+    with ExitStack() as held:
+        reserved = hs.reserve_layout(held, "127.0.0.1", plan)
+        served = {ls.port for specs in plan.listeners.values() for ls in specs}
+        assert set(reserved) == set(plan.contacted) | served
+        for port in reserved:  # nobody, ephemeral or explicit, can bind them now
+            with socket.socket() as s, pytest.raises(OSError):
+                s.bind(("127.0.0.1", port))
+        hs.release_served(reserved, plan)
+        for port in served:  # released for the P ranks to bind
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        assert set(reserved) == set(plan.contacted) - served
+    r = run("handshake", "--prefill-tp", "4", "--decode-tp", "8", "--prefill-blocks", "64", "--decode-blocks", "64",
+            "--vllm", "0.9.1,0.13.0", "--no-transfer", "--prefill-base-port", str(base), "--json")
+    contract(r, json.loads(r.out)["exit_code"] if r.out else -1, within_s=60, rss_mb=2000)
+
+
+def _free_run(base: int, n: int) -> bool:
+    socks = []
+    try:
+        for p in range(base, base + n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for s in socks:
+            s.close()
