@@ -275,6 +275,8 @@ def version_server(host: str, port: int, version: str) -> Any:
     body = msgspec.json.encode({"version": version})
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # seconds per read: a client that connects and sends nothing does not hold a thread forever
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path.rstrip("/") != "/version":
                 self.send_error(404)
