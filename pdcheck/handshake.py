@@ -15,6 +15,7 @@ import numpy as np
 from pdcheck import messages as m
 from pdcheck import releases
 from pdcheck import report as rp
+from pdcheck.bounds import MAX_TP
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.kvcache import engine_tag
@@ -51,7 +52,7 @@ class Options:
     prefill_endpoint: tuple[str, int] | None = None  # a live P (pdcheck.live): no fake P is started
     prefill_tp_given: bool = True  # live P: prefill.tp_size was named (else probed where that is safe)
     ray: str | None = None  # a Ray cluster address ('auto': this node's): ranks become Ray actors (raylaunch)
-    max_tp: int = 64  # --max-tp: also the largest tp_size a live P may advertise (bounds.MAX_TP by default)
+    max_tp: int = MAX_TP  # --max-tp: also the largest tp_size a live P may advertise
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:

@@ -117,16 +117,19 @@ def run(sc: Scenario, releases: list[ReleaseModel], opts: hs.Options, host: str,
 
 
 def _checked(sc: Scenario, endpoint: str, max_tp: int) -> Scenario:
-    """The scenario with the live P's facts, through the same checks as a scenario file (bounds.py): what a peer
-    advertises never sizes a loop, a block table or a KV cache unchecked. Out of bounds: exit 3, one line."""
-    from pdcheck.scenario import decode_scenario
-
+    """The scenario with the live P's facts, through the same field bounds as a scenario file (scenario.py's
+    types: num_blocks, layers, heads, block size, names): what a peer advertises never sizes a loop, a block
+    table or a geometry unchecked. Not the per-rank memory bounds: no fake P allocates the live P's cache.
+    Out of bounds: exit 3, one line."""
     try:
-        checked = decode_scenario(msgspec.to_builtins(sc), f"the live P at {endpoint}", max_tp)
-    except BadInput as exc:
-        raise HarnessError(f"--prefill-endpoint: {exc} (advertised by the peer; pdcheck uses no value outside "
-                           "its bounds)") from None
-    return msgspec.structs.replace(checked, source=sc.source)
+        checked = msgspec.convert(msgspec.to_builtins(sc), Scenario, strict=True)
+    except msgspec.ValidationError as exc:
+        raise HarnessError(f"--prefill-endpoint {endpoint}: the live P advertises {exc} (pdcheck uses no value "
+                           "outside its bounds)") from None
+    if checked.prefill.tp_size > max_tp:
+        raise HarnessError(f"--prefill-endpoint {endpoint}: the live P has {checked.prefill.tp_size} ranks; "
+                           f"at most --max-tp {max_tp}")
+    return checked
 
 
 def _content(rep: rp.Report, transfer: bool) -> str:
