@@ -36,30 +36,50 @@ MAX_PROOF_BYTES = 1 << 28
 HANG_TIMEOUT_S = (0.01, 3600.0)
 RUN_TIMEOUT_S = (0.1, 86400.0)
 
+# Untrusted input: a live peer, a --version-url, a log file (docs/reliability-untrusted.md). Frame and HTTP
+# caps live beside the code that enforces them (pdcheck.netio).
+PROBE_TIMEOUT_S = (0.01, 3600.0)  # probe --timeout: per side-channel exchange and for the --version-url GET
+SERVE_DURATION_S = (0.01, 365 * 86400.0)  # serve --duration
+MAX_LOG_BYTES = 512 << 20  # bytes read from one log, after gzip inflation (a start-up log is KB to MB)
+MAX_LOG_LINES = 4 << 20  # lines read from one log (a gzip bomb of empty lines stops here, quickly)
+MAX_LOG_LINE = 64 << 10  # bytes kept of one line; the rest of a longer line is skipped unread into memory
+MAX_PEER_STR = 256  # engine id, backend, layout names a peer advertises
+MAX_PEER_REGIONS = 2 * MAX_LAYERS  # kv_caches_base_addr / block_lens entries (two regions per layer)
+MAX_PEER_BLOCK_LEN = 1 << 32  # bytes in one block of one region
 
-def read_scenario_text(path: Path) -> str:
-    """The text of a scenario file: a regular file of at most MAX_FILE_BYTES of UTF-8. A FIFO, a device
-    (/dev/zero), a directory or a socket is refused before it is opened, so nothing blocks or fills memory."""
+
+def open_regular(path: Path, what: str, hint: str) -> int:
+    """A read-only fd of `path`, refused unless a regular file: a FIFO, a device (/dev/zero), a directory or
+    a socket is named before anything blocks or fills memory. BadInput names the path and `what` it should be
+    (`hint`: what to give instead). The caller closes the fd."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise BadInput(f"{path}: no such scenario file") from None
+        raise BadInput(f"{path}: no such {what}") from None
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{path}: is a directory, not a scenario file")
+        raise BadInput(f"{path}: is a directory, not a {what}")
     if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise BadInput(f"{path}: {st.st_size} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
+        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); {hint}")
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO since stat(), open() still returns at once.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); {hint}")
+    return fd
+
+
+def read_scenario_text(path: Path) -> str:
+    """The text of a scenario file: a regular file of at most MAX_FILE_BYTES of UTF-8 (open_regular)."""
+    fd = open_regular(path, "scenario file", "give a .toml file")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
+        size = os.fstat(fd).st_size
+        if size > MAX_FILE_BYTES:
+            raise BadInput(f"{path}: {size} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
         chunks: list[bytes] = []
         left = MAX_FILE_BYTES + 1
         while left > 0:
@@ -88,6 +108,11 @@ def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
     _seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
     if timeout is not None:
         _seconds("--timeout", timeout, RUN_TIMEOUT_S)
+
+
+def check_seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:
+    """A finite number of seconds within bounds (nan, inf and 1e300 are refused, not converted)."""
+    _seconds(flag, v, bounds)
 
 
 def _seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:

@@ -215,18 +215,15 @@ def handshake(
         live = pl.LiveP(*parse_endpoint(prefill_endpoint, "--prefill-endpoint"), tp_given=tp_given)
     options = pl.RunOptions(device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000),
                             run_timeout_s=timeout, start_timeout_s=timeout,
-                            inject=_parse_inject(inject or [], sc.prefill.tp_size))
+                            inject=_parse_inject(inject or [], sc.prefill.tp_size), max_tp=max_tp)
     run_plan = pl.build(sc, vllm, options, live=live, ray=ray)  # releases resolved and ports laid out once
     bounds.check_device(device)
     if ray is not None:
         if prefill_endpoint is not None:
             raise BadInput("--ray places fake P and D ranks; with --prefill-endpoint there is no fake P (drop one)")
-        if not ray.strip():
-            raise BadInput("--ray: expected a Ray cluster address (HOST:PORT, ray://HOST:PORT or auto)")
-        import importlib.util
+        from pdcheck.launcher import check_ray
 
-        if importlib.util.find_spec("ray") is None:
-            raise BadInput("--ray: Ray is not installed here (pip install 'pdcheck[ray]')")
+        check_ray(ray)
     if live is not None:
         from pdcheck.live import run as runner
     else:

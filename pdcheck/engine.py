@@ -21,6 +21,11 @@ class FetchTimeout(Exception):
     """No reply within the receive timeout (or pdcheck's own hang timeout)."""
 
 
+class FetchRefused(Exception):
+    """A reply pdcheck refuses to read (more frames or bytes than its caps, pdcheck.netio): a harness limit,
+    reported as an error verdict with the reason, never a traceback."""
+
+
 @dataclass(frozen=True)
 class Params:
     """What D knows about the remote before any handshake (kv_transfer_params and config)."""
@@ -91,6 +96,8 @@ class Handshaker:
                 raise _Stop("hang", None, f"no reply from P rank {p_rank}: this release blocks in recv() with no "
                             f"timeout (reported after pdcheck's {timeout} ms)") from None
             raise _Stop("error", "zmq.error.Again", "Resource temporarily unavailable") from None
+        except FetchRefused as exc:
+            raise _Stop("error", "pdcheck refused the reply", str(exc)) from None
         try:
             if self.release.tolerant_decode:
                 meta = tolerant_decode(frames).meta

@@ -240,6 +240,7 @@ class Launcher(RankLauncher[Rank]):
 
     def __init__(self) -> None:
         self.ranks: list[Rank] = []
+        self.shm_before = ucx_segments()  # see remove_leaked_segments
 
     def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
         """(role, tp_rank) -> where it will run. Locally: this host, at the scenario's addresses."""
@@ -328,6 +329,77 @@ class Launcher(RankLauncher[Rank]):
             r.proc.join(0.5)
             r.conn.close()
         self.ranks.clear()
+        remove_leaked_segments(self.shm_before)
+
+
+SHM_DIR = "/dev/shm"
+UCX_SHM_PREFIX = "ucx_shm_posix_"
+
+
+def ucx_segments() -> set[str]:
+    try:
+        return {n for n in os.listdir(SHM_DIR) if n.startswith(UCX_SHM_PREFIX)}
+    except OSError:
+        return set()
+
+
+def remove_leaked_segments(before: set[str]) -> list[str]:
+    """Remove the UCX shared-memory segments a killed rank left in /dev/shm; returns their names.
+
+    UCX's posix transport creates a segment with shm_open and unlinks its name right after (it is reached
+    through /proc/PID/fd), so a name still in /dev/shm after the ranks are reaped is one whose creator died in
+    between (SIGKILL, or a signal during start-up). Removed only if all three hold: it appeared since this
+    launcher started, it belongs to this user, and no live process holds it open or mapped. The creator holds
+    it from shm_open on, so a segment another run is creating right now is never taken; one another run
+    leaked is garbage nobody can reach, and its own parent would remove it the same way."""
+    fresh = ucx_segments() - before
+    if not fresh:
+        return []
+    uid = os.getuid()
+    mine = set()
+    for name in fresh:
+        try:
+            if os.lstat(f"{SHM_DIR}/{name}").st_uid == uid:
+                mine.add(name)
+        except OSError:
+            pass
+    held = _held_segments(mine) if mine else set()
+    removed = []
+    for name in sorted(mine - held):
+        try:
+            os.unlink(f"{SHM_DIR}/{name}")
+            removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
+def _held_segments(names: set[str]) -> set[str]:
+    """Which of `names` some live process this user can inspect has open or mapped."""
+    paths = {f"{SHM_DIR}/{n}": n for n in names}
+    held: set[str] = set()
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+            for fd in fds:
+                try:
+                    target = os.readlink(f"/proc/{pid}/fd/{fd}")
+                except OSError:
+                    continue
+                if target in paths:
+                    held.add(paths[target])
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                maps = f.read()
+        except OSError:
+            # Ended meanwhile, or not ours to read (init, another user, a non-dumpable process): UCX ranks of
+            # this user, ours or a parallel run's, are readable, and those are what creates these segments.
+            continue
+        for path, name in paths.items():
+            if path.encode() in maps:
+                held.add(name)
+    return held
 
 
 def _kill(pid: int | None, sig: int) -> None:

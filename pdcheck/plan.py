@@ -15,6 +15,7 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck import ports
+from pdcheck.bounds import MAX_TP
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
 from pdcheck.ports import PortPlan
@@ -32,6 +33,7 @@ class RunOptions(msgspec.Struct, frozen=True):
     start_timeout_s: float = 60.0
     run_timeout_s: float = 120.0
     inject: m.Inject = m.Inject()
+    max_tp: int = MAX_TP  # --max-tp: also the largest tp_size a live P may advertise
     # The command layer's tick (stage, done, total), e.g. pdcheck.progress; not data: never encoded.
     progress: Callable[[str, int, int], None] | None = None
 
@@ -128,11 +130,21 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
         # The live P's KV layout on the D side; P's own geometry is probed at run time.
         return Plan(sc, releases, p_rel, for_release(p_rel, sc.prefill.geometry()),
                     kv_geometry(sc.decode, d_own, [p_rel]), options, ray=ray, live=live)
+    p_geometry = kv_geometry(sc.prefill, p_own, releases)
+    _check_inject(options.inject, p_geometry, sc.prefill.blocks())
     plan = ports.plan_ports(sc, releases, p_own, where)
     # Once, not per rank: each release entry computes a compatibility hash.
     d_rels = [d_release(r, plan.d_base(sc, r), plan.profiles[r.name].wire, sc.decode) for r in [*releases, CORRECTED]]
-    return Plan(sc, releases, p_own, kv_geometry(sc.prefill, p_own, releases), kv_geometry(sc.decode, d_own, releases),
+    return Plan(sc, releases, p_own, p_geometry, kv_geometry(sc.decode, d_own, releases),
                 options, plan, d_rels, make_requests(sc), ray)
+
+
+def _check_inject(inject: m.Inject, g: Geometry, blocks: list[int]) -> None:
+    """--inject corrupt names a block the P rank registers: one past its cache would index outside it."""
+    for p_rank, region, block in inject.corrupt:
+        if region >= g.num_regions or block >= blocks[p_rank]:
+            raise BadInput(f"--inject: corrupt:P{p_rank}:{region}:{block}: P rank {p_rank} has {g.num_regions} "
+                           f"regions and {blocks[p_rank]} blocks")
 
 
 # ------------------------------------------------------------------------------------------------ serve
