@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from pdcheck import kvsplit
 from pdcheck.geometry import Geometry
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.rules import MSG_SHAPE
@@ -176,29 +177,51 @@ def _remote_tp(rel: ReleaseModel, f: Facts) -> int:
     return f.p_tp if rel.tp_size_from == "metadata" else f.params_tp
 
 
-def _corrected_targets(f: Facts, r: int) -> list[int]:
-    d, p = f.d_tp, f.params_tp
+def corrected_reads(f: Facts, r: int) -> list[int]:
+    """The P ranks D rank r reads under the corrected model (kvsplit, the engine's rule; P TP as
+    kv_transfer_params give it)."""
+    return kvsplit.corrected_reads(r, f.d_tp, f.params_tp, f.dg.total_kv_heads, f.dg.use_mla)
+
+
+def corrected_block_len(f: Facts, rtp: int) -> int:
+    """The P block length the corrected model accepts when P's TP is `rtp` (kvsplit, the engine's rule)."""
+    return kvsplit.corrected_remote_block_len(f.dg.block_len, f.d_tp, rtp, f.dg.total_kv_heads, f.dg.use_mla)
+
+
+def corrected_reading(f: Facts) -> str:
+    """What the corrected model reads for this TP pair, in words: the text every hazard line uses."""
+    d, p, heads, mla = f.d_tp, f.params_tp, f.dg.total_kv_heads, f.dg.use_mla
+    if not kvsplit.divisible(d, p):
+        return f"refused: TP sizes D={d} and P={p} do not divide"
+    repl = "MLA" if mla else "replicated KV" if kvsplit.p_replicated(p, heads, mla) else None
     if d >= p:
-        return [r // max(1, d // p)]
-    ratio = p // d
-    if f.dg.use_mla or p >= f.dg.total_kv_heads:
-        return [r * ratio]  # replicated: every P rank holds the same blocks, read one
-    return list(range(r * ratio, (r + 1) * ratio))
+        return "each D rank reads its heads from one P rank" + (f" ({repl})" if repl else "")
+    per = {len(corrected_reads(f, r)) for r in range(d)}
+    n = per.pop() if len(per) == 1 else max(per)
+    eg = f"D rank 0 reads P {_plural(corrected_reads(f, 0))}"
+    if n == 1:
+        return f"each D rank reads one P rank ({repl}: every P rank of its group holds the same KV; {eg})"
+    what = (f"one P rank per KV head ({repl}: P TP {p} > {heads} heads)" if repl
+            else f"a head slice of each ({_plural_heads(kvsplit.rank_heads(p, heads, mla))} per P rank)")
+    return f"each D rank reads {n} P ranks, {what}; {eg}"
+
+
+def _plural_heads(n: int) -> str:
+    return f"{n} head" if n == 1 else f"{n} heads"
 
 
 def targets(rel: ReleaseModel, f: Facts, r: int) -> list[int] | None:
-    """P ranks D rank r handshakes, in order; None when the flow dies before sending a request."""
-    if rel.flow == "same_rank":
-        return [r]  # 0.9.0: the port of its own rank number
-    if rel.flow == "rank0_then_target":
-        if not f.tp_ok:
-            return [0]  # the rank-0 add_remote_agent stops at the divisibility assert
-        p = r // f.ratio
-        return [0] if p == 0 else [0, p]
-    if rel.flow == "target_only":
-        ratio = f.d_tp // f.params_tp
-        return None if ratio == 0 else [r // ratio]  # tp_rank // 0: ZeroDivisionError
-    return _corrected_targets(f, r)
+    """P ranks D rank r handshakes, in order (kvsplit, the engine's rule); None when the flow dies before
+    sending a request."""
+    if rel.flow == CORRECTED:
+        return corrected_reads(f, r)
+    if rel.flow == "rank0_then_target" and not f.tp_ok:
+        return [0]  # the rank-0 add_remote_agent stops at the divisibility assert
+    # rank0_then_target learns P's TP from P rank 0's metadata; the later flows from kv_transfer_params
+    try:
+        return kvsplit.release_targets(rel.flow, r, f.d_tp, _remote_tp(rel, f))
+    except ZeroDivisionError:
+        return None  # tp_rank // 0 in _nixl_handshake (P TP > D TP before 0.14)
 
 
 @dataclass(frozen=True)
@@ -232,9 +255,11 @@ def block_path(rel: ReleaseModel, f: Facts, r: int) -> BlockPath | None:
         elif n != recorded and stop is None:
             stop = ("dst_num_blocks_equal", p)
     assert recorded is not None
-    target = tg[-1]
-    return BlockPath(stop[0] if stop else None, stop[1] if stop else None, recorded, target,
-                     recorded != f.pb[target])
+    # The lists read: the target's (up to 0.13), every handshaken rank's (0.14+ with P TP > D TP), only the
+    # first for MLA (the latent is whole on each; rules.prep_targets).
+    read = tg[-1:] if rel.flow != "all_targets" else tg[:1] if f.dg.use_mla else tg
+    return BlockPath(stop[0] if stop else None, stop[1] if stop else None, recorded, read[-1],
+                     any(recorded != f.pb[p] for p in read))
 
 
 def _paths(rel: ReleaseModel, f: Facts) -> dict[int, BlockPath]:
@@ -261,9 +286,8 @@ def expected_remote_block_len(f: Facts, rule: LenRule, rtp: int) -> tuple[int, b
     None where tp_ratio < 1 (the TP checks fail first, H11)."""
     dl, heads = f.dg.block_len, f.dg.total_kv_heads
     if rule == CORRECTED:
-        if f.dg.use_mla or rtp >= heads:
-            return dl, True
-        return dl * max(1, heads // rtp) // f.dg.local_kv_heads, False
+        exp = corrected_block_len(f, rtp)
+        return exp, exp == dl
     ratio = f.d_tp // rtp
     if ratio < 1:
         return None
@@ -355,14 +379,14 @@ def _h02(f: Facts, rels: Rels) -> Hazard:
 
 def _multi_rank_readers(f: Facts) -> dict[int, list[int]]:
     """D rank -> the P ranks it handshakes in one engine when that is more than one: 0.9.1's rank-0
-    pre-handshake, or P TP > D TP (0.14+, corrected) where one D rank reads several P ranks."""
+    pre-handshake, or P TP > D TP, where 0.14+ handshake every P rank of the D rank's group (MLA and replicated
+    KV included: they read one, but record and compare each one's num_blocks)."""
     out: dict[int, list[int]] = {}
     for r in range(f.d_tp):
         if f.tp_ok and f.p_tp > 1 and r // f.ratio != 0:
-            out[r] = [0, r // f.ratio]
-        elif f.p_tp > f.d_tp and f.p_tp % f.d_tp == 0 and not (f.dg.use_mla or f.p_tp >= f.dg.total_kv_heads):
-            k = f.p_tp // f.d_tp
-            out[r] = list(range(r * k, (r + 1) * k))
+            out[r] = kvsplit.release_targets("rank0_then_target", r, f.d_tp, f.p_tp)
+        elif f.p_tp > f.d_tp and f.p_tp % f.d_tp == 0:
+            out[r] = kvsplit.release_targets("all_targets", r, f.d_tp, f.p_tp)
     return out
 
 
@@ -391,14 +415,25 @@ def _h03(f: Facts, rels: Rels) -> Hazard:
             if ge:
                 line += f" ({_v(ge, 'stop')} earlier at {_GE})"
             effects[rel.name] = line
-        elif rel.flow == "target_only" and f.tp_ok:
+        elif rel.flow in ("target_only", "all_targets") and f.tp_ok:
             effects[rel.name] = f"one handshake per D rank and engine: {_EQ} cannot fire"
+        elif rel.flow == "all_targets":
+            effects[rel.name] = _h03_all_targets(rel, f, uneven)
         elif rel.flow == "same_rank":
             effects[rel.name] = "one handshake per D rank: counts are never compared"
         else:
             effects[rel.name] = "P TP > D TP is unsupported here, it fails first (H11); from 0.14 the equality assert fires"
     effects[CORRECTED] = "each P rank's list and ids use that rank's own count: nothing to compare"
     return _yes("H03", detail, effects)
+
+
+def _h03_all_targets(rel: ReleaseModel, f: Facts, uneven: dict[int, list[int]]) -> str:
+    """0.14+ with P TP > D TP: every P rank of the group is handshaken, each one's count compared."""
+    if _h13_fires(rel, f):
+        return "`assert not (tp_ratio < 0 and is_kv_replicated)` fires first (H13)"
+    eq = [r for r, bp in _paths(rel, f).items() if bp.stop == "dst_num_blocks_equal" and r in uneven]
+    return (f"handshakes every P rank of its group: {_EQ} fires on D {_plural(eq)}" if eq
+            else f"{_EQ} not reached")
 
 
 def _h04(f: Facts, rels: Rels) -> Hazard:
@@ -467,9 +502,9 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
                              if equal else
                              f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: "
                              f"'{MSG_SHAPE}' ({pl} B vs {exp} B)")
-    got = expected_remote_block_len(f, CORRECTED, f.params_tp)
-    if got is not None and got[0] != pl:
-        effects[CORRECTED] = f"refused: P block is {pl} B, D expects {got[0]} B"
+    exp = corrected_block_len(f, f.params_tp)
+    if exp != pl:
+        effects[CORRECTED] = f"refused: P block is {pl} B, D expects {exp} B"
     if not effects:
         return _no("H08", f"P block_len {pl} B matches what every release expects")
     effects.setdefault(CORRECTED, f"accepts: P's {pl} B matches the heads/head_dim/dtype it expects")
@@ -533,9 +568,8 @@ def _h11(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = ("no heterogeneous TP: each D rank asks the P rank of its own number"
                                  + (f"; {_v(missing, 'ask')} ports nobody listens on and {'blocks' if len(missing) == 1 else 'block'} in recv()"
                                     if missing else ""))
-    big, small = max(d, p), min(d, p)
-    effects[CORRECTED] = (f"supported: each D rank reads {p // d} P ranks" if p > d and p % d == 0
-                          else f"refused: TP sizes D={d} and P={p} do not divide" if big % small else "supported")
+    reading = corrected_reading(f)
+    effects[CORRECTED] = reading if reading.startswith("refused") else f"supported: {reading}"
     return _yes("H11", detail, effects)
 
 
@@ -570,8 +604,7 @@ def _h12(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = "no heterogeneous TP: tp_size is not used"
         else:
             effects[rel.name] = _h12_params(rel, f)
-    got = expected_remote_block_len(f, CORRECTED, f.params_tp)
-    exp = got[0] if got else None
+    exp = corrected_block_len(f, f.params_tp)
     effects[CORRECTED] = ("trusts kv_transfer_params too, but its block_len check refuses the wrong ratio "
                           f"({f.pg.block_len} B vs {exp} B)" if exp != f.pg.block_len
                           else "reads the rank tp_size points at; geometry happens to match")
@@ -602,9 +635,11 @@ def _h13_fires(rel: ReleaseModel, f: Facts) -> bool:
 
 def _h13(f: Facts, rels: Rels) -> Hazard:
     modern = [rel for rel in rels if rel.flow == "all_targets"]
-    if not any(_h13_fires(rel, f) for rel in modern) and (
-            f.dg.use_mla or not (f.p_tp >= f.dg.total_kv_heads and f.p_tp > f.d_tp)):
-        return _no("H13", f"P TP {f.p_tp}, D TP {f.d_tp}, {f.dg.total_kv_heads} KV heads"
+    heads = f.dg.total_kv_heads
+    # Replicated as the newest vLLM counts it (kvsplit.p_replicated: P TP > heads), MLA left to the releases.
+    replicated = not f.dg.use_mla and kvsplit.p_replicated(f.p_tp, heads, False) and f.p_tp > f.d_tp
+    if not any(_h13_fires(rel, f) for rel in modern) and not replicated:
+        return _no("H13", f"P TP {f.p_tp}, D TP {f.d_tp}, {heads} KV heads"
                    + (", MLA" if f.dg.use_mla else ""))
     effects = {rel.name: "P TP > D TP is unsupported here (H11)" for rel in rels}
     for rel in modern:
@@ -614,8 +649,15 @@ def _h13(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = "not asserted for MLA: handshakes every target P rank, reads the first"
         else:
             effects[rel.name] = "not replicated by this release's rule: reads a head slice from each P rank"
-    effects[CORRECTED] = "replicated KV: each D rank reads one P rank"
-    return _yes("H13", f"P TP {f.p_tp} >= {f.dg.total_kv_heads} KV heads and > D TP {f.d_tp}", effects)
+    effects[CORRECTED] = corrected_reading(f)
+    if f.dg.use_mla:
+        detail = f"MLA with P TP {f.p_tp} > D TP {f.d_tp}"
+    elif replicated:
+        detail = f"P TP {f.p_tp} > {heads} KV heads (replicated) and > D TP {f.d_tp}"
+    else:
+        detail = (f"P TP {f.p_tp} = {heads} KV heads and > D TP {f.d_tp}: every P rank holds its own head, but "
+                  "KVTopology (0.14 - 0.19) counts `remote_tp // heads >= 1` as replicated")
+    return _yes("H13", detail, effects)
 
 
 def _h18(f: Facts, rels: Rels) -> Hazard:
