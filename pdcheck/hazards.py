@@ -200,14 +200,10 @@ def corrected_reading(f: Facts) -> str:
     n = per.pop() if len(per) == 1 else max(per)
     eg = f"D rank 0 reads P {_plural(corrected_reads(f, 0))}"
     if n == 1:
-        return f"each D rank reads one P rank ({repl}: every P rank of its group holds the same KV; {eg})"
+        return f"{repl}: each D rank reads one P rank of its group ({eg})"
     what = (f"one P rank per KV head ({repl}: P TP {p} > {heads} heads)" if repl
-            else f"a head slice of each ({_plural_heads(kvsplit.rank_heads(p, heads, mla))} per P rank)")
+            else "a head slice from each")
     return f"each D rank reads {n} P ranks, {what}; {eg}"
-
-
-def _plural_heads(n: int) -> str:
-    return f"{n} head" if n == 1 else f"{n} heads"
 
 
 def targets(rel: ReleaseModel, f: Facts, r: int) -> list[int] | None:
