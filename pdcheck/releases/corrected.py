@@ -81,11 +81,15 @@ MODEL = ReleaseModel(
               message=lambda c: f"refused: remote engine id {c.meta.engine_id!r} equals the local one",
               exc="RuntimeError", hazard="H19"),
     ),
-    add_remote=(
+    # Before any request: with TP sizes that do not divide, some D rank's target would be a P rank that does
+    # not exist (D TP 3, P TP 2: D rank 2 would ask P rank 2).
+    pre_flow=(
         Check("tp_divisible", "max(tp) % min(tp) == 0",
               lambda c: kvsplit.divisible(c.local.tp_size, _p_tp(c)),
               message=lambda c: f"refused: TP sizes D={c.local.tp_size} and P={_p_tp(c)} do not divide",
               exc="RuntimeError", hazard="H11"),
+    ),
+    add_remote=(
         Check("attn_backend", "meta.attn_backend_name in (None, local.backend_name)",
               lambda c: c.meta.attn_backend_name in (None, c.local.backend_name),
               message=lambda c: f"refused: attention backend P={c.meta.attn_backend_name} D={c.local.backend_name}",
