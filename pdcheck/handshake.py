@@ -33,9 +33,7 @@ def kv_geometry(inst: Instance, run_releases: list[ReleaseModel]) -> Geometry:
     """The geometry a fake rank registers: FlashAttention's KV layout of the instance's own release (`vllm` in
     its table), else of the one release run. A matrix of several releases shares one KV cache per process, so it
     keeps one layout on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
-    rel = resolve(inst.vllm) if inst.vllm else (run_releases[0] if len(run_releases) == 1 else None)
-    g = inst.geometry()
-    return releases.for_release(rel, g) if rel is not None and rel is not CORRECTED else g
+    return releases.registered_geometry(inst.vllm, inst.geometry(), run_releases)
 
 
 @dataclasses.dataclass(frozen=True)

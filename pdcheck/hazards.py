@@ -17,6 +17,7 @@ import msgspec
 
 from pdcheck import kvsplit
 from pdcheck.geometry import Geometry
+from pdcheck.releases import registered_geometry
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.rules import MSG_SHAPE
 from pdcheck.scenario import Instance, Scenario
@@ -133,9 +134,10 @@ class Facts:
     params_tp: int  # tp_size as D reads it from kv_transfer_params (.get("tp_size", 1))
 
     @classmethod
-    def of(cls, sc: Scenario) -> Facts:
-        return cls(sc, sc.prefill, sc.decode, sc.prefill.blocks(), sc.decode.blocks(), sc.prefill.geometry(),
-                   sc.decode.geometry(), sc.params_tp_size())
+    def of(cls, sc: Scenario, rels: Sequence[ReleaseModel] = ()) -> Facts:
+        """rels: the releases run, which decide the KV layout the ranks register (and the engine measures)."""
+        pg, dg = (registered_geometry(i.vllm, i.geometry(), rels) for i in (sc.prefill, sc.decode))
+        return cls(sc, sc.prefill, sc.decode, sc.prefill.blocks(), sc.decode.blocks(), pg, dg, sc.params_tp_size())
 
     @property
     def p_tp(self) -> int:
@@ -815,5 +817,5 @@ def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
     """Every evaluated hazard, applicable or not, in id order. Effects name each given release (the
     corrected model is skipped if passed: its line is always added under "corrected")."""
     rels = [r for r in releases if r.flow != CORRECTED]
-    f = Facts.of(sc)
+    f = Facts.of(sc, rels)
     return [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]

@@ -353,7 +353,7 @@ def decode_statuses(sc: Scenario, release: ReleaseModel, replies: dict[int, list
     """Each D rank's outcome under `release` against the replies P gave: the pure engine, with the Local and
     Params a `pdcheck handshake` D rank builds (ranks.decode_main)."""
     d = sc.decode
-    g = releases.for_release(releases.resolve(d.vllm) if d.vllm else release, d.geometry())
+    g = releases.registered_geometry(d.vllm, d.geometry(), [release])
     params = Params(sc.remote_engine_id(), sc.params_tp_size(), release.wire, local_hash)
     out = []
     for r in range(d.tp_size):

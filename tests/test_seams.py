@@ -208,3 +208,15 @@ def test_probe_and_live_handshake_give_one_verdict(era: str, name: str) -> None:
     if name == "seed-19338-tp8":
         # the reported case: uneven counts on P ranks 0 and 6 break 0.9.1 only (its rank-0 pre-handshake)
         assert code == (1 if release == "0.9.1" else 0)
+
+
+@pytest.mark.parametrize("release", ["0.11.1", "0.26.0", "0.34.0"])
+def test_refusal_names_the_same_bytes_in_table_and_hazard_line(release: str) -> None:
+    """A real mismatch (P 8 KV heads, D 4): the corrected verdict and H08's corrected line quote the same block
+    lengths, measured on the KV layout the release's ranks register (packed K|V from 0.26)."""
+    r = _cli("handshake", str(SCEN / "kv-heads-mismatch.toml"), "--vllm", release, "--no-transfer", "--json")
+    doc = json.loads(r.stdout)
+    refusals = {dr["verdicts"]["corrected"]["message"] for dr in doc["decode_ranks"]}
+    h08 = next(h for h in doc["hazards"] if h["id"] == "H08")
+    assert h08["applies"] and len(refusals) == 1
+    assert refusals.pop().startswith(h08["effects"]["corrected"] + " ("), h08["effects"]["corrected"]
