@@ -253,9 +253,8 @@ def block_path(rel: ReleaseModel, f: Facts, r: int) -> BlockPath | None:
         elif n != recorded and stop is None:
             stop = ("dst_num_blocks_equal", p)
     assert recorded is not None
-    # The lists read: the target's (up to 0.13), every handshaken rank's (0.14+ with P TP > D TP), only the
-    # first for MLA (the latent is whole on each; rules.prep_targets).
-    read = tg[-1:] if rel.flow != "all_targets" else tg[:1] if f.dg.use_mla else tg
+    # The lists read (kvsplit, the rule rules.prep_targets follows)
+    read = kvsplit.release_reads(rel.flow, r, f.d_tp, _remote_tp(rel, f), f.dg.use_mla)
     return BlockPath(stop[0] if stop else None, stop[1] if stop else None, recorded, read[-1],
                      any(recorded != f.pb[p] for p in read))
 

@@ -73,3 +73,13 @@ def release_targets(flow: str, d_rank: int, d_tp: int, p_tp: int) -> list[int]:
         return ([0] if target == 0 else [0, target]) if flow == "rank0_then_target" else [target]
     ratio = p_tp // d_tp
     return list(range(d_rank * ratio, (d_rank + 1) * ratio))
+
+
+def release_reads(flow: str, d_rank: int, d_tp: int, p_tp: int, mla: bool) -> list[int]:
+    """The P ranks whose blocks a release's D rank reads, of those it handshakes: the target (up to 0.13, the
+    last rank handshaken); every P rank of the group (0.14+ with P TP > D TP), only the first for MLA, whose
+    latent is whole on each (the others get a notification only)."""
+    tg = release_targets(flow, d_rank, d_tp, p_tp)
+    if flow != "all_targets":
+        return tg[-1:]
+    return tg[:1] if mla else tg

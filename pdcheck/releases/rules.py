@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pdcheck import kvsplit
 from pdcheck.releases.base import Action, Check, Ctx, Prepared
 from pdcheck.wire.formats import KV_LAYOUT_NAMES
 
@@ -446,7 +447,8 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves,
         )
         ctx.io.prep_remote(prepared, "DRAM")
-        if ratio < 0 and ctx.local.use_mla and ctx.remote_tp_rank != ctx.local.tp_rank * -ratio:
+        if ratio < 0 and ctx.remote_tp_rank not in kvsplit.release_reads(
+                "all_targets", ctx.local.tp_rank, ctx.local.tp_size, ctx.state.tp_size[ctx.engine_id], ctx.local.use_mla):
             # MLA with P TP > D TP: the descriptors are registered, but only the first target rank is read (the
             # latent is replicated); the others only get a notification.
             return
