@@ -19,7 +19,7 @@ from pdcheck import kvsplit
 from pdcheck.geometry import Geometry
 from pdcheck.releases import registered_geometry
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.rules import MSG_SHAPE
+from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D
 from pdcheck.scenario import Instance, Scenario
 
 CATALOGUE: dict[str, str] = {
@@ -268,33 +268,50 @@ def _paths(rel: ReleaseModel, f: Facts) -> dict[int, BlockPath]:
     return out
 
 
-LenRule = str  # "plain" (0.9.1: MLA only), "replicated" (0.9.2+: MLA or tp_size >= heads), "corrected"
+# How a release checks P's block_len (the rules.py checks, read off its version and steps):
+# "plain" (0.9.1: MLA only is replicated), "replicated" (0.9.2 - 0.19: KVTopology `tp // heads >= 1`),
+# "strict" (0.20 - 0.23: TransferTopology `tp > heads`), "heads" (0.24+: strict, per-rank physical head counts).
+LenRule = str
+# What the accepted length is: "equal" (replicated/MLA), "scaled" (D's block x tp_ratio), "p_gt_d" (0.14 - 0.23:
+# D's block // |tp_ratio|), "heads" (0.24+: D's block x remote heads // local heads).
+LenKind = str
 
 
 def block_len_rule(rel: ReleaseModel) -> LenRule:
     # #19691 (0.9.2) added the `tp_size // total_kv_heads >= 1` replicated branch; 0.9.1 only knows MLA.
-    if rel.flow == CORRECTED:
-        return CORRECTED
-    return "replicated" if _version(rel) >= (0, 9, 2) else "plain"
+    v = _version(rel)
+    if v < (0, 9, 2):
+        return "plain"
+    if v < (0, 20):
+        return "replicated"
+    return "heads" if _has(rel, "block_len_split") else "strict"
 
 
-def expected_remote_block_len(f: Facts, rule: LenRule, rtp: int) -> tuple[int, bool] | None:
-    """(the P block_len a block_len rule accepts when P's TP is `rtp`, whether it is the equality branch);
-    None where tp_ratio < 1 (the TP checks fail first, H11)."""
-    dl, heads = f.dg.block_len, f.dg.total_kv_heads
-    if rule == CORRECTED:
-        exp = corrected_block_len(f, rtp)
-        return exp, exp == dl
-    ratio = f.d_tp // rtp
-    if ratio < 1:
-        return None
-    if f.dg.use_mla or (rule == "replicated" and rtp // heads >= 1):
-        return dl, True  # `assert self.block_len == nixl_agent_meta.block_len` (bare)
-    return dl * ratio, False  # `assert nixl_agent_meta.block_len == self.block_len * tp_ratio, MSG_SHAPE`
+def expected_remote_block_len(f: Facts, rel: ReleaseModel, rtp: int) -> tuple[int, LenKind] | None:
+    """(the P block_len release `rel` accepts when P's TP is `rtp`, which branch accepts it); None where an
+    earlier check stops first: the TP checks (H11, P TP > D TP before 0.14) or the replicated P TP > D TP assert
+    (H13, 0.14+)."""
+    dl, heads, mla = f.dg.block_len, f.dg.total_kv_heads, f.dg.use_mla
+    rule = block_len_rule(rel)
+    replicated = mla or (rule != "plain" and kvsplit.topology_replicated(rtp, heads, strict=rule in ("strict", "heads")))
+    per_head = dl * kvsplit.rank_heads(rtp, heads, mla) // kvsplit.rank_heads(f.d_tp, heads, mla)
+    if not kvsplit.divisible(f.d_tp, rtp):
+        return None  # every release checks TP divisibility before the block length
+    if f.d_tp < rtp:  # only 0.14+ (all_targets) read from a larger P
+        if rel.flow != "all_targets" or (replicated and not (mla and _version(rel) >= (0, 21))):
+            return None
+        if replicated:
+            return dl, "equal"  # MLA from 0.21: the P TP > D TP assert skips MLA
+        return (per_head, "heads") if rule == "heads" else (dl // (rtp // f.d_tp), "p_gt_d")
+    if replicated:
+        return dl, "equal"  # `assert self.block_len == nixl_agent_meta.block_len` (bare)
+    if rule == "heads":
+        return per_head, "heads"
+    return dl * (f.d_tp // rtp), "scaled"  # `assert nixl_agent_meta.block_len == self.block_len * tp_ratio, MSG_SHAPE`
 
 
-def _expected(rel: ReleaseModel, f: Facts) -> tuple[int, bool] | None:
-    return expected_remote_block_len(f, block_len_rule(rel), _remote_tp(rel, f))
+def _expected(rel: ReleaseModel, f: Facts) -> tuple[int, LenKind] | None:
+    return expected_remote_block_len(f, rel, _remote_tp(rel, f))
 
 
 # ---- one function per hazard -------------------------------------------------------------------------
@@ -472,7 +489,7 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = (f"no check: remote descriptors step by D's block_len {dl} B through P's "
                                  f"{pl} B blocks: wrong bytes, no error")
         elif exp is None:
-            effects[rel.name] = "not reached: TP sizes fail first (H11)"
+            effects[rel.name] = "not reached: a TP check fails first (H11, H13)"
         elif exp != pl:
             effects[rel.name] = (f"block_size is not on the wire and the block_len check fires first: '{MSG_SHAPE}' "
                                  f"({pl} B vs {exp} B); the block-size assert behind it cannot fire")
@@ -494,11 +511,16 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
         got = _expected(rel, f)
         if got is None or got[0] == pl:
             continue
-        exp, equal = got
-        effects[rel.name] = (f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})"
-                             if equal else
-                             f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: "
-                             f"'{MSG_SHAPE}' ({pl} B vs {exp} B)")
+        exp, kind = got
+        effects[rel.name] = {
+            "equal": f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})",
+            "scaled": (f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: '{MSG_SHAPE}' "
+                       f"({pl} B vs {exp} B)"),
+            "p_gt_d": (f"`assert remote_block_len == self.block_len_per_layer[0] // (-tp_ratio)` fails: "
+                       f"'{MSG_SHAPE_P_GT_D}' ({pl} B vs {exp} B)"),
+            "heads": (f"`remote_len == local_len * remote_heads // local_heads` fails (SPLIT region 0: {pl} B vs "
+                      f"{exp} B)"),
+        }[kind]
     exp = corrected_block_len(f, f.params_tp)
     if exp != pl:
         effects[CORRECTED] = f"refused: P block is {pl} B, D expects {exp} B"
@@ -627,7 +649,7 @@ def _h13_fires(rel: ReleaseModel, f: Facts) -> bool:
     v = _version(rel)
     if f.p_tp <= f.d_tp or (f.dg.use_mla and v >= (0, 21)):
         return False
-    return f.p_tp > f.dg.total_kv_heads if v >= (0, 20) else f.p_tp >= f.dg.total_kv_heads
+    return kvsplit.topology_replicated(f.p_tp, f.dg.total_kv_heads, strict=v >= (0, 20))
 
 
 def _h13(f: Facts, rels: Rels) -> Hazard:

@@ -20,9 +20,16 @@ def rank_heads(tp: int, heads: int, mla: bool) -> int:
     return 1 if mla else max(1, heads // tp)
 
 
+def topology_replicated(p_tp: int, heads: int, *, strict: bool) -> bool:
+    """vLLM's is_kv_replicated(remote): KVTopology (0.9.2 - 0.19) `remote_tp_size // total_num_kv_heads >= 1`,
+    TransferTopology (0.20+) strict `remote_tp_size > total_num_kv_heads`. MLA is each caller's own business."""
+    return p_tp > heads if strict else p_tp // heads >= 1
+
+
 def p_replicated(p_tp: int, heads: int, mla: bool) -> bool:
-    """Whether several P ranks hold the same KV: MLA, or P TP > the model's KV heads (0.34's strict test)."""
-    return mla or p_tp > heads
+    """Whether several P ranks hold the same KV (the corrected model's rule): MLA, or P TP > the model's KV heads
+    (the newest vLLM's strict test: at P TP == heads each P rank holds its own head)."""
+    return mla or topology_replicated(p_tp, heads, strict=True)
 
 
 def divisible(d_tp: int, p_tp: int) -> bool:

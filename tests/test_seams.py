@@ -134,6 +134,21 @@ def test_corrected_story_is_one_story(p_tp: int, d_tp: int, heads: int, mla: boo
             assert o.rank_num_blocks == {q: p.blocks[q] for q in o.contacted}
 
 
+@pytest.mark.parametrize(("p_tp", "d_tp", "heads", "mla"), SHAPES,
+                         ids=[f"p{p}-d{d}-h{h}{'-mla' if m else ''}" for p, d, h, m in SHAPES])
+def test_each_release_block_len_line_matches_its_verdict(p_tp: int, d_tp: int, heads: int, mla: bool) -> None:
+    """Per release: H08 has a line for it exactly where its handshake stops at a block-length check (even
+    counts, so no num_blocks assert stops a rank first)."""
+    p, d = _sides(p_tp, d_tp, heads, mla)
+    p = side("P", p_tp, 1000, kv_heads=heads, head_dim=64, mla=mla, backend=p.backend)
+    rels = [resolve(v) for v in RELEASES]
+    h08 = next(h for h in evaluate(_scenario(p, d), rels) if h.id == "H08")
+    for rel in rels:
+        stops = {o.hazard for o in run_all(rel, p, d) if o.status != "ok"}
+        said = h08.effects.get(rel.name, "") if h08.applies else ""
+        assert ("H08" in stops) == ("fails" in said), (rel.name, stops, said)
+
+
 # ---- the real CLI: table, hazard lines and JSON of one run -------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="400")  # wide: no cell or hazard line is wrapped
