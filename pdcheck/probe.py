@@ -2,8 +2,10 @@
 
 Never registers memory, never adds a remote agent, never reads a block: it sends the era's metadata request
 to each P TP rank on a fresh REQ socket with a receive timeout (closed with linger 0 on every path), decodes
-the reply with that release's strict decoder, and evaluates the hazard catalogue against a decode
-configuration with the same pure engine as `pdcheck handshake` (pdcheck.hazards.evaluate).
+the reply with that release's strict decoder. Against a decode configuration it then runs each D rank's
+handshake flow in the same pure engine as `pdcheck handshake` (pdcheck.engine), on the replies already read,
+and decides the verdict with handshake's own rule (pdcheck.verdict); the hazard catalogue (pdcheck.hazards)
+explains it.
 
 Only requests of the given release's era are sent: a 0.11.1+ listener thread dies on a request it cannot
 unpack (reference §3.2, §9, H15), so a wrong guess would take a production P down.
@@ -42,7 +44,7 @@ EPILOG = """[bold]Examples[/]
   [dim]# release read from P's API server before any side-channel request[/]
   pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
 
-Read-only. Exit codes: 0 ok, 1 a hazard fires or a reply is refused, 2 bad input, 3 no reply."""
+Read-only. Exit codes: 0 ok, 1 the release fails (handshake's rule) or a reply is refused, 2 bad input, 3 no reply."""
 
 
 class ProbeRank(msgspec.Struct, kw_only=True):

@@ -134,6 +134,24 @@ def test_corrected_story_is_one_story(p_tp: int, d_tp: int, heads: int, mla: boo
             assert o.rank_num_blocks == {q: p.blocks[q] for q in o.contacted}
 
 
+def test_the_reported_shape() -> None:
+    """Issue 14's command: P TP 8 = 8 KV heads, D TP 2, P ranks 1 and 3 uneven, vLLM 0.34.0. One head per P rank
+    (not replicated): corrected reads P ranks 0-3 and 4-7 and accepts 4096 B blocks; 0.34 handshakes the same
+    ranks and stops at the num_blocks equality on D rank 0 (H03), which the hazard table must name."""
+    kw: dict[str, Any] = dict(kv_heads=8, head_dim=128)
+    p = side("P", 8, [1000, 1016, 1000, 992, 1000, 1000, 1000, 1000], **kw)
+    d = side("D", 2, 1000, **kw)
+    rel = resolve("0.34.0")
+    hz = {h.id: h for h in evaluate(_scenario(p, d), [rel]) if h.applies}
+    outs = run_all(CORRECTED, p, d)
+    assert [o.contacted for o in outs] == [[0, 1, 2, 3], [4, 5, 6, 7]] and {o.status for o in outs} == {"ok"}
+    assert {"H08", "H13"}.isdisjoint(hz), {k: h.effects for k, h in hz.items()}
+    assert hz["H11"].effects["corrected"].endswith("D rank 0 reads P ranks 0-3")
+    r34 = run_all(rel, p, d)
+    assert [(o.status, o.check, o.handshake) for o in r34] == [("assert", "dst_num_blocks_equal", 2), ("ok", None, None)]
+    assert "fires on D rank 0" in hz["H03"].effects["0.34.0"]
+
+
 @pytest.mark.parametrize(("p_tp", "d_tp", "heads", "mla"), SHAPES,
                          ids=[f"p{p}-d{d}-h{h}{'-mla' if m else ''}" for p, d, h, m in SHAPES])
 def test_each_release_block_len_line_matches_its_verdict(p_tp: int, d_tp: int, heads: int, mla: bool) -> None:
