@@ -496,8 +496,21 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
         else:
             effects[rel.name] = (f"block_len matches ({pl} B), so the derived remote block size equals D's: "
                                  "undetected, tokens land in the wrong slots")
-    effects[CORRECTED] = f"refused: P block_size {f.p.block_size} != D block_size {f.d.block_size}"
+    effects[CORRECTED] = _h07_corrected(f, rels)
     return _yes("H07", detail, effects)
+
+
+def _h07_corrected(f: Facts, rels: Rels) -> str:
+    """The corrected model checks the block length before the block size (releases.corrected): a block size
+    that changes the block length is refused by the length check, with the same bytes as H08's line."""
+    pl, exp = f.pg.block_len, corrected_block_len(f, f.params_tp)
+    if exp != pl:
+        return f"refused by the block length check first (H08): P block is {pl} B, D expects {exp} B"
+    p_rel = _p_release(f) or (rels[-1] if rels else None)  # the P the corrected D meets (handshake's profiles)
+    if p_rel is not None and p_rel.wire in _PRE_DEVICE_WIRES:
+        return (f"undetected: P (era {p_rel.wire}) does not advertise block_size and the block length matches: "
+                "tokens land in the wrong slots")
+    return f"refused: P block_size {f.p.block_size} != D block_size {f.d.block_size}"
 
 
 def _h08(f: Facts, rels: Rels) -> Hazard:

@@ -153,7 +153,10 @@ def test_block_size_mismatch_surfaces_as_shape() -> None:
     assert "the block-size assert behind it cannot fire" in hz["H07"].effects["0.9.1"]
     assert "(8192 B vs 4096 B)" in hz["H07"].effects["0.10.0"]
     assert hz["H07"].effects["0.9.0"].startswith("no check")
-    assert hz["H07"].effects["corrected"] == "refused: P block_size 32 != D block_size 16"
+    # the corrected model's length check comes first and names the same bytes as H08's line
+    assert hz["H07"].effects["corrected"] == ("refused by the block length check first (H08): P block is 8192 B, "
+                                              "D expects 4096 B")
+    assert hz["H08"].effects["corrected"] == "refused: P block is 8192 B, D expects 4096 B"
 
 
 def test_kv_heads_mismatch() -> None:

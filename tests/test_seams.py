@@ -62,6 +62,11 @@ def _scenario(p: Side, d: Side) -> Scenario:
     return load(None, {"vllm": RELEASES, "prefill": inst(p), "decode": inst(d)})
 
 
+def _corrected(p: Side, d: Side) -> list[Outcome]:
+    """The corrected model on every D rank, meeting a P of the last release's era, as in `handshake`."""
+    return run_all(CORRECTED, p, d, p_wire=resolve(RELEASES[-1]).wire)
+
+
 # ---- what is right, worked out from the heads (not from pdcheck's rule) -----------------------------------
 def _heads(rank: int, tp: int, heads: int, mla: bool) -> set[int]:
     if mla:
@@ -123,7 +128,7 @@ def assert_lines_agree(hazards: list[Hazard], outs: list[Outcome], p_tp: int, d_
                          ids=[f"p{p}-d{d}-h{h}{'-mla' if m else ''}" for p, d, h, m in SHAPES])
 def test_corrected_story_is_one_story(p_tp: int, d_tp: int, heads: int, mla: bool) -> None:
     p, d = _sides(p_tp, d_tp, heads, mla)
-    outs = run_all(CORRECTED, p, d)
+    outs = _corrected(p, d)
     hazards = evaluate(_scenario(p, d), [resolve(v) for v in RELEASES])
     assert_lines_agree(hazards, outs, p_tp, d_tp, heads, mla)
     if max(p_tp, d_tp) % min(p_tp, d_tp) == 0:
@@ -143,7 +148,7 @@ def test_the_reported_shape() -> None:
     d = side("D", 2, 1000, **kw)
     rel = resolve("0.34.0")
     hz = {h.id: h for h in evaluate(_scenario(p, d), [rel]) if h.applies}
-    outs = run_all(CORRECTED, p, d)
+    outs = _corrected(p, d)
     assert [o.contacted for o in outs] == [[0, 1, 2, 3], [4, 5, 6, 7]] and {o.status for o in outs} == {"ok"}
     assert {"H08", "H13"}.isdisjoint(hz), {k: h.effects for k, h in hz.items()}
     assert hz["H11"].effects["corrected"].endswith("D rank 0 reads P ranks 0-3")
@@ -165,6 +170,33 @@ def test_each_release_block_len_line_matches_its_verdict(p_tp: int, d_tp: int, h
         stops = {o.hazard for o in run_all(rel, p, d) if o.status != "ok"}
         said = h08.effects.get(rel.name, "") if h08.applies else ""
         assert ("H08" in stops) == ("fails" in said), (rel.name, stops, said)
+
+
+MISMATCHES = [{"block_size": 32}, {"kv_heads": 16}, {"head_dim": 128}, {"dtype": "float32"},
+              {"block_size": 32, "kv_heads": 4}]  # the last: the same block length, another block size
+
+
+@pytest.mark.parametrize("tps", [(2, 2), (2, 4), (4, 2), (8, 2)], ids=lambda t: f"p{t[0]}-d{t[1]}")
+@pytest.mark.parametrize("diff", MISMATCHES, ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_corrected_refusal_is_named_once(diff: dict[str, Any], tps: tuple[int, int]) -> None:
+    """A real mismatch: every hazard line that says the corrected model refuses gives the reason (and bytes) the
+    corrected engine gives, and the engine's refusal is named by some line."""
+    p_tp, d_tp = tps
+    base: dict[str, Any] = dict(kv_heads=8, head_dim=64)
+    p, d = side("P", p_tp, 1000, **{**base, **diff}), side("D", d_tp, 1000, **base)
+    outs = _corrected(p, d)
+    hazards = evaluate(_scenario(p, d), [resolve(v) for v in RELEASES])
+    lines = [h.effects[CORRECTED.name] for h in hazards if h.applies and CORRECTED.name in h.effects]
+    msgs = {o.message for o in outs if o.status != "ok"}
+    assert len(msgs) <= 1, msgs
+    engine = msgs.pop() if msgs else None
+    for line in lines:
+        if m := re.search(r"P block is \d+ B, D expects \d+ B", line):
+            assert engine is not None and m.group(0) in engine, (line, engine)
+        if "refused: P block_size" in line:
+            assert engine is not None and engine.startswith("refused: P block_size"), (line, engine)
+    if engine is not None:
+        assert any(engine.split(" (")[0] in line for line in lines), (engine, lines)
 
 
 # ---- the real CLI: table, hazard lines and JSON of one run -------------------------------------------------
