@@ -601,7 +601,12 @@ def _h11(f: Facts, rels: Rels) -> Hazard:
                                  + (f"; {_v(missing, 'ask')} ports nobody listens on and {'blocks' if len(missing) == 1 else 'block'} in recv()"
                                     if missing else ""))
     reading = corrected_reading(f)
-    effects[CORRECTED] = reading if reading.startswith("refused") else f"supported: {reading}"
+    if reading.startswith("refused"):
+        effects[CORRECTED] = reading
+    elif f.params_tp != f.p_tp:  # it reads what kv_transfer_params describe; H12's line says how that ends
+        effects[CORRECTED] = f"reads P as TP {f.params_tp} (kv_transfer_params, H12): {reading}"
+    else:
+        effects[CORRECTED] = f"supported: {reading}"
     return _yes("H11", detail, effects)
 
 

@@ -199,6 +199,27 @@ def test_corrected_refusal_is_named_once(diff: dict[str, Any], tps: tuple[int, i
         assert any(engine.split(" (")[0] in line for line in lines), (engine, lines)
 
 
+@pytest.mark.parametrize("told", [1, 2, 4, None], ids=lambda t: f"tp_size{t}")
+@pytest.mark.parametrize("tps", [(2, 4), (4, 4), (4, 2), (2, 2)], ids=lambda t: f"p{t[0]}-d{t[1]}")
+def test_corrected_lines_when_kv_transfer_params_tp_size_is_wrong(tps: tuple[int, int], told: int | None) -> None:
+    """kv_transfer_params with a wrong (or no) tp_size: no line calls the pair supported while the corrected
+    engine, which trusts them, refuses; a refusal is named with the engine's bytes."""
+    p_tp, d_tp = tps
+    p, d = side("P", p_tp, 1000, kv_heads=8, head_dim=64), side("D", d_tp, 1000, kv_heads=8, head_dim=64)
+    sc = load(None, {"vllm": RELEASES, "prefill": {"engine_id": "P", "tp_size": p_tp, "num_blocks": 1000,
+                                                   "head_dim": 64},
+                     "decode": {"engine_id": "D", "tp_size": d_tp, "num_blocks": 1000, "head_dim": 64},
+                     "kv_transfer_params": {"omit_tp_size": True} if told is None else {"tp_size": told}})
+    outs = run_all(CORRECTED, p, d, tp=sc.params_tp_size(), p_wire=resolve(RELEASES[-1]).wire)
+    lines = [h.effects["corrected"] for h in evaluate(sc, [resolve(v) for v in RELEASES])
+             if h.applies and "corrected" in h.effects]
+    refusals = {o.message for o in outs if o.status != "ok"}
+    for line in lines:
+        assert not (line.startswith("supported") and refusals), (line, refusals)
+        if m := re.search(r"P block is \d+ B, D expects \d+ B", line):
+            assert any(m.group(0) in r for r in refusals), (line, refusals)
+
+
 # ---- the real CLI: table, hazard lines and JSON of one run -------------------------------------------------
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="400")  # wide: no cell or hazard line is wrapped
