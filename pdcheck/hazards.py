@@ -198,9 +198,8 @@ def corrected_reading(f: Facts) -> str:
     repl = "MLA" if mla else "replicated KV" if kvsplit.p_replicated(p, heads, mla) else None
     if d >= p:
         return "each D rank reads its heads from one P rank" + (f" ({repl})" if repl else "")
-    per = {len(corrected_reads(f, r)) for r in range(d)}
-    n = per.pop() if len(per) == 1 else max(per)
-    eg = f"D rank 0 reads P {_plural(corrected_reads(f, 0))}"
+    first = corrected_reads(f, 0)  # with sizes that divide, every D rank reads as many P ranks
+    n, eg = len(first), f"D rank 0 reads P {_plural(first)}"
     if n == 1:
         return f"{repl}: each D rank reads one P rank of its group ({eg})"
     what = (f"one P rank per KV head ({repl}: P TP {p} > {heads} heads)" if repl
