@@ -17,6 +17,8 @@ from typing import Literal
 
 import msgspec
 
+from pdcheck.kvsplit import corrected_reads
+
 KVRegions = Literal["split", "blocks_first", "packed"]
 
 DTYPE_BYTES: dict[str, int] = {
@@ -44,11 +46,6 @@ class Geometry(msgspec.Struct, frozen=True):
     @property
     def flashinfer(self) -> bool:
         return "FLASHINFER" in self.attn_backend.upper()
-
-    @property
-    def kv_replicated(self) -> bool:
-        # tp == heads still gives every rank its own head; only tp > heads repeats heads across ranks.
-        return self.use_mla or self.tp_size > self.total_kv_heads
 
     @property
     def local_kv_heads(self) -> int:
@@ -132,12 +129,13 @@ class Geometry(msgspec.Struct, frozen=True):
 
 
 def read_source(p: Geometry, d: Geometry, d_rank: int) -> tuple[int, int] | None:
-    """Which P rank holds D rank `d_rank`'s heads whole, and at what byte offset of a heads-first P block its
-    slice starts (None: its heads span several P ranks). Replicated sources are spread over the P ranks."""
-    lo, n = d.head_start(d_rank), d.local_kv_heads
-    holders = [r for r in range(p.tp_size)
-               if p.head_start(r) <= lo and lo + n <= p.head_start(r) + p.local_kv_heads]
-    if not holders:
+    """Which P rank D rank `d_rank` reads its heads from (the corrected model's choice, kvsplit.corrected_reads),
+    and at what byte offset of a heads-first P block its slice starts. None where the corrected model reads
+    several P ranks for one D rank (its heads span several P ranks) or that rank does not hold them whole."""
+    reads = corrected_reads(d_rank, d.tp_size, p.tp_size, d.total_kv_heads, d.use_mla)
+    if len(reads) != 1:
         return None
-    src = holders[d_rank % len(holders)]
+    src, lo, n = reads[0], d.head_start(d_rank), d.local_kv_heads
+    if not (p.head_start(src) <= lo and lo + n <= p.head_start(src) + p.local_kv_heads):
+        return None  # TP sizes that do not divide: no P rank holds this D rank's heads whole
     return src, (lo - p.head_start(src)) * d.head_slice_bytes

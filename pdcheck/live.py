@@ -49,7 +49,7 @@ def run(plan: Plan) -> RunResult:
     sc, releases, p_rel = plan.scenario, plan.releases, plan.p_release
     p_fmt = FORMATS[p_rel.wire]
     d = sc.decode
-    ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
+    ranks, _replies, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
                                              tp_size=sc.prefill.tp_size if plan.live.tp_given else None,
                                              timeout_ms=opts.hang_timeout_ms, hint=plan.p_geometry,
                                              max_tp=opts.max_tp)

@@ -19,7 +19,14 @@ from pdcheck.bounds import MAX_TP
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
 from pdcheck.ports import PortPlan
-from pdcheck.releases import CORRECTED, compat_hash_for, for_release, resolve, resolve_many
+from pdcheck.releases import (
+    CORRECTED,
+    compat_hash_for,
+    for_release,
+    registered_geometry,
+    resolve,
+    resolve_many,
+)
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Instance, Scenario
 
@@ -80,12 +87,8 @@ def own_release(inst: Instance, where: str) -> ReleaseModel | None:
 
 
 def kv_geometry(inst: Instance, own: ReleaseModel | None, run_releases: list[ReleaseModel]) -> Geometry:
-    """The geometry a fake rank registers: FlashAttention's KV layout of the instance's own release, else of
-    the one release run. A matrix of several releases shares one KV cache per process, so it keeps one layout
-    on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
-    rel = own if own is not None else (run_releases[0] if len(run_releases) == 1 else None)
-    g = inst.geometry()
-    return for_release(rel, g) if rel is not None and rel is not CORRECTED else g
+    """The geometry a fake rank of `inst` registers (releases.registered_geometry, with its own release resolved)."""
+    return registered_geometry(own, inst.geometry(), run_releases)
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:

@@ -2,8 +2,10 @@
 
 Never registers memory, never adds a remote agent, never reads a block: it sends the era's metadata request
 to each P TP rank on a fresh REQ socket with a receive timeout (closed with linger 0 on every path), decodes
-the reply with that release's strict decoder, and evaluates the hazard catalogue against a decode
-configuration with the same pure engine as `pdcheck handshake` (pdcheck.hazards.evaluate).
+the reply with that release's strict decoder. Against a decode configuration it then runs each D rank's
+handshake flow in the same pure engine as `pdcheck handshake` (pdcheck.engine), on the replies already read,
+and decides the verdict with handshake's own rule (pdcheck.verdict); the hazard catalogue (pdcheck.hazards)
+explains it.
 
 Only requests of the given release's era are sent: a 0.11.1+ listener thread dies on a request it cannot
 unpack (reference §3.2, §9, H15), so a wrong guess would take a production P down.
@@ -21,13 +23,15 @@ import zmq
 
 from pdcheck import __version__, releases
 from pdcheck import bounds as b
-from pdcheck.engine import FetchRefused, FetchTimeout
+from pdcheck import verdict as verdict_rule
+from pdcheck.engine import FetchRefused, FetchTimeout, Params
+from pdcheck.engine import run as engine_run
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.netio import MAX_FRAME_BYTES
 from pdcheck.ports import rank_port
-from pdcheck.releases.base import ReleaseModel
+from pdcheck.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
@@ -42,7 +46,7 @@ EPILOG = """[bold]Examples[/]
   [dim]# release read from P's API server before any side-channel request[/]
   pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
 
-Read-only. Exit codes: 0 ok, 1 a hazard fires or a reply is refused, 2 bad input, 3 no reply."""
+Read-only. Exit codes: 0 ok, 1 the release fails (handshake's rule) or a reply is refused, 2 bad input, 3 no reply."""
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
@@ -62,6 +66,9 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     notes: list[str]
     verdict: str  # "ok" | "hazard" | "unreadable"
     exit_code: int
+    # Each decode rank's handshake outcome under the release (the engine, against P's replies), by D rank;
+    # None without a decode configuration. The verdict comes from these (pdcheck.verdict), as in `handshake`.
+    decode_status: list[str] | None = None
 
 
 def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
@@ -111,8 +118,9 @@ def _fill(pr: ProbeRank, meta: AnyMeta, remote_hash: str | None, expected: str |
 
 
 def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int,
-        expected_hash: str | None, max_tp: int = b.MAX_TP) -> tuple[ProbeRank, AnyMeta | None]:
-    """One request of era `fmt` for `tp_rank`, one strict decode. Never raises for what P sends."""
+        expected_hash: str | None, max_tp: int = b.MAX_TP) -> tuple[ProbeRank, AnyMeta | None, list[bytes] | None]:
+    """One request of era `fmt` for `tp_rank`, one strict decode; the reply's frames when it decoded. Never
+    raises for what P sends."""
     pr = ProbeRank(tp_rank=tp_rank, port=port, status="ok")
     t0 = time.perf_counter()
     try:
@@ -122,10 +130,10 @@ def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, t
         pr.message = (f"no reply from {_endpoint(host, port)} within {timeout_ms} ms (nothing listening, another "
                       f"host, a listener thread that already died (H15), or a frame over "
                       f"{MAX_FRAME_BYTES >> 20} MiB, which pdcheck drops)")
-        return pr, None
+        return pr, None, None
     except FetchRefused as exc:
         pr.status, pr.out_of_bounds, pr.message = "garbled", "reply", f"refused: {exc}"
-        return pr, None
+        return pr, None, None
     pr.reply_ms = (time.perf_counter() - t0) * 1e3
     pr.frames, pr.reply_bytes = len(frames), sum(len(f) for f in frames)
     try:
@@ -138,18 +146,18 @@ def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, t
         what = exc.message or f"assert {exc.expr}"
         pr.message = (f"{exc.exc_type}: {what}" + (f" (the reply looks like era {seen}, expected era {fmt.name})"
                                                    if seen else " (not NIXL metadata of any era)"))
-        return pr, None
+        return pr, None, None
     except Exception as exc:  # noqa: BLE001 - anything else a hostile peer can provoke is a verdict too
         pr.status = "garbled"
         pr.message = f"{type(exc).__name__}: {exc}"
-        return pr, None
+        return pr, None, None
     bad = peer_bounds(meta, max_tp)
     if bad is not None:
         pr.status, pr.out_of_bounds = "garbled", bad[0]
         pr.message = f"{bad[0]}: {bad[1]} (pdcheck uses no value outside its bounds)"
-        return pr, None
+        return pr, None, None
     _fill(pr, meta, remote_hash, expected_hash)
-    return pr, meta
+    return pr, meta, frames
 
 
 def peer_bounds(meta: AnyMeta, max_tp: int) -> tuple[str, str] | None:
@@ -204,15 +212,16 @@ def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
 
 def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
                 timeout_ms: int = 2000, expected_hash: str | None = None, hint: Geometry | None = None,
-                max_tp: int = b.MAX_TP) -> tuple[list[ProbeRank], list[AnyMeta | None], list[str]]:
+                max_tp: int = b.MAX_TP) -> tuple[list[ProbeRank], list[list[bytes] | None], list[str]]:
     """Ask every P TP rank once. The number of ranks: tp_size if given; else era B's advertised tp_size (at most
     max_tp: a larger one makes rank 0 `garbled`; asking stops at the first rank that does not answer); else in
     the per-worker eras (A-E) the next port that does not answer, up to max_tp ports; else (F-H) rank 0 only,
-    since asking a rank the scheduler does not serve raises KeyError in its listener thread and kills it."""
+    since asking a rank the scheduler does not serve raises KeyError in its listener thread and kills it.
+    Returns the ranks, each rank's reply frames (None where it did not decode) and notes."""
     fmt = FORMATS[release.wire]
     notes: list[str] = []
     ranks: list[ProbeRank] = []
-    metas: list[AnyMeta | None] = []
+    replies: list[list[bytes] | None] = []
     ctx = zmq.Context()
     try:
         n = tp_size
@@ -220,13 +229,13 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
         r = 0
         while (n is None and r < max_tp) or (n is not None and r < n):
             port = rank_port(fmt.name, base, dp_rank, n or 1, r)
-            pr, meta = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash, max_tp)
+            pr, meta, frames = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash, max_tp)
             if r == 0 and pr.status == "no_reply":
                 raise HarnessError(f"probe: {pr.message}")
             if advertised and pr.status == "no_reply":
                 notes.append(f"{r} of the {n} advertised P rank(s) asked: port {port} did not answer")
                 ranks.append(pr)
-                metas.append(meta)
+                replies.append(frames)
                 break
             if n is None and r > 0 and pr.status == "no_reply":
                 notes.append(f"{r} P rank(s) found: port {port} did not answer (pass --tp-size to name the size)")
@@ -237,7 +246,7 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
                              f"{ranks[0].engine_id!r} (pass --tp-size to name the size)")
                 break
             ranks.append(pr)
-            metas.append(meta)
+            replies.append(frames)
             if r == 0 and n is not None and n > 1 and fmt.port_scheme == "per_dp" and meta and hint is not None:
                 bound = tp_bound(meta, hint)
                 if bound is not None and n > bound:
@@ -261,7 +270,7 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
             notes.append(f"stopped after {max_tp} P ranks (--max-tp); pass --tp-size to name the size")
     finally:
         ctx.destroy(0)
-    return ranks, metas, notes
+    return ranks, replies, notes
 
 
 def _layers(regions: int, geometry_flat: bool) -> int:
@@ -316,17 +325,19 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
     expected = None
     if decode_sc is not None:
         expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
-    ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
+    ranks, replies, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
                                        timeout_ms=timeout_ms, expected_hash=expected, max_tp=max_tp,
                                        hint=releases.for_release(release, decode_sc.prefill.geometry())
                                        if decode_sc is not None else None)
     fmt = FORMATS[release.wire]
     ok = [r for r in ranks if r.status == "ok"]
     hazards: list[Hazard] = []
+    statuses: list[str] | None = None  # each D rank's handshake outcome; None: no decode configuration
     if decode_sc is not None and ok:
         p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes, release)
         sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
         hazards = evaluate(sc, [release])
+        statuses = decode_statuses(sc, release, dict(enumerate(replies)), expected)
     elif decode_sc is None:
         notes.append("no decode configuration (a scenario or --decode-* flags): hazards not evaluated")
     engines = sorted({r.engine_id for r in ok if r.engine_id})
@@ -338,7 +349,10 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
                          f"decode's {r.compat_hash_expected}: a real {release.name} decode refuses it "
                          "(RuntimeError: NIXL compatibility hash mismatch, H17)")
     unreadable = len(ok) < len(ranks)
-    fires = any(h.applies for h in hazards) or any(r.hash_match is False for r in ok) or len(engines) > 1
+    # With a decode configuration, the handshake's own rule on the engine's outcomes (pdcheck.verdict): the
+    # hazards explain, they do not decide. Without one, only what the replies themselves show.
+    d_tp = decode_sc.decode.tp_size if decode_sc is not None else 0
+    fires = not verdict_rule.survives(statuses, d_tp) if statuses is not None else len(engines) > 1
     verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
     return ProbeReport(
         tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
@@ -346,8 +360,43 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
         wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
         num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
         decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
-        exit_code=0 if verdict == "ok" else 1,
+        exit_code=verdict_rule.exit_code([verdict == "ok"]), decode_status=statuses,
     )
+
+
+class _Replay:
+    """HandshakeIO over the replies the probe already read: a D rank's handshake flow runs in-process without
+    sending anything again, loading an agent or registering memory (probe stays read-only). A rank that was not
+    asked answers nothing, as a rank P lacks would."""
+
+    def __init__(self, replies: dict[int, list[bytes] | None]) -> None:
+        self.replies = replies
+
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
+        frames = self.replies.get(p_rank)
+        if frames is None:
+            raise FetchTimeout
+        return frames
+
+    def add_remote_agent(self, blob: bytes) -> str:
+        return agent_name(blob) or "remote"
+
+    def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
+        pass  # nothing is registered: the descriptor ids are all the verdict needs
+
+
+def decode_statuses(sc: Scenario, release: ReleaseModel, replies: dict[int, list[bytes] | None],
+                    local_hash: str | None) -> list[str]:
+    """Each D rank's outcome under `release` against the replies P gave: the pure engine, with the Local and
+    Params a `pdcheck handshake` D rank builds (ranks.decode_main)."""
+    d = sc.decode
+    g = releases.registered_geometry(d.vllm, d.geometry(), [release])
+    params = Params(sc.remote_engine_id(), sc.params_tp_size(), release.wire, local_hash)
+    out = []
+    for r in range(d.tp_size):
+        local = Local(d.engine_id, r, d.tp_size, d.blocks()[r], g, d.kv_cache_layout, d.device_id(r))
+        out.append(engine_run(release, local, params, _Replay(replies)).status)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -393,6 +442,9 @@ def render(rep: ProbeReport, console: Any) -> None:
         console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")
     for n in rep.notes:
         console.print(Text(f"  note: {n}", style="dim"))
+    if rep.decode_status is not None:
+        per = ", ".join(f"D{r} {s}" for r, s in enumerate(rep.decode_status))
+        console.print(f"  decode handshakes as vLLM {rep.release}: {per}", highlight=False)
     console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
 
 

@@ -200,7 +200,9 @@ def test_probe_hazards_equal_handshake_hazards_later_eras(release):
     hs = pdcheck("handshake", sc, "--vllm", release, "--no-transfer", "--json")
     with serve(sc, "--vllm", release, "--tag-blocks", "16") as s:
         code, rep = probe_json(s.endpoint, "--vllm", release, "--tp-size", "8", "--scenario", sc)
-    assert code == 1 and [r["num_blocks"] for r in rep["prefill_ranks"]] == [111680, *[111488] * 5, 112448, 111488]
+    # uneven counts, but one handshake per D rank: the hazards apply, the release survives (as in handshake)
+    assert code == hs.returncode == 0 and rep["decode_status"] == ["ok"] * 8
+    assert [r["num_blocks"] for r in rep["prefill_ranks"]] == [111680, *[111488] * 5, 112448, 111488]
     assert rep["hazards"] == json.loads(hs.stdout)["hazards"]
 
 
