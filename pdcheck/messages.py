@@ -7,6 +7,8 @@ from multiprocessing.connection import Connection
 
 import msgspec
 
+from pdcheck.geometry import ModelShape
+
 
 class Inject(msgspec.Struct, frozen=True):
     """Test hooks: make a P rank die or go mute on its first request, or corrupt one tagged block."""
@@ -178,15 +180,6 @@ class DecodeResult(msgspec.Struct, tag=True):
 
 
 # ------------------------------------------------------------------ transfer-bench: the same pipe and codec
-class BenchShape(msgspec.Struct, frozen=True):
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    mla: bool
-
-
 class BenchSpec(msgspec.Struct, frozen=True):
     """What a transfer-bench rank is started with (launcher.start's spec)."""
 
@@ -201,7 +194,7 @@ class BenchSpec(msgspec.Struct, frozen=True):
     progress_thread: bool
     target_busy: bool
     ucx_env: dict[str, str]  # the transport preset's UCX variables, set before the agent exists
-    shape: BenchShape
+    shape: ModelShape
     ptp: int
     dtp: int
     iters: int  # 0 = auto from min_time

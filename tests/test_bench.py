@@ -21,7 +21,7 @@ from pdcheck.bench import measure, output, schema, tables
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
 from pdcheck.geometry import read_source
-from pdcheck.kvcache import KVCache
+from pdcheck.kvcache import KVCache, check_range, desc_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 # 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; 4 requests of 256 tokens.
@@ -290,8 +290,8 @@ def test_block_tables_come_in_runs_and_never_share_blocks() -> None:
         for start in (0, 4, 8):
             run = t[start:start + 4]
             assert (np.diff(run) == 1).all()
-    ids = tables.desc_ids(3, nb, tbl[0])
-    assert ids.dtype == np.int32 and ids[10] == nb + tbl[0][0]  # region-major: region * num_blocks + block
+    ids = desc_ids(3, nb, tbl[0])
+    assert ids[10] == nb + tbl[0][0]  # region-major: region * num_blocks + block
 
 
 def test_check_names_the_block_that_arrived_instead() -> None:
@@ -312,10 +312,10 @@ def test_check_names_the_block_that_arrived_instead() -> None:
     assert measure.verify_requests(d, g, 7, 0, 0, p_ids[None, :], d_ids[None, :]).wrong == 0
     # the wire ceiling's check over a contiguous run of P's cache, starting mid-block
     start = g.block_len + 48
-    assert measure.wrong_words(p.arena.arr[start:start + 3 * g.block_len].copy(), 7, 0, g, 8, start) == 0
+    assert check_range(p.arena.arr[start:start + 3 * g.block_len].copy(), 7, 0, g, 8, start) == 0
     wrong = p.arena.arr[start:start + 3 * g.block_len].copy()
     wrong[100] ^= 1
-    assert measure.wrong_words(wrong, 7, 0, g, 8, start) == 1
+    assert check_range(wrong, 7, 0, g, 8, start) == 1
 
 
 def test_plot_without_matplotlib_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -196,8 +196,6 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[in
     labels = plan.labels
     ps = [lbl for lbl in labels if lbl.startswith("P")]
     ds = [lbl for lbl in labels if lbl.startswith("D")]
-    s = cfg.shape
-    shape = m.BenchShape(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
     for lbl in labels:
         rank = int(lbl[1:])
         is_p = lbl.startswith("P")
@@ -206,7 +204,7 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[in
             arena_bytes=(plan.pool_p if is_p else plan.pool_d)[rank], device=cfg.device,
             gpu=rank if is_p else cfg.ptp + rank, cores=cores[lbl],
             error_mode=cfg.error_mode or cfg.transport.error_mode, progress_thread=cfg.progress_thread,
-            target_busy=cfg.target_busy, ucx_env=ucx, shape=shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
+            target_busy=cfg.target_busy, ucx_env=ucx, shape=cfg.shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
             warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif,
         ))
     ready = ranks.gather(labels, m.BenchReady, t, "creating agents and registering memory")
