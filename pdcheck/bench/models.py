@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from msgspec.structs import replace
 
+from pdcheck.bounds import MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS, check_int
 from pdcheck.errors import BadInput
 from pdcheck.geometry import DTYPE_NAMES, ModelShape
 
@@ -32,11 +33,6 @@ def preset_names() -> list[str]:
     return [m.name for m in PRESETS.values()]
 
 
-def _positive(flag: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise BadInput(f"{flag} must be a positive integer, got {value}")
-
-
 def resolve_shape(
     model: str | None,
     *,
@@ -47,8 +43,10 @@ def resolve_shape(
     mla: bool | None = None,
 ) -> ModelShape:
     """A preset with explicit flags layered on top, or a fully explicit shape when no preset is named."""
-    for flag, val in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
-        _positive(flag, val)
+    for flag, val, hi in (("--layers", layers, MAX_LAYERS), ("--kv-heads", kv_heads, MAX_KV_HEADS),
+                          ("--head-dim", head_dim, MAX_HEAD_DIM)):
+        if val is not None:
+            check_int(flag, val, 1, hi)  # here, not only in the plan: 0 would read as "not given" below
     if dtype is not None and dtype.lower() not in DTYPE_NAMES:
         raise BadInput(f"--dtype {dtype!r} is not one of: bf16, fp16, fp32, fp8")
     if model:

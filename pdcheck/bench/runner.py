@@ -219,7 +219,8 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[in
     for row in plan.rows:
         what = f"row {row.label()}"
         msg = m.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
-                    row.num_blocks, tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d), cfg.corrupt)
+                    row.num_blocks, tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d),
+                    -1 if cfg.corrupt is None else cfg.corrupt)
         ranks.send(ps, msg)
         filled = ranks.gather(ps, m.Filled, t, f"filling {what}")
         ranks.send(ds, msg)
@@ -288,7 +289,7 @@ def _row_warnings(rows: list[schema.Row], llc: int, cfg: BenchConfig) -> list[st
     bad_wire = [r.label for r in rows if r.wire_wrong]
     if bad_wire:
         out.append(f"the one-descriptor wire-ceiling READ delivered wrong bytes ({', '.join(bad_wire)})")
-    if cfg.corrupt >= 0:
+    if cfg.corrupt is not None:
         out.append(f"self-test: descriptor {cfg.corrupt} of request 0 was corrupted at the source on purpose")
     return out
 

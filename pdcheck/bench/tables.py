@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pdcheck.bounds import MAX_BENCH_REQUESTS
 from pdcheck.geometry import Geometry
 
 PAGE = 4096
-MAX_REQUESTS = 4096
 
 
 @dataclass
@@ -87,7 +87,7 @@ def arena_bytes(geometry: Geometry, num_blocks: int) -> int:
 
 def auto_requests(request_bytes: int, target_ws: int) -> int:
     """Enough requests that cycling through them touches `target_ws` bytes per side (>= 2 requests)."""
-    return int(min(MAX_REQUESTS, max(2, math.ceil(target_ws / max(1, request_bytes)))))
+    return int(min(MAX_BENCH_REQUESTS, max(2, math.ceil(target_ws / max(1, request_bytes)))))
 
 
 def llc_bytes() -> int:
