@@ -45,3 +45,12 @@ def stderr_progress(enabled: bool = True, *, refresh_thread: bool = True) -> Ite
                 prog.refresh()
 
         yield tick
+
+
+def log_line(text: str, command: str = "serve") -> None:
+    """One timestamped line on stderr, `HH:MM:SS pdcheck <command>: text`: the one writer of the log lines a
+    long-running command prints as it goes (serve's per-request lines, from the parent and its ranks)."""
+    import time
+
+    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck {command}: {text}\n")
+    sys.stderr.flush()
