@@ -492,7 +492,8 @@ def check_blocks(kv: KVCache, local_ids: np.ndarray | list[int], remote_ids: np.
 def check_range(got: np.ndarray, tag: int, p_rank: int, geometry: Geometry, num_blocks: int, start: int,
                 chunk_bytes: int = 8 << 20) -> int:
     """Wrong 8-byte words in `got`, which must hold bytes [start, start + len(got)) of P rank p_rank's whole
-    KV cache of num_blocks blocks per region (regions back to back, as KVCache lays them; pattern `tag`):
+    KV cache of num_blocks blocks per region (regions back to back, as KVCache lays them; pattern `tag` with
+    byte offset = logical offset, i.e. heads-first blocks, as transfer-bench lays them):
     transfer-bench's one-descriptor wire ceiling. Chunked: a 128 MiB READ must not allocate gigabytes."""
     bp = geometry.block_len
     wrong = 0
