@@ -148,6 +148,8 @@ def check_host(where: str, key: str, host: str) -> None:
 def check_device(device: str) -> None:
     """--device cuda needs an NVIDIA driver. Ask the kernel and libcuda directly (milliseconds) instead of
     letting every rank import torch first (seconds and ~100 MB each) only to learn there is none."""
+    if device not in ("cpu", "cuda"):
+        raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
     if device != "cuda":
         return
     import ctypes

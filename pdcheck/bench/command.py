@@ -17,7 +17,7 @@ from rich.console import Console
 from pdcheck import bounds, progress
 from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
-from pdcheck.bench.plan import BenchConfig
+from pdcheck.bench.plan import BenchConfig, check_flags
 from pdcheck.bench.transport import preset
 from pdcheck.errors import EXIT_HAZARD, EXIT_INTERRUPTED, EXIT_OK, BadInput, PdcheckError
 
@@ -182,6 +182,7 @@ def _run(o: dict[str, Any]) -> int:
         target_poll=o["target_poll"], notif=o["notif"], pin=o["pin"], device=o["device"].lower(),
         timeout=o["timeout"], corrupt=o["corrupt_block"], log_dir=o["log_dir"],
     )
+    check_flags(cfg)  # the plan checks them again; here they fail before a progress bar is drawn
     machine = o["json_out"] or o["jsonl"]
     outcome = _with_progress(cfg, quiet=machine)
     failures = floors(outcome.rows, o["min_bw"], o["max_p99"])
