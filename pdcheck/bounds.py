@@ -120,6 +120,15 @@ def check_out_dir(flag: str, path: Path) -> None:
         raise BadInput(f"{flag} {path}: {have} is not writable")
 
 
+def check_out_file(flag: str, path: Path) -> None:
+    """A file pdcheck writes: its directory must exist (nothing is created for it), and it must not be one."""
+    p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"{flag} {path}: is a directory")
+    if not p.resolve().parent.is_dir():
+        raise BadInput(f"{flag} {path}: directory does not exist")
+
+
 def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
     check_seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
     if timeout is not None:

@@ -169,8 +169,7 @@ def _run(o: dict[str, Any]) -> int:
             bounds.check_number(flag, o[key], 0)
     if o["plot"] is not None:
         output.check_plot_available()
-        if not o["plot"].resolve().parent.is_dir():
-            raise BadInput(f"--plot {o['plot']}: directory does not exist")
+        bounds.check_out_file("--plot", o["plot"])
     shape = resolve_shape(o["model"] if o["model"] else None, layers=o["layers"], kv_heads=o["kv_heads"],
                           head_dim=o["head_dim"], dtype=o["dtype"], mla=o["mla"])
     cfg = BenchConfig(
