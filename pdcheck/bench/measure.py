@@ -115,24 +115,13 @@ def verify_requests(kv: KVCache, gp: Geometry, tag: int, src: int, offset: int, 
     return Check(chk.checked, chk.wrong, first)
 
 
-@dataclass
-class Summary:
-    samples: int
-    time_us: float  # mean per transfer
-    p50_us: float
-    p90_us: float
-    p99_us: float
-    p999_us: float
-    max_us: float
-    min_us: float
-    cv_pct: float
-
-
-def summarize(lat_ns: np.ndarray) -> Summary:
+def summarize(lat_ns: np.ndarray) -> dict[str, float]:
+    """Per-transfer latency statistics in µs, keyed by schema.Row's field names (time_us is the mean)."""
     us = lat_ns.astype(np.float64) / 1e3
+    keys = ("time_us", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "min_us", "cv_pct")
     if us.size == 0:
-        return Summary(0, *(float("nan"),) * 8)
-    p50, p90, p99, p999 = (float(x) for x in np.percentile(us, [50, 90, 99, 99.9]))
+        return dict.fromkeys(keys, float("nan"))
     mean = float(us.mean())
-    return Summary(int(us.size), mean, p50, p90, p99, p999, float(us.max()), float(us.min()),
-                   float(us.std() / mean * 100) if mean > 0 else 0.0)
+    vals = [mean, *(float(x) for x in np.percentile(us, [50, 90, 99, 99.9])), float(us.max()), float(us.min()),
+            float(us.std() / mean * 100) if mean > 0 else 0.0]
+    return dict(zip(keys, vals, strict=True))

@@ -248,7 +248,6 @@ def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target
               fill_ms: float, llc: int, foreign_cpu: float = 0.0) -> schema.Row:
     """Decode ranks pull at the same time: sum their bytes and GB/s, pool their latencies."""
     lat = np.concatenate([np.frombuffer(r.lat_ns, dtype="<i8") for r in rr])
-    sm = measure.summarize(lat)
     gbps = sum(r.nbytes * r.iters / r.wall_ns for r in rr)
     memcpy = sum(statistics.mean(c.gbps for c in r.memcpy) for r in rr)
     wire = sum(r.wire.gbps for r in rr)
@@ -260,8 +259,7 @@ def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target
         regions=cfg.shape.regions, requests=row.requests, run_length=row.run_length,
         block_bytes=rr[0].block_bytes, bytes=sum(r.nbytes for r in rr), desc_count=sum(r.desc_count for r in rr),
         desc_count_merged=merged, desc_runs=round(sum(r.desc_runs for r in rr)), iters=min(r.iters for r in rr),
-        time_us=sm.time_us, gbps=gbps, p50_us=sm.p50_us, p90_us=sm.p90_us, p99_us=sm.p99_us,
-        p999_us=sm.p999_us, max_us=sm.max_us, min_us=sm.min_us, cv_pct=sm.cv_pct,
+        gbps=gbps, **measure.summarize(lat),
         wrong=sum(r.wrong for r in rr), checked=sum(r.checked for r in rr),
         first_wrong=f"decode rank {next(r.rank for r in rr if r.first_wrong)}: {first}" if first else None,
         memcpy_gbps=memcpy, wire_gbps=wire, wire_p50_us=statistics.median(r.wire.p50_us for r in rr),
