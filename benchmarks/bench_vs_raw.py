@@ -89,7 +89,7 @@ def main() -> int:
             requests, bench_args = write_npz(npz, shape, bs, tokens, args.transport)
             raw_cmd = [sys.executable, str(ROOT / "benchmarks" / "raw_nixl_loop.py"), str(npz),
                        "--iters", str(iters), "--notif", *err]
-            bench_cmd = [sys.executable, "-m", "pdcheck.bench", "transfer-bench", *bench_args,
+            bench_cmd = [sys.executable, "-m", "pdcheck", "transfer-bench", *bench_args,
                          "--iters", str(iters), "--json"]
             raws, benches = [], []
             for rep in range(args.reps):
