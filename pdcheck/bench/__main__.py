@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import sys
-
 from pdcheck.__main__ import main
 
 if __name__ == "__main__":
-    sys.argv[0] = "pdcheck"
     main()
