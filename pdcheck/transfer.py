@@ -3,7 +3,8 @@
 Local descriptor ids are region * local_num_blocks + block; remote ids are region * stride + block, where the
 stride is what the release recorded for the engine (dst_num_blocks) or, corrected, the remote rank's own count.
 Where a release reads K and V as two halves of each block (Prepared.halves), each region counts as two virtual
-regions (K half, V half), as vLLM 0.23 - 0.25 order their descriptors.
+regions (K half, V half), as vLLM 0.23 - 0.25 order their descriptors. The ids are kvcache.desc_ids, the
+READs nixlagent.Agent.read and the check kvcache.check_blocks: the same three transfer-bench uses.
 """
 
 from __future__ import annotations
