@@ -35,6 +35,15 @@ MAX_RELEASES = 64
 MAX_PROOF_BYTES = 1 << 28
 HANG_TIMEOUT_S = (0.01, 3600.0)
 RUN_TIMEOUT_S = (0.1, 86400.0)
+# transfer-bench's own quantities (its shape, TP, seed, block size and timeout use the bounds above)
+MAX_BENCH_REQUESTS = 4096  # distinct block tables one row cycles through (--requests 0 picks up to this many)
+MAX_TOKENS = 1 << 22  # tokens per request
+MAX_SWEEP = 64  # values in one --block-size or --tokens list
+MAX_RUN_LENGTH = 1 << 20
+MAX_ITERS = 10**7
+MAX_WARMUP = 10**6
+MAX_CORRUPT_BLOCK = 2**31 - 1  # a descriptor index of request 0
+MIN_TIME_S = (0.001, 3600.0)
 
 # Untrusted input: a live peer, a --version-url, a log file (docs/reliability-untrusted.md). Frame and HTTP
 # caps live beside the code that enforces them (pdcheck.netio).
@@ -104,18 +113,50 @@ def read_scenario_text(path: Path) -> str:
         raise BadInput(f"{path}: not UTF-8 text: byte 0x{bad} at offset {exc.start} (save the file as UTF-8)") from None
 
 
+def check_int(flag: str, v: int, lo: int, hi: int) -> None:
+    if not lo <= v <= hi:
+        raise BadInput(f"{flag}: {v} is out of range ({lo} to {hi})")
+
+
+def check_number(flag: str, v: float, lo: float, hi: float = math.inf) -> None:
+    """A finite number in [lo, hi]."""
+    if not (math.isfinite(v) and lo <= v <= hi):
+        want = f"from {lo:g} to {hi:g}" if math.isfinite(hi) else f">= {lo:g}"
+        raise BadInput(f"{flag}: {v:g} is out of range (a finite number {want})")
+
+
+def check_out_dir(flag: str, path: Path) -> None:
+    """A directory pdcheck writes into: used if it exists, created with its parents if it does not. Refused
+    when it is something else than a directory, or cannot be created or written."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise BadInput(f"{flag} {path}: exists and is not a directory")
+    have = p
+    while not have.exists():  # the nearest existing ancestor decides whether it can be created
+        have = have.parent
+    if not have.is_dir():
+        raise BadInput(f"{flag} {path}: {have} is not a directory")
+    if not os.access(have, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {path}: {have} is not writable")
+
+
+def check_out_file(flag: str, path: Path) -> None:
+    """A file pdcheck writes: its directory must exist (nothing is created for it), and it must not be one."""
+    p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"{flag} {path}: is a directory")
+    if not p.resolve().parent.is_dir():
+        raise BadInput(f"{flag} {path}: directory does not exist")
+
+
 def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
-    _seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
+    check_seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
     if timeout is not None:
-        _seconds("--timeout", timeout, RUN_TIMEOUT_S)
+        check_seconds("--timeout", timeout, RUN_TIMEOUT_S)
 
 
 def check_seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:
     """A finite number of seconds within bounds (nan, inf and 1e300 are refused, not converted)."""
-    _seconds(flag, v, bounds)
-
-
-def _seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:
     lo, hi = bounds
     if not (math.isfinite(v) and lo <= v <= hi):
         raise BadInput(f"{flag}: {v:g} s is out of range (a finite number of seconds from {lo:g} to {hi:g})")
@@ -137,6 +178,8 @@ def check_host(where: str, key: str, host: str) -> None:
 def check_device(device: str) -> None:
     """--device cuda needs an NVIDIA driver. Ask the kernel and libcuda directly (milliseconds) instead of
     letting every rank import torch first (seconds and ~100 MB each) only to learn there is none."""
+    if device not in ("cpu", "cuda"):
+        raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
     if device != "cuda":
         return
     import ctypes

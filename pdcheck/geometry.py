@@ -139,3 +139,38 @@ def read_source(p: Geometry, d: Geometry, d_rank: int) -> tuple[int, int] | None
     if not (p.head_start(src) <= lo and lo + n <= p.head_start(src) + p.local_kv_heads):
         return None  # TP sizes that do not divide: no P rank holds this D rank's heads whole
     return src, (lo - p.head_start(src)) * d.head_slice_bytes
+
+
+# Dtype names a model shape may give -> Geometry's (one table of element sizes for every command).
+DTYPE_NAMES: dict[str, str] = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+    "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
+}
+
+
+class ModelShape(msgspec.Struct, frozen=True):
+    """A model's KV shape, before TP splits it (transfer-bench's --model presets; it crosses the rank pipe)."""
+
+    name: str
+    layers: int
+    kv_heads: int  # total KV heads (GQA); 1 for MLA (the latent vector is one "head")
+    head_dim: int  # per head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
+    dtype: str = "bf16"  # a DTYPE_NAMES key
+    mla: bool = False
+
+    def geometry(self, tp: int, block_tokens: int) -> Geometry:
+        """What one of `tp` ranks holds, in vLLM's split K/V FlashAttention layout (one K and one V region per
+        layer; MLA: one latent region per layer) with heads-first blocks, as `pdcheck handshake` registers it."""
+        return Geometry(tp_size=tp, block_size=block_tokens, layers=self.layers, total_kv_heads=self.kv_heads,
+                        head_dim=self.head_dim, dtype=DTYPE_NAMES[self.dtype], attn_backend="FLASH_ATTN",
+                        use_mla=self.mla)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[DTYPE_NAMES[self.dtype]]
+
+    @property
+    def regions(self) -> int:
+        return self.geometry(1, 1).num_regions

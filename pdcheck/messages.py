@@ -8,7 +8,7 @@ from typing import Literal
 
 import msgspec
 
-from pdcheck.geometry import Geometry
+from pdcheck.geometry import Geometry, ModelShape
 from pdcheck.wire.schemas import AnyMeta
 
 Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict
@@ -187,15 +187,6 @@ class DecodeResult(msgspec.Struct, tag=True):
 
 
 # ------------------------------------------------------------------ transfer-bench: the same pipe and codec
-class BenchShape(msgspec.Struct, frozen=True):
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    mla: bool
-
-
 class BenchSpec(msgspec.Struct, frozen=True):
     """What a transfer-bench rank is started with (launcher.start's spec)."""
 
@@ -210,7 +201,7 @@ class BenchSpec(msgspec.Struct, frozen=True):
     progress_thread: bool
     target_busy: bool
     ucx_env: dict[str, str]  # the transport preset's UCX variables, set before the agent exists
-    shape: BenchShape
+    shape: ModelShape
     ptp: int
     dtp: int
     iters: int  # 0 = auto from min_time

@@ -28,6 +28,7 @@ from pdcheck.bounds import MIN_BASE_PORT, SERVE_DURATION_S, check_seconds
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.plan import TAG_BLOCKS, ServeOptions, ServePlan, build_serve
+from pdcheck.progress import log_line
 from pdcheck.ranks import prefill_main
 from pdcheck.releases import resolve
 from pdcheck.releases.base import ReleaseModel
@@ -230,7 +231,7 @@ def version_server(host: str, port: int, version: str) -> Any:
             self.wfile.write(body)
 
         def log_message(self, fmt: str, *args: Any) -> None:
-            _log(f"api {self.client_address[0]} {fmt % args}")
+            log_line(f"api {self.client_address[0]} {fmt % args}")
 
     class Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -268,11 +269,6 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
     c.print("  " + msgspec.json.encode(doc.kv_transfer_params).decode(), highlight=False, soft_wrap=True)
     c.print("[dim]serving; Ctrl-C or SIGTERM stops every rank[/]")
     sys.stdout.flush()
-
-
-def _log(text: str) -> None:
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
-    sys.stderr.flush()
 
 
 def register(app: Any) -> None:
@@ -321,7 +317,7 @@ def register(app: Any) -> None:
             raise BadInput(f"--api-port: {api_port} is not a port")
         plan = build_serve(sc, release, ServeOptions(port=port, tag_blocks=tag_blocks, duration_s=duration,
                                                      api_port=api_port))
-        code = run(plan, lambda doc: _print_ready(doc, json_out), _log)
+        code = run(plan, lambda doc: _print_ready(doc, json_out), log_line)
         raise typer.Exit(code)
 
 

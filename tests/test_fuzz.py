@@ -250,8 +250,7 @@ def check(case: Case, code: int | None, err: str, started: bool) -> str | None:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     if len(lines) != 1:
         return f"{len(lines)} stderr lines"
-    prefix = "pdcheck transfer-bench: error: " if case.argv[0] == "transfer-bench" else "pdcheck: error: "
-    if not lines[0].startswith(prefix):
+    if not lines[0].startswith("pdcheck: error: "):  # one entry point, one prefix, transfer-bench included
         return f"not an error line: {lines[0][:120]}"
     return None
 
