@@ -89,10 +89,6 @@ class Agent:
                                                  bind.NIXL_IN_PROG, bind.NIXL_SUCCESS)
         self._names = {getattr(bind, k): k for k in dir(bind) if k.startswith("NIXL_ERR_")}
 
-    @property
-    def raw(self) -> Any:
-        return self._a
-
     def register(self, regions: Sequence[tuple[int, int, int]], mem_type: str) -> None:
         descs = nixl_call(
             "get_reg_descs", self.name, self._a.get_reg_descs,
