@@ -21,7 +21,7 @@ import pytest
 from pdcheck.bench import measure, output, schema, tables
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
-from pdcheck.geometry import read_source
+from pdcheck.geometry import ModelShape, read_source
 from pdcheck.kvcache import KVCache, check_range, desc_ids
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -368,7 +368,7 @@ def _spec(role: str, **kw: object) -> bytes:
     fields: dict[str, object] = dict(
         role=role, tp_rank=0, agent_name=f"pdcheck-test-{role}0", arena_bytes=1 << 20, device="cpu", gpu=0,
         cores=[], error_mode=None, progress_thread=False, target_busy=False, ucx_env={},
-        shape=m.BenchShape("t", 2, 2, 64, "bf16", False), ptp=1, dtp=1, iters=1, warmup=1, min_time=0.01,
+        shape=ModelShape("t", 2, 2, 64, "bf16", False), ptp=1, dtp=1, iters=1, warmup=1, min_time=0.01,
         notif=False)
     return msgspec.msgpack.encode(m.BenchSpec(**{**fields, **kw}))
 
