@@ -21,7 +21,7 @@ from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.placement import Place, RankId, RankLauncher
+from pdcheck.placement import Place, RankId, RankLauncher, rounds
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
@@ -278,13 +278,7 @@ class Launcher(RankLauncher[Rank]):
 
     def events(self, ranks: list[Rank], deadline: float) -> Iterator[tuple[Rank, m.Msg | None]]:
         """Yield (rank, message) as they arrive; (rank, None) when a rank's process ends. Stops at deadline."""
-        while True:
-            live = [r for r in ranks if not r.done]
-            if not live:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
+        for live, left in rounds(ranks, deadline):
             by_obj: dict[object, Rank] = {}
             for r in live:
                 by_obj[r.conn] = r
