@@ -10,7 +10,7 @@ import typer
 from typer.core import TyperGroup
 
 from pdcheck.cliopts import scenario_flags
-from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
+from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
 EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
@@ -298,9 +298,9 @@ def scenario_from_logs(
 
 @app.command(epilog=EPILOG)
 def smoke(
-    directory: Annotated[Path, typer.Argument(metavar="[DIRECTORY]",
-                                              help="Directory of scenario TOML files with expect tables.")] = Path(
-        "scenarios"),
+    directory: Annotated[Path | None, typer.Argument(
+        metavar="[DIRECTORY]", show_default=False,
+        help="Directory of scenario TOML files with expect tables (default: the bundled scenarios).")] = None,
     junit: Annotated[Path | None, Opt(metavar="FILE.xml", rich_help_panel=OUTPUT, show_default=False,
                                       help="Write JUnit XML here (GitHub/GitLab test reports).")] = None,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
@@ -314,9 +314,10 @@ def smoke(
     from pdcheck import bounds
     from pdcheck import handshake as hs
     from pdcheck import smoke as sm
+    from pdcheck.scenario import BUNDLED
 
     bounds.check_timeouts(hang_timeout)
-    rep = sm.run(directory, hs.Options(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
+    rep = sm.run(directory if directory is not None else BUNDLED, hs.Options(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
     if junit is not None:
         try:
             junit.write_bytes(sm.junit(rep))
@@ -381,8 +382,11 @@ def main() -> None:
     from pdcheck import lifecycle
 
     lifecycle.install_signal_handlers()
+    code = EXIT_HARNESS
     try:
-        code = run()
+        code = lifecycle.exit_code(run())
     finally:
-        lifecycle.shutdown()
-    sys.exit(lifecycle.exit_code(code))
+        kept = lifecycle.shutdown(code)
+    if kept is not None:
+        print(f"pdcheck: the ranks' logs are kept in {kept}", file=sys.stderr)
+    sys.exit(code)

@@ -41,10 +41,17 @@ _GET_PREP = spawn.get_preparation_data
 def warm_up() -> None:
     """Start the forkserver now: it imports NIXL, numpy and zmq in its own process while the parent
     still imports the CLI, instead of after it. lifecycle.shutdown() stops it on every exit path."""
+    _context()
+    _ensure_forkserver()
+
+
+def _ensure_forkserver() -> None:
+    """Start the forkserver (and resource tracker) if none runs, immune to Ctrl-C (see lifecycle)."""
     from multiprocessing import forkserver
 
-    _context()
-    forkserver.ensure_running()
+    from pdcheck.lifecycle import spawn_quietly
+
+    spawn_quietly(forkserver.ensure_running)
 
 
 def _prep_without_main(name: str) -> dict[str, Any]:
@@ -73,13 +80,37 @@ class _RankProcess(mp.context.ForkServerProcess):
         return _Popen(process_obj)
 
 
+_USER_STDERR: int | None = None  # in a rank: the stderr it was started with, before fd 2 went to its log
+_USER_STREAM: Any = None
+
+
+def user_stderr() -> Any:
+    """In a rank, the stream for lines meant for the user (serve's request log): the terminal the rank was
+    started on, not its log file. sys.stderr anywhere else."""
+    import sys
+
+    global _USER_STREAM
+    if _USER_STDERR is None:
+        return sys.stderr
+    if _USER_STREAM is None:
+        _USER_STREAM = open(_USER_STDERR, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives with the rank
+    return _USER_STREAM
+
+
 def _logged(target: Callable[[Connection, bytes], None], log: str, conn: Connection, spec: bytes) -> None:
-    """In the forked rank: point fd 1 and 2 at its own log file, then run the rank."""
+    """In the forked rank: point fd 1 and 2 at its own log file, then run the rank. A parent that went away
+    (its end of the pipe closed: Ctrl-C, killed) ends the rank quietly; the log says so."""
+    global _USER_STDERR
+    _USER_STDERR = os.dup(2)
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
-    target(conn, spec)
+    try:
+        target(conn, spec)
+    except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+        os.write(2, f"pdcheck: the parent closed this rank's pipe ({type(exc).__name__}); exiting\n".encode())
+        raise SystemExit(1) from None
 
 
 def stop_forkserver() -> None:
@@ -232,6 +263,7 @@ class Launcher:
 
     def __init__(self) -> None:
         self.ranks: list[Rank] = []
+        self.log_dir: str | None = None  # where ranks started without a log= write theirs (lifecycle's)
 
     def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
         """(role, tp_rank) -> where it will run. Locally: this host, at the scenario's addresses."""
@@ -241,7 +273,10 @@ class Launcher:
     def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes,
               log: str | None = None) -> Rank:
         """Fork a rank from the forkserver; it runs target(pipe, spec). log: a file that takes the rank's fd 1
-        and 2, C-level output included (UCX prints its protocol tables there); None: the parent's stderr."""
+        and 2, C-level output included (UCX prints its protocol tables there); None: <role><tp_rank>.log in
+        this run's rank-log directory (pdcheck.lifecycle)."""
+        from pdcheck import lifecycle
+
         ctx = _context()
         if not forkserver_alive():
             # warm_up() started it early; multiprocessing would quietly start another, but a killed
@@ -249,22 +284,35 @@ class Launcher:
             stop_forkserver()
             raise HarnessError(f"the rank forkserver died before {role} rank {tp_rank} started; nothing was left "
                                "running")
+        if log is None:
+            if self.log_dir is None:
+                self.log_dir = lifecycle.rank_log_dir()
+            log = os.path.join(self.log_dir, f"{role}{tp_rank}.log")
         parent, child = ctx.Pipe(duplex=True)
-        args: tuple[Any, ...] = (child, spec) if log is None else (target, log, child, spec)
-        proc = _RankProcess(target=target if log is None else _logged, args=args, name=f"pdcheck-{role}{tp_rank}",
+        proc = _RankProcess(target=_logged, args=(target, log, child, spec), name=f"pdcheck-{role}{tp_rank}",
                             daemon=True)
         try:
-            proc.start()
-        except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
+            _ensure_forkserver()  # proc.start() would start one too, but one that Ctrl-C interrupts
+        except (EOFError, OSError) as exc:
             parent.close()
             child.close()
             stop_forkserver()
-            raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
-                               f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left running") \
-                from None
-        child.close()
-        rank = Rank(role, tp_rank, proc, parent)
-        self.ranks.append(rank)
+            raise HarnessError(f"the rank forkserver could not start ({type(exc).__name__}: {exc})") from None
+        # Signals wait until the rank is in self.ranks: one forked but not yet recorded would outlive close().
+        # (Not around the forkserver's start above: a process spawned here would inherit the blocked signals.)
+        with lifecycle.signals_deferred():
+            try:
+                proc.start()
+            except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
+                parent.close()
+                child.close()
+                stop_forkserver()
+                raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
+                                   f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left "
+                                   "running") from None
+            child.close()
+            rank = Rank(role, tp_rank, proc, parent)
+            self.ranks.append(rank)
         return rank
 
     def events(self, ranks: list[Rank], deadline: float) -> Iterator[tuple[Rank, m.Msg | None]]:

@@ -145,10 +145,11 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
 
 
 def _log_line(text: str) -> None:
-    import sys
+    from pdcheck.launcher import user_stderr
 
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
-    sys.stderr.flush()
+    out = user_stderr()  # the terminal, not this rank's log file: serve's request log is for the user
+    out.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
+    out.flush()
 
 
 def _request_log(ls: m.ListenerSpec) -> Any:
