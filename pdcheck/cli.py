@@ -85,11 +85,10 @@ OUTPUT = "Output"
 LIVE = "Live prefill"
 
 
-def _console(**kw: Any) -> Any:
-    """A rich Console, imported here: a --json run renders nothing and never imports rich."""
-    from rich.console import Console
+def _console(stderr: bool = False, **kw: Any) -> Any:
+    from pdcheck.console import console
 
-    return Console(**kw)
+    return console(stderr, **kw)
 
 
 def _escape(text: str) -> str:
@@ -166,6 +165,10 @@ def handshake(
                                   help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout instead of tables (no progress).")] = False,
+    log_dir: Annotated[Path | None, Opt(metavar="DIR", rich_help_panel=OUTPUT, show_default=False,
+                                        help="Keep each rank's log (its stdout and stderr, NIXL's and UCX's own "
+                                             "lines included) here as P0.log, D0.log, ... (default: a temporary "
+                                             "directory, removed unless the harness fails).")] = None,
     prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=LIVE, show_default=False,
                                             help="The release the prefill runs (prefill.vllm): a cross-release "
                                                  "pair, or the live P's release with --prefill-endpoint.")] = None,
@@ -178,7 +181,7 @@ def handshake(
     ray: Annotated[str | None, Opt(metavar="ADDRESS", rich_help_panel=RUN, show_default=False,
                                    help="Run each rank as a Ray actor on this Ray cluster ('auto': the one this "
                                         "node belongs to): P on nodes with the pdcheck_prefill resource, D on "
-                                        "pdcheck_decode ones (needs pdcheck[ray]).")] = None,
+                                        "pdcheck_decode ones (needs pdcheck\\[ray]).")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
@@ -229,6 +232,10 @@ def handshake(
 
         if importlib.util.find_spec("ray") is None:
             raise BadInput("--ray: Ray is not installed here (pip install 'pdcheck[ray]')")
+    if log_dir is not None:
+        from pdcheck import lifecycle
+
+        lifecycle.keep_rank_logs(log_dir)
     with progress.stderr_progress(enabled=not json_out) as tick:
         rep = hs.run(sc, releases, hs.Options(
             device=device, transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000), run_timeout_s=timeout,
@@ -247,7 +254,25 @@ def handshake(
                       f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
         report.render(rep, _console())
+    if not json_out:
+        _native_note(log_dir)
     raise typer.Exit(rep.exit_code)
+
+
+def _native_note(log_dir: Path | None) -> None:
+    """One line per distinct NIXL error the ranks logged (their logs, not the terminal, get NIXL's C++ lines):
+    these come from the READs the report shows refused."""
+    from pdcheck import lifecycle
+
+    found = lifecycle.native_errors(lifecycle.rank_log_dirs())
+    if not found:
+        return
+    where = f"in {log_dir}" if log_dir is not None else "--log-dir DIR keeps them"
+    console = _console(highlight=False)
+    console.print(f"[dim]NIXL's own error lines in the rank logs ({_escape(where)}), from the refused READs "
+                  "above:[/]")
+    for msg, ranks in found.items():
+        console.print(f"[dim]  {', '.join(ranks)}: {_escape(msg)}[/]")
 
 
 @scenario_app.command("from-logs", epilog=EPILOG)
@@ -261,7 +286,10 @@ def scenario_from_logs(
     overrides: dict[str, Any],
     output: Annotated[Path | None, Opt("--output", "-o", metavar="SCENARIO.toml", rich_help_panel=OUTPUT,
                                        show_default=False,
-                                       help="Write the scenario here (default: stdout).")] = None,
+                                       help="Write the scenario here (default: stdout); an existing file "
+                                            "only with --force.")] = None,
+    force: Annotated[bool, Opt("--force", metavar="", rich_help_panel=OUTPUT,
+                               help="Let --output replace an existing file.")] = False,
     dp_rank: Annotated[int | None, Opt(metavar="N", rich_help_panel=RUN, show_default=False,
                                        help="Data-parallel rank to read when a log has several (default: "
                                             "the lowest).")] = None,
@@ -274,6 +302,8 @@ def scenario_from_logs(
     Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO.toml`."""
     from pdcheck import fromlogs
 
+    if output is not None and not force and (output.exists() or output.is_symlink()):
+        raise BadInput(f"--output: {output} exists; pass --force to replace it")
     fl, _sc = _logs_scenario((prefill_log, decode_log), overrides, dp_rank)
     text = fromlogs.to_toml(fl, overrides)
     if output is not None:
@@ -292,7 +322,11 @@ def scenario_from_logs(
     if output is None:
         sys.stdout.write(text)
     else:
-        _console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
+        import shlex
+
+        # soft_wrap: the command stays one line to copy, however narrow the terminal.
+        _console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"wrote {output}; run it with: pdcheck handshake {shlex.quote(str(output))}", markup=False)
     _report_missing(fl, overrides)
 
 
@@ -372,6 +406,13 @@ def run(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # Bare `pdcheck` / `pdcheck scenario`: asking for nothing gets the help (rich has printed it; plain
+            # help is the message), exit 0, as click before 8.2 did. Not an error, so no error line.
+            text = exc.format_message()  # type: ignore[attr-defined]
+            if text.strip():
+                print(text)
+            return 0
         error(one_line(exc.format_message()))  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt

@@ -149,3 +149,31 @@ def finish_rank_logs(code: int) -> str | None:
         _logs.update(root=None, temp=False, runs=[])
         return None
     return root
+
+
+def native_errors(dirs: list[str]) -> dict[str, list[str]]:
+    """NIXL's own (glog) error lines in these rank logs: message -> the ranks that logged it ('D0', 'P3').
+    Timestamps, thread ids, per-call values (' at index ...') and agent names are dropped so repeats group."""
+    import os
+    import re
+
+    line = re.compile(r"^[EF]\d{4} [\d:.]+\s+\d+ (\S+:\d+)\] (.*?)(?: at index .*)?$")
+    found: dict[str, list[str]] = {}
+    for d in dirs:
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".log"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(d, name), errors="replace") as f:
+                    for text in f:
+                        hit = line.match(text)
+                        if hit:
+                            msg = re.sub(r" for agent '[^']*'", "", hit.group(2))
+                            ranks = found.setdefault(f"{msg} ({hit.group(1)})", [])
+                            if name[:-4] not in ranks:
+                                ranks.append(name[:-4])
+            except OSError:
+                continue
+    return found

@@ -300,9 +300,9 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
         sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
         sys.stdout.flush()
         return
-    from rich.console import Console
+    from pdcheck.console import console
 
-    c = Console()
+    c = console()
     c.print(f"[bold]pdcheck serve[/] {doc.scenario}: vLLM {doc.release} prefill (era {doc.wire}), engine "
             f"{doc.engine_id}, TP {doc.tp_size}, pid {doc.pid}")
     for e in doc.endpoints:
