@@ -137,18 +137,30 @@ def rank_log_dirs() -> list[str]:
 
 
 def finish_rank_logs(code: int) -> str | None:
-    """At exit: remove a temporary log directory, unless the run failed as a harness (exit 3), where the
-    rank logs are the evidence. Returns the directory kept, if one was (the user's --log-dir included)."""
+    """At exit: remove a temporary log directory, unless the run failed as a harness (exit 3) and a rank
+    wrote something, the evidence. Returns the directory kept, if any (the user's --log-dir included)."""
     import shutil
 
     root = _logs["root"]
     if root is None:
         return None
-    if _logs["temp"] and code != EXIT_HARNESS:
+    if _logs["temp"] and (code != EXIT_HARNESS or not _any_written()):
         shutil.rmtree(root, ignore_errors=True)
         _logs.update(root=None, temp=False, runs=[])
         return None
     return root
+
+
+def _any_written() -> bool:
+    import os
+
+    for d in _logs["runs"]:
+        try:
+            if any(e.name.endswith(".log") and e.stat().st_size for e in os.scandir(d)):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def native_errors(dirs: list[str]) -> dict[str, list[str]]:

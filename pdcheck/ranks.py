@@ -18,6 +18,7 @@ import zmq
 
 from pdcheck import messages as m
 from pdcheck.engine import Outcome, Params, run
+from pdcheck.errors import PdcheckError
 from pdcheck.geometry import Geometry
 from pdcheck.kvcache import KVCache, block_descs, engine_tag
 from pdcheck.launcher import name_this_process
@@ -89,7 +90,8 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
         for lst in listeners:
             lst.close()
         ctx.destroy(0)
-        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
+        # pdcheck's own errors are already a sentence for the user; anything else is named by its type.
+        m.send(conn, m.Failed(spec.tp_rank, str(exc) if isinstance(exc, PdcheckError) else f"{type(exc).__name__}: {exc}"))
         return
     m.send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
     name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
