@@ -22,7 +22,7 @@ from typing import Any
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 
-_PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
 
 
