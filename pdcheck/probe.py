@@ -327,7 +327,7 @@ def render(rep: ProbeReport, console: Any) -> None:
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
     t = Table(title="Prefill ranks (as the side channel advertises them)")
     for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
-        t.add_column(col, min_width=len(col))  # a narrow terminal wraps cells, never shortens a header
+        t.add_column(col, overflow="fold")  # a narrow terminal folds a header onto two lines, never cuts it
     for r in rep.prefill_ranks:
         style = "green" if r.status == "ok" else "bold red"
         lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
