@@ -346,3 +346,21 @@ def test_explicit_base_port_refuses_a_squatted_layout_port(tmp_path: Path) -> No
     assert code == 3, err
     assert "7502" in err and "Traceback" not in err
     assert squat.connections == 0
+
+
+def test_a_taken_port_is_one_clean_line(tmp_path: Path) -> None:
+    """serve --port on a port another process listens on: what, where, what to do; no class name, the address
+    once, exit 3, nothing left running."""
+    squat = Impostor(0)
+    port = squat.sock.getsockname()[1]
+    try:
+        w = Watch(start(tmp_path, "serve", "--prefill-tp", "1", "--prefill-blocks", "64", "--vllm", "0.9.2",
+                        "--port", str(port), "--duration", "5"))
+        code, _out, err = finish(w, timeout=60)
+    finally:
+        squat.close()
+    assert code == 3, err
+    (line,) = error_lines(err)
+    assert f"127.0.0.1:{port}" in line and line.count(str(port)) == 1, line
+    assert "in use" in line and "choose another" in line and "Error:" not in line and "addr=" not in line, line
+    assert_clean(w, tmp_path, err)
