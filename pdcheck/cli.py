@@ -16,12 +16,13 @@ EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
   pdcheck scenario from-logs prefill.log decode.log -o mine.toml
   pdcheck handshake mine.toml --vllm all
-  [dim]# per-rank asserts and the transfer proof for one release[/]
-  pdcheck handshake scenarios/seed-19338-tp8.toml --vllm 0.9.1
+  [dim]# a bundled scenario, by name: per-rank asserts and the transfer proof for one release[/]
+  pdcheck handshake seed-19338-tp8 --vllm 0.9.1
   [dim]# no scenario file: flags only[/]
   pdcheck handshake --prefill-tp 2 --decode-tp 2 \\
       --prefill-blocks 5808,5800 --decode-blocks 5800 --vllm 0.9.1
-  pdcheck smoke scenarios --junit smoke.xml
+  [dim]# CI: every bundled scenario against its expected outcome[/]
+  pdcheck smoke --junit smoke.xml
 
 Exit codes: 0 survives, 1 a hazard fires, 2 bad input, 3 harness failure, 130 interrupted.
 Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""

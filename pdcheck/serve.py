@@ -38,7 +38,7 @@ TAG_BLOCKS = 4096  # default: blocks [0, 4096) of every region carry coordinate 
 Opt = typer.Option
 SERVE = "Serve"
 EPILOG = """[bold]Examples[/]
-  pdcheck serve scenarios/seed-19338-tp8.toml --vllm 0.11.1 --port 5600
+  pdcheck serve seed-19338-tp8 --vllm 0.11.1 --port 5600
   [dim]# first stdout line: the ready document (endpoints, kv_transfer_params)[/]
   pdcheck serve --prefill-tp 2 --prefill-blocks 3008,2992 --vllm 0.26.0 --json
   [dim]# pdcheck's own decode ranks against it[/]
