@@ -16,7 +16,7 @@ EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
   pdcheck scenario from-logs prefill.log decode.log -o mine.toml
   pdcheck handshake mine.toml --vllm all
-  [dim]# a bundled scenario, by name: per-rank asserts and the transfer proof for one release[/]
+  [dim]# a bundled scenario by name; one release: the per-rank report[/]
   pdcheck handshake seed-19338-tp8 --vllm 0.9.1
   [dim]# no scenario file: flags only[/]
   pdcheck handshake --prefill-tp 2 --decode-tp 2 \\
