@@ -80,37 +80,11 @@ class _RankProcess(mp.context.ForkServerProcess):
         return _Popen(process_obj)
 
 
-_USER_STDERR: int | None = None  # in a rank: the stderr it was started with, before fd 2 went to its log
-_USER_STREAM: Any = None
-
-
-def user_stderr() -> Any:
-    """In a rank, the stream for lines meant for the user (serve's request log): the terminal the rank was
-    started on, not its log file. sys.stderr anywhere else."""
-    import sys
-
-    global _USER_STREAM
-    if _USER_STDERR is None:
-        return sys.stderr
-    if _USER_STREAM is None:
-        _USER_STREAM = open(_USER_STDERR, "w", buffering=1, closefd=False)  # noqa: SIM115 - lives with the rank
-    return _USER_STREAM
-
-
 def _logged(target: Callable[[Connection, bytes], None], log: str, conn: Connection, spec: bytes) -> None:
-    """In the forked rank: point fd 1 and 2 at its own log file, then run the rank. A parent that went away
-    (its end of the pipe closed: Ctrl-C, killed) ends the rank quietly; the log says so."""
-    global _USER_STDERR
-    _USER_STDERR = os.dup(2)
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    try:
-        target(conn, spec)
-    except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
-        os.write(2, f"pdcheck: the parent closed this rank's pipe ({type(exc).__name__}); exiting\n".encode())
-        raise SystemExit(1) from None
+    """In the forked rank: fd 1 and 2 to its own log file, then run the rank (pdcheck.lifecycle.run_rank)."""
+    from pdcheck.lifecycle import run_rank
+
+    run_rank(target, log, conn, spec)
 
 
 def stop_forkserver() -> None:
@@ -293,26 +267,20 @@ class Launcher:
                             daemon=True)
         try:
             _ensure_forkserver()  # proc.start() would start one too, but one that Ctrl-C interrupts
-        except (EOFError, OSError) as exc:
+            # Signals wait until the rank is in self.ranks: one forked but not recorded would outlive close().
+            # (Not around the forkserver's start: a process spawned meanwhile would inherit the blocked signals.)
+            with lifecycle.signals_deferred():
+                proc.start()
+                child.close()
+                rank = Rank(role, tp_rank, proc, parent)
+                self.ranks.append(rank)
+        except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
             parent.close()
             child.close()
             stop_forkserver()
-            raise HarnessError(f"the rank forkserver could not start ({type(exc).__name__}: {exc})") from None
-        # Signals wait until the rank is in self.ranks: one forked but not yet recorded would outlive close().
-        # (Not around the forkserver's start above: a process spawned here would inherit the blocked signals.)
-        with lifecycle.signals_deferred():
-            try:
-                proc.start()
-            except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
-                parent.close()
-                child.close()
-                stop_forkserver()
-                raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
-                                   f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left "
-                                   "running") from None
-            child.close()
-            rank = Rank(role, tp_rank, proc, parent)
-            self.ranks.append(rank)
+            raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
+                               f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left running") \
+                from None
         return rank
 
     def events(self, ranks: list[Rank], deadline: float) -> Iterator[tuple[Rank, m.Msg | None]]:

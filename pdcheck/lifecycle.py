@@ -189,3 +189,31 @@ def native_errors(dirs: list[str]) -> dict[str, list[str]]:
             except OSError:
                 continue
     return found
+
+
+# ---------------------------------------------------------------------------------------------- in a rank
+_user_stderr: list[Any] = []  # in a rank: a stream on the stderr it was started with, before fd 2 went to its log
+
+
+def run_rank(target: Callable[[Any, bytes], None], log: str, conn: Any, spec: bytes) -> None:
+    """The body of every forked rank: point fd 1 and 2 at its own log file, then run target(conn, spec). A
+    parent that went away (its end of the pipe closed: Ctrl-C, killed) ends the rank quietly; the log says so."""
+    import os
+
+    user = os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _user_stderr[:] = [open(user, "w", buffering=1)]  # noqa: SIM115 - lives as long as the rank
+    try:
+        target(conn, spec)
+    except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+        os.write(2, f"pdcheck: the parent closed this rank's pipe ({type(exc).__name__}); exiting\n".encode())
+        raise SystemExit(1) from None
+
+
+def user_stderr() -> Any:
+    """Where a line meant for the user goes (serve's request log): in a rank, the stderr it was started with
+    (the terminal), not its log file; sys.stderr anywhere else."""
+    return _user_stderr[0] if _user_stderr else sys.stderr

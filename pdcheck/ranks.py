@@ -147,7 +147,7 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
 
 
 def _log_line(text: str) -> None:
-    from pdcheck.launcher import user_stderr
+    from pdcheck.lifecycle import user_stderr
 
     out = user_stderr()  # the terminal, not this rank's log file: serve's request log is for the user
     out.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
