@@ -6,6 +6,7 @@ is ever unpickled: requests are parsed with msgspec exactly as the modelled list
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,7 +39,9 @@ class Listener:
             self.sock.bind(f"tcp://{_bracket(host)}:{port or '*'}")
         except zmq.ZMQError as exc:
             self.sock.close(0)
-            raise HarnessError(f"side channel: cannot bind {host}:{port}: {exc}") from None
+            why = "in use by another process: free it or choose another base port" if exc.errno == errno.EADDRINUSE \
+                else exc.strerror  # str(exc) repeats the address
+            raise HarnessError(f"side channel: cannot listen on {host}:{port}: {why}") from None
         endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.port = int(endpoint.rsplit(":", 1)[1])
         self.served = 0
