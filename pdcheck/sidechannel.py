@@ -23,6 +23,8 @@ MAX_REQUEST_BYTES = 64 << 10  # a request is at most a few dozen bytes in every 
 # (peer identity, request bytes, tp_rank asked for or None, reply bytes): `pdcheck serve` logs each answer.
 RequestLog = Callable[[bytes, bytes, int | None, int], None]
 
+IN_USE = "in use by another process: free it or choose another base port"
+
 
 class Listener:
     """One vLLM-style handshake listener. `reply_for(tp_rank)` returns the frames for that rank."""
@@ -39,8 +41,7 @@ class Listener:
             self.sock.bind(f"tcp://{_bracket(host)}:{port or '*'}")
         except zmq.ZMQError as exc:
             self.sock.close(0)
-            why = "in use by another process: free it or choose another base port" if exc.errno == errno.EADDRINUSE \
-                else exc.strerror  # str(exc) repeats the address
+            why = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror  # str(exc) repeats the address
             raise HarnessError(f"side channel: cannot listen on {host}:{port}: {why}") from None
         endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.port = int(endpoint.rsplit(":", 1)[1])
@@ -111,8 +112,9 @@ def hold_silent(host: str, port: int) -> Iterator[socket.socket]:
         sock.listen(64)
     except OSError as exc:
         sock.close()
+        why = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror
         raise HarnessError(f"side channel: cannot hold {host}:{port} (a port the modelled release contacts): "
-                           f"{exc.strerror}") from None
+                           f"{why}") from None
     try:
         yield sock
     finally:
