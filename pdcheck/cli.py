@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from pdcheck.cliopts import scenario_flags
+from pdcheck.cliopts import Command, Group, scenario_flags
 from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
 EPILOG = """[bold]Examples[/]
@@ -49,7 +49,7 @@ def _lazy_command(name: str) -> Any:
     return _lazy_loaded[name]
 
 
-class _LazyGroup(TyperGroup):
+class _LazyGroup(Group):
     """The root group: lists the lazy commands in their place (before the sub-groups) and imports one only
     when it is looked up."""
 
@@ -76,7 +76,7 @@ class _LazyGroup(TyperGroup):
 
 app = typer.Typer(cls=_LazyGroup, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode="rich",
                   epilog=EPILOG, help="Reproduce and diagnose vLLM NixlConnector P/D handshake and KV-transfer failures.")
-scenario_app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+scenario_app = typer.Typer(cls=Group, no_args_is_help=True, rich_markup_mode="rich",
                            help="Make scenarios: from-logs reads them out of vLLM start-up logs.")
 app.add_typer(scenario_app, name="scenario")
 
@@ -142,7 +142,7 @@ def _report_missing(fl: Any, overrides: dict[str, Any]) -> None:
             err.print(f"  {ln}", markup=False)
 
 
-@app.command(epilog=EPILOG)
+@app.command(cls=Command, epilog=EPILOG)
 @scenario_flags
 def handshake(
     scenario: Annotated[Path | None, typer.Argument(help="Scenario TOML file (flags override its keys).",
@@ -272,7 +272,7 @@ def _native_note(log_dir: Path | None) -> None:
         console.print(f"[dim]  {', '.join(ranks)}: {_escape(msg)}[/]")
 
 
-@scenario_app.command("from-logs", epilog=EPILOG)
+@scenario_app.command("from-logs", cls=Command, epilog=EPILOG)
 @scenario_flags
 def scenario_from_logs(
     prefill_log: Annotated[Path, typer.Argument(metavar="PREFILL.log", show_default=False,
@@ -327,7 +327,7 @@ def scenario_from_logs(
     _report_missing(fl, overrides)
 
 
-@app.command(epilog=EPILOG)
+@app.command(cls=Command, epilog=EPILOG)
 def smoke(
     directory: Annotated[Path | None, typer.Argument(
         metavar="[DIRECTORY]", show_default=False,

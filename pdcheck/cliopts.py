@@ -20,6 +20,31 @@ from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
 import typer
+from typer.core import TyperCommand, TyperGroup
+
+
+def _no_flag_metavars(params: list[Any]) -> list[Any]:
+    """An on/off flag takes no value: no `<bool>` in the help's value column (--help and typer's completion
+    flags included, which get no metavar of ours)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class Command(TyperCommand):
+    """Every pdcheck command's class (`@app.command(cls=Command)`)."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavars(super().get_params(ctx))
+
+
+class Group(TyperGroup):
+    """Every pdcheck command group's class."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _no_flag_metavars(super().get_params(ctx))
+
 
 PANEL_SCENARIO = "Scenario"
 PANEL_SIDES = "Per-side overrides"

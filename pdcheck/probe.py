@@ -450,9 +450,9 @@ def render(rep: ProbeReport, console: Any) -> None:
 
 # --------------------------------------------------------------------------------------------------- CLI
 def register(app: Any) -> None:
-    from pdcheck.cliopts import scenario_flags
+    from pdcheck.cliopts import Command, scenario_flags
 
-    @app.command(epilog=EPILOG)
+    @app.command(cls=Command, epilog=EPILOG)
     @scenario_flags
     def probe(
         endpoint: Annotated[str, typer.Argument(metavar="HOST:PORT", help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"

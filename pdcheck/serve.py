@@ -272,9 +272,9 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
 
 
 def register(app: Any) -> None:
-    from pdcheck.cliopts import scenario_flags
+    from pdcheck.cliopts import Command, scenario_flags
 
-    @app.command(epilog=EPILOG)
+    @app.command(cls=Command, epilog=EPILOG)
     @scenario_flags
     def serve(
         scenario: Annotated[Path | None, typer.Argument(metavar="SCENARIO", help="Scenario TOML file; its \\[prefill] table is served.")

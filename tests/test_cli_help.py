@@ -46,6 +46,18 @@ def test_handshake_help_panels_and_examples(pdcheck) -> None:
     assert "<str>" not in run.out and "--from-logs" in run.out
 
 
+@pytest.mark.parametrize("path", [(), ("handshake",), ("smoke",), ("probe",), ("serve",), ("transfer-bench",),
+                                  ("scenario",), ("scenario", "from-logs")], ids=lambda p: " ".join(p) or "pdcheck")
+def test_no_help_shows_a_type_label_for_an_option(pdcheck, path: tuple[str, ...]) -> None:
+    """On/off flags (--help and the completion flags included) take no value: no `<bool>` column; every other
+    option names its value (N, SECONDS, ...), not `<int>`/`<str>`/`<float>`."""
+    run = pdcheck(*path, "--help")
+    assert run.code == 0, run.err
+    options = "\n".join(ln for ln in run.out.splitlines() if ln.lstrip("│ ").startswith("-"))
+    for label in ("<bool>", "<int>", "<str>", "<float>"):
+        assert label not in options, f"{' '.join(path)} --help shows {label}:\n{options}"
+
+
 def test_version(pdcheck) -> None:
     run = pdcheck("--version")
     assert run.code == 0 and run.out.strip() == f"pdcheck {__version__}"

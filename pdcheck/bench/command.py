@@ -12,13 +12,13 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.console import Console
 
 from pdcheck import bounds, progress
 from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig, check_flags
 from pdcheck.bench.transport import preset
+from pdcheck.cliopts import Command
 from pdcheck.errors import EXIT_HAZARD, EXIT_INTERRUPTED, EXIT_OK, BadInput, PdcheckError
 
 Opt = typer.Option
@@ -207,9 +207,12 @@ def _run(o: dict[str, Any]) -> int:
     elif o["csv_out"]:
         sys.stdout.write(output.to_csv(report))
     else:
-        con = Console()
-        # nccl-tests style: wide rows that wrap in a narrow terminal rather than truncated cells.
-        output.render(report, Console(width=max(con.width, 170), force_terminal=con.is_terminal))
+        from pdcheck.console import console
+
+        con = console()
+        # nccl-tests style: wide rows that wrap in a narrow terminal rather than truncated cells; a pipe is
+        # never wrapped (pdcheck.console).
+        output.render(report, console(width=max(con.width, 170)) if con.is_terminal else con)
     sys.stdout.flush()
     if o["plot"] is not None:
         output.plot(report, o["plot"])
@@ -228,4 +231,4 @@ def _with_progress(cfg: BenchConfig, quiet: bool) -> Any:
 
 def register(app: typer.Typer) -> None:
     """Add `transfer-bench` to the pdcheck app."""
-    app.command("transfer-bench", epilog=EPILOG)(transfer_bench)
+    app.command("transfer-bench", cls=Command, epilog=EPILOG)(transfer_bench)
