@@ -21,7 +21,7 @@ from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.placement import Place, RankId, RankLauncher, rounds
+from pdcheck.placement import Named, Place, RankLauncher, rounds
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
@@ -135,20 +135,12 @@ def stop_forkserver() -> None:
 
 
 @dataclass
-class Rank:
+class Rank(Named):
     role: str  # "P" or "D"
     tp_rank: int
     proc: BaseProcess
     conn: Connection
     done: bool = False  # sent its final message
-
-    @property
-    def id(self) -> RankId:
-        return RankId(self.role, self.tp_rank)
-
-    @property
-    def label(self) -> str:
-        return str(self.id)
 
     @property
     def pid(self) -> int | None:

@@ -33,6 +33,21 @@ def ids(role: str, n: int) -> list[RankId]:
     return [RankId(role, i) for i in range(n)]
 
 
+class Named:
+    """A started rank's names from its role and TP rank (launcher.Rank and raylaunch.RayRank both are one)."""
+
+    role: str
+    tp_rank: int
+
+    @property
+    def id(self) -> RankId:
+        return RankId(self.role, self.tp_rank)
+
+    @property
+    def label(self) -> str:
+        return str(self.id)
+
+
 @dataclass(frozen=True)
 class Place:
     """Where a rank runs: the address its side channel and NIXL use (None: the scenario's host, as given)

@@ -28,7 +28,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.placement import Place, RankId, RankLauncher, rounds
+from pdcheck.placement import Named, Place, RankId, RankLauncher, rounds
 
 RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
 _LOG_TAIL = 20_000  # bytes of a rank's log brought back to stderr
@@ -99,7 +99,7 @@ class RankActor:
 
 
 @dataclass(eq=False)
-class RayRank:
+class RayRank(Named):
     role: str
     tp_rank: int
     actor: Any
@@ -108,14 +108,6 @@ class RayRank:
     pending: Any = None  # the outstanding recv() call
     how: str = "is still running"
     pid: int | None = None  # its actor's process id when that runs on this host, else None
-
-    @property
-    def id(self) -> RankId:
-        return RankId(self.role, self.tp_rank)
-
-    @property
-    def label(self) -> str:
-        return str(self.id)
 
     def reap(self, timeout_s: float) -> int | None:
         """An actor has no exit code the parent can see: None (ended() says how it ended)."""
