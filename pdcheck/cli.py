@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
-from pdcheck.cliopts import Command, Group, scenario_flags
+from pdcheck.cliopts import Command, Device, Group, scenario_flags
 from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
 EPILOG = """[bold]Examples[/]
@@ -158,8 +158,7 @@ def handshake(
                                          "(default: the scenario's list).")] = None,
     transfer: Annotated[bool, Opt("--transfer/--no-transfer", metavar="", rich_help_panel=RUN,
                                   help="Prove verdicts with real NIXL READs.")] = True,
-    device: Annotated[str, Opt(metavar="cpu|cuda", rich_help_panel=RUN,
-                               help="Where KV caches live: cpu (host memory) or cuda (GPU memory).")] = "cpu",
+    device: Device = "cpu",
     hang_timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,
                                        help="Seconds before a reply-less handshake counts as a hang.")] = 3.0,
     timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,

@@ -46,6 +46,10 @@ class Group(TyperGroup):
         return _no_flag_metavars(super().get_params(ctx))
 
 
+# Flags several commands take, declared once.
+Device = Annotated[str, typer.Option(metavar="cpu|cuda", rich_help_panel="Run",
+                                     help="Where KV caches live: cpu (host memory) or cuda (GPU memory, VRAM).")]
+
 PANEL_SCENARIO = "Scenario"
 PANEL_SIDES = "Per-side overrides"
 

@@ -18,7 +18,7 @@ from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig, check_flags
 from pdcheck.bench.transport import preset
-from pdcheck.cliopts import Command
+from pdcheck.cliopts import Command, Device
 from pdcheck.errors import EXIT_HAZARD, EXIT_INTERRUPTED, EXIT_OK, BadInput, PdcheckError
 
 Opt = typer.Option
@@ -118,8 +118,7 @@ def transfer_bench(
                                help="Attach a notification to each READ, as vLLM does.")] = True,
     pin: Annotated[bool, Opt("--pin/--no-pin", metavar="", rich_help_panel=RUN,
                              help="Pin prefill and decode ranks to different cores.")] = True,
-    device: Annotated[str, Opt(metavar="cpu|cuda", rich_help_panel=RUN,
-                               help="cpu (host memory) or cuda (GPU memory, VRAM).")] = "cpu",
+    device: Device = "cpu",
     iters: Annotated[int, Opt(metavar="N", rich_help_panel=RUN,
                               help="Timed transfers per row (0 = as many as fit in --min-time).")] = 0,
     warmup: Annotated[int, Opt(metavar="N", rich_help_panel=RUN,
