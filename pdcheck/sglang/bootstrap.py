@@ -248,7 +248,8 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
         if st == 503 or st == 0:
             raise DiscoveryError("retry", f"HTTP {st} {text[:120]}", retry=True)
         if not isinstance(info, dict):
-            raise DiscoveryError("retry", f"Error fetching prefill server info from bootstrap: HTTP {st}", retry=True)
+            raise DiscoveryError("retry", f"Error fetching prefill server info from bootstrap: HTTP {st} {text[:120]}",
+                                 retry=True)
         allowed = set(rel.info_keys)
         unknown = [k for k in info if k not in allowed]
         missing = [k for k in rel.info_required if k not in info]

@@ -170,7 +170,7 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         tracker.notif(wire.aux_notif(7))
     if not tracker.done():
         return hang(d_rel, "completion", f"{len(targets)} P ranks notify with pp_rank 0: expected_kvs_per_pp has 1 "
-                    f"entry, {found.required} required (#19043)", p_ranks=targets)
+                    f"entry, {found.required} required (#19043)", p_ranks=targets, warning=found.warning)
     if p.pp_size > 1 and d_rel.tag in ("R1", "R2", "R3", "R4"):
         return SgVerdict(status="silent", stage="completion", p_ranks=targets, message=(
             "D completes on the first PP rank's notifications: premature completion (#15027)"))
