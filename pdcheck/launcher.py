@@ -20,8 +20,8 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from pdcheck import messages as m
-from pdcheck.errors import HarnessError
-from pdcheck.placement import Place, RankLauncher
+from pdcheck.errors import BadInput, HarnessError
+from pdcheck.placement import Place, RankId, RankLauncher
 
 _PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
@@ -138,8 +138,22 @@ class Rank:
     done: bool = False  # sent its final message
 
     @property
+    def id(self) -> RankId:
+        return RankId(self.role, self.tp_rank)
+
+    @property
     def label(self) -> str:
-        return f"{self.role} rank {self.tp_rank}"
+        return str(self.id)
+
+    @property
+    def pid(self) -> int | None:
+        """Its process id on this host (None: it runs elsewhere)."""
+        return self.proc.pid
+
+    def reap(self, timeout_s: float) -> int | None:
+        """Wait up to timeout_s for it to end: its exit code (negative: the signal), None if still running."""
+        self.proc.join(timeout_s)
+        return self.proc.exitcode
 
     def send(self, msg: m.Msg) -> None:
         try:
@@ -156,7 +170,7 @@ class Rank:
                 comm = f.read().strip()
         except OSError:
             return False
-        return self.proc.exitcode is None or comm.split(b":")[0] == f"pdcheck-{self.role}{self.tp_rank}".encode()
+        return self.proc.exitcode is None or comm.split(b":")[0] == f"pdcheck-{self.id.short}".encode()
 
     def ended(self) -> str:
         """How the rank ended, for 'P rank 1 died: it ...' (every placement backend's ranks answer this)."""
@@ -217,8 +231,10 @@ def forkserver_alive() -> bool:
 
 
 class Launcher(RankLauncher[Rank]):
-    """Local placement: every rank a forked child on this host. The placement seam: place(), start(), events(),
-    close() and hold_host; pdcheck.raylaunch.RayLauncher answers the same calls with Ray actors on other nodes."""
+    """Local placement: every rank a forked child on this host. The placement seam: place(), start() (with an
+    optional log file), events(), close() and hold_host, and ranks that answer id, label, send(), ended(), pid,
+    reap() and done; pdcheck.raylaunch.RayLauncher answers the same calls with Ray actors on other nodes.
+    pdcheck.orchestrate drives the ranks over either."""
 
     hold_host: str | None = None  # where the parent holds silent side-channel ports; None: the scenario's P host
 
@@ -321,6 +337,16 @@ def _kill(pid: int | None, sig: int) -> None:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def check_ray(address: str) -> None:
+    """BadInput before anything starts: --ray given empty, or Ray not installed."""
+    import importlib.util
+
+    if not address.strip():
+        raise BadInput("--ray: expected a Ray cluster address (HOST:PORT, ray://HOST:PORT or auto)")
+    if importlib.util.find_spec("ray") is None:
+        raise BadInput("--ray: Ray is not installed here (pip install 'pdcheck[ray]')")
 
 
 @contextmanager

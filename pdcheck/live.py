@@ -15,8 +15,8 @@ import time
 
 import msgspec
 
-from pdcheck import handshake as hs
 from pdcheck import messages as m
+from pdcheck import orchestrate as orc
 from pdcheck import probe
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
@@ -82,14 +82,13 @@ def run(plan: Plan) -> RunResult:
                 transfer=opts.transfer, requests=requests, live=True)))
             for r in range(d.tp_size)
         }
-        ready = hs._await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)
+        ready = orc.await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)
         t_ready = time.perf_counter()
-        for rank in d_ranks.values():
-            rank.send(m.Go())
-        results, _finals = hs._collect(lau, {}, d_ranks, opts, harness)
+        orc.send_all(d_ranks.values(), m.Go())
+        results, _finals = orc.route_tags(lau, {}, d_ranks, opts.run_timeout_s, harness, tick=opts.progress)
     t_end = time.perf_counter()
     timings = Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
-                      setup_ms={lbl: ms for lbl, (ms, _v) in ready.items()})
+                      setup_ms={str(rid): ms for rid, (ms, _v) in ready.items()})
     # The live P's ranks run behind its endpoint, not here.
     live = Live(endpoint=f"{host}:{port}", prefill_release=p_rel.name, prefill_wire=p_rel.wire, probe=ranks,
                 skipped=skipped, content=_content(results, opts.transfer), notes=notes)

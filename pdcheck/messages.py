@@ -217,6 +217,7 @@ class BenchSpec(msgspec.Struct, frozen=True):
     warmup: int
     min_time: float
     notif: bool
+    host: str = "127.0.0.1"  # the rank's node address (Ray); loopback keeps UCX on `lo`
 
 
 class BenchReady(msgspec.Struct, tag=True):

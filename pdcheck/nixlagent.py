@@ -125,6 +125,29 @@ class Agent:
         finally:
             self._a.release_xfer_handle(h)
 
+    def make_read(self, local: Any, local_ids: Any, remote: Any, remote_ids: Any, notif: bytes = b"",
+                  context: str = "") -> Any:
+        """A prepped READ handle, posted many times (transfer-bench); give it back with release()."""
+        return nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, local_ids, remote,
+                         remote_ids, notif)
+
+    def release(self, xfers: Sequence[Any] = (), dlists: Sequence[Any] = ()) -> None:
+        """Give back transfer handles, then the prepped dlists they were made from."""
+        for h in xfers:
+            self._a.release_xfer_handle(h)
+        for h in dlists:
+            self._a.release_dlist_handle(h)
+
+    def desc_count(self, xfer: Any, context: str = "") -> int:
+        """NIXL telemetry (agent made with telemetry=True): descriptors the backend posted for a handle, after
+        merging contiguous ones."""
+        return int(nixl_call("get_xfer_telemetry", context, self._a.get_xfer_telemetry, xfer).descCount)
+
+    def notif_count(self) -> int:
+        """Progress the worker once; how many notifications arrived (their texts are dropped)."""
+        got = self._a.get_new_notifs()  # a busy target calls this in a tight loop: nothing more when empty
+        return sum(map(len, got.values())) if got else 0
+
     def send_notif(self, agent: str, msg: bytes) -> None:
         nixl_call("send_notif", agent, self._a.send_notif, agent, msg)
 

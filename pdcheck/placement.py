@@ -12,6 +12,26 @@ from typing import Protocol, TypeVar
 from pdcheck import messages as m
 
 
+@dataclass(frozen=True, order=True)
+class RankId:
+    """A rank's one label: its role ("P" prefill / target, "D" decode / initiator) and index. Rendered for people
+    as 'P rank 3' (str) and for files and process names as 'P3' (short); never parsed back."""
+
+    role: str
+    index: int
+
+    def __str__(self) -> str:
+        return f"{self.role} rank {self.index}"
+
+    @property
+    def short(self) -> str:
+        return f"{self.role}{self.index}"
+
+
+def ids(role: str, n: int) -> list[RankId]:
+    return [RankId(role, i) for i in range(n)]
+
+
 @dataclass(frozen=True)
 class Place:
     """Where a rank runs: the address its side channel and NIXL use (None: the scenario's host, as given)
@@ -27,6 +47,9 @@ class RankHandle(Protocol):
     role: str
     tp_rank: int
     done: bool  # sent its final message (or ended)
+
+    @property
+    def id(self) -> RankId: ...
 
     @property
     def label(self) -> str: ...
@@ -48,7 +71,10 @@ class RankLauncher(Protocol[R]):
 
     def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]: ...
 
-    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> R: ...
+    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes,
+              log: str | None = None) -> R:
+        """Start a rank running target(pipe, spec); log: a file that takes its output."""
+        ...
 
     def events(self, ranks: list[R], deadline: float) -> Iterator[tuple[R, m.Msg | None]]:
         """(rank, message) as they arrive; (rank, None) when a rank ends. Stops at deadline."""

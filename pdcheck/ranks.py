@@ -1,16 +1,23 @@
-"""The bodies of the fake rank processes. Each is a real NIXL agent with a registered KV cache.
+"""The rank skeleton every rank process runs, and the handshake roles that plug into it.
 
-P ranks serve their metadata on the side channel, tag blocks on request and collect notifications.
-D ranks run every requested release model's handshake for real, then the transfer proof.
-Both talk to the launcher over a pipe with msgspec messages.
+The skeleton (run_rank) does what every rank does: decode its spec, name the process, quiet NIXL's output, let
+the role set its environment and allocate its memory, create the NIXL agent and register that memory, send the
+role's Ready message, run the role, and turn any failure into one Failed line to the parent.
+
+Roles: handshake and serve P (PrefillRole; serve only sets its spec's log_requests and tag_blocks) and handshake
+D (DecodeRole) below; transfer-bench's target and initiator in pdcheck.bench.rank. Every rank is a real NIXL agent
+(pdcheck.nixlagent.Agent, the one wrapper every NIXL call goes through) talking to the launcher over a pipe with
+msgspec messages.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import time
+import traceback
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 import numpy as np
@@ -29,25 +36,145 @@ from pdcheck.transfer import LocalLists, prove
 from pdcheck.wire import FORMATS, AnyMeta, WireFormat, encode_reply
 
 
+# ---------------------------------------------------------------------------------------------- skeleton
+class Role:
+    """One kind of rank. The skeleton calls environment(), memory(), creates `agent` (agent_name, agent_options())
+    and registers that memory, sends ready(), then calls run() (the role's conversation with the parent, to its
+    Stop)."""
+
+    spec_type: ClassVar[type[Any]]
+    letter: ClassVar[str] = ""  # "P" or "D": the process name pdcheck-P3 (a role may take it from its spec)
+    agent: Agent
+
+    def __init__(self, conn: Connection, spec: Any) -> None:
+        self.conn, self.spec = conn, spec
+        self.t0 = time.perf_counter()
+
+    @classmethod
+    def for_spec(cls, spec: Any) -> type[Role]:
+        """The role class that runs this spec (a family of roles sharing one spec type picks here)."""
+        return cls
+
+    @property
+    def name(self) -> str:
+        return f"{self.letter}{self.spec.tp_rank}"
+
+    @property
+    def host(self) -> str:
+        """The address this rank's NIXL traffic uses: UCX stays on `lo` for a loopback one."""
+        return "127.0.0.1"
+
+    def environment(self) -> None:
+        """Process-wide settings read when the agent is created (UCX variables, pinning)."""
+
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        """Allocate this rank's memory (before the agent: for VRAM the CUDA context must exist before UCX
+        creates its worker); the regions to register (addr, bytes, device id) and their NIXL memory type."""
+        raise NotImplementedError
+
+    @property
+    def agent_name(self) -> str:
+        raise NotImplementedError
+
+    def agent_options(self) -> dict[str, Any]:
+        return {}
+
+    def ready(self) -> m.Msg:
+        """The message that tells the parent this rank is up (agent created, memory registered)."""
+        raise NotImplementedError
+
+    def run(self) -> None:
+        raise NotImplementedError
+
+    def setup_ms(self) -> float:
+        return (time.perf_counter() - self.t0) * 1e3
+
+
+def run_rank(role_type: type[Role], conn: Connection, spec_bytes: bytes) -> None:
+    """The body of every rank process (a launcher target calls this with its role)."""
+    spec = msgspec.msgpack.decode(spec_bytes, type=role_type.spec_type)
+    role = role_type.for_spec(spec)(conn, spec)
+    name_this_process(f"pdcheck-{role.name}")
+    quiet_nixl_env(role.host)
+    try:
+        role.environment()
+        role.t0 = time.perf_counter()
+        regions, mem_type = role.memory()
+        role.agent = Agent(role.agent_name, **role.agent_options())
+        role.agent.register(regions, mem_type)
+        ready = role.ready()
+    except Exception as exc:  # reported to the launcher, which turns it into a harness error
+        _fail(role, exc)
+        return
+    try:
+        m.send(conn, ready)
+        role.run()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return  # the parent is gone or stopped the run: nothing to report to
+    except Exception as exc:  # the traceback to the rank's log, one line to the parent; exit status 1
+        traceback.print_exc()
+        print(f"{role.name}: {_one_line(exc)}", file=sys.stderr, flush=True)
+        _fail(role, exc)
+        raise SystemExit(1) from None
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or type(exc).__name__}"
+
+
+def _fail(role: Role, exc: BaseException) -> None:
+    try:
+        m.send(role.conn, m.Failed(role.spec.tp_rank, _one_line(exc)))
+    except OSError:
+        pass
+
+
 def _gpu_index(device_id: int) -> int:
     import torch
 
     return device_id % max(1, torch.cuda.device_count())
 
 
-# ---------------------------------------------------------------------------------------------- prefill
+class _HandshakeRole(Role):
+    """A handshake or serve rank: a KV cache of the scenario's geometry registered with one NIXL agent."""
+
+    def environment(self) -> None:
+        no_memory_hooks(self.spec.device)
+
+    @property
+    def agent_name(self) -> str:
+        return f"{self.spec.engine_id}-{self.letter.lower()}{self.spec.tp_rank}"
+
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        spec = self.spec
+        self.kv = KVCache(spec.geometry, spec.num_blocks, spec.device,
+                          _gpu_index(spec.device_id) if spec.device == "cuda" else 0, spec.kv_cache_layout)
+        return self.kv.regions(spec.device_id), self.kv.mem_type
+
+
 def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
-    spec = msgspec.msgpack.decode(spec_bytes, type=m.PrefillSpec)
-    name_this_process(f"pdcheck-P{spec.tp_rank}")
-    quiet_nixl_env(spec.host)
-    no_memory_hooks(spec.device)
-    t0 = time.perf_counter()
-    try:
-        g = spec.geometry
-        agent = Agent(f"{spec.engine_id}-p{spec.tp_rank}")
-        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
-                     spec.kv_cache_layout)
-        agent.register(kv.regions(spec.device_id), kv.mem_type)
+    run_rank(PrefillRole, conn, spec_bytes)
+
+
+def decode_main(conn: Connection, spec_bytes: bytes) -> None:
+    run_rank(DecodeRole, conn, spec_bytes)
+
+
+# ---------------------------------------------------------------------------------------------- prefill
+class PrefillRole(_HandshakeRole):
+    """P: serves its metadata on the side channel (handshake and serve), tags blocks on request and collects
+    READ notifications until Stop."""
+
+    spec_type = m.PrefillSpec
+    letter = "P"
+
+    @property
+    def host(self) -> str:
+        return str(self.spec.host)
+
+    def ready(self) -> m.Msg:
+        spec, agent, kv = self.spec, self.agent, self.kv
+        g = kv.geometry
         if spec.tag_blocks:
             # A real decode instance reads blocks without asking: tag them before the side channel opens.
             every = np.arange(min(spec.tag_blocks, spec.num_blocks))
@@ -63,81 +190,82 @@ def prefill_main(conn: Connection, spec_bytes: bytes) -> None:
             # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
             region_names=g.region_layers(), region_members=[[n] for n in g.region_layers()],
         )
-    except Exception as exc:  # reported to the launcher, which turns it into a harness error
-        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
-        return
-    m.send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3, values))
-    serve = m.recv(conn)
-    if not isinstance(serve, m.Serve):
-        return
-    ctx = zmq.Context()
-    listeners: list[Listener] = []
-    try:
-        per_rank = serve.values
-        for ls in serve.listeners:
-            fmt = FORMATS[ls.wire]
-            frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
-            own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
-            # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
-            log = _request_log(ls) if spec.log_requests else None
-            listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, _replier(fmt, frames, own), log))
-    except Exception as exc:
-        for lst in listeners:
-            lst.close()
-        ctx.destroy(0)
-        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
-        return
-    m.send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
-    name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
-    inj = spec.inject
-    p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
-    notifs: list[str] = []
-    tagging = False
-    stopping = False
-    poller = zmq.Poller()
-    for lst in listeners:
-        poller.register(lst.sock, zmq.POLLIN)
-    poller.register(conn.fileno(), zmq.POLLIN)
-    try:
-        while True:
-            events = dict(poller.poll(2))
+        return m.Ready(spec.tp_rank, agent.name, self.setup_ms(), values)
+
+    def run(self) -> None:
+        spec, conn, agent, kv = self.spec, self.conn, self.agent, self.kv
+        serve = m.recv(conn)
+        if not isinstance(serve, m.Serve):
+            return
+        ctx = zmq.Context()
+        listeners: list[Listener] = []
+        try:
+            per_rank = serve.values
+            for ls in serve.listeners:
+                fmt = FORMATS[ls.wire]
+                frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
+                own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
+                # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
+                log = _request_log(ls) if spec.log_requests else None
+                listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, _replier(fmt, frames, own), log))
+        except Exception as exc:
             for lst in listeners:
-                if lst.sock in events:
-                    if spec.tp_rank in inj.die_p:
-                        os._exit(17)  # test hook: a rank that dies mid-handshake
-                    was_dead = lst.dead
-                    lst.handle(mute=spec.tp_rank in inj.mute_p)
-                    if spec.log_requests and lst.dead and not was_dead:
-                        _log_line(f"listener {lst.fmt.name} :{lst.port} died on a request it could not unpack: "
-                                  f"{lst.dead} (vLLM's listener thread ends here; later requests time out)")
-            if conn.fileno() in events:
-                msg = m.recv(conn)
-                if isinstance(msg, m.TagReq):
-                    if not tagging:
-                        tagging = True
-                        name_this_process(f"pdcheck-P{spec.tp_rank}:xfer")
-                    # A D whose geometry differs may ask for regions P does not have: tag_many skips them.
-                    kv.tag_many(p_tag, spec.tp_rank, msg.blocks)
-                    for p, region, block in inj.corrupt:
-                        if p == spec.tp_rank and block in msg.blocks.get(region, []):
-                            kv.write_blocks(region, np.asarray([block]), np.full((1, kv.block_len), 0x5A, np.uint8))
-                    m.send(conn, m.Tagged(msg.ticket))
-                elif isinstance(msg, m.Stop):
-                    stopping = True
-            for peer, got in agent.notifs().items():
-                notifs.extend(x.decode(errors="replace") for x in got)
-                if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
-                    for x in got:
-                        _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
-                                  f"{x.decode(errors='replace')!r}")
-            if stopping:  # after this last look: a READ's notification may land with the Stop
-                break
-    finally:
+                lst.close()
+            ctx.destroy(0)
+            _fail(self, exc)
+            return
+        m.send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
+        name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
+        inj = spec.inject
+        p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
+        notifs: list[str] = []
+        tagging = False
+        stopping = False
+        poller = zmq.Poller()
         for lst in listeners:
-            lst.close()
-        ctx.destroy(0)
-    dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
-    m.send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
+            poller.register(lst.sock, zmq.POLLIN)
+        poller.register(conn.fileno(), zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll(2))
+                for lst in listeners:
+                    if lst.sock in events:
+                        if spec.tp_rank in inj.die_p:
+                            os._exit(17)  # test hook: a rank that dies mid-handshake
+                        was_dead = lst.dead
+                        lst.handle(mute=spec.tp_rank in inj.mute_p)
+                        if spec.log_requests and lst.dead and not was_dead:
+                            _log_line(f"listener {lst.fmt.name} :{lst.port} died on a request it could not unpack: "
+                                      f"{lst.dead} (vLLM's listener thread ends here; later requests time out)")
+                if conn.fileno() in events:
+                    msg = m.recv(conn)
+                    if isinstance(msg, m.TagReq):
+                        if not tagging:
+                            tagging = True
+                            name_this_process(f"pdcheck-P{spec.tp_rank}:xfer")
+                        # A D whose geometry differs may ask for regions P does not have: tag_many skips them.
+                        kv.tag_many(p_tag, spec.tp_rank, msg.blocks)
+                        for p, region, block in inj.corrupt:
+                            if p == spec.tp_rank and block in msg.blocks.get(region, []):
+                                kv.write_blocks(region, np.asarray([block]),
+                                                np.full((1, kv.block_len), 0x5A, np.uint8))
+                        m.send(conn, m.Tagged(msg.ticket))
+                    elif isinstance(msg, m.Stop):
+                        stopping = True
+                for peer, got in agent.notifs().items():
+                    notifs.extend(x.decode(errors="replace") for x in got)
+                    if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
+                        for x in got:
+                            _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
+                                      f"{x.decode(errors='replace')!r}")
+                if stopping:  # after this last look: a READ's notification may land with the Stop
+                    break
+        finally:
+            for lst in listeners:
+                lst.close()
+            ctx.destroy(0)
+        dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
+        m.send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
 
 
 def _log_line(text: str) -> None:
@@ -198,69 +326,71 @@ class RealIO:
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")
 
 
-def decode_main(conn: Connection, spec_bytes: bytes) -> None:
-    spec = msgspec.msgpack.decode(spec_bytes, type=m.DecodeSpec)
-    name_this_process(f"pdcheck-D{spec.tp_rank}")
-    quiet_nixl_env(spec.p_host)
-    no_memory_hooks(spec.device)
-    t0 = time.perf_counter()
-    try:
-        g = spec.geometry
-        agent = Agent(f"{spec.engine_id}-d{spec.tp_rank}")
-        kv = KVCache(g, spec.num_blocks, spec.device, _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
-                     spec.kv_cache_layout)
-        agent.register(kv.regions(spec.device_id), kv.mem_type)
-        lists = LocalLists(agent, kv, spec.device_id)
+class DecodeRole(_HandshakeRole):
+    """D: runs every requested release model's handshake for real against the P ranks, then the transfer proof."""
+
+    spec_type = m.DecodeSpec
+    letter = "D"
+
+    @property
+    def host(self) -> str:
+        return str(self.spec.p_host)
+
+    def ready(self) -> m.Msg:
+        spec, agent, kv = self.spec, self.agent, self.kv
+        self.lists = LocalLists(agent, kv, spec.device_id)
         if spec.transfer:
-            lists.get(kv.block_len, 0)  # vLLM prepares the local list at registration
-    except Exception as exc:
-        m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {exc}"))
-        return
-    m.send(conn, m.Ready(spec.tp_rank, agent.name, (time.perf_counter() - t0) * 1e3))
-    go = m.recv(conn)
-    if not isinstance(go, m.Go):
-        return
-    name_this_process(f"pdcheck-D{spec.tp_rank}:hs")
-    t1 = time.perf_counter()
-    zctx = zmq.Context()
-    local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout, spec.device_id)
-    verdicts: dict[str, m.Verdict] = {}
-    bypassed: dict[str, m.Verdict] = {}
-    transfers: dict[str, m.TransferResult] = {}
-    ticket = [0]
+            self.lists.get(kv.block_len, 0)  # vLLM prepares the local list at registration
+        return m.Ready(spec.tp_rank, agent.name, self.setup_ms())
 
-    def tag(p_rank: int, blocks: dict[int, list[int]]) -> None:
-        if ticket[0] == 0:
-            name_this_process(f"pdcheck-D{spec.tp_rank}:xfer")
-        ticket[0] += 1
-        m.send(conn, m.TagReq(ticket[0], p_rank, blocks))
-        reply = m.recv(conn)
-        assert isinstance(reply, m.Tagged) and reply.ticket == ticket[0]
+    def run(self) -> None:
+        spec, conn, agent, kv, lists = self.spec, self.conn, self.agent, self.kv, self.lists
+        g = kv.geometry
+        go = m.recv(conn)
+        if not isinstance(go, m.Go):
+            return
+        name_this_process(f"pdcheck-D{spec.tp_rank}:hs")
+        t1 = time.perf_counter()
+        zctx = zmq.Context()
+        local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout,
+                      spec.device_id)
+        verdicts: dict[str, m.Verdict] = {}
+        bypassed: dict[str, m.Verdict] = {}
+        transfers: dict[str, m.TransferResult] = {}
+        ticket = [0]
 
-    tp_ratio = max(1, spec.tp_size // max(1, spec.params_tp_size))
-    try:
-        for rel in spec.releases:
-            name = rel.name
-            model = resolve(name)
-            params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
-            io = RealIO(zctx, spec, agent, kv, rel, go)
-            out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
-            verdicts[name] = out.verdict()
-            if not spec.transfer:
-                continue
-            if model is not CORRECTED and out.status in ("assert",):
-                # Show what the release would have delivered with its asserts stripped (python -O).
+        def tag(p_rank: int, blocks: dict[int, list[int]]) -> None:
+            if ticket[0] == 0:
+                name_this_process(f"pdcheck-D{spec.tp_rank}:xfer")
+            ticket[0] += 1
+            m.send(conn, m.TagReq(ticket[0], p_rank, blocks))
+            reply = m.recv(conn)
+            assert isinstance(reply, m.Tagged) and reply.ticket == ticket[0]
+
+        tp_ratio = max(1, spec.tp_size // max(1, spec.params_tp_size))
+        try:
+            for rel in spec.releases:
+                name = rel.name
+                model = resolve(name)
+                params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
                 io = RealIO(zctx, spec, agent, kv, rel, go)
-                out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
-                bypassed[name] = out.verdict()
-            if out.status in ("ok", "silent"):
-                transfers[name] = prove(
-                    agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles, lists=lists,
-                    requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif, tp_ratio=tp_ratio, tag=tag,
-                    live=spec.live)
-            else:
-                transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
-    finally:
-        zctx.destroy(0)
-    m.send(conn, m.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
-                               bypassed, (time.perf_counter() - t1) * 1e3))
+                out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
+                verdicts[name] = out.verdict()
+                if not spec.transfer:
+                    continue
+                if model is not CORRECTED and out.status in ("assert",):
+                    # Show what the release would have delivered with its asserts stripped (python -O).
+                    io = RealIO(zctx, spec, agent, kv, rel, go)
+                    out = run(model, local, params, io, bypass_asserts=True, hang_timeout_ms=spec.hang_timeout_ms)
+                    bypassed[name] = out.verdict()
+                if out.status in ("ok", "silent"):
+                    transfers[name] = prove(
+                        agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles,
+                        lists=lists, requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif,
+                        tp_ratio=tp_ratio, tag=tag, live=spec.live)
+                else:
+                    transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
+        finally:
+            zctx.destroy(0)
+        m.send(conn, m.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
+                                   bypassed, (time.perf_counter() - t1) * 1e3))

@@ -28,10 +28,11 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.placement import Place, RankLauncher
+from pdcheck.placement import Place, RankId, RankLauncher
 
 RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
-_LOG_TAIL = 20_000  # bytes of a rank's log brought back
+_LOG_TAIL = 20_000  # bytes of a rank's log brought back to stderr
+_FILE_LOG_MAX = 16 << 20  # bytes brought back to a rank's log file (transfer-bench parses UCX's tables there)
 _JOIN_WAIT_S = 10.0  # how long placement waits for nodes with the wanted resources to join
 
 
@@ -51,12 +52,13 @@ class RankActor:
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         self.parent, self.child = Pipe(duplex=True)
 
-    def place(self) -> tuple[str, str]:
-        """(this node's address, its Ray node id). The address the node was started with (`ray start
-        --node-ip-address`), which a worker's own route lookup (ray.util.get_node_ip_address) can miss."""
+    def place(self) -> tuple[str, str, int, str]:
+        """(this node's address, its Ray node id, this actor's pid, its host name). The address the node was
+        started with (`ray start --node-ip-address`), which a worker's own route lookup
+        (ray.util.get_node_ip_address) can miss."""
         node_id = ray.get_runtime_context().get_node_id()
         ip = next((n["NodeManagerAddress"] for n in ray.nodes() if n["NodeID"] == node_id), None)
-        return ip or ray.util.get_node_ip_address(), node_id
+        return ip or ray.util.get_node_ip_address(), node_id, os.getpid(), socket.gethostname()
 
     def start(self, module: str, name: str, spec: bytes) -> None:
         target: Callable[[Connection, bytes], None] = getattr(importlib.import_module(module), name)
@@ -65,6 +67,8 @@ class RankActor:
     def _body(self, target: Callable[[Connection, bytes], None], spec: bytes) -> None:
         try:
             target(self.child, spec)
+        except SystemExit:  # the rank skeleton's "failed" exit: it already logged why and told the parent
+            pass
         except BaseException:  # the rank's traceback belongs in its log; the parent sees the pipe close
             traceback.print_exc()
         finally:
@@ -86,11 +90,11 @@ class RankActor:
         except (BrokenPipeError, OSError):
             pass  # the rank ended; its recv reports that
 
-    def log(self) -> str:
+    def log(self, tail: int = _LOG_TAIL) -> str:
         sys.stdout.flush()
         sys.stderr.flush()
         with open(self.log_path, "rb") as f:
-            f.seek(max(0, os.path.getsize(self.log_path) - _LOG_TAIL))
+            f.seek(max(0, os.path.getsize(self.log_path) - tail))
             return f.read().decode(errors="replace")
 
 
@@ -103,10 +107,19 @@ class RayRank:
     done: bool = False
     pending: Any = None  # the outstanding recv() call
     how: str = "is still running"
+    pid: int | None = None  # its actor's process id when that runs on this host, else None
+
+    @property
+    def id(self) -> RankId:
+        return RankId(self.role, self.tp_rank)
 
     @property
     def label(self) -> str:
-        return f"{self.role} rank {self.tp_rank}"
+        return str(self.id)
+
+    def reap(self, timeout_s: float) -> int | None:
+        """An actor has no exit code the parent can see: None (ended() says how it ended)."""
+        return None
 
     def send(self, msg: m.Msg) -> None:
         self.actor.send.remote(m.pack(msg))  # runs even if its ref is dropped; a dead rank shows in recv
@@ -131,6 +144,8 @@ class RayLauncher(RankLauncher[RayRank]):
         self.hold_host: str | None = local or ray.util.get_node_ip_address()
         self.actors: dict[tuple[str, int], Any] = {}
         self.places: dict[tuple[str, int], Place] = {}
+        self.pids: dict[tuple[str, int], int | None] = {}
+        self.logs: dict[tuple[str, int], str] = {}  # rank -> the local file its whole log comes back to
         self.ranks: list[RayRank] = []
         self.start_timeout_s = place_timeout_s
 
@@ -154,7 +169,7 @@ class RayLauncher(RankLauncher[RayRank]):
             role, r = key
             self.actors[key] = RankActor.options(  # type: ignore[attr-defined]
                 resources={RESOURCE[role]: 1}, num_gpus=1 if gpu else 0, name=None,
-            ).remote(f"{role} rank {r}")
+            ).remote(str(RankId(role, r)))
         refs = {key: a.place.remote() for key, a in self.actors.items()}
         try:
             got = ray.get(list(refs.values()), timeout=self.start_timeout_s)
@@ -162,17 +177,24 @@ class RayLauncher(RankLauncher[RayRank]):
             raise HarnessError(f"Ray did not place every rank within {self.start_timeout_s:g} s") from None
         except RayActorError as exc:
             raise HarnessError(f"a Ray rank actor died while starting: {_short(exc)}") from None
-        for key, (ip, node_id) in zip(refs, got, strict=True):
+        here = socket.gethostname()
+        for key, (ip, node_id, pid, host) in zip(refs, got, strict=True):
             self.places[key] = Place(ip, f"{ip} (ray node {node_id[:8]})")
+            self.pids[key] = pid if host == here else None
         return dict(self.places)
 
-    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes) -> RayRank:
+    def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes,
+              log: str | None = None) -> RayRank:
+        """As Launcher.start. log: a local file that takes the rank's whole log when the run ends (else its
+        tail goes to stderr)."""
         key = (role, tp_rank)
         if key not in self.actors:
             self.place([key])
+        if log is not None:
+            self.logs[key] = log
         actor = self.actors[key]
         actor.start.remote(target.__module__, target.__name__, spec)
-        rank = RayRank(role, tp_rank, actor, self.places[key].node)
+        rank = RayRank(role, tp_rank, actor, self.places[key].node, pid=self.pids.get(key))
         self.ranks.append(rank)
         return rank
 
@@ -206,17 +228,22 @@ class RayLauncher(RankLauncher[RayRank]):
                 yield r, m.unpack(data)
 
     def close(self) -> None:
-        """Bring every rank's log back to stderr, then end every actor and leave the cluster."""
+        """Bring every rank's log back (to its file, else to stderr), then end every actor and leave the
+        cluster."""
         if not ray.is_initialized():
             return
-        refs = {key: a.log.remote() for key, a in self.actors.items()}
+        refs = {key: a.log.remote(_FILE_LOG_MAX if key in self.logs else _LOG_TAIL)
+                for key, a in self.actors.items()}
         ray.wait(list(refs.values()), num_returns=len(refs), timeout=10)
         for (role, r), ref in refs.items():
             try:
                 text = ray.get(ref, timeout=0)
             except (GetTimeoutError, RayActorError):
                 continue  # its actor is gone (the rank died with it): its harness error says so
-            if text.strip():
+            if (role, r) in self.logs:
+                with open(self.logs[role, r], "w") as f:
+                    f.write(text)
+            elif text.strip():
                 node = self.places.get((role, r))
                 head = f"--- {role} rank {r} log ({node.node if node else 'unplaced'}) ---"
                 sys.stderr.write(f"{head}\n{text.rstrip()}\n")

@@ -21,8 +21,8 @@ import msgspec
 import typer
 
 from pdcheck import __version__
-from pdcheck import handshake as hs
 from pdcheck import messages as m
+from pdcheck import orchestrate as orc
 from pdcheck.bounds import MIN_BASE_PORT
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
@@ -144,12 +144,12 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                     inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
                 for r in range(p.tp_size)
             }
-            ready = hs._await_ready(lau, list(ranks.values()), opts.start_timeout_s)
-            values = {r: ready[f"P rank {r}"][1] for r in ranks}
+            ready = orc.await_ready(lau, list(ranks.values()), opts.start_timeout_s)
+            values = {r: ready[orc.RankId("P", r)][1] for r in ranks}
             listeners = plan.listeners
             for r, rank in ranks.items():
                 rank.send(m.Serve(listeners[r], values))
-            hs._await_serving(lau, ranks, plan, opts.start_timeout_s)
+            orc.await_serving(lau, ranks, plan.listeners, opts.start_timeout_s)
             g = pg
             served = [
                 ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),

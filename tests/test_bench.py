@@ -324,3 +324,40 @@ def test_plot_without_matplotlib_is_bad_input(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(BadInput, match="matplotlib"):
         output.check_plot_available()
+
+
+# --- the rank skeleton's failure paths, with real rank processes -----------------------------------------
+def _spec(role: str, **kw: object) -> bytes:
+    from pdcheck import messages as m
+
+    fields: dict[str, object] = dict(
+        role=role, tp_rank=0, agent_name=f"pdcheck-test-{role}0", arena_bytes=1 << 20, device="cpu", gpu=0,
+        cores=[], error_mode=None, progress_thread=False, target_busy=False, ucx_env={},
+        shape=m.BenchShape("t", 2, 2, 64, "bf16", False), ptp=1, dtp=1, iters=1, warmup=1, min_time=0.01,
+        notif=False)
+    return msgspec.msgpack.encode(m.BenchSpec(**{**fields, **kw}))
+
+
+def test_rank_that_cannot_start_or_fails_later_says_why_in_one_line() -> None:
+    """Set-up failure: one Failed line, exit 0. A failure after Ready: one Failed line, its log, exit 1."""
+    from pdcheck import messages as m
+    from pdcheck import orchestrate as orc
+    from pdcheck.bench.rank import bench_main
+    from pdcheck.errors import HarnessError
+    from pdcheck.launcher import launcher, stop_forkserver
+
+    stage = orc.Stage("{rank} failed: {error}", "{rank} died: it {ended}", "{ranks} late", 60)
+    try:
+        with launcher() as lau:
+            p0 = lau.start("P", 0, bench_main, _spec("P", cores=[1 << 20]))  # no such core
+            with pytest.raises(HarnessError, match=r"^P rank 0 failed: OSError: \[Errno 22\] Invalid argument$"):
+                orc.gather(lau, [p0], m.BenchReady, 60, stage)
+            assert p0.reap(10) == 0
+            d0 = lau.start("D", 0, bench_main, _spec("D"))
+            orc.gather(lau, [d0], m.BenchReady, 60, stage)
+            d0.send(m.Peers([m.PeerInfo(0, "p", b"not NIXL metadata", 0, 0)]))
+            with pytest.raises(HarnessError, match=r"^D rank 0 failed: NixlCallError: NIXL add_remote_agent failed"):
+                orc.gather(lau, [d0], m.Ack, 60, stage)
+            assert d0.reap(10) == 1
+    finally:
+        stop_forkserver()

@@ -238,3 +238,47 @@ def _dev(ns: str) -> str:
     out = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "type", "veth"], capture_output=True, text=True,
                          check=True, timeout=20).stdout
     return out.split(":")[1].strip().split("@")[0]
+
+
+# ------------------------------------------------------------------------------------------- transfer-bench
+# 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; two prefill and two decode ranks.
+BENCH = ["transfer-bench", "--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
+         "--requests", "4", "--iters", "40", "--min-time", "0.05", "--block-size", "16,32", "--prefill-tp", "2",
+         "--decode-tp", "2", "--json"]
+# What must not depend on placement: the rows swept, their descriptors and bytes, and the block check.
+ROW_SHAPE = ("label", "block_tokens", "tokens", "blocks", "regions", "requests", "run_length", "block_bytes", "bytes",
+             "desc_count", "desc_runs", "checked", "wrong", "first_wrong")
+
+
+@pytest.mark.ray
+@needs_ray
+@pytest.mark.slow
+def test_transfer_bench_on_two_ray_nodes_equals_the_local_run(tmp_path):
+    """P ranks as actors on the pdcheck_prefill node, D ranks on the pdcheck_decode node: real NIXL READs
+    between them, every block checked by coordinate, the ranks' logs back in --log-dir."""
+    local = _cli(BENCH)
+    assert local.code == 0, local.err
+    with _two_nodes("127.0.0.1", "127.0.0.1") as addr:
+        placed = _cli([*BENCH, "--ray", addr, "--log-dir", str(tmp_path)])
+    assert placed.code == 0, placed.err
+    doc, ref = placed.json(), local.json()
+    assert [{k: r[k] for k in ROW_SHAPE} for r in doc["rows"]] == [{k: r[k] for k in ROW_SHAPE} for r in ref["rows"]]
+    assert len(doc["rows"]) == 2
+    assert all(r["wrong"] == 0 and r["checked"] > 0 and r["iters"] > 0 and r["gbps"] > 0 for r in doc["rows"])
+    assert doc["ok"] is True
+    # No core of this host was given to a rank on a Ray node.
+    assert "--ray" in doc["env"]["pin_note"] and set(doc["env"]["pinning"]) == {"P0", "P1", "D0", "D1"}
+    # Each rank's log came back whole from its actor: UCX's protocol tables for the transport diagnosis.
+    assert "cfg#" in (tmp_path / "D0.log").read_text(errors="replace")
+    assert (tmp_path / "P1.log").exists()
+    assert doc["transport"]["data"], doc["transport"]
+
+
+@pytest.mark.ray
+@needs_ray
+def test_transfer_bench_ray_address_nobody_answers_is_one_line_exit_2():
+    run = _cli([*BENCH, "--ray", "127.0.0.1:1"], timeout=60)
+    assert run.code == 2, run.err
+    lines = [x for x in run.err.splitlines() if "error" in x]
+    assert len(lines) == 1 and "--ray" in lines[0] and "Traceback" not in run.err
+    assert run.out == ""

@@ -159,6 +159,9 @@ def transfer_bench(
     = None,
     timeout: Annotated[float, Opt(help="Seconds any one step may take before ranks count as hung.")] = 120.0,
     log_dir: Annotated[Path | None, Opt(help="Keep the ranks' logs (UCX protocol tables) here.")] = None,
+    ray: Annotated[str | None, Opt(help="Run the ranks as Ray actors on this Ray cluster (HOST:PORT or auto): "
+                                   "P on pdcheck_prefill nodes, D on pdcheck_decode nodes (needs pdcheck\\[ray]).")]
+    = None,
     corrupt_block: Annotated[int, Opt(hidden=True, help="Self-test: corrupt this descriptor of request 0 at "
                                       "the source; the run must report #wrong > 0.")] = -1,
 ) -> None:
@@ -180,6 +183,10 @@ def _run(o: dict[str, Any]) -> int:
     if sum(bool(o[k]) for k in ("json_out", "jsonl", "csv_out")) > 1:
         raise BadInput("--json, --jsonl and --csv are exclusive: pick one")
     check_bounds(o)
+    if o["ray"] is not None:
+        from pdcheck.launcher import check_ray
+
+        check_ray(o["ray"])
     _floor("--min-bw", o["min_bw"])
     _floor("--max-p99", o["max_p99"])
     if o["plot"] is not None:
@@ -195,7 +202,7 @@ def _run(o: dict[str, Any]) -> int:
         iters=o["iters"], warmup=o["warmup"], min_time=o["min_time"], seed=o["seed"],
         error_mode=o["error_mode"].lower() if o["error_mode"] else None, progress_thread=o["progress_thread"],
         target_poll=o["target_poll"], notif=o["notif"], pin=o["pin"], device=o["device"].lower(),
-        timeout=o["timeout"], corrupt=o["corrupt_block"], log_dir=o["log_dir"],
+        timeout=o["timeout"], corrupt=o["corrupt_block"], log_dir=o["log_dir"], ray=o["ray"],
     )
     machine = o["json_out"] or o["jsonl"]
     outcome = _with_progress(cfg, quiet=machine)

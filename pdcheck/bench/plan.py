@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from pdcheck.bench import tables
@@ -43,6 +43,7 @@ class BenchConfig:
     corrupt: int = -1
     log_dir: Path | None = None
     max_mem_fraction: float = 0.6
+    ray: str | None = None  # a Ray cluster address: ranks become Ray actors on pdcheck_prefill/decode nodes
 
     @property
     def target_busy(self) -> bool:
@@ -59,7 +60,6 @@ class Plan:
     pool_p: list[int]  # bytes per prefill rank
     pool_d: list[int]  # bytes per decode rank
     llc: int
-    labels: list[str] = field(default_factory=list)
 
 
 def _check_ints(cfg: BenchConfig) -> None:
@@ -148,5 +148,4 @@ def make_plan(cfg: BenchConfig) -> Plan:
             raise BadInput(f"the pools need {total / 2**30:.1f} GiB of host memory, more than "
                            f"{cfg.max_mem_fraction:.0%} of {mem / 2**30:.1f} GiB; lower --tokens, --requests, "
                            "--layers or the largest --block-size")
-    labels = [f"P{i}" for i in range(cfg.ptp)] + [f"D{i}" for i in range(cfg.dtp)]
-    return Plan(rows, pool_p, pool_d, llc, labels)
+    return Plan(rows, pool_p, pool_d, llc)

@@ -1,7 +1,8 @@
-"""The body of a transfer-bench rank: a forked child of pdcheck's launcher, like a handshake rank.
+"""The transfer-bench roles of pdcheck's rank skeleton (pdcheck.ranks.run_rank), started by the same launcher as
+a handshake rank (forked locally, or a Ray actor).
 
-P (prefill) lays each row's KV cache over its arena, tags every block with pdcheck's coordinate pattern and
-progresses its NIXL worker; D (decode) pulls the blocks with READs, like vLLM's NixlConnector, times them and
+P (Target) lays each row's KV cache over its arena, tags every block with pdcheck's coordinate pattern and
+progresses its NIXL worker; D (Initiator) pulls the blocks with READs, like vLLM's NixlConnector, times them and
 checks every block by coordinate. The launcher's pipe carries msgspec messages (pdcheck.messages); the
 rank's fd 1/2 go to its own log file, where UCX prints the protocol tables the parent diagnoses.
 """
@@ -14,7 +15,6 @@ import time
 from multiprocessing.connection import Connection
 from typing import Any
 
-import msgspec
 import numpy as np
 
 from pdcheck import messages as m
@@ -23,8 +23,8 @@ from pdcheck.bench.models import ModelShape
 from pdcheck.errors import NixlCallError
 from pdcheck.geometry import Geometry, read_source
 from pdcheck.kvcache import Arena, KVCache, block_descs, engine_tag, region_addrs
-from pdcheck.launcher import name_this_process
-from pdcheck.nixlagent import LOCAL, Agent, nixl_call, quiet_nixl_env
+from pdcheck.nixlagent import LOCAL
+from pdcheck.ranks import Role, run_rank
 
 BENCH_TAG = engine_tag("pdcheck-transfer-bench")  # the engine tag in every P block's coordinate cells
 
@@ -52,23 +52,61 @@ def _geometries(spec: m.BenchSpec, block_tokens: int) -> tuple[Geometry, Geometr
     return shape.geometry(spec.ptp, block_tokens), shape.geometry(spec.dtp, block_tokens)
 
 
-class Target:
+class BenchRole(Role):
+    """A transfer-bench rank: one arena (sized for the largest row) registered with a NIXL agent configured as
+    the transport preset says. The spec's role picks Target (P) or Initiator (D)."""
+
+    spec_type = m.BenchSpec
+
+    @classmethod
+    def for_spec(cls, spec: m.BenchSpec) -> type[Role]:
+        return Target if spec.role == "P" else Initiator
+
+    @property
+    def name(self) -> str:
+        return f"{self.spec.role}{self.spec.tp_rank}"
+
+    @property
+    def host(self) -> str:
+        return str(self.spec.host)
+
+    def environment(self) -> None:
+        spec = self.spec
+        os.environ.update(spec.ucx_env)  # read when the agent creates its UCX context
+        if spec.cores:
+            os.sched_setaffinity(0, spec.cores)
+
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        s = self.spec
+        self.arena = Arena(s.arena_bytes, s.device, s.gpu, hugepages=True, touch=True)
+        return self.arena.registration(), self.arena.mem_type
+
+    @property
+    def agent_name(self) -> str:
+        return str(self.spec.agent_name)
+
+    def agent_options(self) -> dict[str, Any]:
+        s = self.spec
+        return {"progress_thread": s.progress_thread, "error_mode": s.error_mode, "telemetry": s.role == "D"}
+
+    def ready(self) -> m.Msg:
+        s, arena = self.spec, self.arena
+        return m.BenchReady(s.tp_rank, s.agent_name, self.agent.metadata(), arena.addr, arena.nbytes, arena.dev,
+                            ucx_version(), sorted(os.sched_getaffinity(0)))
+
+
+class Target(BenchRole):
     """P rank: tags each row's blocks and progresses the worker (busy for emulated transports)."""
 
-    def __init__(self, spec: m.BenchSpec, agent: Agent, arena: Arena, conn: Connection) -> None:
-        self.spec, self.agent, self.arena, self.conn = spec, agent, arena, conn
+    def run(self) -> None:
         self.notifs = 0
         self.t0 = time.perf_counter()
-
-    def run(self) -> None:
-        get = self.agent.raw.get_new_notifs
+        count = self.agent.notif_count  # also drives the UCX worker: the only progress without a thread
         busy = self.spec.target_busy
         poll = self.conn.poll
         spins = 0
         while True:
-            got = get()  # also drives the UCX worker: the only progress this rank gets without a thread
-            if got:
-                self.notifs += sum(len(v) for v in got.values())
+            self.notifs += count()
             if busy:
                 spins += 1
                 if spins & 63 or not poll(0):  # a pipe poll costs µs; look every 64 spins
@@ -99,16 +137,13 @@ class Target:
         return m.Filled((time.perf_counter() - t0) * 1e3)
 
 
-class Initiator:
+class Initiator(BenchRole):
     """D rank: pulls the row's requests with prepped READs and checks what landed."""
 
-    def __init__(self, spec: m.BenchSpec, agent: Agent, arena: Arena, conn: Connection) -> None:
-        self.spec, self.agent, self.arena, self.conn = spec, agent, arena, conn
+    def run(self) -> None:
         self.peers: dict[int, m.PeerInfo] = {}
         self.names: dict[int, str] = {}
-        self.poster = measure.Poster(agent.raw)
-
-    def run(self) -> None:
+        self.poster = measure.Poster(self.agent.raw)
         while True:
             msg = m.recv(self.conn)
             if isinstance(msg, m.Peers):
@@ -123,7 +158,7 @@ class Initiator:
                 return
 
     def row(self, msg: m.Row) -> m.RankRow:
-        s, arena, raw = self.spec, self.arena, self.agent.raw
+        s, arena, agent = self.spec, self.arena, self.agent
         gp, gd = _geometries(s, msg.block_tokens)
         src, offset = read_source(gp, gd, s.tp_rank) or (0, 0)  # the plan refused geometries without a source
         nb, bd, bp = msg.num_blocks, gd.block_len, gp.block_len
@@ -146,22 +181,18 @@ class Initiator:
             for q in range(msg.requests):
                 lids = tables.desc_ids(gd.num_regions, nb, tables_d[q])
                 rids = tables.desc_ids(gd.num_regions, nb, tables_p[q])
-                handles.append(nixl_call("make_prepped_xfer", ctx, raw.make_prepped_xfer, "READ", lh, lids, rh, rids,
-                                     notif))
+                handles.append(agent.make_read(lh, lids, rh, rids, notif, ctx))
                 runs.append(tables.contiguous_runs(lids, bd, rids, bp, bd))
             make_us = (time.perf_counter() - t0) * 1e6 / max(1, msg.requests)
             return self._measure(msg, kv, gp, src, offset, handles, runs, prep_ms, make_us, peer, remote, notif,
                                  tables_p, tables_d, ctx)
         finally:
-            for h in handles:
-                raw.release_xfer_handle(h)
-            raw.release_dlist_handle(lh)
-            raw.release_dlist_handle(rh)
+            agent.release(handles, [lh, rh])
 
     def _measure(self, msg: m.Row, kv: KVCache, gp: Geometry, src: int, offset: int, handles: list[Any],
                  runs: list[int], prep_ms: float, make_us: float, peer: m.PeerInfo, remote: str, notif: bytes,
                  tables_p: np.ndarray, tables_d: np.ndarray, ctx: str) -> m.RankRow:
-        s, arena, raw = self.spec, self.arena, self.agent.raw
+        s, arena = self.spec, self.arena
         gd = kv.geometry
         regions, nb, bd, bp = gd.num_regions, msg.num_blocks, gd.block_len, gp.block_len
         nbytes = regions * msg.blocks * bd
@@ -187,9 +218,10 @@ class Initiator:
         iters = s.iters or measure.auto_iters(per_op, s.min_time)
         merged, terr = [], None
         try:
-            merged = [int(raw.get_xfer_telemetry(h).descCount) for h in handles]
-        except Exception as exc:  # telemetry is optional in NIXL builds; report why it is missing
-            terr = f"{type(exc).__name__}: {exc}"
+            merged = [self.agent.desc_count(h, ctx) for h in handles]
+        except NixlCallError as exc:  # telemetry is optional in NIXL builds; report why it is missing (NIXL's words)
+            why = exc.__cause__ or exc
+            terr = f"{type(why).__name__}: {why}"
 
         m.send(self.conn, m.Armed())
         go = m.recv(self.conn)
@@ -213,29 +245,5 @@ class Initiator:
 
 
 def bench_main(conn: Connection, spec_bytes: bytes) -> None:
-    """A transfer-bench rank (launcher target). Any failure goes back to the parent as one Failed line."""
-    spec = msgspec.msgpack.decode(spec_bytes, type=m.BenchSpec)
-    name_this_process(f"pdcheck-{spec.role}{spec.tp_rank}")
-    quiet_nixl_env()
-    os.environ.update(spec.ucx_env)  # read when the agent creates its UCX context, just below
-    try:
-        if spec.cores:
-            os.sched_setaffinity(0, spec.cores)
-        # The arena first: for VRAM the CUDA context must exist before UCX creates its worker.
-        arena = Arena(spec.arena_bytes, spec.device, spec.gpu, hugepages=True, touch=True)
-        agent = Agent(spec.agent_name, progress_thread=spec.progress_thread, error_mode=spec.error_mode,
-                      telemetry=spec.role == "D")
-        agent.register(arena.registration(), arena.mem_type)
-        m.send(conn, m.BenchReady(spec.tp_rank, spec.agent_name, agent.metadata(), arena.addr, arena.nbytes,
-                                 arena.dev, ucx_version(), sorted(os.sched_getaffinity(0))))
-        role = Target if spec.role == "P" else Initiator
-        role(spec, agent, arena, conn).run()
-    except (EOFError, BrokenPipeError):
-        return  # the parent is gone or stopped the run: nothing to report to
-    except Exception as exc:  # report, in one line, whatever stopped this rank
-        text = " ".join(str(exc).split()) or type(exc).__name__
-        print(f"{spec.role}{spec.tp_rank}: {type(exc).__name__}: {text}", flush=True)
-        try:
-            m.send(conn, m.Failed(spec.tp_rank, f"{type(exc).__name__}: {text}"))
-        except OSError:
-            pass
+    """A transfer-bench rank (launcher target)."""
+    run_rank(BenchRole, conn, spec_bytes)

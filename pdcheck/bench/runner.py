@@ -9,7 +9,6 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import wait
 from pathlib import Path
 from typing import TypeVar
 
@@ -18,12 +17,14 @@ import numpy as np
 
 import pdcheck
 from pdcheck import messages as m
+from pdcheck import orchestrate as orc
 from pdcheck.bench import envinfo, measure, schema, tables
 from pdcheck.bench.plan import BenchConfig, Plan, make_plan
 from pdcheck.bench.rank import bench_main
 from pdcheck.bench.transport import diagnose, parse_proto_info, warnings_for
 from pdcheck.errors import HarnessError, RankFailed, RankTimeout
 from pdcheck.launcher import Launcher, Rank, launcher
+from pdcheck.placement import RankId
 
 ProgressFn = Callable[[int, int, str], None]
 M = TypeVar("M")
@@ -48,7 +49,11 @@ class Outcome:
 
 def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     plan = make_plan(cfg)  # all bad input surfaces here, before any process exists
-    cores, pin_note = assign_cores(cfg.ptp, cfg.dtp, cfg.pin)
+    everyone = [*orc.ids("P", cfg.ptp), *orc.ids("D", cfg.dtp)]
+    if cfg.ray is None:
+        cores, pin_note = assign_cores(cfg.ptp, cfg.dtp, cfg.pin)
+    else:  # this host's cores say nothing about a Ray node's: leave placement within a node to Ray
+        cores, pin_note = {rid: [] for rid in everyone}, "--ray (each rank's Ray node owns its cores)"
     warnings: list[str] = []
     for k, v in cfg.transport.env.items():
         if k in os.environ and os.environ[k] != v:
@@ -61,17 +66,18 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="pdcheck-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
-        with launcher() as lau:
+        with launcher(cfg.ray, cfg.timeout) as lau:
             rows, ready, target_cpu = _drive(cfg, plan, _Ranks(lau, log_dir), cores, ucx, progress)
-        # Each rank's fd 1/2 went to its log: UCX's tables of every decode rank.
-        proto = "\n".join(_log(log_dir, lbl).read_text(errors="replace") for lbl in plan.labels if lbl[0] == "D")
+        # Each rank's fd 1/2 went to its log (a Ray rank's comes back when the launcher closes): UCX's tables
+        # of every decode rank.
+        proto = "\n".join(_read(_log(log_dir, rid)) for rid in everyone if rid.role == "D")
     finally:
         if cfg.log_dir is None:
             shutil.rmtree(log_dir, ignore_errors=True)
 
     diag = diagnose(parse_proto_info(proto))
-    pinning = {lbl: ready[lbl].cores for lbl in plan.labels}
-    pinned = cfg.pin and all(cores[lbl] for lbl in plan.labels)
+    pinning = {rid.short: ready[rid].cores for rid in everyone}
+    pinned = cfg.pin and all(cores[rid] for rid in everyone)
     error_mode = cfg.effective_error_mode
     warnings += warnings_for(diag, preset_name=cfg.transport.name, error_mode=error_mode, device=cfg.device,
                              progress_thread=cfg.progress_thread, target_busy=cfg.target_busy, target_cpu=target_cpu, pinned=pinned,
@@ -103,14 +109,14 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     return Outcome(_config(cfg), envs, transport, rows, ceilings, warnings)
 
 
-def _log(log_dir: Path, label: str) -> Path:
-    return log_dir / f"{label}.log"
+def _log(log_dir: Path, rid: RankId) -> Path:
+    return log_dir / f"{rid.short}.log"
 
 
-def assign_cores(ptp: int, dtp: int, pin: bool) -> tuple[dict[str, list[int]], str]:
-    """Cores per rank label, and a note when the machine cannot give every rank its own core."""
-    labels_p = [f"P{i}" for i in range(ptp)]
-    labels_d = [f"D{i}" for i in range(dtp)]
+def assign_cores(ptp: int, dtp: int, pin: bool) -> tuple[dict[RankId, list[int]], str]:
+    """Cores per rank, and a note when the machine cannot give every rank its own core."""
+    labels_p = orc.ids("P", ptp)
+    labels_d = orc.ids("D", dtp)
     if not pin:
         return {lbl: [] for lbl in labels_p + labels_d}, "--no-pin"
     avail = sorted(os.sched_getaffinity(0))
@@ -127,91 +133,102 @@ def assign_cores(ptp: int, dtp: int, pin: bool) -> tuple[dict[str, list[int]], s
 
 
 class _Ranks:
-    """The bench's ranks on pdcheck's launcher (the one that starts handshake and serve ranks): start by label,
-    send to a group, and gather one reply per rank with a deadline, reporting a dead or failed rank."""
+    """The bench's ranks on pdcheck's launcher (the one that starts handshake and serve ranks, locally or on Ray):
+    start by rank id, send to a group, and gather one reply per rank (pdcheck.orchestrate) with the bench's
+    fault texts."""
 
     def __init__(self, lau: Launcher, log_dir: Path) -> None:
         self.lau, self.log_dir = lau, log_dir
-        self.by_label: dict[str, Rank] = {}
+        self.by_id: dict[RankId, Rank] = {}
 
-    def start(self, label: str, spec: m.BenchSpec) -> None:
-        self.by_label[label] = self.lau.start(label[0], int(label[1:]), bench_main, msgspec.msgpack.encode(spec),
-                                              log=str(_log(self.log_dir, label)))
+    def start(self, rid: RankId, spec: m.BenchSpec) -> None:
+        self.by_id[rid] = self.lau.start(rid.role, rid.index, bench_main, msgspec.msgpack.encode(spec),
+                                         log=str(_log(self.log_dir, rid)))
 
     def pids(self) -> list[int]:
-        return [r.proc.pid for r in self.by_label.values() if r.proc.pid is not None]
+        """The ranks running on this host (a Ray rank on another node has none here)."""
+        return [r.pid for r in self.by_id.values() if r.pid is not None]
 
-    def send(self, labels: list[str], msg: m.Msg) -> None:
-        for lbl in labels:
-            self.by_label[lbl].send(msg)
+    def send(self, ids: list[RankId], msg: m.Msg) -> None:
+        orc.send_all((self.by_id[i] for i in ids), msg)
 
-    def gather(self, labels: list[str], kind: type[M], timeout: float, what: str) -> dict[str, M]:
-        pending = set(labels)
-        got: dict[str, M] = {}
+    def gather(self, ids: list[RankId], kind: type[M], timeout: float, what: str) -> dict[RankId, M]:
         # Every rank's pipe and sentinel, not only the awaited ones: a P rank that dies while D ranks measure
         # is reported now, not when the D ranks' READs time out.
-        for rank, msg in self.lau.events(list(self.by_label.values()), time.monotonic() + timeout):
-            lbl = f"{rank.role}{rank.tp_rank}"
-            if msg is None:
-                if lbl not in pending and kind is m.Bye:
-                    continue  # said goodbye and exited
-                raise RankFailed(self._died(rank, what))
-            if isinstance(msg, m.Failed):
-                # A READ from a rank that was killed fails on the reader first: name the cause, then the symptom.
-                # The reader may hear of it before the killed rank's exit completes: give sentinels a moment.
-                others = [r for r in self.by_label.values() if r is not rank and not r.done]
-                ended = wait([r.proc.sentinel for r in others], timeout=0.5)
-                dead = next((r for r in others if r.proc.sentinel in ended), None)
-                failed = f"rank {lbl} failed while {what}: {msg.error}"
-                raise RankFailed(f"{self._died(dead, what)} ({failed})" if dead else failed)
-            if not isinstance(msg, kind) or lbl not in pending:
-                raise HarnessError(f"rank {lbl} sent {type(msg).__name__} while {what}")
-            got[lbl] = msg
-            pending.discard(lbl)
-            if not pending:
-                return got
-        raise RankTimeout(f"rank(s) {', '.join(sorted(pending))} did not answer within {timeout:g} s while {what} "
-                          "(raise --timeout for very large rows)")
+        got = orc.gather(self.lau, [self.by_id[i] for i in ids], kind, timeout, _Faults(self, what, timeout),
+                         watch=list(self.by_id.values()), ended_ok=kind is m.Bye)
+        return {rid: msg for rid, (_rank, msg) in got.items()}
 
-    def _died(self, rank: Rank, what: str) -> str:
-        rank.proc.join(0.5)  # its exit status, for how it ended
-        lbl = f"{rank.role}{rank.tp_rank}"
+    def died(self, rank: Rank, what: str) -> str:
+        code = rank.reap(0.5)  # its exit status, for how it ended
         # An exit code: the rank's own last words say why. A signal: its log ends wherever UCX last printed.
-        code = rank.proc.exitcode
-        why = _last_line(_log(self.log_dir, lbl)) if code is not None and code > 0 else ""
-        return f"rank {lbl} {rank.ended()} while {what}" + (f": {why}" if why else "")
+        why = _last_line(_log(self.log_dir, rank.id)) if code is not None and code > 0 else ""
+        return f"rank {rank.id.short} {rank.ended()} while {what}" + (f": {why}" if why else "")
+
+
+@dataclass(frozen=True)
+class _Faults:
+    """transfer-bench's words for a rank that let a step down (orchestrate.Faults)."""
+
+    ranks: _Ranks
+    what: str
+    timeout: float
+
+    def failed(self, rank: Rank, msg: m.Failed) -> Exception:
+        # A READ from a rank that was killed fails on the reader first: name the cause, then the symptom.
+        # The reader may hear of it before the killed rank's exit completes: give the others a moment.
+        others = [r for r in self.ranks.by_id.values() if r is not rank and not r.done]
+        dead = next((r for r, got in self.ranks.lau.events(others, time.monotonic() + 0.5) if got is None), None)
+        failed = f"rank {rank.id.short} failed while {self.what}: {msg.error}"
+        return RankFailed(f"{self.ranks.died(dead, self.what)} ({failed})" if dead else failed)
+
+    def died(self, rank: Rank) -> Exception:
+        return RankFailed(self.ranks.died(rank, self.what))
+
+    def late(self, pending: list[RankId]) -> Exception:
+        return RankTimeout(f"rank(s) {', '.join(sorted(r.short for r in pending))} did not answer within "
+                           f"{self.timeout:g} s while {self.what} (raise --timeout for very large rows)")
+
+    def stray(self, rank: Rank, msg: m.Msg) -> Exception | None:
+        return HarnessError(f"rank {rank.id.short} sent {type(msg).__name__} while {self.what}")
+
+
+def _read(path: Path) -> str:
+    """A rank's log; empty when it never came back (a Ray actor lost with its node)."""
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def _last_line(path: Path) -> str:
-    try:
-        lines = [ln.strip() for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
-    except OSError:
-        return ""
+    lines = [ln.strip() for ln in _read(path).splitlines() if ln.strip()]
     return lines[-1] if lines else ""
 
 
-def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[int]], ucx: dict[str, str],
-           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[str, m.BenchReady], float | None]:
+def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[RankId, list[int]], ucx: dict[str, str],
+           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[RankId, m.BenchReady], float | None]:
     t = cfg.timeout
-    labels = plan.labels
-    ps = [lbl for lbl in labels if lbl.startswith("P")]
-    ds = [lbl for lbl in labels if lbl.startswith("D")]
+    ps, ds = orc.ids("P", cfg.ptp), orc.ids("D", cfg.dtp)
+    everyone = [*ps, *ds]
+    where = ranks.lau.place([(r.role, r.index) for r in everyone], gpu=cfg.device == "cuda")
     s = cfg.shape
     shape = m.BenchShape(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
-    for lbl in labels:
-        rank = int(lbl[1:])
-        is_p = lbl.startswith("P")
-        ranks.start(lbl, m.BenchSpec(
-            role=lbl[0], tp_rank=rank, agent_name=f"pdcheck-{lbl}",
-            arena_bytes=(plan.pool_p if is_p else plan.pool_d)[rank], device=cfg.device,
-            gpu=rank if is_p else cfg.ptp + rank, cores=cores[lbl],
+    for rid in everyone:
+        is_p = rid.role == "P"
+        host = where[rid.role, rid.index].host
+        ranks.start(rid, m.BenchSpec(
+            role=rid.role, tp_rank=rid.index, agent_name=f"pdcheck-{rid.short}",
+            arena_bytes=(plan.pool_p if is_p else plan.pool_d)[rid.index], device=cfg.device,
+            # A Ray actor sees only the one GPU Ray gave it.
+            gpu=0 if host is not None else rid.index if is_p else cfg.ptp + rid.index, cores=cores[rid],
             error_mode=cfg.error_mode or cfg.transport.error_mode, progress_thread=cfg.progress_thread,
             target_busy=cfg.target_busy, ucx_env=ucx, shape=shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
-            warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif,
+            warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif, host=host or "127.0.0.1",
         ))
-    ready = ranks.gather(labels, m.BenchReady, t, "creating agents and registering memory")
-    peers = [m.PeerInfo(int(lbl[1:]), r.agent_name, r.metadata, r.addr, r.dev)
-             for lbl, r in ready.items() if lbl.startswith("P")]
+    ready = ranks.gather(everyone, m.BenchReady, t, "creating agents and registering memory")
+    peers = [m.PeerInfo(rid.index, r.agent_name, r.metadata, r.addr, r.dev) for rid, r in ready.items()
+             if rid.role == "P"]
     ranks.send(ds, m.Peers(peers))
     ranks.gather(ds, m.Ack, t, "loading prefill metadata")
 
@@ -240,8 +257,8 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[str, list[in
         rows.append(aggregate(cfg, row, [results[d] for d in ds], cpu, fill_ms, plan.llc, foreign))
         if progress:
             progress(len(rows), len(plan.rows), row.label())
-    ranks.send(labels, m.Stop())
-    ranks.gather(labels, m.Bye, t, "stopping")
+    ranks.send(everyone, m.Stop())
+    ranks.gather(everyone, m.Bye, t, "stopping")
     return rows, ready, statistics.median(target_cpu) if target_cpu else None
 
 

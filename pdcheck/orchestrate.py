@@ -1,0 +1,213 @@
+"""Driving started ranks from the parent, for every command (handshake, live, serve, transfer-bench): wait until
+every rank of a group answered one kind of message (with a deadline, naming the rank that failed, died or stayed
+silent), send to a group, route P's block tags between D and P ranks, and hold the side-channel ports no P rank
+serves.
+
+Works over any placement backend: it needs a launcher's `events()` and ranks that answer `id`, `send()`,
+`ended()` and `done` (pdcheck.launcher.Launcher with forked ranks, pdcheck.raylaunch.RayLauncher with actors).
+Ranks are named by their placement.RankId (re-exported here with `ids`, as every result is keyed by it).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from pdcheck import messages as m
+from pdcheck.errors import HarnessError
+from pdcheck.placement import RankHandle, RankId, ids
+from pdcheck.wire import AnyMeta
+
+__all__ = ["Events", "Faults", "RankHandle", "RankId", "Stage", "await_ready", "await_serving", "gather",
+           "hold_the_rest", "ids", "route_tags", "send_all"]
+
+M = TypeVar("M")
+Tick = Callable[[str, int, int], None]  # (stage, done, total), e.g. pdcheck.progress
+
+
+R = TypeVar("R", bound=RankHandle)
+
+
+class Events(Protocol):
+    """A placement backend's event stream: (rank, message) as they arrive, (rank, None) when a rank ended."""
+
+    def events(self, ranks: Any, deadline: float) -> Iterator[tuple[Any, m.Msg | None]]: ...
+
+
+class Faults(Protocol):
+    """How a wait names what went wrong: the exception to raise for each way a rank can let it down."""
+
+    def failed(self, rank: RankHandle, msg: m.Failed) -> Exception: ...
+
+    def died(self, rank: RankHandle) -> Exception: ...
+
+    def late(self, pending: list[RankId]) -> Exception: ...
+
+    def stray(self, rank: RankHandle, msg: m.Msg) -> Exception | None:
+        """A message of another kind, or a second one: the exception to raise, or None to skip it."""
+        ...
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Faults of a start-up stage as one-line harness errors; templates take {rank}, {error}, {ended}, {ranks},
+    {timeout}."""
+
+    failed_text: str
+    died_text: str
+    late_text: str
+    timeout_s: float
+
+    def failed(self, rank: RankHandle, msg: m.Failed) -> Exception:
+        return HarnessError(self.failed_text.format(rank=rank.id, error=msg.error))
+
+    def died(self, rank: RankHandle) -> Exception:
+        return HarnessError(self.died_text.format(rank=rank.id, ended=rank.ended()))
+
+    def late(self, pending: list[RankId]) -> Exception:
+        return HarnessError(self.late_text.format(ranks=", ".join(sorted(map(str, pending))),
+                                                  timeout=self.timeout_s))
+
+    def stray(self, rank: RankHandle, msg: m.Msg) -> Exception | None:
+        return None
+
+
+def send_all(ranks: Iterable[RankHandle], msg: m.Msg) -> None:
+    for rank in ranks:
+        rank.send(msg)
+
+
+def gather(lau: Events, ranks: Sequence[R], kind: type[M], timeout_s: float, faults: Faults, *,
+           watch: Sequence[R] = (), tick: Callable[[int, int], None] | None = None,
+           ended_ok: bool = False) -> dict[RankId, tuple[R, M]]:
+    """One `kind` message from each of `ranks` within timeout_s: rank id -> (rank, message), in arrival order.
+
+    watch: further ranks whose death (or Failed) also ends the wait, e.g. a P rank that dies while D ranks
+    measure. Any other message goes to faults.stray. ended_ok: a rank that already answered may end (its
+    goodbye)."""
+    pending = {r.id for r in ranks}
+    got: dict[RankId, tuple[R, M]] = {}
+    everyone = [*ranks, *(w for w in watch if w.id not in pending)]
+    for rank, msg in lau.events(everyone, time.monotonic() + timeout_s):
+        if msg is None:
+            if ended_ok and rank.id not in pending:
+                continue
+            raise faults.died(rank)
+        if isinstance(msg, m.Failed):
+            raise faults.failed(rank, msg)
+        if not isinstance(msg, kind) or rank.id not in pending:
+            stray = faults.stray(rank, msg)
+            if stray is not None:
+                raise stray
+            continue
+        got[rank.id] = (rank, msg)
+        pending.discard(rank.id)
+        if tick:
+            tick(len(got), len(ranks))
+        if not pending:
+            return got
+    raise faults.late(sorted(pending))
+
+
+def await_ready(lau: Events, ranks: Sequence[R], timeout_s: float,
+                tick: Tick | None = None) -> dict[RankId, tuple[float, AnyMeta | None]]:
+    """Every handshake/serve rank's Ready: rank id -> (setup ms, P's metadata values)."""
+    stage = Stage("{rank} failed to start: {error}", "{rank} died during start-up: it {ended}",
+                  "{ranks} not ready after {timeout:g} s (start-up follows --timeout)", timeout_s)
+    got = gather(lau, ranks, m.Ready, timeout_s, stage,
+                 tick=(lambda done, total: tick("ranks up", done, total)) if tick else None)
+    return {rid: (msg.setup_ms, msg.values) for rid, (_rank, msg) in got.items()}
+
+
+def await_serving(lau: Events, p_ranks: dict[int, R], listeners: dict[int, list[m.ListenerSpec]],
+                  timeout_s: float, tick: Tick | None = None) -> dict[int, int]:
+    """Wait until every P rank listens; layout port -> the port really bound."""
+    stage = Stage("{rank} could not open its side channel: {error}",
+                  "{rank} died during start-up (opening its side channel): it {ended}",
+                  "{ranks} not serving after {timeout:g} s", timeout_s)
+    got = gather(lau, list(p_ranks.values()), m.Serving, timeout_s, stage,
+                 tick=(lambda done, total: tick("side channels", done, total)) if tick else None)
+    bound: dict[int, int] = {}
+    for rank, msg in got.values():
+        bound.update(zip([ls.port for ls in listeners[rank.tp_rank]], msg.ports, strict=True))
+    return bound
+
+
+def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool, bound: dict[int, int]) -> m.Go:
+    """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port.
+    fixed: the layout ports are bound as they are (explicit base_port), else each maps to the catch-all."""
+    # zmq, imported here: the launcher imports this module, and its forkserver warm-up comes before zmq
+    from pdcheck.sidechannel import hold_silent
+
+    ports = dict(bound)
+    catch_all = held.enter_context(hold_silent(host, 0))
+    for layout in contacted:
+        if layout not in ports:
+            ports[layout] = held.enter_context(hold_silent(host, layout)).getsockname()[1] if fixed \
+                else catch_all.getsockname()[1]
+    return m.Go(ports, catch_all.getsockname()[1])
+
+
+def route_tags(lau: Events, p_ranks: dict[int, R], d_ranks: dict[int, R], run_timeout_s: float,
+               harness: list[str], *, expected_dead: Iterable[int] = (), tick: Tick | None = None,
+               ) -> tuple[dict[int, m.DecodeResult], dict[int, m.PrefillFinal]]:
+    """Run the handshakes and transfer proof to the end: route each D rank's TagReq to its P rank and the
+    Tagged reply back, collect every DecodeResult (then Stop the P ranks) and PrefillFinal. A dead rank goes
+    into `harness`; one nobody meant to kill (expected_dead: P ranks a test hook kills) stops the run at once."""
+    results: dict[int, m.DecodeResult] = {}
+    finals: dict[int, m.PrefillFinal] = {}
+    expected = set(expected_dead)
+    # This side issues its own ticket ids: each D rank numbers its requests from 1, so two D ranks reading one
+    # P rank would otherwise collide and one would wait forever.
+    owner: dict[int, tuple[int, R, int]] = {}  # global ticket -> (P rank, D rank, the D rank's ticket)
+    next_ticket = 0
+    everyone = [*p_ranks.values(), *d_ranks.values()]
+    phase = {r.id: "handshake" for r in everyone}  # -> "transfer" at the rank's first block-tag request
+    for rank, msg in lau.events(everyone, time.monotonic() + run_timeout_s):
+        if msg is None:
+            if rank.tp_rank in (results if rank.role == "D" else finals):
+                continue
+            how = f"{rank.id} died during {phase[rank.id]}: it {rank.ended()}"
+            harness.append(how)
+            if not (rank.role == "P" and rank.tp_rank in expected):
+                # A rank nobody meant to kill: its sentinel fired now, so say so now, stop everything and
+                # report what the other ranks delivered (exit 3) instead of waiting for --timeout.
+                print(f"pdcheck: {how}; stopping the run", file=sys.stderr, flush=True)
+                break
+            # A D rank waiting for tags from a dead P gets an answer so it can report the failed READ.
+            for gid, (p_rank, d_rank, ticket) in list(owner.items()):
+                if rank.role == "P" and p_rank == rank.tp_rank:
+                    d_rank.send(m.Tagged(ticket))
+                    owner.pop(gid)
+        elif isinstance(msg, m.TagReq):
+            phase[rank.id] = "transfer"
+            target = p_ranks.get(msg.p_rank)
+            if target is None or target.done:
+                rank.send(m.Tagged(msg.ticket))
+            else:
+                next_ticket += 1
+                phase[target.id] = "transfer"
+                owner[next_ticket] = (msg.p_rank, rank, msg.ticket)
+                target.send(m.TagReq(next_ticket, msg.p_rank, msg.blocks))
+        elif isinstance(msg, m.Tagged):
+            entry = owner.pop(msg.ticket, None)
+            if entry is not None:
+                entry[1].send(m.Tagged(entry[2]))
+        elif isinstance(msg, m.DecodeResult):
+            results[rank.tp_rank] = msg
+            rank.done = True
+            if tick:
+                tick("handshakes + transfer proof", len(results), len(d_ranks))
+            if len(results) == len(d_ranks):
+                send_all(p_ranks.values(), m.Stop())
+        elif isinstance(msg, m.PrefillFinal):
+            finals[rank.tp_rank] = msg
+            rank.done = True
+    for r in d_ranks.values():
+        if r.tp_rank not in results and not any(str(r.id) in h for h in harness):
+            harness.append(f"{r.id} did not report within {run_timeout_s:g} s")
+    return results, finals
