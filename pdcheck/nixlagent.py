@@ -106,18 +106,20 @@ class Agent:
         *,
         timeout_s: float = 30.0,
         context: str = "",
+        op: str = "READ",
     ) -> float:
-        """Post a prepped READ, busy-poll to completion, return seconds. Raises NixlCallError."""
+        """Post a prepped READ (op="WRITE": a WRITE, as SGLang's P pushes into D), busy-poll to completion,
+        return seconds. Raises NixlCallError."""
         lid = np.ascontiguousarray(local_ids, dtype=np.int32)
         rid = np.ascontiguousarray(remote_ids, dtype=np.int32)
         t0 = time.perf_counter()
-        h = nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, lid, remote, rid, notif)
+        h = nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, op, local, lid, remote, rid, notif)
         try:
             state = nixl_call("transfer", context, self._a.transfer, h)
             deadline = t0 + timeout_s
             while state not in ("DONE", "ERR"):
                 if time.perf_counter() > deadline:
-                    raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {timeout_s:g} s", context)
+                    raise NixlCallError("check_xfer_state", "TIMEOUT", f"{op} not done after {timeout_s:g} s", context)
                 state = nixl_call("check_xfer_state", context, self._a.check_xfer_state, h)
             if state == "ERR":
                 raise NixlCallError("transfer", "NIXL_ERR_BACKEND", "transfer state ERR", context)
