@@ -179,6 +179,9 @@ def handshake(
                                    help="Run each rank as a Ray actor on this Ray cluster ('auto': the one this "
                                         "node belongs to): P on nodes with the pdcheck_prefill resource, D on "
                                         "pdcheck_decode ones (needs pdcheck[ray]).")] = None,
+    sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,
+                                      help="SGLang release(s) to model instead of vLLM: 0.5.8, '0.4.7,0.5.23' or "
+                                           "'all' (or framework = \"sglang\" in the scenario).")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
@@ -187,6 +190,14 @@ def handshake(
 
     # Every check before any process starts: flags, file, releases, port layout, device.
     bounds.check_timeouts(hang_timeout, timeout)
+    if sglang is not None or (scenario is not None and from_logs is None):
+        from pdcheck.scenario import read_toml
+
+        declared = read_toml(scenario).get("framework") if scenario is not None else None
+        if pl.framework_of(declared, vllm, sglang, str(scenario or "command line")) == "sglang":
+            _sglang_handshake(scenario, sglang, overrides, hang_timeout, timeout, json_out,
+                              unsupported={"--from-logs": from_logs, "--prefill-endpoint": prefill_endpoint,
+                                           "--ray": ray, "--prefill-vllm": prefill_vllm, "--inject": inject})
     bounds.check_max_tp(max_tp)
     if device not in ("cpu", "cuda"):
         raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
@@ -246,6 +257,27 @@ def handshake(
                       f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
         report.render(rep, _console())
+    raise typer.Exit(rep.exit_code)
+
+
+def _sglang_handshake(scenario: Path | None, sglang: str | None, overrides: dict[str, Any], hang_timeout: float,
+                      timeout: float, json_out: bool, unsupported: dict[str, Any]) -> None:
+    """`handshake` for SGLang: plan (pdcheck.sglang.plan), run on real processes (runner), report."""
+    from pdcheck.sglang import plan as sp
+    from pdcheck.sglang import report as sr
+    from pdcheck.sglang import runner
+    from pdcheck.sglang.scenario import load as sg_load
+
+    for flag, val in unsupported.items():
+        if val:
+            raise BadInput(f"{flag}: not available for SGLang yet (see docs/sglang.md)")
+    plan = sp.build(sg_load(scenario, overrides), sglang,
+                    sp.SgOptions(hang_timeout_s=hang_timeout, start_timeout_s=timeout, run_timeout_s=timeout))
+    rep = sr.build(runner.run(plan))
+    if json_out:
+        sys.stdout.buffer.write(sr.to_json(rep) + b"\n")
+    else:
+        sr.render(rep, _console())
     raise typer.Exit(rep.exit_code)
 
 

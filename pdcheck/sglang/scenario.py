@@ -62,8 +62,10 @@ class SgScenario(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenario:
-    doc = read_toml(path) if path is not None else {}
+    doc = read_toml(path) if path is not None else {"framework": "sglang"}
     where = str(path) if path is not None else "command line"
+    if doc.get("framework") != "sglang":
+        raise BadInput(f"{where}: not an SGLang scenario (it has no framework = \"sglang\")")
     if overrides:
         doc = merge(doc, {k: v for k, v in overrides.items() if k in ("prefill", "decode")})
     for side in ("prefill", "decode"):
