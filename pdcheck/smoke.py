@@ -50,7 +50,8 @@ def discover(directory: Path, opts: RunOptions) -> list[Any]:
     try:
         if not directory.is_dir():
             raise BadInput(f"{directory}: not a directory of scenarios")
-        files = sorted(directory.glob("*.toml"))
+        # SGLang's scenarios (framework = "sglang") live in a sglang/ folder beside vLLM's
+        files = sorted(directory.glob("*.toml")) + sorted(directory.glob("sglang/*.toml"))
     except OSError as exc:
         raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
     if not files:

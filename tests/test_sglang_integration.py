@@ -1,0 +1,119 @@
+"""Fake SGLang P against fake SGLang D on real processes: a real HTTP bootstrap server, real ZMQ frames in the
+release's layout, real NIXL WRITEs of coordinate-tagged pages verified on D; the CLI and smoke over the bundled
+SGLang scenarios. Kept to a few releases (each run is a fresh set of rank processes)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import SCENARIOS
+
+from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang import plan as sp
+from pdcheck.sglang import runner
+from pdcheck.sglang.releases import resolve
+from pdcheck.sglang.scenario import SgInstance, SgScenario
+
+SG = SCENARIOS / "sglang"
+
+
+def _run(p: SgInstance, d: SgInstance, releases: str, hang_s: float = 1.5) -> runner.SgRunResult:
+    sc = SgScenario(prefill=p, decode=d, source="test")
+    return runner.run(sp.build(sc, releases, sp.SgOptions(hang_timeout_s=hang_s)))
+
+
+def test_same_release_pages_arrive_by_coordinate() -> None:
+    res = _run(SgInstance(tp_size=2), SgInstance(tp_size=2), "0.5.8,0.5.23")
+    for pair in res.pairs:
+        assert [v.status for v in pair.observed] == ["ok", "ok"], pair.observed
+        assert all(t is not None and t.status == "ok" and t.blocks == 2 * 4 * 4 for t in pair.transfers)
+        assert [f.writes for f in pair.prefill] == [2, 2] and not any(f.listener_dead for f in pair.prefill)
+        assert [v.status for v in pair.model] == ["ok", "ok"]
+
+
+def test_page_size_mismatch_is_silent_then_refused() -> None:
+    res = _run(SgInstance(page_size=16), SgInstance(page_size=32), "0.5.3,0.5.8")
+    old, new = res.pairs
+    assert old.observed[0].status == "silent" and old.transfers[0].wrong == old.transfers[0].blocks > 0
+    assert old.transfers[0].first_mismatch is not None  # what D found there, decoded from the pattern
+    assert (new.observed[0].status, new.observed[0].exception) == ("error", "RuntimeError")
+    assert new.observed[0].message.startswith("Page size mismatch: prefill server has page_size=16, but decode")
+    assert new.prefill[0].writes == 0  # D stopped before it sent a frame
+
+
+def test_frame_skew_kills_the_real_listener() -> None:
+    res = _run(SgInstance(sglang="0.4.9.post2"), SgInstance(), "0.4.7")
+    v = res.pairs[0].observed[0]
+    assert v.status == "hang" and v.stage == "register" and v.timeout_s is None
+    assert res.pairs[0].prefill[0].listener_dead.startswith("UnicodeDecodeError: 'ascii' codec")
+    assert res.pairs[0].model[0].status == "hang"
+
+
+def test_bootstrap_server_answers_http() -> None:
+    table = bs.Table(resolve("0.5.23"), 2)
+    server = bs.Server(table)
+    try:
+        q = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/route?{q}", timeout=5)
+        assert ei.value.code == 503 and b"(0 workers registered)" in ei.value.read()
+        assert bs.http_put("127.0.0.1", server.port, {"attn_tp_size": 2})[0] == 500  # KeyError in the handler
+        for r in range(2):
+            body = bs.put_body(table.rel, rank=r, tp=2, pp_rank=0, pp=1, ip="127.0.0.1", port=7000 + r,
+                               page_size=16, kv_cache_dtype="auto", agent_name="a")
+            assert bs.http_put("127.0.0.1", server.port, body) == (200, "OK")
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/route?{q}", timeout=5) as r:
+            info = json.loads(r.read())
+        assert info["attn_tp_size"] == 2 and set(info) == set(table.rel.info_keys)
+        found = bs.discover(table.rel, bs.http_get("127.0.0.1", server.port), tp_rank=1, tp_size=2, pp_size=1,
+                            page_size=16, kv_cache_dtype="auto", mla=False)
+        assert found.targets == [(1, "127.0.0.1", 7001)]
+    finally:
+        server.close()
+
+
+def test_cli_json_and_table_agree(pdcheck, tmp_path) -> None:
+    path = SG / "sglang-hetero-tp.toml"
+    run = pdcheck("handshake", str(path), "--sglang", "0.4.7,0.5.13", "--json", "--hang-timeout", "1.5")
+    assert run.code == 1, run.err
+    doc = run.json()
+    assert doc["framework"] == "sglang" and doc["matrix"] == {"0.4.7": ["assert"], "0.5.13": ["ok"]}
+    assert doc["agree"] and doc["issue"].startswith("sgl-project/sglang#19043")
+    table = pdcheck("handshake", str(path), "--sglang", "0.4.7,0.5.13", "--hang-timeout", "1.5")
+    assert table.code == 1
+    for release, statuses in doc["matrix"].items():  # the table's row of each release shows the JSON's verdict
+        row = next(line for line in table.out.splitlines() if f" {release} " in line)
+        assert [c.strip() for c in row.split("│")][3] == statuses[0]
+    assert "Traceback" not in table.err
+
+
+def test_cli_bad_input(pdcheck) -> None:
+    path = str(SG / "sglang-hetero-tp.toml")
+    for args, text in (((path, "--sglang", "0.5.8", "--vllm", "0.9.1"), "not both"),
+                       ((path, "--vllm", "0.9.1"), "is an SGLang scenario"),
+                       ((path, "--sglang", "0.3.1"), "is not modelled"),
+                       ((str(SCENARIOS / "mla.toml"), "--sglang", "0.5.8"), "not an SGLang scenario"),
+                       ((path, "--sglang", "0.5.8", "--prefill-endpoint", "127.0.0.1:1"), "not available for SGLang")):
+        run = pdcheck("handshake", *args)
+        assert run.code == 2 and text in run.err and "Traceback" not in run.err, (args, run.err)
+        assert len(run.err.strip().splitlines()) == 1
+
+
+def test_smoke_runs_sglang_scenarios(pdcheck, tmp_path) -> None:
+    d = tmp_path / "sc"
+    (d / "sglang").mkdir(parents=True)
+    for name in ("sglang-frame-skew", "sglang-completion-skew"):
+        shutil.copy(SG / f"{name}.toml", d / "sglang")
+    shutil.copy(SCENARIOS / "decode-fewer-blocks.toml", d)
+    junit = tmp_path / "out.xml"
+    run = pdcheck("smoke", str(d), "--json", "--junit", str(junit), "--hang-timeout", "1.5")
+    assert run.code == 0, run.err
+    doc = run.json()
+    sg = [c for c in doc["cases"] if c["framework"] == "sglang"]
+    assert [(c["scenario"], c["got"]) for c in sg] == [("sglang-completion-skew", ["hang"]),
+                                                        ("sglang-frame-skew", ["hang"])]
+    assert 'name="sglang 0.5.23"' in junit.read_text()
