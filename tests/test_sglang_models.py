@@ -4,6 +4,7 @@ class of the reference's §11, per release, with the exact texts the releases ra
 from __future__ import annotations
 
 import struct
+from pathlib import Path
 
 import pytest
 
@@ -221,3 +222,36 @@ def test_tracker_pp_and_engine_keys() -> None:
     t7 = wire.Tracker(R["R7"])
     t7.status(wire.kv_status(7, "Failed", 0, "NIXL transfer encountered ERR room=7"))
     assert not t7.done() and t7.failed == "NIXL transfer encountered ERR room=7"
+
+
+SG_SCENARIOS = sorted((Path(__file__).resolve().parent.parent / "scenarios" / "sglang").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SG_SCENARIOS, ids=lambda p: p.stem)
+def test_bundled_sglang_scenario_matches_the_engine(path: Path) -> None:
+    """Each bundled SGLang scenario names its issue, and the pure engine predicts its [expect] table (the
+    real run in the smoke job must then agree with both)."""
+    from pdcheck.sglang import plan as sp
+    from pdcheck.sglang.scenario import load
+
+    sc = load(path)
+    assert sc.name == path.stem and sc.issue and sc.description and sc.expect
+    plan = sp.build(sc, ",".join(sc.expect), sp.SgOptions())
+    p, d = sc.prefill.side(), sc.decode.side()
+    reg = sc.prefill.registered
+    for pair in plan.pairs:
+        want = sc.expect[pair.name]
+        want = list(want) if isinstance(want, list) else [want] * d.tp_size
+        got = [v.status for v in decide_all(pair.p, pair.d, p, d, registered=reg)]
+        assert got == want, f"{path.name} {pair.name}: {got} != {want}"
+
+
+def test_scenario_bad_input() -> None:
+    from pdcheck.sglang.scenario import load
+
+    with pytest.raises(BadInput, match="not an SGLang scenario"):
+        load(Path(__file__).resolve().parent.parent / "scenarios" / "mla.toml")
+    with pytest.raises(BadInput, match="page_size"):
+        load(None, {"prefill": {"page_size": 0}})
+    with pytest.raises(BadInput, match="kv_heads 8 and tp_size 3"):
+        load(None, {"prefill": {"tp_size": 3}})
