@@ -4,8 +4,10 @@ SGLang scenarios. Kept to a few releases (each run is a fresh set of rank proces
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
+import threading
 import urllib.error
 import urllib.request
 
@@ -13,8 +15,8 @@ import pytest
 from conftest import SCENARIOS
 
 from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang import engine, runner
 from pdcheck.sglang import plan as sp
-from pdcheck.sglang import runner
 from pdcheck.sglang.releases import resolve
 from pdcheck.sglang.scenario import SgInstance, SgScenario
 
@@ -117,3 +119,76 @@ def test_smoke_runs_sglang_scenarios(pdcheck, tmp_path) -> None:
     assert [(c["scenario"], c["got"]) for c in sg] == [("sglang-completion-skew", ["hang"]),
                                                         ("sglang-frame-skew", ["hang"])]
     assert 'name="sglang 0.5.23"' in junit.read_text()
+
+
+class _Junk(http.server.BaseHTTPRequestHandler):
+    body = b"hello"
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+def _serve(handler) -> http.server.ThreadingHTTPServer:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_probe_reads_a_live_bootstrap_server_read_only(pdcheck) -> None:
+    rel = resolve("0.5.8")
+    table = engine.table_for(rel, engine.Side(tp_size=2, page_size=32))
+    server = bs.Server(table)
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        run = pdcheck("probe", url, "--sglang", "auto", "--decode-sglang", "0.5.3,0.5.8", "--json")
+        assert run.code == 1, run.err
+        doc = run.json()
+        assert (doc["era"], doc["p_release"]) == ("B4", "0.5.8")
+        assert doc["info"]["prefill_page_size"] == 32 and len(doc["ranks"]) == 2
+        assert [(c["d_release"], c["status"]) for c in doc["decode"]] == [("0.5.3", "ok"), ("0.5.8", "error")]
+        assert doc["decode"][1]["message"].startswith("Page size mismatch: prefill server has page_size=32")
+        assert table.count == 2  # nothing was registered or changed by the probe
+        table_run = pdcheck("probe", url, "--sglang", "0.5.8")
+        assert table_run.code == 1 and "Page size mismatch" in table_run.out
+    finally:
+        server.close()
+
+
+def test_probe_bad_input_and_junk(pdcheck) -> None:
+    run = pdcheck("probe", "ftp://127.0.0.1:1", "--sglang", "auto")
+    assert run.code == 2 and "plain HTTP" in run.err and len(run.err.strip().splitlines()) == 1
+    run = pdcheck("probe", "127.0.0.1:1", "--sglang", "0.5.8", "--vllm", "0.9.1")
+    assert run.code == 2 and "not both" in run.err
+    junk = _serve(_Junk)
+    big = _serve(type("Big", (_Junk,), {"body": b'{"attn_tp_size": ' + b"1" * (1 << 20) + b"}"}))
+    try:
+        for srv in (junk, big):
+            run = pdcheck("probe", f"127.0.0.1:{srv.server_address[1]}", "--sglang", "auto", "--json", timeout=60)
+            assert run.code == 3 and run.json()["era"] is None and "Traceback" not in run.err
+    finally:
+        for srv in (junk, big):
+            srv.shutdown()
+            srv.server_close()
+    nobody = pdcheck("probe", "127.0.0.1:9", "--sglang", "auto", "--timeout", "1", "--json")
+    assert nobody.code == 3 and "no SGLang bootstrap answer" in nobody.json()["notes"][0]
+
+
+def test_probe_bounds_a_huge_rank_list() -> None:
+    from pdcheck.sglang import probe
+
+    class Huge(_Junk):
+        body = json.dumps({"prefill_attn_tp_size": 10_000, "prefill_dp_size": 1, "prefill_pp_size": 1}).encode()
+
+    srv = _serve(Huge)
+    try:
+        rep = probe.run("127.0.0.1", srv.server_address[1], None, [], engine.Side(), 2.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert rep.era == "B3" and rep.ranks == [] and "P advertises 10000 x 1 ranks" in rep.notes[0]
