@@ -268,11 +268,17 @@ def _sglang_handshake(scenario: Path | None, sglang: str | None, overrides: dict
     from pdcheck.sglang import runner
     from pdcheck.sglang.scenario import load as sg_load
 
+    endpoint = unsupported.pop("--prefill-endpoint")
     for flag, val in unsupported.items():
         if val:
             raise BadInput(f"{flag}: not available for SGLang yet (see docs/sglang.md)")
+    live = None
+    if endpoint is not None:
+        from pdcheck.sglang.probe import parse_url
+
+        live = sp.LiveBootstrap(*parse_url(endpoint))
     plan = sp.build(sg_load(scenario, overrides), sglang,
-                    sp.SgOptions(hang_timeout_s=hang_timeout, start_timeout_s=timeout, run_timeout_s=timeout))
+                    sp.SgOptions(hang_timeout_s=hang_timeout, start_timeout_s=timeout, run_timeout_s=timeout), live)
     rep = sr.build(runner.run(plan))
     if json_out:
         sys.stdout.buffer.write(sr.to_json(rep) + b"\n")

@@ -192,3 +192,38 @@ def test_probe_bounds_a_huge_rank_list() -> None:
         srv.shutdown()
         srv.server_close()
     assert rep.era == "B3" and rep.ranks == [] and "P advertises 10000 x 1 ranks" in rep.notes[0]
+
+
+def test_serve_and_prefill_endpoint(tmp_path) -> None:
+    """`pdcheck serve --sglang` (a real CLI process: bootstrap server + fake P ranks) and fake D ranks against it
+    with --prefill-endpoint: pages arrive by coordinate for the same release; an 0.5.13 D stops at the bootstrap
+    (the live P's era is recognised from its answers, read-only)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    scen = tmp_path / "live.toml"
+    scen.write_text('framework = "sglang"\n[prefill]\ntp_size = 2\n[decode]\ntp_size = 2\n')
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(scen), "--sglang", "0.5.23", "--json",
+                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        ready = json.loads(proc.stdout.readline())
+        assert ready["framework"] == "sglang" and ready["p_ranks"] == 2
+        from pdcheck.sglang.probe import parse_url
+        from pdcheck.sglang.scenario import load
+
+        live = sp.LiveBootstrap(*parse_url(ready["bootstrap_url"]))
+        res = runner.run(sp.build(load(scen), "0.5.23,0.5.13", sp.SgOptions(hang_timeout_s=1.5), live))
+        same, old = res.pairs
+        assert same.p_release == "0.5.23" and [v.status for v in same.observed] == ["ok", "ok"]
+        assert all(t.status == "ok" and t.blocks > 0 for t in same.transfers)
+        assert [v.status for v in old.observed] == ["hang", "hang"] and old.observed[0].exception == "TypeError"
+        assert [v.status for v in old.model] == ["hang", "hang"]
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "P rank 0: 2 WRITE requests" in err

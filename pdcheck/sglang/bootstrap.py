@@ -165,9 +165,9 @@ class Server:
     """P's bootstrap server on loopback at a port the OS picks, in a thread of the parent (SGLang runs it in
     P's tokenizer-manager process, one per P server)."""
 
-    def __init__(self, table: Table, host: str = "127.0.0.1") -> None:
+    def __init__(self, table: Table, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = type("Handler", (_Handler,), {"table": table})
-        self.httpd = ThreadingHTTPServer((host, 0), handler)
+        self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
+from pdcheck.errors import HarnessError
 from pdcheck.sglang.ranks import SgReq
 from pdcheck.sglang.releases import resolve, resolve_many
 from pdcheck.sglang.releases.base import SglangRelease
@@ -26,11 +27,19 @@ class Pair(msgspec.Struct, frozen=True):
     d: SglangRelease
 
 
+class LiveBootstrap(msgspec.Struct, frozen=True):
+    """--prefill-endpoint: a live SGLang prefill's bootstrap server; no fake P is started."""
+
+    host: str
+    port: int
+
+
 class SgPlan(msgspec.Struct, frozen=True):
     scenario: SgScenario
     pairs: list[Pair]
     requests: list[SgReq]
     options: SgOptions
+    live: LiveBootstrap | None = None
 
     @property
     def names(self) -> list[str]:
@@ -47,10 +56,23 @@ def make_requests(sc: SgScenario) -> list[SgReq]:
     return [SgReq(1000 + i, sorted(p[i * k:(i + 1) * k]), sorted(d[i * k:(i + 1) * k])) for i in range(n)]
 
 
-def build(sc: SgScenario, sglang: str | None, options: SgOptions) -> SgPlan:
-    """BadInput for anything wrong; releases are resolved here, once."""
+def build(sc: SgScenario, sglang: str | None, options: SgOptions, live: LiveBootstrap | None = None) -> SgPlan:
+    """BadInput for anything wrong; releases are resolved here, once. With a live P, D asks for the same page
+    ids P serves from (pdcheck serve --sglang), so its pages can be checked by coordinate."""
     rels = resolve_many(sglang) if sglang is not None else resolve_many(",".join(sc.sglang), f"{sc.source}: sglang")
     p_own = resolve(sc.prefill.sglang, f"{sc.source}: prefill.sglang") if sc.prefill.sglang else None
+    if live is not None and p_own is None:
+        # The live P's era, from which query form its bootstrap server answers (GETs only: read-only).
+        from pdcheck.sglang import bootstrap as bs
+        from pdcheck.sglang.probe import recognise
+
+        p_own = recognise(bs.http_get(live.host, live.port, options.hang_timeout_s))[0]
+        if p_own is None:
+            raise HarnessError(f"--prefill-endpoint: no SGLang bootstrap server answers at "
+                               f"http://{live.host}:{live.port}/route")
     d_own = resolve(sc.decode.sglang, f"{sc.source}: decode.sglang") if sc.decode.sglang else None
     pairs = [Pair(r.name, p_own or r, d_own or r) for r in rels]
-    return SgPlan(sc, pairs, make_requests(sc), options)
+    reqs = make_requests(sc)
+    if live is not None:
+        reqs = [SgReq(r.room, list(r.d_pages), list(r.d_pages)) for r in reqs]
+    return SgPlan(sc, pairs, reqs, options, live)

@@ -46,6 +46,10 @@ class SgPrefillSpec(msgspec.Struct, frozen=True):
     tag: int
     register: bool = True  # PUT /route (False: a P rank still starting when D asks)
     host: str = "127.0.0.1"
+    serve: bool = False  # `serve --sglang`: a room P never planned is served from the same page ids as D's
+
+
+SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
 
 
 class SgDecodeSpec(msgspec.Struct, frozen=True):
@@ -58,6 +62,7 @@ class SgDecodeSpec(msgspec.Struct, frozen=True):
     tag: int
     hang_s: float  # pdcheck's stand-in for the release's timeout (300 s or forever)
     host: str = "127.0.0.1"
+    bootstrap_host: str = ""  # a live P's bootstrap server (--prefill-endpoint); "": host
 
 
 class PFinal(msgspec.Struct):
@@ -175,6 +180,10 @@ class SgPrefillRole(Role):
             return
         reg, peer = regs[key]
         req = next((r for r in self.spec.requests if r.room == got.room), None)
+        if req is None and self.spec.serve and got.pages:
+            # A live decode's room: P "prefilled" the same page ids (tagged now, with serve's own tag).
+            req = SgReq(got.room, list(got.pages), list(got.pages))
+            self.kv.tag_many(self.spec.tag, self.spec.tp_rank, {r: req.p_pages for r in range(self.spec.side.num_ptrs)})
         if req is None or not got.pages:
             return  # a dummy request (empty indices), or a room this P never prefilled
         reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room)
@@ -285,13 +294,14 @@ class SgDecodeRole(Role):
     def _request(self, zctx: zmq.Context) -> tuple[SgVerdict, m.TransferResult | None]:
         spec, side = self.spec, self.spec.side
         rel = resolve(spec.release)
-        get = bs.http_get(spec.host, spec.bootstrap_port)
+        bhost = spec.bootstrap_host or spec.host
+        get = bs.http_get(bhost, spec.bootstrap_port)
         deadline = time.monotonic() + spec.hang_s
         while True:
             try:
                 found = bs.discover(rel, get, tp_rank=spec.tp_rank, tp_size=side.tp_size, pp_size=side.pp_size,
                                     page_size=side.page_size, kv_cache_dtype=side.kv_cache_dtype, mla=side.mla,
-                                    addr=f"{spec.host}:{spec.bootstrap_port}")
+                                    addr=f"{bhost}:{spec.bootstrap_port}")
                 break
             except bs.DiscoveryError as e:
                 if e.retry and time.monotonic() < deadline:

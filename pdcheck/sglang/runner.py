@@ -17,6 +17,7 @@ from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import engine
 from pdcheck.sglang.plan import Pair, SgPlan
 from pdcheck.sglang.ranks import (
+    SERVE_TAG,
     DFinal,
     PFinal,
     SgDecodeSpec,
@@ -114,8 +115,38 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                         finals, harness, time.perf_counter() - t0)
 
 
+def run_live_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
+    """Fake D ranks against a live SGLang prefill's bootstrap server (--prefill-endpoint)."""
+    sc, opt, live = plan.scenario, plan.options, plan.live
+    assert live is not None
+    p, d = sc.prefill.side(), sc.decode.side()
+    t0 = time.perf_counter()
+    harness: list[str] = []
+    d_final: dict[int, DFinal] = {}
+    try:
+        with launcher(None) as lau:
+            d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
+                r, pair.d.name, d, p, live.port, plan.requests, SERVE_TAG, opt.hang_timeout_s,
+                bootstrap_host=live.host))) for r in range(d.tp_size)]
+            orch.await_ready(lau, d_ranks, opt.start_timeout_s)
+            orch.send_all(d_ranks, m.Go())
+            got = orch.gather(lau, d_ranks, m.FrameworkFinal, opt.run_timeout_s,
+                              _faults("its request", opt.run_timeout_s))
+            d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
+            orch.send_all(d_ranks, m.Stop())
+    except HarnessError as exc:
+        harness.append(str(exc))
+    observed = [d_final[r].verdict if r in d_final else engine.SgVerdict(status="hang", stage="harness",
+                                                                          message="no result")
+                for r in range(d.tp_size)]
+    transfers = [d_final[r].transfer if r in d_final else None for r in range(d.tp_size)]
+    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed, engine.decide_all(pair.p, pair.d, p, d),
+                        engine.corrected(p, d), transfers, [], harness, time.perf_counter() - t0)
+
+
 def run(plan: SgPlan) -> SgRunResult:
     t0 = time.perf_counter()
     sc = plan.scenario
-    return SgRunResult(sc.name, sc.source, sc.issue, [run_pair(plan, pair) for pair in plan.pairs],
+    one = run_pair if plan.live is None else run_live_pair
+    return SgRunResult(sc.name, sc.source, sc.issue, [one(plan, pair) for pair in plan.pairs],
                        time.perf_counter() - t0)
