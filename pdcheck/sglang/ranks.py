@@ -47,6 +47,7 @@ class SgPrefillSpec(msgspec.Struct, frozen=True):
     register: bool = True  # PUT /route (False: a P rank still starting when D asks)
     host: str = "127.0.0.1"
     serve: bool = False  # `serve --sglang`: a room P never planned is served from the same page ids as D's
+    pp_rank: int = 0  # every PP stage registers; each fake stage holds (and writes) every layer
 
 
 SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
@@ -108,7 +109,7 @@ class SgPrefillRole(Role):
 
     @property
     def agent_name(self) -> str:
-        return f"sglang-p{self.spec.tp_rank}"
+        return f"sglang-p{self.spec.tp_rank}" + (f"-pp{self.spec.pp_rank}" if self.spec.pp_rank else "")
 
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
         self.kv = _cache(self.spec.side)
@@ -126,7 +127,7 @@ class SgPrefillRole(Role):
         port = self.sock.bind_to_random_port(f"tcp://{spec.host}")
         self.final = PFinal(spec.tp_rank)
         if spec.register:
-            body = bs.put_body(self.rel, rank=spec.tp_rank, tp=side.tp_size, pp_rank=0, pp=side.pp_size,
+            body = bs.put_body(self.rel, rank=spec.tp_rank, tp=side.tp_size, pp_rank=spec.pp_rank, pp=side.pp_size,
                                ip=spec.host, port=port, page_size=side.page_size,
                                kv_cache_dtype=side.kv_cache_dtype, agent_name=self.agent.name)
             self.final.put_status = bs.http_put(spec.host, spec.bootstrap_port, body)[0]

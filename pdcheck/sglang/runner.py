@@ -57,11 +57,11 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     sc, opt = plan.scenario, plan.options
     p, d = sc.prefill.side(), sc.decode.side()
     tag = engine_tag(f"sglang-{pair.name}")
-    p_world = p.tp_size  # pdcheck's fake P runs PP stage 0 only (docs/sglang.md)
+    p_world = p.tp_size * p.pp_size  # every PP stage is a P rank (each fake stage holds every layer)
     registered = sc.prefill.registered if sc.prefill.registered is not None else p_world
     model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None)
     t0 = time.perf_counter()
-    server = bs.Server(bs.Table(pair.p, p_world * p.pp_size))
+    server = bs.Server(bs.Table(pair.p, p_world))
     harness: list[str] = []
     observed: list[engine.SgVerdict] = []
     transfers: list[m.TransferResult | None] = []
@@ -69,8 +69,8 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     try:
         with launcher(None) as lau:
             p_ranks = [lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
-                r, pair.p.name, p, server.port, plan.requests, tag, register=r < registered)))
-                for r in range(p_world)]
+                r % p.tp_size, pair.p.name, p, server.port, plan.requests, tag, register=r < registered,
+                pp_rank=r // p.tp_size))) for r in range(p_world)]
             orch.await_ready(lau, p_ranks, opt.start_timeout_s)
             d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
                 r, pair.d.name, d, p, server.port, plan.requests, tag, opt.hang_timeout_s)))
