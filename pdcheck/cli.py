@@ -305,11 +305,38 @@ def scenario_from_logs(
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout: the scenario, where each value came "
                                        "from, and what is missing.")] = False,
+    sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,
+                                      help="The logs are SGLang servers' (their server_args line): write an SGLang "
+                                           "scenario for these releases.")] = None,
 ) -> None:
     """Read P/D geometry and per-rank num_blocks out of vLLM start-up logs and write a commented scenario.
 
     Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO.toml`."""
     from pdcheck import fromlogs
+
+    if sglang is not None:  # SGLang's server_args line (pdcheck.sglang.fromlogs)
+        from pdcheck.sglang import fromlogs as sgl
+        from pdcheck.sglang.releases import resolve_many
+
+        names = [r.name for r in resolve_many(sglang)]
+        p_f, d_f = sgl.parse(prefill_log, "prefill"), sgl.parse(decode_log, "decode")
+        text = sgl.to_toml(p_f, d_f, names)
+        if output is not None:
+            try:
+                output.write_text(text)
+            except OSError as exc:
+                raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+        if json_out:
+            import msgspec
+
+            doc = {"framework": "sglang", "prefill": p_f, "decode": d_f, "sglang": names,
+                   "notes": p_f.notes + d_f.notes, "output": str(output) if output is not None else None}
+            sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
+        elif output is None:
+            sys.stdout.write(text)
+        for note in p_f.notes + d_f.notes:
+            _console(stderr=True, highlight=False).print(f"note: {_escape(note)}")
+        return
 
     fl, _sc = _logs_scenario((prefill_log, decode_log), overrides, dp_rank)
     text = fromlogs.to_toml(fl, overrides)

@@ -227,3 +227,19 @@ def test_serve_and_prefill_endpoint(tmp_path) -> None:
         _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "P rank 0: 2 WRITE requests" in err
+
+
+def test_scenario_from_logs_cli(pdcheck, tmp_path) -> None:
+    line = ("INFO engine.py:154: server_args=ServerArgs(model_path='m', kv_cache_dtype='auto', page_size={ps}, "
+            "tp_size=1, pp_size=1, dp_size=1, disaggregation_mode='{mode}', disaggregation_transfer_backend='nixl', "
+            "disaggregation_bootstrap_port=8998)\n")
+    (tmp_path / "p.log").write_text(line.format(ps=16, mode="prefill"))
+    (tmp_path / "d.log").write_text(line.format(ps=32, mode="decode"))
+    out = tmp_path / "sc.toml"
+    run = pdcheck("scenario", "from-logs", str(tmp_path / "p.log"), str(tmp_path / "d.log"), "--sglang", "0.5.3,0.5.8",
+                  "-o", str(out), "--json")
+    assert run.code == 0, run.err
+    assert run.json()["prefill"]["side"]["page_size"] == 16
+    res = pdcheck("handshake", str(out), "--json", "--hang-timeout", "1.5")
+    assert res.code == 1, res.err
+    assert res.json()["matrix"] == {"0.5.3": ["silent"], "0.5.8": ["error"]}

@@ -255,3 +255,24 @@ def test_scenario_bad_input() -> None:
         load(None, {"prefill": {"page_size": 0}})
     with pytest.raises(BadInput, match="kv_heads 8 and tp_size 3"):
         load(None, {"prefill": {"tp_size": 3}})
+
+
+LOG = ("[2026-01-23 10:00:00] INFO engine.py:154: server_args=ServerArgs(model_path='Qwen/Qwen3-8B', "
+       "host='0.0.0.0', kv_cache_dtype='fp8_e4m3', page_size=32, tp_size=2, pp_size=1, dp_size=1, "
+       "disaggregation_mode='prefill', disaggregation_transfer_backend='nixl', disaggregation_bootstrap_port=8998, "
+       "json_model_override_args='{\"a\": 1}', lora_paths=None)")
+
+
+def test_server_args_line(tmp_path: Path) -> None:
+    from pdcheck.sglang import fromlogs
+
+    args = fromlogs.server_args(LOG)
+    assert args is not None and args["tp_size"] == 2 and args["json_model_override_args"] == '{"a": 1}'
+    (tmp_path / "p.log").write_text("noise\n" + LOG + "\n")
+    f = fromlogs.parse(tmp_path / "p.log", "prefill")
+    assert f.side == {"tp_size": 2, "pp_size": 1, "page_size": 32, "kv_cache_dtype": "fp8_e4m3", "dtype": "fp8"}
+    assert f.facts["disaggregation_bootstrap_port"] == 8998 and not f.notes
+    assert fromlogs.parse(tmp_path / "p.log", "decode").notes  # the wrong mode is named
+    (tmp_path / "x.log").write_text("vLLM log\n")
+    with pytest.raises(BadInput, match="no 'server_args=ServerArgs"):
+        fromlogs.parse(tmp_path / "x.log", "prefill")
