@@ -167,8 +167,54 @@ def _unpack_int_lists(buf: bytes, fmt: str) -> list[list[int]]:
     return out
 
 
+def _registration_e6(msg: list[bytes]) -> Registration:
+    """0.5.23's KVArgsRegisterInfo.from_zmq (nixl/conn.py:376-456), in its order: the pointer frame, the memory
+    kinds, the item length(s) and their count check, then the optional lists, then the constructor's fields."""
+    kv_ptrs = _unq(msg[5])
+    if len(msg) > 17 and msg[17]:
+        kinds = msg[17].decode("ascii").split(",")
+        if len(kinds) != len(kv_ptrs):
+            raise ValueError(f"kv_data_mem_kinds length mismatch: got {len(kinds)}, expected {len(kv_ptrs)}")
+        invalid = sorted(set(kinds) - {"VRAM", "DRAM"})
+        if invalid:
+            raise ValueError(f"Unsupported NIXL KV memory kind(s): {invalid}")
+    item = int(msg[11].decode("ascii"))
+    lens = _unq(msg[18]) if len(msg) > 18 and msg[18] != b"" else [item] * len(kv_ptrs)
+    if len(lens) != len(kv_ptrs):
+        raise ValueError(f"dst_kv_item_lens length mismatch: got {len(lens)}, expected {len(kv_ptrs)}")
+    if len(msg) > 7 and msg[7] != b"":
+        _unpack_int_lists(msg[7], "Q")
+    for i in (12, 13):
+        if len(msg) > i and len(msg[i]) > 0:
+            _unpack_int_lists(msg[i], "I")
+    if len(msg) > 16 and msg[16] != b"":
+        int(msg[16].decode("ascii"))
+    if len(msg) > 19 and len(msg[19]) > 0:
+        _unpack_int_lists(msg[19], "I")
+    if len(msg) > 20 and msg[20] != b"":
+        struct.unpack(f"{len(msg[20]) // 4}I", msg[20])
+    msg[0].decode("ascii")
+    endpoint = msg[1].decode("ascii")
+    port = int(msg[2].decode("ascii"))
+    name = msg[3].decode("ascii")
+    aux_ptrs = _unq(msg[6])
+    gpu, tp, rank = (int(msg[i].decode("ascii")) for i in (8, 9, 10))
+    for i in (21, 22):
+        if len(msg) > i and msg[i] != b"":
+            int(msg[i].decode("ascii"))
+    if len(msg) > 14 and len(msg[14]) == 8:
+        struct.unpack("Q", msg[14])
+    if len(msg) > 15 and msg[15] != b"":
+        int(msg[15].decode("ascii"))
+    if len(msg) > 23 and len(msg[23]) > 0:
+        _unpack_int_lists(msg[23], "Q")
+    return Registration(name, msg[4], kv_ptrs, aux_ptrs, gpu, tp, rank, item, endpoint, port)
+
+
 def _registration(rel: SglangRelease, msg: list[bytes]) -> Registration:
-    if rel.wire in ("E5", "E6"):
+    if rel.wire == "E6":
+        return _registration_e6(msg)
+    if rel.wire == "E5":
         # optional frames first (R6 nixl/conn.py:130-160): the state list at #7 is parsed before gpu_id
         if len(msg) > 7 and msg[7] != b"":
             _unpack_int_lists(msg[7], "Q")
@@ -191,11 +237,17 @@ def _registration(rel: SglangRelease, msg: list[bytes]) -> Registration:
     tp = int(msg[8 + s].decode("ascii"))
     rank = int(msg[9 + s].decode("ascii"))
     item = int(msg[10 + s].decode("ascii"))
-    if rel.wire == "E6" and len(msg) > 18 and msg[18] != b"":
-        lens = _unq(msg[18])
-        if len(lens) != len(kv_ptrs):
-            raise ValueError(f"dst_kv_item_lens length mismatch: got {len(lens)}, expected {len(kv_ptrs)}")
+    if rel.wire == "E5":
+        _staging(msg, 14)
     return Registration(name, meta, kv_ptrs, aux_ptrs, gpu, tp, rank, item, endpoint, port)
+
+
+def _staging(msg: list[bytes], i: int) -> None:
+    """StagingRegisterInfo.from_zmq_fields (R6 common/staging_handler.py:475-489)."""
+    if len(msg) > i and len(msg[i]) == 8:
+        struct.unpack("Q", msg[i])
+    if len(msg) > i + 1 and len(msg[i + 1]) > 0:
+        int(msg[i + 1].decode("ascii"))
 
 
 def _transfer(rel: SglangRelease, msg: list[bytes]) -> Transfer:
