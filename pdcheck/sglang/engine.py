@@ -111,7 +111,8 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         dead = wire.death(exc)
         return hang(d_rel, "register", f"P rank {targets[0]}'s bootstrap thread died: {dead}", p_ranks=targets,
                     exception=dead.split(":")[0], listener_dead=dead)
-    hetero = p.tp_size != d.tp_size and not p.mla
+    # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
+    hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"
     # P's release writes. Equal TP (or MLA): P's own item_len on both sides, paired by pointer index.
     if not hetero:
         if p.num_ptrs > d.num_ptrs:
@@ -133,6 +134,8 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
                 what.append(f"KV dtype {p.dtype} vs {d.dtype}")
             if p.kv_heads != d.kv_heads or p.head_dim != d.head_dim:
                 what.append(f"heads x head_dim {p.kv_heads}x{p.head_dim} vs {d.kv_heads}x{d.head_dim}")
+            if p.tp_size != d.tp_size:
+                what.append(f"TP {p.tp_size} vs {d.tp_size}: no TP mapping in {p_rel.name}")
             if p.layers != d.layers:
                 what.append(f"layers {p.layers} vs {d.layers}")
             return SgVerdict(status="silent", stage="transfer", p_ranks=targets, message=(
@@ -140,10 +143,6 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
                 f"{', '.join(what)}); no release compares them: wrong bytes, NIXL reports DONE"))
     else:
         slicing = p_rel.hetero_tp in ("slice", "slice_pp_hang")
-        if p_rel.hetero_tp == "lookup":
-            return SgVerdict(status="silent", stage="transfer", p_ranks=targets, message=(
-                f"0.4.6 has no TP mapping: P rank {targets[0]} writes its {p.item_len}-byte pages into D's "
-                f"{d.item_len}-byte pages"))
         if slicing and min(p.tp_size, d.tp_size) and p.kv_heads < max(p.tp_size, d.tp_size):
             return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=found.warning, message=(
                 f"head slicing with {p.kv_heads} KV heads < TP {max(p.tp_size, d.tp_size)}: wrong GQA head "

@@ -216,8 +216,14 @@ class SgPrefillRole(Role):
                         local.append((sp + ps * item, item))
                         remote.append((dp + ds * item, item))
                         continue
-                    if d_tp > side.tp_size:
-                        raise NotImplementedError("P TP < D TP head slicing is modelled, not run (see docs/sglang.md)")
+                    if d_tp > side.tp_size:  # P sends D rank r's slice of its heads: dst_heads from (r * dst_heads)
+                        d_heads = max(1, p_heads // (d_tp // side.tp_size))
+                        d_item = reg.item_len or item // (d_tp // side.tp_size)
+                        off = ((reg.decode_tp_rank or 0) * d_heads) % p_heads * hb
+                        for t in range(side.page_size):
+                            local.append((sp + ps * item + t * p_heads * hb + off, d_heads * hb))
+                            remote.append((dp + ds * d_item + t * d_heads * hb, d_heads * hb))
+                        continue
                     d_heads = p_heads * (side.tp_size // d_tp)
                     d_item = reg.item_len or item * (side.tp_size // d_tp)
                     off = (self.spec.tp_rank % (side.tp_size // d_tp)) * p_heads * hb
@@ -227,8 +233,6 @@ class SgPrefillRole(Role):
         except IndexError as exc:
             return self._err(f"IndexError: {exc} (P pairs its {len(src_ptrs)} KV pointers with D's "
                              f"{len(reg.kv_ptrs)})")
-        except NotImplementedError as exc:
-            return self._err(str(exc))
         notif = b""
         if rel.completion != "kv_status":
             key = 0 if rel.completion in ("notif", "notif_pp") else self.spec.tp_rank
@@ -377,7 +381,13 @@ class SgDecodeRole(Role):
                 got = self.kv.read_blocks(region, np.asarray(r.d_pages))
                 want = np.zeros_like(got)
                 p_region = region_of(idx, p.layers, p.mla)
-                if len(targets) == 1 or p.mla:
+                if p.tp_size < side.tp_size and not p.mla and not side.mla:  # this rank's slice of P's heads
+                    src = pattern(spec.tag, targets[0], p_region, np.asarray(r.p_pages), 0, pg.block_len)
+                    dh, ph = g.local_kv_heads * hb, pg.local_kv_heads * hb
+                    off = (spec.tp_rank * g.local_kv_heads) % pg.local_kv_heads * hb
+                    for t in range(side.page_size):
+                        want[:, t * dh:(t + 1) * dh] = src[:, t * ph + off:t * ph + off + dh]
+                elif len(targets) == 1 or p.mla:
                     n = min(d_item, pg.block_len)
                     want[:, :n] = pattern(spec.tag, targets[0], p_region, np.asarray(r.p_pages), 0, n)
                 else:  # P TP > D TP: each token slot holds every target P rank's heads in rank order
