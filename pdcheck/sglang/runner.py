@@ -65,7 +65,8 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     harness: list[str] = []
     observed: list[engine.SgVerdict] = []
     transfers: list[m.TransferResult | None] = []
-    finals: list[PFinal] = []
+    d_final: dict[int, DFinal] = {}
+    p_final: dict[int, PFinal] = {}
     try:
         with launcher(None) as lau:
             p_ranks = [lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
@@ -81,11 +82,11 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                               watch=p_ranks)
             d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
             orch.send_all([*p_ranks, *d_ranks], m.Stop())
-            got_p = orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0))
+            got_p = orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0),
+                                ended_ok=True)  # a P rank ends right after its final message
             p_final = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got_p.items()}
-    except HarnessError as exc:
+    except HarnessError as exc:  # what the ranks delivered before it stays in the report
         harness.append(str(exc))
-        d_final, p_final = {}, {}
     finally:
         server.close()
     finals = [p_final[r] for r in sorted(p_final)]

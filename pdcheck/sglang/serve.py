@@ -66,7 +66,8 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
                 time.sleep(0.05)
             orch.send_all(ranks, m.Stop())
             got = orch.gather(lau, ranks, m.FrameworkFinal, 30.0, orch.Stage(
-                "{rank} failed: {error}", "{rank} died while serving: it {ended}", "{ranks} did not stop", 30.0))
+                "{rank} failed: {error}", "{rank} died while serving: it {ended}", "{ranks} did not stop", 30.0),
+                ended_ok=True)
             finals = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got.items()}
     except HarnessError:
         raise
