@@ -99,10 +99,13 @@ def test_cli_bad_input(pdcheck) -> None:
                        ((path, "--vllm", "0.9.1"), "is an SGLang scenario"),
                        ((path, "--sglang", "0.3.1"), "is not modelled"),
                        ((str(SCENARIOS / "mla.toml"), "--sglang", "0.5.8"), "not an SGLang scenario"),
-                       ((path, "--sglang", "0.5.8", "--prefill-endpoint", "127.0.0.1:1"), "not available for SGLang")):
+                       ((path, "--sglang", "0.5.8", "--ray", "auto"), "not available for SGLang"),
+                       ((path, "--sglang", "0.5.8", "--prefill-endpoint", "ftp://h:1"), "plain HTTP")):
         run = pdcheck("handshake", *args)
         assert run.code == 2 and text in run.err and "Traceback" not in run.err, (args, run.err)
         assert len(run.err.strip().splitlines()) == 1
+    run = pdcheck("handshake", path, "--sglang", "0.5.8", "--prefill-endpoint", "127.0.0.1:9", "--hang-timeout", "1")
+    assert run.code == 3 and "no SGLang bootstrap server answers" in run.err and len(run.err.strip().splitlines()) == 1
 
 
 def test_smoke_runs_sglang_scenarios(pdcheck, tmp_path) -> None:
