@@ -191,6 +191,8 @@ def http_get(host: str, port: int, timeout_s: float = 5.0) -> Get:
                 return r.status, r.read(MAX_BODY).decode(errors="replace")
         except urllib.error.HTTPError as e:
             return e.code, e.read(MAX_BODY).decode(errors="replace")
+        except urllib.error.URLError as e:  # nothing listens, DNS, ...: the reason, as requests would name it
+            return 0, f"{type(e.reason).__name__}: {e.reason}" if isinstance(e.reason, OSError) else str(e.reason)
         except OSError as e:
             return 0, f"{type(e).__name__}: {e}"
 
@@ -245,7 +247,10 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
     st, text = get(q)
     info = _json(text) if st == 200 else None
     if b in ("B5", "B6"):
-        if st == 503 or st == 0:
+        if st == 0:
+            raise DiscoveryError("retry", f"Error fetching prefill server info from bootstrap: {text[:120]}",
+                                 retry=True)
+        if st == 503:
             raise DiscoveryError("retry", f"HTTP {st} {text[:120]}", retry=True)
         if not isinstance(info, dict):
             raise DiscoveryError("retry", f"Error fetching prefill server info from bootstrap: HTTP {st} {text[:120]}",

@@ -85,12 +85,18 @@ def table_for(p_rel: SglangRelease, p: Side, registered: int | None = None) -> b
     return t
 
 
+def refused(_q: dict[str, int]) -> tuple[int, str]:
+    """GET /route where nothing listens."""
+    return 0, "ConnectionRefusedError: [Errno 111] Connection refused"
+
+
 def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank: int, *, chunks: int = 1,
-           registered: int | None = None) -> SgVerdict:
-    """What D rank `d_rank` of release d_rel sees for one request served by P of p_rel."""
+           registered: int | None = None, no_bootstrap: bool = False) -> SgVerdict:
+    """What D rank `d_rank` of release d_rel sees for one request served by P of p_rel (no_bootstrap: D's
+    bootstrap address has no server)."""
     table = table_for(p_rel, p, registered)
     try:
-        found = bs.discover(d_rel, table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
+        found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
                             page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla)
     except bs.DiscoveryError as e:
         if e.retry:  # 0.5.13+: D retries the bootstrap; the request never leaves Bootstrapping on D

@@ -59,7 +59,8 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     tag = engine_tag(f"sglang-{pair.name}")
     p_world = p.tp_size * p.pp_size  # every PP stage is a P rank (each fake stage holds every layer)
     registered = sc.prefill.registered if sc.prefill.registered is not None else p_world
-    model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None)
+    model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None,
+                              no_bootstrap=sc.decode.no_bootstrap)
     t0 = time.perf_counter()
     server = bs.Server(bs.Table(pair.p, p_world))
     harness: list[str] = []
@@ -73,8 +74,15 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                 r % p.tp_size, pair.p.name, p, server.port, plan.requests, tag, register=r < registered,
                 pp_rank=r // p.tp_size))) for r in range(p_world)]
             orch.await_ready(lau, p_ranks, opt.start_timeout_s)
+            d_port = server.port
+            if sc.decode.no_bootstrap:  # a port that was free a moment ago: nothing listens there
+                import socket
+
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    d_port = s.getsockname()[1]
             d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
-                r, pair.d.name, d, p, server.port, plan.requests, tag, opt.hang_timeout_s)))
+                r, pair.d.name, d, p, d_port, plan.requests, tag, opt.hang_timeout_s)))
                 for r in range(d.tp_size)]
             orch.await_ready(lau, d_ranks, opt.start_timeout_s)
             orch.send_all(d_ranks, m.Go())

@@ -33,6 +33,9 @@ class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     num_pages: Annotated[int, msgspec.Meta(ge=4, le=4096)] = 64
     sglang: Word | None = None  # this side's own release (a cross-release pair)
     registered: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None  # prefill: P ranks that PUT /route
+    # decode: its bootstrap address names a port where no server listens (the server lives on P only:
+    # ai-dynamo/dynamo#4855, a D given --disaggregation-bootstrap-port)
+    no_bootstrap: bool = False
 
     def side(self) -> Side:
         return Side(tp_size=self.tp_size, pp_size=self.pp_size, page_size=self.page_size,
