@@ -25,12 +25,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from pdcheck.bench import tables  # noqa: E402
 from pdcheck.bench.envinfo import wait_quiet  # noqa: E402
 from pdcheck.bench.models import resolve_shape  # noqa: E402
 from pdcheck.bench.plan import BenchConfig, make_plan, rank_geometries  # noqa: E402
 from pdcheck.bench.transport import preset  # noqa: E402
 from pdcheck.geometry import read_source  # noqa: E402
+from pdcheck.kvcache import desc_ids  # noqa: E402
 
 # (label, shape flags, block size in tokens, tokens per request, timed transfers: ~2 s each)
 CASES: list[tuple[str, dict[str, int | str], int, int, int]] = [
@@ -56,8 +56,8 @@ def write_npz(path: Path, shape: dict[str, int | str], bs: int, tokens: int,
     gp, gd = rank_geometries(cfg, bs)
     _src, offset = read_source(gp, gd, 0) or (0, 0)
     regions = gd.num_regions
-    lids = np.stack([tables.desc_ids(regions, row.num_blocks, row.tables_d[q]) for q in range(row.requests)])
-    rids = np.stack([tables.desc_ids(regions, row.num_blocks, row.tables_p[q]) for q in range(row.requests)])
+    lids = np.stack([desc_ids(regions, row.num_blocks, row.tables_d[q]) for q in range(row.requests)]).astype(np.int32)
+    rids = np.stack([desc_ids(regions, row.num_blocks, row.tables_p[q]) for q in range(row.requests)]).astype(np.int32)
     np.savez(path, lids=lids, rids=rids, regions=regions, num_blocks=row.num_blocks, d_block=gd.block_len,
              p_block=gp.block_len, offset=offset, p_pool=plan.pool_p[0], d_pool=plan.pool_d[0])
     args = [*flags(shape), "--block-size", str(bs), "--tokens", str(tokens), "--requests", str(row.requests),
@@ -89,7 +89,7 @@ def main() -> int:
             requests, bench_args = write_npz(npz, shape, bs, tokens, args.transport)
             raw_cmd = [sys.executable, str(ROOT / "benchmarks" / "raw_nixl_loop.py"), str(npz),
                        "--iters", str(iters), "--notif", *err]
-            bench_cmd = [sys.executable, "-m", "pdcheck.bench", "transfer-bench", *bench_args,
+            bench_cmd = [sys.executable, "-m", "pdcheck", "transfer-bench", *bench_args,
                          "--iters", str(iters), "--json"]
             raws, benches = [], []
             for rep in range(args.reps):

@@ -35,31 +35,60 @@ MAX_RELEASES = 64
 MAX_PROOF_BYTES = 1 << 28
 HANG_TIMEOUT_S = (0.01, 3600.0)
 RUN_TIMEOUT_S = (0.1, 86400.0)
+# transfer-bench's own quantities (its shape, TP, seed, block size and timeout use the bounds above)
+MAX_BENCH_REQUESTS = 4096  # distinct block tables one row cycles through (--requests 0 picks up to this many)
+MAX_TOKENS = 1 << 22  # tokens per request
+MAX_SWEEP = 64  # values in one --block-size or --tokens list
+MAX_RUN_LENGTH = 1 << 20
+MAX_ITERS = 10**7
+MAX_WARMUP = 10**6
+MAX_CORRUPT_BLOCK = 2**31 - 1  # a descriptor index of request 0
+MIN_TIME_S = (0.001, 3600.0)
+
+# Untrusted input: a live peer, a --version-url, a log file (docs/reliability-untrusted.md). Frame and HTTP
+# caps live beside the code that enforces them (pdcheck.netio).
+PROBE_TIMEOUT_S = (0.01, 3600.0)  # probe --timeout: per side-channel exchange and for the --version-url GET
+SERVE_DURATION_S = (0.01, 365 * 86400.0)  # serve --duration
+MAX_LOG_BYTES = 512 << 20  # bytes read from one log, after gzip inflation (a start-up log is KB to MB)
+MAX_LOG_LINES = 4 << 20  # lines read from one log (a gzip bomb of empty lines stops here, quickly)
+MAX_LOG_LINE = 64 << 10  # bytes kept of one line; the rest of a longer line is skipped unread into memory
+MAX_PEER_STR = 256  # engine id, backend, layout names a peer advertises
+MAX_PEER_REGIONS = 2 * MAX_LAYERS  # kv_caches_base_addr / block_lens entries (two regions per layer)
+MAX_PEER_BLOCK_LEN = 1 << 32  # bytes in one block of one region
 
 
-def read_scenario_text(path: Path) -> str:
-    """The text of a scenario file: a regular file of at most MAX_FILE_BYTES of UTF-8. A FIFO, a device
-    (/dev/zero), a directory or a socket is refused before it is opened, so nothing blocks or fills memory."""
+def open_regular(path: Path, what: str, hint: str) -> int:
+    """A read-only fd of `path`, refused unless a regular file: a FIFO, a device (/dev/zero), a directory or
+    a socket is named before anything blocks or fills memory. BadInput names the path and `what` it should be
+    (`hint`: what to give instead). The caller closes the fd."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        raise BadInput(f"{path}: no such scenario file") from None
+        raise BadInput(f"{path}: no such {what}") from None
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
     if stat.S_ISDIR(st.st_mode):
-        raise BadInput(f"{path}: is a directory, not a scenario file")
+        raise BadInput(f"{path}: is a directory, not a {what}")
     if not stat.S_ISREG(st.st_mode):
-        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise BadInput(f"{path}: {st.st_size} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
+        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); {hint}")
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO since stat(), open() still returns at once.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); {hint}")
+    return fd
+
+
+def read_scenario_text(path: Path) -> str:
+    """The text of a scenario file: a regular file of at most MAX_FILE_BYTES of UTF-8 (open_regular)."""
+    fd = open_regular(path, "scenario file", "give a .toml file")
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise BadInput(f"{path}: not a regular file (a FIFO, device or socket); give a .toml file")
+        size = os.fstat(fd).st_size
+        if size > MAX_FILE_BYTES:
+            raise BadInput(f"{path}: {size} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
         chunks: list[bytes] = []
         left = MAX_FILE_BYTES + 1
         while left > 0:
@@ -84,13 +113,50 @@ def read_scenario_text(path: Path) -> str:
         raise BadInput(f"{path}: not UTF-8 text: byte 0x{bad} at offset {exc.start} (save the file as UTF-8)") from None
 
 
+def check_int(flag: str, v: int, lo: int, hi: int) -> None:
+    if not lo <= v <= hi:
+        raise BadInput(f"{flag}: {v} is out of range ({lo} to {hi})")
+
+
+def check_number(flag: str, v: float, lo: float, hi: float = math.inf) -> None:
+    """A finite number in [lo, hi]."""
+    if not (math.isfinite(v) and lo <= v <= hi):
+        want = f"from {lo:g} to {hi:g}" if math.isfinite(hi) else f">= {lo:g}"
+        raise BadInput(f"{flag}: {v:g} is out of range (a finite number {want})")
+
+
+def check_out_dir(flag: str, path: Path) -> None:
+    """A directory pdcheck writes into: used if it exists, created with its parents if it does not. Refused
+    when it is something else than a directory, or cannot be created or written."""
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise BadInput(f"{flag} {path}: exists and is not a directory")
+    have = p
+    while not have.exists():  # the nearest existing ancestor decides whether it can be created
+        have = have.parent
+    if not have.is_dir():
+        raise BadInput(f"{flag} {path}: {have} is not a directory")
+    if not os.access(have, os.W_OK | os.X_OK):
+        raise BadInput(f"{flag} {path}: {have} is not writable")
+
+
+def check_out_file(flag: str, path: Path) -> None:
+    """A file pdcheck writes: its directory must exist (nothing is created for it), and it must not be one."""
+    p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"{flag} {path}: is a directory")
+    if not p.resolve().parent.is_dir():
+        raise BadInput(f"{flag} {path}: directory does not exist")
+
+
 def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
-    _seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
+    check_seconds("--hang-timeout", hang_timeout, HANG_TIMEOUT_S)
     if timeout is not None:
-        _seconds("--timeout", timeout, RUN_TIMEOUT_S)
+        check_seconds("--timeout", timeout, RUN_TIMEOUT_S)
 
 
-def _seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:
+def check_seconds(flag: str, v: float, bounds: tuple[float, float]) -> None:
+    """A finite number of seconds within bounds (nan, inf and 1e300 are refused, not converted)."""
     lo, hi = bounds
     if not (math.isfinite(v) and lo <= v <= hi):
         raise BadInput(f"{flag}: {v:g} s is out of range (a finite number of seconds from {lo:g} to {hi:g})")
@@ -112,6 +178,8 @@ def check_host(where: str, key: str, host: str) -> None:
 def check_device(device: str) -> None:
     """--device cuda needs an NVIDIA driver. Ask the kernel and libcuda directly (milliseconds) instead of
     letting every rank import torch first (seconds and ~100 MB each) only to learn there is none."""
+    if device not in ("cpu", "cuda"):
+        raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
     if device != "cuda":
         return
     import ctypes

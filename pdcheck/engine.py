@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
+from pdcheck.kvsplit import corrected_reads, release_targets
 from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
 from pdcheck.releases.rules import already_added
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
@@ -19,6 +20,11 @@ StatusT = m.Status
 
 class FetchTimeout(Exception):
     """No reply within the receive timeout (or pdcheck's own hang timeout)."""
+
+
+class FetchRefused(Exception):
+    """A reply pdcheck refuses to read (more frames or bytes than its caps, pdcheck.netio): a harness limit,
+    reported as an error verdict with the reason, never a traceback."""
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,8 @@ class Handshaker:
                 raise _Stop("hang", None, f"no reply from P rank {p_rank}: this release blocks in recv() with no "
                             f"timeout (reported after pdcheck's {timeout} ms)") from None
             raise _Stop("error", "zmq.error.Again", "Resource temporarily unavailable") from None
+        except FetchRefused as exc:
+            raise _Stop("error", "pdcheck refused the reply", str(exc)) from None
         try:
             if self.release.tolerant_decode:
                 meta = tolerant_decode(frames).meta
@@ -119,22 +127,18 @@ class Handshaker:
                                                   remote_tp_size=params.tp_size,
                                                   expected_engine_id=params.remote_engine_id, state=self.state,
                                                   io=self.io, bypass_asserts=self.bypass))
-        if flow == "same_rank":
-            self.handshake(local.tp_rank, params.tp_size)
-        elif flow == "rank0_then_target":
+        if flow == "rank0_then_target":
+            # P's TP size is learnt from rank 0's reply, so the target is known only after that handshake.
             ctx = self.handshake(0, None)
-            tp_ratio = self.state.tp_size[local.engine_id] // (ctx.meta.tp_size or 1)
-            p_remote_rank = local.tp_rank // tp_ratio
-            if p_remote_rank > 0:
-                self.handshake(p_remote_rank, None)
-        elif flow == "target_only":
-            tp_ratio = self.state.tp_size[local.engine_id] // params.tp_size
-            self.handshake(local.tp_rank // tp_ratio, params.tp_size)
-        elif flow == "all_targets":
-            for p in release_targets(local, params.tp_size):
-                self.handshake(p, params.tp_size)
+            for p in release_targets(flow, local.tp_rank, self.state.tp_size[local.engine_id],
+                                     ctx.meta.tp_size or 1)[1:]:
+                self.handshake(p, None)
         elif flow == "corrected":
-            for p in corrected_targets(local, params.tp_size):
+            for p in corrected_reads(local.tp_rank, local.tp_size, params.tp_size, local.geometry.total_kv_heads,
+                                     local.use_mla):
+                self.handshake(p, params.tp_size)
+        elif flow in ("same_rank", "target_only", "all_targets"):
+            for p in release_targets(flow, local.tp_rank, self.state.tp_size[local.engine_id], params.tp_size):
                 self.handshake(p, params.tp_size)
         else:  # pragma: no cover - guarded by the registry
             raise ValueError(flow)
@@ -194,29 +198,6 @@ class Handshaker:
                 )
         if out.findings:
             out.message = out.findings[0]
-
-
-def corrected_targets(local: Local, p_tp: int) -> list[int]:
-    d_tp = local.tp_size
-    if d_tp >= p_tp:
-        ratio = max(1, d_tp // p_tp)
-        return [local.tp_rank // ratio]
-    ratio = p_tp // d_tp
-    first = local.tp_rank * ratio
-    if local.use_mla or p_tp > local.geometry.total_kv_heads:
-        return [first]  # replicated KV: every P rank holds the same blocks, read one
-    return list(range(first, first + ratio))
-
-
-def release_targets(local: Local, p_tp: int) -> list[int]:
-    """0.14+ get_target_remote_ranks / handshake_target_ranks: every P rank whose heads this D rank holds, MLA
-    included (MLA reads only the first of them, see rules.prep_targets, but handshakes them all)."""
-    d_tp = local.tp_size
-    if d_tp >= p_tp:
-        return [local.tp_rank // (d_tp // p_tp)]
-    ratio = p_tp // d_tp
-    first = local.tp_rank * ratio
-    return list(range(first, first + ratio))
 
 
 def run(release: ReleaseModel, local: Local, params: Params, io: HandshakeIO, *, bypass_asserts: bool = False,

@@ -24,10 +24,12 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import re
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from pdcheck import bounds
 from pdcheck.errors import BadInput
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -63,20 +65,76 @@ FLAG_FOR = {"num_blocks": "--{side}-blocks", "tp_size": "--{side}-tp", "block_si
 PER_SIDE_FLAGS = ("block_size", "kv_heads", "head_dim", "layers", "dtype", "kv_cache_layout", "attn_backend")
 
 
-def read_log(path: Path) -> list[str]:
-    """Lines of a log file, plain or gzip, any line ending, ANSI colour removed."""
+def read_log(path: Path) -> Iterator[str]:
+    """Lines of a log file, plain or gzip, any line ending, ANSI colour removed, streamed and bounded
+    (docs/reliability-untrusted.md): a regular file only (a FIFO, device or directory is refused before it is
+    opened), at most MAX_LOG_BYTES after gzip inflation and MAX_LOG_LINES lines (more: BadInput), each line
+    cut to its first MAX_LOG_LINE bytes. The checks run at once; lines are read as they are consumed."""
+    fd = bounds.open_regular(path, "log file", "give a vLLM log file (plain or .gz)")
+    return _lines(path, fd)
+
+
+def _lines(path: Path, fd: int) -> Iterator[str]:
+    import os
+
+    raw = os.fdopen(fd, "rb")
+    stream: Any = raw
+    total = count = 0
+    pending = b""  # the start of a line not ended yet (at most MAX_LOG_LINE bytes of it)
+    skipping = False  # pending is full: drop bytes until the line ends
     try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"{path}: no such log file") from None
+        if raw.peek(2)[:2] == b"\x1f\x8b":
+            stream = gzip.GzipFile(fileobj=raw, mode="rb")
+        while True:
+            try:
+                chunk = stream.read(_CHUNK)
+            except (OSError, EOFError, zlib.error) as exc:
+                raise BadInput(f"{path}: not a readable gzip file: {exc}") from None
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > bounds.MAX_LOG_BYTES:
+                raise BadInput(f"{path}: more than {bounds.MAX_LOG_BYTES >> 20} MiB{_inflated(stream, raw)}; pdcheck "
+                               "reads a start-up log: keep its start (e.g. head -c 100M)")
+            pieces = chunk.split(b"\n")
+            for i, piece in enumerate(pieces):
+                last = i == len(pieces) - 1
+                if not skipping:
+                    pending += piece[:bounds.MAX_LOG_LINE - len(pending)]
+                    skipping = len(pending) >= bounds.MAX_LOG_LINE and last
+                if last:
+                    break
+                count += 1
+                if count > bounds.MAX_LOG_LINES:
+                    raise BadInput(f"{path}: more than {bounds.MAX_LOG_LINES} lines{_inflated(stream, raw)}; "
+                                   "pdcheck reads a start-up log: keep its start (e.g. head -n 100000)")
+                yield from _decode(pending)
+                pending, skipping = b"", False
+        if pending:
+            yield from _decode(pending)
     except OSError as exc:
-        raise BadInput(f"{path}: cannot read: {exc.strerror}") from None
-    if raw[:2] == b"\x1f\x8b":
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise BadInput(f"{path}: not a readable gzip file: {exc}") from None
-    return split_lines(raw.decode("utf-8", errors="replace"))
+        raise BadInput(f"{path}: cannot read: {exc.strerror or exc}") from None
+    finally:
+        raw.close()
+
+
+_CHUNK = 1 << 20
+
+
+def _inflated(stream: Any, raw: Any) -> str:
+    return " after gzip inflation" if stream is not raw else ""
+
+
+def _decode(line: bytes) -> Iterator[str]:
+    """One newline-ended line as text: any other line break (\\r, \\r\\n, ...) splits it further, as
+    str.splitlines does; an empty line stays one (empty) line, so line numbers match the file's."""
+    text = line.decode("utf-8", errors="replace")
+    if "\x1b" in text:
+        text = ANSI.sub("", text)
+    if text.isprintable():  # the common case: no other line break inside (splitlines' breaks are not printable)
+        yield text
+    else:
+        yield from text.splitlines() or [""]
 
 
 def split_lines(text: str) -> list[str]:
@@ -186,7 +244,7 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             tokens = int(m.group("tokens").replace(",", ""))
             kv_sizes[dp] = Found((tokens, bool(m.group("conc"))), f"{name}:{n}{f' ({label})' if label else ''}: "
                                  f"{m.group(0).removesuffix(', Maximum')}")
-        elif (m := _ENGINE_INIT.search(line)) is not None:
+        elif "LLM engine" in line and (m := _ENGINE_INIT.search(line)) is not None:
             label = _process(line)[0]
             put("vllm", m.group("ver"), n, label, f"Initializing a V1 LLM engine (v{m.group('ver')})")
             cfg = m.group("cfg")
@@ -203,9 +261,9 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             elif dt:
                 put("dtype", _TORCH_DTYPES.get(dt.removeprefix("torch."), dt.removeprefix("torch.")), n, label,
                     f"engine config dtype={dt}, kv_cache_dtype={kvd or 'auto'} (the KV cache takes the model dtype)")
-        elif (m := _SERVER_VER.search(line)) is not None:
+        elif "server version" in line and (m := _SERVER_VER.search(line)) is not None:
             put("vllm", m.group("ver"), n, _process(line)[0], f"vLLM server version {m.group('ver')}")
-        elif (m := _NON_DEFAULT.search(line)) is not None:
+        elif "non-default args" in line and (m := _NON_DEFAULT.search(line)) is not None:
             args = m.group("args")
             label = _process(line)[0]
             for key, skey in (("tensor_parallel_size", "tp_size"), ("data_parallel_size", "dp_size"),
@@ -413,12 +471,22 @@ def _release(text: str) -> str:
 
 
 def require(fl: FromLogs, overrides: dict[str, Any], p_path: str, d_path: str) -> None:
-    """A log from which num_blocks cannot be read (and no flag gives it) is unusable: exit 2."""
+    """A log from which num_blocks cannot be read (and no flag gives it) is unusable: exit 2. One error names
+    every flag needed, both sides' (a per-rank --X-blocks list also needs --X-tp when the log lacks tp_size)."""
+    paths: list[str] = []
+    flags: list[str] = []
     for side, path in (("prefill", p_path), ("decode", d_path)):
-        if "num_blocks" in fl.missing[side] and "num_blocks" not in overrides.get(side, {}):
-            raise BadInput(f"{path}: no num_blocks: neither 'Registering KV_Caches ... num_blocks' lines "
-                           f"(0.9.1-0.10.x) nor a 'GPU KV cache size: N tokens' line (is this a vLLM start-up log "
-                           f"at INFO level?); pass --{side}-blocks")
+        given = overrides.get(side, {})
+        if "num_blocks" in fl.missing[side] and "num_blocks" not in given:
+            if path not in paths:
+                paths.append(path)
+            flags.append(f"--{side}-blocks N")
+            if "tp_size" in fl.missing[side] and "tp_size" not in given:
+                flags.append(f"--{side}-tp N")
+    if flags:
+        raise BadInput(f"{' and '.join(paths)}: no num_blocks: neither 'Registering KV_Caches ... num_blocks' lines "
+                       f"(0.9.1-0.10.x) nor a 'GPU KV cache size: N tokens' line (is this a vLLM start-up log "
+                       f"at INFO level?); pass {' '.join(flags)}")
 
 
 def missing_report(fl: FromLogs, overrides: dict[str, Any]) -> list[str]:
@@ -497,6 +565,7 @@ def scenario_doc(fl: FromLogs, overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_files(prefill: Path, decode: Path, dp_rank: int | None = None) -> FromLogs:
-    p = parse(read_log(prefill), prefill.name, dp_rank)
-    d = parse(read_log(decode), decode.name, dp_rank)
+    p_lines, d_lines = read_log(prefill), read_log(decode)  # both checked before either is read
+    p = parse(p_lines, prefill.name, dp_rank)
+    d = parse(d_lines, decode.name, dp_rank)
     return build(p, d, str(prefill), str(decode))

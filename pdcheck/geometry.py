@@ -17,6 +17,8 @@ from typing import Literal
 
 import msgspec
 
+from pdcheck.kvsplit import corrected_reads
+
 KVRegions = Literal["split", "blocks_first", "packed"]
 
 DTYPE_BYTES: dict[str, int] = {
@@ -44,11 +46,6 @@ class Geometry(msgspec.Struct, frozen=True):
     @property
     def flashinfer(self) -> bool:
         return "FLASHINFER" in self.attn_backend.upper()
-
-    @property
-    def kv_replicated(self) -> bool:
-        # tp == heads still gives every rank its own head; only tp > heads repeats heads across ranks.
-        return self.use_mla or self.tp_size > self.total_kv_heads
 
     @property
     def local_kv_heads(self) -> int:
@@ -132,12 +129,48 @@ class Geometry(msgspec.Struct, frozen=True):
 
 
 def read_source(p: Geometry, d: Geometry, d_rank: int) -> tuple[int, int] | None:
-    """Which P rank holds D rank `d_rank`'s heads whole, and at what byte offset of a heads-first P block its
-    slice starts (None: its heads span several P ranks). Replicated sources are spread over the P ranks."""
-    lo, n = d.head_start(d_rank), d.local_kv_heads
-    holders = [r for r in range(p.tp_size)
-               if p.head_start(r) <= lo and lo + n <= p.head_start(r) + p.local_kv_heads]
-    if not holders:
+    """Which P rank D rank `d_rank` reads its heads from (the corrected model's choice, kvsplit.corrected_reads),
+    and at what byte offset of a heads-first P block its slice starts. None where the corrected model reads
+    several P ranks for one D rank (its heads span several P ranks) or that rank does not hold them whole."""
+    reads = corrected_reads(d_rank, d.tp_size, p.tp_size, d.total_kv_heads, d.use_mla)
+    if len(reads) != 1:
         return None
-    src = holders[d_rank % len(holders)]
+    src, lo, n = reads[0], d.head_start(d_rank), d.local_kv_heads
+    if not (p.head_start(src) <= lo and lo + n <= p.head_start(src) + p.local_kv_heads):
+        return None  # TP sizes that do not divide: no P rank holds this D rank's heads whole
     return src, (lo - p.head_start(src)) * d.head_slice_bytes
+
+
+# Dtype names a model shape may give -> Geometry's (one table of element sizes for every command).
+DTYPE_NAMES: dict[str, str] = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16",
+    "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp32": "float32", "float32": "float32", "float": "float32",
+    "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
+}
+
+
+class ModelShape(msgspec.Struct, frozen=True):
+    """A model's KV shape, before TP splits it (transfer-bench's --model presets; it crosses the rank pipe)."""
+
+    name: str
+    layers: int
+    kv_heads: int  # total KV heads (GQA); 1 for MLA (the latent vector is one "head")
+    head_dim: int  # per head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
+    dtype: str = "bf16"  # a DTYPE_NAMES key
+    mla: bool = False
+
+    def geometry(self, tp: int, block_tokens: int) -> Geometry:
+        """What one of `tp` ranks holds, in vLLM's split K/V FlashAttention layout (one K and one V region per
+        layer; MLA: one latent region per layer) with heads-first blocks, as `pdcheck handshake` registers it."""
+        return Geometry(tp_size=tp, block_size=block_tokens, layers=self.layers, total_kv_heads=self.kv_heads,
+                        head_dim=self.head_dim, dtype=DTYPE_NAMES[self.dtype], attn_backend="FLASH_ATTN",
+                        use_mla=self.mla)
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[DTYPE_NAMES[self.dtype]]
+
+    @property
+    def regions(self) -> int:
+        return self.geometry(1, 1).num_regions

@@ -26,6 +26,7 @@ def run(plan: Plan) -> RunResult:
     harness: list[str] = []
     d_rels = plan.d_releases
     with launcher(plan.ray, opts.start_timeout_s) as lau, ExitStack() as held:
+        reserved = orc.reserve_layout(held, p.host, ports) if ports.fixed and plan.ray is None else {}
         where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
                           gpu=opts.device == "cuda")
         # Each P rank listens on its own node's address (the scenario's host when all run here).
@@ -50,11 +51,12 @@ def run(plan: Plan) -> RunResult:
         }
         ready = orc.await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
         values = {r: ready[orc.RankId("P", r)][1] for r in p_ranks}
+        orc.release_served(reserved, ports)
         for r, rank in p_ranks.items():
             rank.send(m.Serve(ports.listeners[r], values))
         bound = orc.await_serving(lau, p_ranks, ports.listeners, opts.start_timeout_s, opts.progress)
         hold = lau.hold_host or p.host
-        go = orc.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound)
+        go = orc.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound, reserved)
         go = msgspec.structs.replace(go, host=hold, hosts={
             ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
         t_ready = time.perf_counter()

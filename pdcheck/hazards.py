@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from pdcheck import kvsplit
 from pdcheck.geometry import Geometry
+from pdcheck.releases import registered_geometry
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.rules import MSG_SHAPE
+from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D
 from pdcheck.scenario import Instance, Scenario
 
 CATALOGUE: dict[str, str] = {
@@ -132,9 +134,10 @@ class Facts:
     params_tp: int  # tp_size as D reads it from kv_transfer_params (.get("tp_size", 1))
 
     @classmethod
-    def of(cls, sc: Scenario) -> Facts:
-        return cls(sc, sc.prefill, sc.decode, sc.prefill.blocks(), sc.decode.blocks(), sc.prefill.geometry(),
-                   sc.decode.geometry(), sc.params_tp_size())
+    def of(cls, sc: Scenario, rels: Sequence[ReleaseModel] = ()) -> Facts:
+        """rels: the releases run, which decide the KV layout the ranks register (and the engine measures)."""
+        pg, dg = (registered_geometry(i.vllm, i.geometry(), rels) for i in (sc.prefill, sc.decode))
+        return cls(sc, sc.prefill, sc.decode, sc.prefill.blocks(), sc.decode.blocks(), pg, dg, sc.params_tp_size())
 
     @property
     def p_tp(self) -> int:
@@ -176,29 +179,46 @@ def _remote_tp(rel: ReleaseModel, f: Facts) -> int:
     return f.p_tp if rel.tp_size_from == "metadata" else f.params_tp
 
 
-def _corrected_targets(f: Facts, r: int) -> list[int]:
-    d, p = f.d_tp, f.params_tp
+def corrected_reads(f: Facts, r: int) -> list[int]:
+    """The P ranks D rank r reads under the corrected model (kvsplit, the engine's rule; P TP as
+    kv_transfer_params give it)."""
+    return kvsplit.corrected_reads(r, f.d_tp, f.params_tp, f.dg.total_kv_heads, f.dg.use_mla)
+
+
+def corrected_block_len(f: Facts, rtp: int) -> int:
+    """The P block length the corrected model accepts when P's TP is `rtp` (kvsplit, the engine's rule)."""
+    return kvsplit.corrected_remote_block_len(f.dg.block_len, f.d_tp, rtp, f.dg.total_kv_heads, f.dg.use_mla)
+
+
+def corrected_reading(f: Facts) -> str:
+    """What the corrected model reads for this TP pair, in words: the text every hazard line uses."""
+    d, p, heads, mla = f.d_tp, f.params_tp, f.dg.total_kv_heads, f.dg.use_mla
+    if not kvsplit.divisible(d, p):
+        return f"refused: TP sizes D={d} and P={p} do not divide"
+    repl = "MLA" if mla else "replicated KV" if kvsplit.p_replicated(p, heads, mla) else None
     if d >= p:
-        return [r // max(1, d // p)]
-    ratio = p // d
-    if f.dg.use_mla or p >= f.dg.total_kv_heads:
-        return [r * ratio]  # replicated: every P rank holds the same blocks, read one
-    return list(range(r * ratio, (r + 1) * ratio))
+        return "each D rank reads its heads from one P rank" + (f" ({repl})" if repl else "")
+    first = corrected_reads(f, 0)  # with sizes that divide, every D rank reads as many P ranks
+    n, eg = len(first), f"D rank 0 reads P {_plural(first)}"
+    if n == 1:
+        return f"{repl}: each D rank reads one P rank of its group ({eg})"
+    what = (f"one P rank per KV head ({repl}: P TP {p} > {heads} heads)" if repl
+            else "a head slice from each")
+    return f"each D rank reads {n} P ranks, {what}; {eg}"
 
 
 def targets(rel: ReleaseModel, f: Facts, r: int) -> list[int] | None:
-    """P ranks D rank r handshakes, in order; None when the flow dies before sending a request."""
-    if rel.flow == "same_rank":
-        return [r]  # 0.9.0: the port of its own rank number
-    if rel.flow == "rank0_then_target":
-        if not f.tp_ok:
-            return [0]  # the rank-0 add_remote_agent stops at the divisibility assert
-        p = r // f.ratio
-        return [0] if p == 0 else [0, p]
-    if rel.flow == "target_only":
-        ratio = f.d_tp // f.params_tp
-        return None if ratio == 0 else [r // ratio]  # tp_rank // 0: ZeroDivisionError
-    return _corrected_targets(f, r)
+    """P ranks D rank r handshakes, in order (kvsplit, the engine's rule); None when the flow dies before
+    sending a request."""
+    if rel.flow == CORRECTED:
+        return corrected_reads(f, r)
+    if rel.flow == "rank0_then_target" and not f.tp_ok:
+        return [0]  # the rank-0 add_remote_agent stops at the divisibility assert
+    # rank0_then_target learns P's TP from P rank 0's metadata; the later flows from kv_transfer_params
+    try:
+        return kvsplit.release_targets(rel.flow, r, f.d_tp, _remote_tp(rel, f))
+    except ZeroDivisionError:
+        return None  # tp_rank // 0 in _nixl_handshake (P TP > D TP before 0.14)
 
 
 @dataclass(frozen=True)
@@ -232,9 +252,10 @@ def block_path(rel: ReleaseModel, f: Facts, r: int) -> BlockPath | None:
         elif n != recorded and stop is None:
             stop = ("dst_num_blocks_equal", p)
     assert recorded is not None
-    target = tg[-1]
-    return BlockPath(stop[0] if stop else None, stop[1] if stop else None, recorded, target,
-                     recorded != f.pb[target])
+    # The lists read (kvsplit, the rule rules.prep_targets follows)
+    read = kvsplit.release_reads(rel.flow, r, f.d_tp, _remote_tp(rel, f), f.dg.use_mla)
+    return BlockPath(stop[0] if stop else None, stop[1] if stop else None, recorded, read[-1],
+                     any(recorded != f.pb[p] for p in read))
 
 
 def _paths(rel: ReleaseModel, f: Facts) -> dict[int, BlockPath]:
@@ -246,34 +267,50 @@ def _paths(rel: ReleaseModel, f: Facts) -> dict[int, BlockPath]:
     return out
 
 
-LenRule = str  # "plain" (0.9.1: MLA only), "replicated" (0.9.2+: MLA or tp_size >= heads), "corrected"
+# How a release checks P's block_len (the rules.py checks, read off its version and steps):
+# "plain" (0.9.1: MLA only is replicated), "replicated" (0.9.2 - 0.19: KVTopology `tp // heads >= 1`),
+# "strict" (0.20 - 0.23: TransferTopology `tp > heads`), "heads" (0.24+: strict, per-rank physical head counts).
+LenRule = str
+# What the accepted length is: "equal" (replicated/MLA), "scaled" (D's block x tp_ratio), "p_gt_d" (0.14 - 0.23:
+# D's block // |tp_ratio|), "heads" (0.24+: D's block x remote heads // local heads).
+LenKind = str
 
 
 def block_len_rule(rel: ReleaseModel) -> LenRule:
     # #19691 (0.9.2) added the `tp_size // total_kv_heads >= 1` replicated branch; 0.9.1 only knows MLA.
-    if rel.flow == CORRECTED:
-        return CORRECTED
-    return "replicated" if _version(rel) >= (0, 9, 2) else "plain"
+    v = _version(rel)
+    if v < (0, 9, 2):
+        return "plain"
+    if v < (0, 20):
+        return "replicated"
+    return "heads" if _has(rel, "block_len_split") else "strict"
 
 
-def expected_remote_block_len(f: Facts, rule: LenRule, rtp: int) -> tuple[int, bool] | None:
-    """(the P block_len a block_len rule accepts when P's TP is `rtp`, whether it is the equality branch);
-    None where tp_ratio < 1 (the TP checks fail first, H11)."""
-    dl, heads = f.dg.block_len, f.dg.total_kv_heads
-    if rule == CORRECTED:
-        if f.dg.use_mla or rtp >= heads:
-            return dl, True
-        return dl * max(1, heads // rtp) // f.dg.local_kv_heads, False
-    ratio = f.d_tp // rtp
-    if ratio < 1:
-        return None
-    if f.dg.use_mla or (rule == "replicated" and rtp // heads >= 1):
-        return dl, True  # `assert self.block_len == nixl_agent_meta.block_len` (bare)
-    return dl * ratio, False  # `assert nixl_agent_meta.block_len == self.block_len * tp_ratio, MSG_SHAPE`
+def expected_remote_block_len(f: Facts, rel: ReleaseModel, rtp: int) -> tuple[int, LenKind] | None:
+    """(the P block_len release `rel` accepts when P's TP is `rtp`, which branch accepts it); None where an
+    earlier check stops first: the TP checks (H11, P TP > D TP before 0.14) or the replicated P TP > D TP assert
+    (H13, 0.14+)."""
+    dl, heads, mla = f.dg.block_len, f.dg.total_kv_heads, f.dg.use_mla
+    rule = block_len_rule(rel)
+    replicated = mla or (rule != "plain" and kvsplit.topology_replicated(rtp, heads, strict=rule in ("strict", "heads")))
+    per_head = dl * kvsplit.rank_heads(rtp, heads, mla) // kvsplit.rank_heads(f.d_tp, heads, mla)
+    if not kvsplit.divisible(f.d_tp, rtp):
+        return None  # every release checks TP divisibility before the block length
+    if f.d_tp < rtp:  # only 0.14+ (all_targets) read from a larger P
+        if rel.flow != "all_targets" or (replicated and not (mla and _version(rel) >= (0, 21))):
+            return None
+        if replicated:
+            return dl, "equal"  # MLA from 0.21: the P TP > D TP assert skips MLA
+        return (per_head, "heads") if rule == "heads" else (dl // (rtp // f.d_tp), "p_gt_d")
+    if replicated:
+        return dl, "equal"  # `assert self.block_len == nixl_agent_meta.block_len` (bare)
+    if rule == "heads":
+        return per_head, "heads"
+    return dl * (f.d_tp // rtp), "scaled"  # `assert nixl_agent_meta.block_len == self.block_len * tp_ratio, MSG_SHAPE`
 
 
-def _expected(rel: ReleaseModel, f: Facts) -> tuple[int, bool] | None:
-    return expected_remote_block_len(f, block_len_rule(rel), _remote_tp(rel, f))
+def _expected(rel: ReleaseModel, f: Facts) -> tuple[int, LenKind] | None:
+    return expected_remote_block_len(f, rel, _remote_tp(rel, f))
 
 
 # ---- one function per hazard -------------------------------------------------------------------------
@@ -355,14 +392,14 @@ def _h02(f: Facts, rels: Rels) -> Hazard:
 
 def _multi_rank_readers(f: Facts) -> dict[int, list[int]]:
     """D rank -> the P ranks it handshakes in one engine when that is more than one: 0.9.1's rank-0
-    pre-handshake, or P TP > D TP (0.14+, corrected) where one D rank reads several P ranks."""
+    pre-handshake, or P TP > D TP, where 0.14+ handshake every P rank of the D rank's group (MLA and replicated
+    KV included: they read one, but record and compare each one's num_blocks)."""
     out: dict[int, list[int]] = {}
     for r in range(f.d_tp):
         if f.tp_ok and f.p_tp > 1 and r // f.ratio != 0:
-            out[r] = [0, r // f.ratio]
-        elif f.p_tp > f.d_tp and f.p_tp % f.d_tp == 0 and not (f.dg.use_mla or f.p_tp >= f.dg.total_kv_heads):
-            k = f.p_tp // f.d_tp
-            out[r] = list(range(r * k, (r + 1) * k))
+            out[r] = kvsplit.release_targets("rank0_then_target", r, f.d_tp, f.p_tp)
+        elif f.p_tp > f.d_tp and f.p_tp % f.d_tp == 0:
+            out[r] = kvsplit.release_targets("all_targets", r, f.d_tp, f.p_tp)
     return out
 
 
@@ -391,14 +428,25 @@ def _h03(f: Facts, rels: Rels) -> Hazard:
             if ge:
                 line += f" ({_v(ge, 'stop')} earlier at {_GE})"
             effects[rel.name] = line
-        elif rel.flow == "target_only" and f.tp_ok:
+        elif rel.flow in ("target_only", "all_targets") and f.tp_ok:
             effects[rel.name] = f"one handshake per D rank and engine: {_EQ} cannot fire"
+        elif rel.flow == "all_targets":
+            effects[rel.name] = _h03_all_targets(rel, f, uneven)
         elif rel.flow == "same_rank":
             effects[rel.name] = "one handshake per D rank: counts are never compared"
         else:
             effects[rel.name] = "P TP > D TP is unsupported here, it fails first (H11); from 0.14 the equality assert fires"
     effects[CORRECTED] = "each P rank's list and ids use that rank's own count: nothing to compare"
     return _yes("H03", detail, effects)
+
+
+def _h03_all_targets(rel: ReleaseModel, f: Facts, uneven: dict[int, list[int]]) -> str:
+    """0.14+ with P TP > D TP: every P rank of the group is handshaken, each one's count compared."""
+    if _h13_fires(rel, f):
+        return "`assert not (tp_ratio < 0 and is_kv_replicated)` fires first (H13)"
+    eq = [r for r, bp in _paths(rel, f).items() if bp.stop == "dst_num_blocks_equal" and r in uneven]
+    return (f"handshakes every P rank of its group: {_EQ} fires on D {_plural(eq)}" if eq
+            else f"{_EQ} not reached")
 
 
 def _h04(f: Facts, rels: Rels) -> Hazard:
@@ -440,15 +488,28 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = (f"no check: remote descriptors step by D's block_len {dl} B through P's "
                                  f"{pl} B blocks: wrong bytes, no error")
         elif exp is None:
-            effects[rel.name] = "not reached: TP sizes fail first (H11)"
+            effects[rel.name] = "not reached: a TP check fails first (H11, H13)"
         elif exp != pl:
             effects[rel.name] = (f"block_size is not on the wire and the block_len check fires first: '{MSG_SHAPE}' "
                                  f"({pl} B vs {exp} B); the block-size assert behind it cannot fire")
         else:
             effects[rel.name] = (f"block_len matches ({pl} B), so the derived remote block size equals D's: "
                                  "undetected, tokens land in the wrong slots")
-    effects[CORRECTED] = f"refused: P block_size {f.p.block_size} != D block_size {f.d.block_size}"
+    effects[CORRECTED] = _h07_corrected(f, rels)
     return _yes("H07", detail, effects)
+
+
+def _h07_corrected(f: Facts, rels: Rels) -> str:
+    """The corrected model checks the block length before the block size (releases.corrected): a block size
+    that changes the block length is refused by the length check, with the same bytes as H08's line."""
+    pl, exp = f.pg.block_len, corrected_block_len(f, f.params_tp)
+    if exp != pl:
+        return f"refused by the block length check first (H08): P block is {pl} B, D expects {exp} B"
+    p_rel = _p_release(f) or (rels[-1] if rels else None)  # the P the corrected D meets (handshake's profiles)
+    if p_rel is not None and p_rel.wire in _PRE_DEVICE_WIRES:
+        return (f"undetected: P (era {p_rel.wire}) does not advertise block_size and the block length matches: "
+                "tokens land in the wrong slots")
+    return f"refused: P block_size {f.p.block_size} != D block_size {f.d.block_size}"
 
 
 def _h08(f: Facts, rels: Rels) -> Hazard:
@@ -462,14 +523,19 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
         got = _expected(rel, f)
         if got is None or got[0] == pl:
             continue
-        exp, equal = got
-        effects[rel.name] = (f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})"
-                             if equal else
-                             f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: "
-                             f"'{MSG_SHAPE}' ({pl} B vs {exp} B)")
-    got = expected_remote_block_len(f, CORRECTED, f.params_tp)
-    if got is not None and got[0] != pl:
-        effects[CORRECTED] = f"refused: P block is {pl} B, D expects {got[0]} B"
+        exp, kind = got
+        effects[rel.name] = {
+            "equal": f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})",
+            "scaled": (f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: '{MSG_SHAPE}' "
+                       f"({pl} B vs {exp} B)"),
+            "p_gt_d": (f"`assert remote_block_len == self.block_len_per_layer[0] // (-tp_ratio)` fails: "
+                       f"'{MSG_SHAPE_P_GT_D}' ({pl} B vs {exp} B)"),
+            "heads": (f"`remote_len == local_len * remote_heads // local_heads` fails (SPLIT region 0: {pl} B vs "
+                      f"{exp} B)"),
+        }[kind]
+    exp = corrected_block_len(f, f.params_tp)
+    if exp != pl:
+        effects[CORRECTED] = f"refused: P block is {pl} B, D expects {exp} B"
     if not effects:
         return _no("H08", f"P block_len {pl} B matches what every release expects")
     effects.setdefault(CORRECTED, f"accepts: P's {pl} B matches the heads/head_dim/dtype it expects")
@@ -533,9 +599,13 @@ def _h11(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = ("no heterogeneous TP: each D rank asks the P rank of its own number"
                                  + (f"; {_v(missing, 'ask')} ports nobody listens on and {'blocks' if len(missing) == 1 else 'block'} in recv()"
                                     if missing else ""))
-    big, small = max(d, p), min(d, p)
-    effects[CORRECTED] = (f"supported: each D rank reads {p // d} P ranks" if p > d and p % d == 0
-                          else f"refused: TP sizes D={d} and P={p} do not divide" if big % small else "supported")
+    reading = corrected_reading(f)
+    if reading.startswith("refused"):
+        effects[CORRECTED] = reading
+    elif f.params_tp != f.p_tp:  # it reads what kv_transfer_params describe; H12's line says how that ends
+        effects[CORRECTED] = f"reads P as TP {f.params_tp} (kv_transfer_params, H12): {reading}"
+    else:
+        effects[CORRECTED] = f"supported: {reading}"
     return _yes("H11", detail, effects)
 
 
@@ -570,8 +640,7 @@ def _h12(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = "no heterogeneous TP: tp_size is not used"
         else:
             effects[rel.name] = _h12_params(rel, f)
-    got = expected_remote_block_len(f, CORRECTED, f.params_tp)
-    exp = got[0] if got else None
+    exp = corrected_block_len(f, f.params_tp)
     effects[CORRECTED] = ("trusts kv_transfer_params too, but its block_len check refuses the wrong ratio "
                           f"({f.pg.block_len} B vs {exp} B)" if exp != f.pg.block_len
                           else "reads the rank tp_size points at; geometry happens to match")
@@ -597,14 +666,16 @@ def _h13_fires(rel: ReleaseModel, f: Facts) -> bool:
     v = _version(rel)
     if f.p_tp <= f.d_tp or (f.dg.use_mla and v >= (0, 21)):
         return False
-    return f.p_tp > f.dg.total_kv_heads if v >= (0, 20) else f.p_tp >= f.dg.total_kv_heads
+    return kvsplit.topology_replicated(f.p_tp, f.dg.total_kv_heads, strict=v >= (0, 20))
 
 
 def _h13(f: Facts, rels: Rels) -> Hazard:
     modern = [rel for rel in rels if rel.flow == "all_targets"]
-    if not any(_h13_fires(rel, f) for rel in modern) and (
-            f.dg.use_mla or not (f.p_tp >= f.dg.total_kv_heads and f.p_tp > f.d_tp)):
-        return _no("H13", f"P TP {f.p_tp}, D TP {f.d_tp}, {f.dg.total_kv_heads} KV heads"
+    heads = f.dg.total_kv_heads
+    # Replicated as the newest vLLM counts it (kvsplit.p_replicated: P TP > heads), MLA left to the releases.
+    replicated = not f.dg.use_mla and kvsplit.p_replicated(f.p_tp, heads, False) and f.p_tp > f.d_tp
+    if not any(_h13_fires(rel, f) for rel in modern) and not replicated:
+        return _no("H13", f"P TP {f.p_tp}, D TP {f.d_tp}, {heads} KV heads"
                    + (", MLA" if f.dg.use_mla else ""))
     effects = {rel.name: "P TP > D TP is unsupported here (H11)" for rel in rels}
     for rel in modern:
@@ -614,8 +685,15 @@ def _h13(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = "not asserted for MLA: handshakes every target P rank, reads the first"
         else:
             effects[rel.name] = "not replicated by this release's rule: reads a head slice from each P rank"
-    effects[CORRECTED] = "replicated KV: each D rank reads one P rank"
-    return _yes("H13", f"P TP {f.p_tp} >= {f.dg.total_kv_heads} KV heads and > D TP {f.d_tp}", effects)
+    effects[CORRECTED] = corrected_reading(f)
+    if f.dg.use_mla:
+        detail = f"MLA with P TP {f.p_tp} > D TP {f.d_tp}"
+    elif replicated:
+        detail = f"P TP {f.p_tp} > {heads} KV heads (replicated) and > D TP {f.d_tp}"
+    else:
+        detail = (f"P TP {f.p_tp} = {heads} KV heads and > D TP {f.d_tp}: every P rank holds its own head, but "
+                  "KVTopology (0.14 - 0.19) counts `remote_tp // heads >= 1` as replicated")
+    return _yes("H13", detail, effects)
 
 
 def _h18(f: Facts, rels: Rels) -> Hazard:
@@ -777,5 +855,5 @@ def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
     """Every evaluated hazard, applicable or not, in id order. Effects name each given release (the
     corrected model is skipped if passed: its line is always added under "corrected")."""
     rels = [r for r in releases if r.flow != CORRECTED]
-    f = Facts.of(sc)
+    f = Facts.of(sc, rels)
     return [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]

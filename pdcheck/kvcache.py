@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import mmap
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -138,6 +138,14 @@ def block_descs(base_addrs: list[int], num_blocks: int, block_len: int, read_len
     out[:, 1] = read_len
     out[:, 2] = dev
     return out
+
+
+def desc_ids(regions: int, stride: int, blocks: np.ndarray | list[int]) -> np.ndarray:
+    """vLLM's descriptor ids of the given blocks in every region, region-major: region * stride + block_id
+    (int64). stride: the dlist's blocks per region, a release's recorded count or the cache's own. The ids
+    index block_descs' rows (halves=2: each K or V half counts as a region)."""
+    b = np.asarray(blocks, dtype=np.int64).reshape(-1)
+    return (np.arange(regions, dtype=np.int64)[:, None] * stride + b[None, :]).reshape(-1)
 
 
 def unique(a: np.ndarray | list[int]) -> np.ndarray:
@@ -396,3 +404,105 @@ class KVCache:
         blocks = unique(blocks)
         if len(blocks):
             self.write_blocks(region, blocks, np.zeros((len(blocks), self.block_len), dtype=np.uint8))
+
+
+@dataclass
+class Wrong:
+    """The first wrong block a check found: where, and what arrived instead."""
+
+    region: int
+    local_block: int
+    remote_block: int
+    byte: int  # first wrong byte in the bytes read into the local block
+    at: int  # byte offset in the P block of that byte's cell
+    found: Found
+
+
+@dataclass
+class BlockCheck:
+    """What a check of transferred blocks found; one check may add up several calls (requests, P ranks)."""
+
+    checked: int = 0  # blocks compared (regions x blocks)
+    wrong: int = 0  # blocks with at least one wrong byte
+    bytes: int = 0
+    wrong_regions: set[int] = field(default_factory=set)
+    first: Wrong | None = None
+
+
+def _join(parts: list[np.ndarray], axis: int) -> np.ndarray:
+    """np.concatenate, without its copy when there is one part (one half per block)."""
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
+
+
+def _rows_differ(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
+    """(got != exp).any(axis=-1), compared 8 bytes at a time where the rows allow it (8x fewer elements)."""
+    if got.shape[-1] % 8 == 0:
+        try:
+            return (got.view(np.uint64) != exp.view(np.uint64)).any(axis=-1)
+        except ValueError:  # a last axis that is not contiguous cannot be viewed as wider words
+            pass
+    return (got != exp).any(axis=-1)
+
+
+def check_blocks(kv: KVCache, local_ids: np.ndarray | list[int], remote_ids: np.ndarray | list[int], tag: int,
+                 p_rank: int, *, read_len: int, local_offset: int = 0, remote_offset: int = 0, halves: int = 1,
+                 remote_half: int = 0, view: BlockView = PLAIN, out: BlockCheck | None = None) -> BlockCheck:
+    """The one block check of the transfer proof and transfer-bench: local block local_ids[i] of every region
+    must hold bytes [remote_offset, remote_offset + read_len) of P rank p_rank's block remote_ids[i] of the same
+    region (coordinate pattern `tag`, laid out by `view`). halves=2: K and V halves are read separately, the
+    local half `kv.block_len // 2` holding its slice of the P half at remote_half."""
+    out = out or BlockCheck()
+    remote = np.asarray(remote_ids, dtype=np.int64)
+    local = np.asarray(local_ids, dtype=np.int64)
+    regions, k, n = kv.geometry.num_regions, len(local), read_len
+    local_half = kv.block_len // halves
+
+    def got_exp(first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read and expected bytes of regions first..last-1: (regions, blocks, bytes read per block). Each half
+        (K, then V when split) of the local block holds its slice of the same half of the P block."""
+        got = _join([kv.read_all(local, h * local_half + local_offset, n, first, last) for h in range(halves)], 2)
+        reg = np.repeat(np.arange(first, last, dtype=np.int64), k)
+        blk = np.tile(remote, last - first)
+        exp = _join([pattern(tag, p_rank, reg, blk, remote_offset + h * remote_half, n, view)
+                     for h in range(halves)], 1).reshape(got.shape)
+        return got, exp
+
+    # A few regions per pass (CHUNK_BYTES): the pattern and the bytes read stay in cache.
+    step = max(1, CHUNK_BYTES // max(1, k * n * halves))
+    bad = np.zeros((regions, k), dtype=bool)
+    for first in range(0, regions, step):
+        last = min(regions, first + step)
+        bad[first:last] = _rows_differ(*got_exp(first, last))
+    out.checked += regions * k
+    out.bytes += regions * k * n * halves
+    out.wrong += int(bad.sum())
+    if not bad.any():
+        return out
+    out.wrong_regions.update(int(r) for r in np.flatnonzero(bad.any(axis=1)))
+    if out.first is None:
+        region, i = (int(x) for x in np.argwhere(bad)[0])  # region-major, like reading region by region
+        got, exp = got_exp(region, region + 1)
+        byte = int(np.flatnonzero(got[0, i] != exp[0, i])[0])
+        cell = byte // CELL * CELL
+        out.first = Wrong(region, int(local[i]), int(remote[i]), byte,
+                          remote_offset + (cell // n) * remote_half + cell % n, decode_cell(got[0, i][cell:cell + CELL]))
+    return out
+
+
+def check_range(got: np.ndarray, tag: int, p_rank: int, geometry: Geometry, num_blocks: int, start: int,
+                chunk_bytes: int = 8 << 20) -> int:
+    """Wrong 8-byte words in `got`, which must hold bytes [start, start + len(got)) of P rank p_rank's whole
+    KV cache of num_blocks blocks per region (regions back to back, as KVCache lays them; pattern `tag` with
+    byte offset = logical offset, i.e. heads-first blocks, as transfer-bench lays them):
+    transfer-bench's one-descriptor wire ceiling. Chunked: a 128 MiB READ must not allocate gigabytes."""
+    bp = geometry.block_len
+    wrong = 0
+    step = max(1, chunk_bytes // bp)
+    first, last = start // bp, -(-(start + got.size) // bp)
+    for lo in range(first, last, step):
+        rows = np.arange(lo, min(lo + step, last))  # rows of the cache: descriptor ids region * num_blocks + block
+        exp = pattern(tag, p_rank, rows // num_blocks, rows % num_blocks, 0, bp).reshape(-1)
+        a, b = max(start, lo * bp), min(start + got.size, (lo + len(rows)) * bp)
+        part = got[a - start:b - start].view(np.uint64)
+        wrong += int((part != exp[a - lo * bp:b - lo * bp].view(np.uint64)).sum())
+    return wrong

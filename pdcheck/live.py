@@ -18,6 +18,7 @@ import msgspec
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck import probe
+from pdcheck.errors import HarnessError
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.plan import TAG_BLOCKS, Plan, d_release, make_requests
@@ -26,6 +27,7 @@ from pdcheck.ranks import decode_main
 from pdcheck.releases import CORRECTED
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.results import Live, RunResult, Timings
+from pdcheck.scenario import Scenario
 from pdcheck.wire import FORMATS, WireFormat, encode_request, parse_request
 
 
@@ -47,11 +49,15 @@ def run(plan: Plan) -> RunResult:
     sc, releases, p_rel = plan.scenario, plan.releases, plan.p_release
     p_fmt = FORMATS[p_rel.wire]
     d = sc.decode
-    ranks, _metas, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
+    ranks, _replies, notes = probe.probe_ranks(host, port, p_rel, dp_rank=sc.prefill.dp_rank,
                                              tp_size=sc.prefill.tp_size if plan.live.tp_given else None,
-                                             timeout_ms=opts.hang_timeout_ms, hint=plan.p_geometry)
+                                             timeout_ms=opts.hang_timeout_ms, hint=plan.p_geometry,
+                                             max_tp=opts.max_tp)
+    for r in ranks:
+        if r.out_of_bounds is not None:
+            raise HarnessError(f"--prefill-endpoint {host}:{port}: P rank {r.tp_rank}: {r.message}")
     p = probe.probed_instance(sc.prefill, ranks, host, port, sc.prefill.dp_rank, notes, p_rel)
-    sc = msgspec.structs.replace(sc, prefill=p)
+    sc = _checked(msgspec.structs.replace(sc, prefill=p), f"{host}:{port}", opts.max_tp)
     for r in ranks:
         if r.status != "ok":
             notes.append(f"probe of P rank {r.tp_rank} ({p_rel.name}, era {p_rel.wire}): {r.message}")
@@ -94,6 +100,22 @@ def run(plan: Plan) -> RunResult:
                 skipped=skipped, content=_content(results, opts.transfer), notes=notes)
     return RunResult(sc, run_rels, opts.device, requests, results, {}, harness, timings,
                      {f"P rank {r}": host for r in range(p.tp_size)}, live)
+
+
+def _checked(sc: Scenario, endpoint: str, max_tp: int) -> Scenario:
+    """The scenario with the live P's facts, through the same field bounds as a scenario file (scenario.py's
+    types: num_blocks, layers, heads, block size, names): what a peer advertises never sizes a loop, a block
+    table or a geometry unchecked. Not the per-rank memory bounds: no fake P allocates the live P's cache.
+    Out of bounds: exit 3, one line."""
+    try:
+        checked = msgspec.convert(msgspec.to_builtins(sc), Scenario, strict=True)
+    except msgspec.ValidationError as exc:
+        raise HarnessError(f"--prefill-endpoint {endpoint}: the live P advertises {exc} (pdcheck uses no value "
+                           "outside its bounds)") from None
+    if checked.prefill.tp_size > max_tp:
+        raise HarnessError(f"--prefill-endpoint {endpoint}: the live P has {checked.prefill.tp_size} ranks; "
+                           f"at most --max-tp {max_tp}")
+    return checked
 
 
 def _content(results: dict[int, m.DecodeResult], transfer: bool) -> str:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import msgspec
 
-from pdcheck.geometry import Geometry
+from pdcheck.geometry import Geometry, ModelShape
 from pdcheck.wire.schemas import AnyMeta
 
 Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict
@@ -28,16 +28,21 @@ class Req(msgspec.Struct, frozen=True):
     local_block_ids: list[int]
 
 
-class PrefillSpec(msgspec.Struct, frozen=True):
+class RankSpec(msgspec.Struct, frozen=True):
+    """What every handshake/serve rank is told: its engine, place in TP, and the KV cache it registers."""
+
     engine_id: str
     tp_rank: int
     tp_size: int
     num_blocks: int
     device_id: int
     device: str
-    host: str
     geometry: Geometry
     kv_cache_layout: str
+
+
+class PrefillSpec(RankSpec, frozen=True):
+    host: str
     inject: Inject
     log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
     tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
@@ -62,15 +67,7 @@ class DRelease(msgspec.Struct, frozen=True):
     local_hash: str | None
 
 
-class DecodeSpec(msgspec.Struct, frozen=True):
-    engine_id: str
-    tp_rank: int
-    tp_size: int
-    num_blocks: int
-    device_id: int
-    device: str
-    geometry: Geometry
-    kv_cache_layout: str
+class DecodeSpec(RankSpec, frozen=True):
     releases: list[DRelease]  # "corrected" included
     p_host: str
     p_engine_tag: int
@@ -187,15 +184,6 @@ class DecodeResult(msgspec.Struct, tag=True):
 
 
 # ------------------------------------------------------------------ transfer-bench: the same pipe and codec
-class BenchShape(msgspec.Struct, frozen=True):
-    name: str
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    mla: bool
-
-
 class BenchSpec(msgspec.Struct, frozen=True):
     """What a transfer-bench rank is started with (launcher.start's spec)."""
 
@@ -210,7 +198,7 @@ class BenchSpec(msgspec.Struct, frozen=True):
     progress_thread: bool
     target_busy: bool
     ucx_env: dict[str, str]  # the transport preset's UCX variables, set before the agent exists
-    shape: BenchShape
+    shape: ModelShape
     ptp: int
     dtp: int
     iters: int  # 0 = auto from min_time

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -28,6 +29,16 @@ def _status(exc: BaseException) -> str:
         if word.startswith("NIXL_"):
             return word
     return type(exc).__name__
+
+
+def _int32(ids: np.ndarray, context: str) -> np.ndarray:
+    """Descriptor ids as NIXL takes them (int32); ids beyond int32 are refused, never wrapped."""
+    a = np.asarray(ids)
+    if a.size and (int(a.max()) >= 2**31 or int(a.min()) < 0):
+        bad = int(a.max()) if int(a.max()) >= 2**31 else int(a.min())
+        raise NixlCallError("make_prepped_xfer", "NIXL_ERR_INVALID_PARAM", f"descriptor id {bad} is not an int32",
+                            context)
+    return np.ascontiguousarray(a, dtype=np.int32)
 
 
 def nixl_call(op: str, context: str, fn: Any, *args: Any, **kw: Any) -> Any:
@@ -56,7 +67,8 @@ class Agent:
         telemetry: bool = False,
         engine_config: str | None = None,
     ) -> None:
-        from nixl._api import nixl_agent, nixl_agent_config
+        # nixl_cu13: the one NIXL build pdcheck depends on (pyproject.toml says why)
+        from nixl_cu13._api import nixl_agent, nixl_agent_config
 
         self.name = name
         params: dict[str, str] = {}
@@ -72,10 +84,11 @@ class Agent:
         self._a = nixl_call("create agent", name, nixl_agent, name, cfg)
         nixl_call("create backend UCX", name, self._a.create_backend, "UCX", params)
         self._registered: list[Any] = []
-
-    @property
-    def raw(self) -> Any:
-        return self._a
+        # Posting goes straight to NIXL's bindings (the module nixl_agent comes from always has them).
+        bind = sys.modules[type(self._a).__module__].nixlBind
+        self._fast: tuple[Any, Any, Any, Any] = (self._a.agent.postXferReq, self._a.agent.getXferStatus,
+                                                 bind.NIXL_IN_PROG, bind.NIXL_SUCCESS)
+        self._names = {getattr(bind, k): k for k in dir(bind) if k.startswith("NIXL_ERR_")}
 
     def register(self, regions: Sequence[tuple[int, int, int]], mem_type: str) -> None:
         descs = nixl_call(
@@ -96,6 +109,78 @@ class Agent:
         xd = nixl_call("get_xfer_descs", context or self.name, self._a.get_xfer_descs, descs, mem_type)
         return nixl_call("prep_xfer_dlist", context or agent, self._a.prep_xfer_dlist, agent, xd)
 
+    def release_dlist(self, *dlists: Any) -> None:
+        for d in dlists:
+            nixl_call("release_dlist_handle", self.name, self._a.release_dlist_handle, d)
+
+    def make_read(self, local: Any, local_ids: np.ndarray, remote: Any, remote_ids: np.ndarray,
+                  notif: bytes = b"", context: str = "", op: str = "READ") -> Any:
+        """One prepped READ handle over descriptor ids of two prepped dlists (kvcache.desc_ids); post it with
+        complete() or timed(), as often as needed, and give it back with release(). op="WRITE": a WRITE (SGLang's
+        P pushes into D)."""
+        lid, rid = _int32(local_ids, context), _int32(remote_ids, context)
+        return nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, op, local, lid, remote, rid,
+                         notif)
+
+    def release(self, *handles: Any) -> None:
+        for h in handles:
+            nixl_call("release_xfer_handle", self.name, self._a.release_xfer_handle, h)
+
+    def complete(self, h: Any, context: str = "", timeout_s: float | None = None) -> None:
+        """Post handle h and busy-poll it to completion. Raises NixlCallError (a NIXL error, or TIMEOUT)."""
+        post, status, busy, ok = self._fast
+        try:
+            hh = h._handle
+            st = post(hh, b"")
+            if timeout_s is None:
+                while st == busy:
+                    st = status(hh)
+            else:
+                deadline, spins = time.perf_counter() + timeout_s, 0
+                while st == busy:
+                    st = status(hh)
+                    spins += 1
+                    if not spins & 1023 and time.perf_counter() > deadline:  # a clock read costs a poll
+                        raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {timeout_s:g} s",
+                                            context)
+        except NixlCallError:
+            raise
+        except Exception as exc:  # the bindings raise nixl*Error classes
+            raise NixlCallError("transfer", _status(exc), f"{type(exc).__name__}: {exc}".strip(), context) from exc
+        if st != ok:
+            raise NixlCallError("transfer", self._names.get(st, str(st)), "transfer state ERR", context)
+
+    def timed(self, handles: Sequence[Any], iters: int, context: str = "") -> tuple[list[int], int]:
+        """`iters` transfers cycling over `handles`, each posted and busy-polled to completion: per-transfer
+        ns and the loop's wall ns (transfer-bench's measured loop).
+
+        NIXL's bindings directly (the Python wrapper adds ~0.3 µs per call): the raw loop of
+        benchmarks/raw_nixl_loop.py plus two clock reads and an append; the try costs nothing per pass."""
+        post, status, busy, ok = self._fast
+        now = time.perf_counter_ns
+        lat: list[int] = []
+        append = lat.append
+        hs = [h._handle for h in handles]
+        n = len(hs)
+        st = ok
+        try:
+            start = now()
+            for i in range(iters):
+                hh = hs[i % n]
+                t0 = now()
+                st = post(hh, b"")
+                while st == busy:
+                    st = status(hh)
+                append(now() - t0)
+                if st != ok:
+                    break
+            wall = now() - start
+        except Exception as exc:  # the bindings raise nixl*Error classes
+            raise NixlCallError("transfer", _status(exc), f"{type(exc).__name__}: {exc}".strip(), context) from exc
+        if st != ok:
+            raise NixlCallError("transfer", self._names.get(st, str(st)), "transfer state ERR", context)
+        return lat, wall
+
     def read(
         self,
         local: Any,
@@ -108,47 +193,24 @@ class Agent:
         context: str = "",
         op: str = "READ",
     ) -> float:
-        """Post a prepped READ (op="WRITE": a WRITE, as SGLang's P pushes into D), busy-poll to completion,
-        return seconds. Raises NixlCallError."""
-        lid = np.ascontiguousarray(local_ids, dtype=np.int32)
-        rid = np.ascontiguousarray(remote_ids, dtype=np.int32)
+        """One prepped READ (op="WRITE": a WRITE), posted and busy-polled to completion: seconds. Raises
+        NixlCallError."""
         t0 = time.perf_counter()
-        h = nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, op, local, lid, remote, rid, notif)
+        h = self.make_read(local, local_ids, remote, remote_ids, notif, context, op)
         try:
-            state = nixl_call("transfer", context, self._a.transfer, h)
-            deadline = t0 + timeout_s
-            while state not in ("DONE", "ERR"):
-                if time.perf_counter() > deadline:
-                    raise NixlCallError("check_xfer_state", "TIMEOUT", f"{op} not done after {timeout_s:g} s", context)
-                state = nixl_call("check_xfer_state", context, self._a.check_xfer_state, h)
-            if state == "ERR":
-                raise NixlCallError("transfer", "NIXL_ERR_BACKEND", "transfer state ERR", context)
+            self.complete(h, context, timeout_s)
             return time.perf_counter() - t0
         finally:
-            self._a.release_xfer_handle(h)
+            self._a.release_xfer_handle(h)  # not release(): a failed release must not hide the READ's error
 
-    def make_read(self, local: Any, local_ids: Any, remote: Any, remote_ids: Any, notif: bytes = b"",
-                  context: str = "") -> Any:
-        """A prepped READ handle, posted many times (transfer-bench); give it back with release()."""
-        return nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, local_ids, remote,
-                         remote_ids, notif)
+    def desc_count(self, h: Any) -> int:
+        """Descriptors NIXL posted for handle h after merging (telemetry; an agent made with telemetry=True)."""
+        return int(nixl_call("get_xfer_telemetry", self.name, self._a.get_xfer_telemetry, h).descCount)
 
-    def release(self, xfers: Sequence[Any] = (), dlists: Sequence[Any] = ()) -> None:
-        """Give back transfer handles, then the prepped dlists they were made from."""
-        for h in xfers:
-            self._a.release_xfer_handle(h)
-        for h in dlists:
-            self._a.release_dlist_handle(h)
-
-    def desc_count(self, xfer: Any, context: str = "") -> int:
-        """NIXL telemetry (agent made with telemetry=True): descriptors the backend posted for a handle, after
-        merging contiguous ones."""
-        return int(nixl_call("get_xfer_telemetry", context, self._a.get_xfer_telemetry, xfer).descCount)
-
-    def notif_count(self) -> int:
-        """Progress the worker once; how many notifications arrived (their texts are dropped)."""
-        got = self._a.get_new_notifs()  # a busy target calls this in a tight loop: nothing more when empty
-        return sum(map(len, got.values())) if got else 0
+    def progress(self) -> int:
+        """Drive the UCX worker once (a target's only progress without a thread): notifications received."""
+        got = self._a.get_new_notifs()
+        return sum(len(v) for v in got.values()) if got else 0
 
     def send_notif(self, agent: str, msg: bytes) -> None:
         nixl_call("send_notif", agent, self._a.send_notif, agent, msg)

@@ -10,20 +10,24 @@ Ranks are named by their placement.RankId (re-exported here with `ids`, as every
 
 from __future__ import annotations
 
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 from pdcheck.placement import RankHandle, RankId, ids
 from pdcheck.wire import AnyMeta
 
+if TYPE_CHECKING:
+    from pdcheck.ports import PortPlan
+
 __all__ = ["Events", "Faults", "RankHandle", "RankId", "Stage", "await_ready", "await_serving", "gather",
-           "hold_the_rest", "ids", "route_tags", "send_all"]
+           "hold_the_rest", "ids", "release_served", "reserve_layout", "route_tags", "send_all"]
 
 M = TypeVar("M")
 Tick = Callable[[str, int, int], None]  # (stage, done, total), e.g. pdcheck.progress
@@ -137,16 +141,45 @@ def await_serving(lau: Events, p_ranks: dict[int, R], listeners: dict[int, list[
     return bound
 
 
-def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool, bound: dict[int, int]) -> m.Go:
+def reserve_layout(held: ExitStack, host: str, plan: PortPlan, contacted: bool = True) -> dict[int, socket.socket]:
+    """An explicit base_port: hold every layout port (served and contacted) before any rank starts. A rank's
+    UCX listeners and outgoing connections take ports from the kernel's ephemeral range
+    (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), which skips ports already bound: a
+    layout inside that range cannot be taken by the run's own ranks. Served ports are released just before
+    their P rank binds them (release_served), the others stay held silent for the run. contacted=False: the
+    served ports only (serve holds no silent ports)."""
+    from pdcheck.sidechannel import hold_silent  # zmq: see hold_the_rest
+
+    served = {ls.port for specs in plan.listeners.values() for ls in specs}
+    ports = sorted({*plan.contacted, *served} if contacted else served)
+    return {port: held.enter_context(hold_silent(host, port)) for port in ports}
+
+
+def release_served(reserved: dict[int, socket.socket], plan: PortPlan) -> None:
+    for specs in plan.listeners.values():
+        for ls in specs:
+            sock = reserved.pop(ls.port, None)
+            if sock is not None:
+                sock.close()  # the P rank binds it next (two listening sockets cannot share a port)
+
+
+def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool, bound: dict[int, int],
+                  reserved: dict[int, socket.socket] | None = None) -> m.Go:
     """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port.
-    fixed: the layout ports are bound as they are (explicit base_port), else each maps to the catch-all."""
-    # zmq, imported here: the launcher imports this module, and its forkserver warm-up comes before zmq
+    fixed: the layout ports are bound as they are (explicit base_port), else each maps to the catch-all.
+    Ports reserve_layout already holds stay held as they are."""
+    # zmq, imported here, when ports are held: the CLI imports this module before the forkserver warm-up
     from pdcheck.sidechannel import hold_silent
 
     ports = dict(bound)
+    reserved = reserved or {}
     catch_all = held.enter_context(hold_silent(host, 0))
     for layout in contacted:
-        if layout not in ports:
+        if layout in ports:
+            continue
+        if layout in reserved:
+            ports[layout] = reserved[layout].getsockname()[1]
+        else:
             ports[layout] = held.enter_context(hold_silent(host, layout)).getsockname()[1] if fixed \
                 else catch_all.getsockname()[1]
     return m.Go(ports, catch_all.getsockname()[1])

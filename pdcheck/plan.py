@@ -15,10 +15,18 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck import ports
+from pdcheck.bounds import MAX_TP
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
 from pdcheck.ports import PortPlan
-from pdcheck.releases import CORRECTED, compat_hash_for, for_release, resolve, resolve_many
+from pdcheck.releases import (
+    CORRECTED,
+    compat_hash_for,
+    for_release,
+    registered_geometry,
+    resolve,
+    resolve_many,
+)
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Instance, Scenario
 
@@ -32,6 +40,7 @@ class RunOptions(msgspec.Struct, frozen=True):
     start_timeout_s: float = 60.0
     run_timeout_s: float = 120.0
     inject: m.Inject = m.Inject()
+    max_tp: int = MAX_TP  # --max-tp: also the largest tp_size a live P may advertise
     # The command layer's tick (stage, done, total), e.g. pdcheck.progress; not data: never encoded.
     progress: Callable[[str, int, int], None] | None = None
 
@@ -78,12 +87,8 @@ def own_release(inst: Instance, where: str) -> ReleaseModel | None:
 
 
 def kv_geometry(inst: Instance, own: ReleaseModel | None, run_releases: list[ReleaseModel]) -> Geometry:
-    """The geometry a fake rank registers: FlashAttention's KV layout of the instance's own release, else of
-    the one release run. A matrix of several releases shares one KV cache per process, so it keeps one layout
-    on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
-    rel = own if own is not None else (run_releases[0] if len(run_releases) == 1 else None)
-    g = inst.geometry()
-    return for_release(rel, g) if rel is not None and rel is not CORRECTED else g
+    """The geometry a fake rank of `inst` registers (releases.registered_geometry, with its own release resolved)."""
+    return registered_geometry(own, inst.geometry(), run_releases)
 
 
 def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
@@ -128,11 +133,21 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
         # The live P's KV layout on the D side; P's own geometry is probed at run time.
         return Plan(sc, releases, p_rel, for_release(p_rel, sc.prefill.geometry()),
                     kv_geometry(sc.decode, d_own, [p_rel]), options, ray=ray, live=live)
+    p_geometry = kv_geometry(sc.prefill, p_own, releases)
+    _check_inject(options.inject, p_geometry, sc.prefill.blocks())
     plan = ports.plan_ports(sc, releases, p_own, where)
     # Once, not per rank: each release entry computes a compatibility hash.
     d_rels = [d_release(r, plan.d_base(sc, r), plan.profiles[r.name].wire, sc.decode) for r in [*releases, CORRECTED]]
-    return Plan(sc, releases, p_own, kv_geometry(sc.prefill, p_own, releases), kv_geometry(sc.decode, d_own, releases),
+    return Plan(sc, releases, p_own, p_geometry, kv_geometry(sc.decode, d_own, releases),
                 options, plan, d_rels, make_requests(sc), ray)
+
+
+def _check_inject(inject: m.Inject, g: Geometry, blocks: list[int]) -> None:
+    """--inject corrupt names a block the P rank registers: one past its cache would index outside it."""
+    for p_rank, region, block in inject.corrupt:
+        if region >= g.num_regions or block >= blocks[p_rank]:
+            raise BadInput(f"--inject: corrupt:P{p_rank}:{region}:{block}: P rank {p_rank} has {g.num_regions} "
+                           f"regions and {blocks[p_rank]} blocks")
 
 
 # ------------------------------------------------------------------------------------------- framework

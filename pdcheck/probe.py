@@ -2,8 +2,10 @@
 
 Never registers memory, never adds a remote agent, never reads a block: it sends the era's metadata request
 to each P TP rank on a fresh REQ socket with a receive timeout (closed with linger 0 on every path), decodes
-the reply with that release's strict decoder, and evaluates the hazard catalogue against a decode
-configuration with the same pure engine as `pdcheck handshake` (pdcheck.hazards.evaluate).
+the reply with that release's strict decoder. Against a decode configuration it then runs each D rank's
+handshake flow in the same pure engine as `pdcheck handshake` (pdcheck.engine), on the replies already read,
+and decides the verdict with handshake's own rule (pdcheck.verdict); the hazard catalogue (pdcheck.hazards)
+explains it.
 
 Only requests of the given release's era are sent: a 0.11.1+ listener thread dies on a request it cannot
 unpack (reference §3.2, §9, H15), so a wrong guess would take a production P down.
@@ -20,12 +22,16 @@ import typer
 import zmq
 
 from pdcheck import __version__, releases
-from pdcheck.engine import FetchTimeout
+from pdcheck import bounds as b
+from pdcheck import verdict as verdict_rule
+from pdcheck.engine import FetchRefused, FetchTimeout, Params
+from pdcheck.engine import run as engine_run
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
+from pdcheck.netio import MAX_FRAME_BYTES
 from pdcheck.ports import rank_port
-from pdcheck.releases.base import ReleaseModel
+from pdcheck.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
@@ -40,7 +46,7 @@ EPILOG = """[bold]Examples[/]
   [dim]# release read from P's API server before any side-channel request[/]
   pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
 
-Read-only. Exit codes: 0 ok, 1 a hazard fires or a reply is refused, 2 bad input, 3 no reply."""
+Read-only. Exit codes: 0 ok, 1 the release fails (handshake's rule) or a reply is refused, 2 bad input, 3 no reply."""
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
@@ -60,13 +66,25 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     notes: list[str]
     verdict: str  # "ok" | "hazard" | "unreadable"
     exit_code: int
+    # Each decode rank's handshake outcome under the release (the engine, against P's replies), by D rank;
+    # None without a decode configuration. The verdict comes from these (pdcheck.verdict), as in `handshake`.
+    decode_status: list[str] | None = None
 
 
 def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
-    host, sep, port = text.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise BadInput(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:5600)")
+    """HOST:PORT, or [IPV6]:PORT. A bare IPv6 address (`::1`) is refused, not read as host ':' port 1."""
+    t = text.strip()
+    if t.startswith("["):
+        host, sep, port = t[1:].partition("]:")
+        if not sep or "]" in host or ":" not in host:
+            raise BadInput(f"{what}: {text!r} is not [IPV6]:PORT (e.g. [::1]:5600)")
+    else:
+        host, sep, port = t.rpartition(":")
+        if ":" in host:
+            raise BadInput(f"{what}: {text!r}: an IPv6 address takes the form [ADDR]:PORT (e.g. [::1]:5600)")
+    if not sep or not host or not (port.isascii() and port.isdigit()) or len(port) > 5 \
+            or not 1 <= int(port) <= 65535:
+        raise BadInput(f"{what}: {text!r} is not HOST:PORT (e.g. 127.0.0.1:5600 or [::1]:5600)")
     return host, int(port)
 
 
@@ -100,17 +118,22 @@ def _fill(pr: ProbeRank, meta: AnyMeta, remote_hash: str | None, expected: str |
 
 
 def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int,
-        expected_hash: str | None) -> tuple[ProbeRank, AnyMeta | None]:
-    """One request of era `fmt` for `tp_rank`, one strict decode. Never raises for what P sends."""
+        expected_hash: str | None, max_tp: int = b.MAX_TP) -> tuple[ProbeRank, AnyMeta | None, list[bytes] | None]:
+    """One request of era `fmt` for `tp_rank`, one strict decode; the reply's frames when it decoded. Never
+    raises for what P sends."""
     pr = ProbeRank(tp_rank=tp_rank, port=port, status="ok")
     t0 = time.perf_counter()
     try:
         frames = fetch(ctx, host, port, fmt, tp_rank, timeout_ms)
     except FetchTimeout:
         pr.status = "no_reply"
-        pr.message = (f"no reply from {host}:{port} within {timeout_ms} ms (nothing listening, another host, "
-                      "or a listener thread that already died, H15)")
-        return pr, None
+        pr.message = (f"no reply from {_endpoint(host, port)} within {timeout_ms} ms (nothing listening, another "
+                      f"host, a listener thread that already died (H15), or a frame over "
+                      f"{MAX_FRAME_BYTES >> 20} MiB, which pdcheck drops)")
+        return pr, None, None
+    except FetchRefused as exc:
+        pr.status, pr.out_of_bounds, pr.message = "garbled", "reply", f"refused: {exc}"
+        return pr, None, None
     pr.reply_ms = (time.perf_counter() - t0) * 1e3
     pr.frames, pr.reply_bytes = len(frames), sum(len(f) for f in frames)
     try:
@@ -123,13 +146,53 @@ def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, t
         what = exc.message or f"assert {exc.expr}"
         pr.message = (f"{exc.exc_type}: {what}" + (f" (the reply looks like era {seen}, expected era {fmt.name})"
                                                    if seen else " (not NIXL metadata of any era)"))
-        return pr, None
+        return pr, None, None
     except Exception as exc:  # noqa: BLE001 - anything else a hostile peer can provoke is a verdict too
         pr.status = "garbled"
         pr.message = f"{type(exc).__name__}: {exc}"
-        return pr, None
+        return pr, None, None
+    bad = peer_bounds(meta, max_tp)
+    if bad is not None:
+        pr.status, pr.out_of_bounds = "garbled", bad[0]
+        pr.message = f"{bad[0]}: {bad[1]} (pdcheck uses no value outside its bounds)"
+        return pr, None, None
     _fill(pr, meta, remote_hash, expected_hash)
-    return pr, meta
+    return pr, meta, frames
+
+
+def peer_bounds(meta: AnyMeta, max_tp: int) -> tuple[str, str] | None:
+    """(field, why) for the first advertised value outside what pdcheck accepts from a scenario (bounds.py),
+    or None. Checked before any value is used: an advertised tp_size is a loop count, num_blocks sizes block
+    tables, regions size the geometry."""
+    def out(field: str, v: object, lo: int, hi: int, extra: str = "") -> tuple[str, str]:
+        return field, f"{v!r} is outside {lo}..{hi}{extra}"
+
+    if meta.tp_size is not None and not 1 <= meta.tp_size <= max_tp:
+        return out("tp_size", meta.tp_size, 1, max_tp, f" (--max-tp raises it up to {b.HARD_MAX_TP})"
+                   if max_tp < b.HARD_MAX_TP else "")
+    if not 1 <= meta.num_blocks <= b.MAX_NUM_BLOCKS:
+        return out("num_blocks", meta.num_blocks, 1, b.MAX_NUM_BLOCKS)
+    if not 1 <= len(meta.kv_caches_base_addr) <= b.MAX_PEER_REGIONS:
+        return out("kv_caches_base_addr (regions)", len(meta.kv_caches_base_addr), 1, b.MAX_PEER_REGIONS)
+    lens = meta.block_lens if meta.block_lens is not None else []
+    if len(lens) > b.MAX_PEER_REGIONS:
+        return out("block_lens (entries)", len(lens), 0, b.MAX_PEER_REGIONS)
+    for name, v in [("block_len", meta.block_len), *(("block_lens", x) for x in lens)]:
+        if v is not None and not 1 <= v <= b.MAX_PEER_BLOCK_LEN:
+            return out(name, v, 1, b.MAX_PEER_BLOCK_LEN)
+    if meta.block_size is not None and not 1 <= meta.block_size <= b.MAX_BLOCK_SIZE:
+        return out("block_size", meta.block_size, 1, b.MAX_BLOCK_SIZE)
+    if meta.device_id is not None and not 0 <= meta.device_id <= b.MAX_DEVICE_ID:
+        return out("device_id", meta.device_id, 0, b.MAX_DEVICE_ID)
+    for name, text in (("engine_id", meta.engine_id), ("attn_backend_name", meta.attn_backend_name),
+                       ("kv_cache_layout", meta.kv_cache_layout)):
+        if text is not None and len(text) > b.MAX_PEER_STR:
+            return name, f"{len(text)} characters; at most {b.MAX_PEER_STR}"
+    return None
+
+
+def _endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
@@ -148,24 +211,32 @@ def tp_bound(meta: AnyMeta, hint: Geometry) -> int | None:
 
 
 def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
-                timeout_ms: int = 2000, expected_hash: str | None = None, hint: Geometry | None = None
-                ) -> tuple[list[ProbeRank], list[AnyMeta | None], list[str]]:
-    """Ask every P TP rank once. The number of ranks: tp_size if given; else era B's advertised tp_size; else
-    in the per-worker eras (A-E) the next port that does not answer; else (F-H) rank 0 only, since asking a
-    rank the scheduler does not serve raises KeyError in its listener thread and kills it."""
+                timeout_ms: int = 2000, expected_hash: str | None = None, hint: Geometry | None = None,
+                max_tp: int = b.MAX_TP) -> tuple[list[ProbeRank], list[list[bytes] | None], list[str]]:
+    """Ask every P TP rank once. The number of ranks: tp_size if given; else era B's advertised tp_size (at most
+    max_tp: a larger one makes rank 0 `garbled`; asking stops at the first rank that does not answer); else in
+    the per-worker eras (A-E) the next port that does not answer, up to max_tp ports; else (F-H) rank 0 only,
+    since asking a rank the scheduler does not serve raises KeyError in its listener thread and kills it.
+    Returns the ranks, each rank's reply frames (None where it did not decode) and notes."""
     fmt = FORMATS[release.wire]
     notes: list[str] = []
     ranks: list[ProbeRank] = []
-    metas: list[AnyMeta | None] = []
+    replies: list[list[bytes] | None] = []
     ctx = zmq.Context()
     try:
         n = tp_size
+        advertised = False  # n came from the peer: never more than max_tp asks, stop at the first silence
         r = 0
-        while n is None or r < n:
+        while (n is None and r < max_tp) or (n is not None and r < n):
             port = rank_port(fmt.name, base, dp_rank, n or 1, r)
-            pr, meta = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash)
+            pr, meta, frames = ask(ctx, host, port, fmt, r, timeout_ms, expected_hash, max_tp)
             if r == 0 and pr.status == "no_reply":
                 raise HarnessError(f"probe: {pr.message}")
+            if advertised and pr.status == "no_reply":
+                notes.append(f"{r} of the {n} advertised P rank(s) asked: port {port} did not answer")
+                ranks.append(pr)
+                replies.append(frames)
+                break
             if n is None and r > 0 and pr.status == "no_reply":
                 notes.append(f"{r} P rank(s) found: port {port} did not answer (pass --tp-size to name the size)")
                 break
@@ -175,7 +246,7 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
                              f"{ranks[0].engine_id!r} (pass --tp-size to name the size)")
                 break
             ranks.append(pr)
-            metas.append(meta)
+            replies.append(frames)
             if r == 0 and n is not None and n > 1 and fmt.port_scheme == "per_dp" and meta and hint is not None:
                 bound = tp_bound(meta, hint)
                 if bound is not None and n > bound:
@@ -186,15 +257,20 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
                     n = bound
             if n is None and r == 0:
                 if meta is not None and meta.tp_size is not None:
-                    n = meta.tp_size  # era B advertises it
+                    n, advertised = meta.tp_size, True  # era B advertises it (bounded by ask: 1..max_tp)
+                elif pr.out_of_bounds is not None:
+                    n = 1  # a peer advertising out-of-bounds values gives no rank count to trust
+                    notes.append(f"only TP rank 0 asked: it advertises {pr.out_of_bounds} out of bounds")
                 elif fmt.port_scheme == "per_dp":
                     n = 1
                     notes.append("only TP rank 0 asked: in eras F-H a request for a rank the scheduler does not "
                                  "serve kills its listener (KeyError), so pass --tp-size to ask the others")
             r += 1
+        if n is None and r >= max_tp:
+            notes.append(f"stopped after {max_tp} P ranks (--max-tp); pass --tp-size to name the size")
     finally:
         ctx.destroy(0)
-    return ranks, metas, notes
+    return ranks, replies, notes
 
 
 def _layers(regions: int, geometry_flat: bool) -> int:
@@ -244,22 +320,24 @@ def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int
 
 def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
         timeout_ms: int = 2000, decode_sc: Scenario | None = None, decode_from: str | None = None,
-        release_source: str = "--vllm") -> ProbeReport:
+        release_source: str = "--vllm", max_tp: int = b.MAX_TP) -> ProbeReport:
     """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
     expected = None
     if decode_sc is not None:
         expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
-    ranks, _metas, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
-                                       timeout_ms=timeout_ms, expected_hash=expected,
+    ranks, replies, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
+                                       timeout_ms=timeout_ms, expected_hash=expected, max_tp=max_tp,
                                        hint=releases.for_release(release, decode_sc.prefill.geometry())
                                        if decode_sc is not None else None)
     fmt = FORMATS[release.wire]
     ok = [r for r in ranks if r.status == "ok"]
     hazards: list[Hazard] = []
+    statuses: list[str] | None = None  # each D rank's handshake outcome; None: no decode configuration
     if decode_sc is not None and ok:
         p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes, release)
         sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
         hazards = evaluate(sc, [release])
+        statuses = decode_statuses(sc, release, dict(enumerate(replies)), expected)
     elif decode_sc is None:
         notes.append("no decode configuration (a scenario or --decode-* flags): hazards not evaluated")
     engines = sorted({r.engine_id for r in ok if r.engine_id})
@@ -271,7 +349,10 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
                          f"decode's {r.compat_hash_expected}: a real {release.name} decode refuses it "
                          "(RuntimeError: NIXL compatibility hash mismatch, H17)")
     unreadable = len(ok) < len(ranks)
-    fires = any(h.applies for h in hazards) or any(r.hash_match is False for r in ok) or len(engines) > 1
+    # With a decode configuration, the handshake's own rule on the engine's outcomes (pdcheck.verdict): the
+    # hazards explain, they do not decide. Without one, only what the replies themselves show.
+    d_tp = decode_sc.decode.tp_size if decode_sc is not None else 0
+    fires = not verdict_rule.survives(statuses, d_tp) if statuses is not None else len(engines) > 1
     verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
     return ProbeReport(
         tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
@@ -279,8 +360,43 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
         wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
         num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
         decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
-        exit_code=0 if verdict == "ok" else 1,
+        exit_code=verdict_rule.exit_code([verdict == "ok"]), decode_status=statuses,
     )
+
+
+class _Replay:
+    """HandshakeIO over the replies the probe already read: a D rank's handshake flow runs in-process without
+    sending anything again, loading an agent or registering memory (probe stays read-only). A rank that was not
+    asked answers nothing, as a rank P lacks would."""
+
+    def __init__(self, replies: dict[int, list[bytes] | None]) -> None:
+        self.replies = replies
+
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
+        frames = self.replies.get(p_rank)
+        if frames is None:
+            raise FetchTimeout
+        return frames
+
+    def add_remote_agent(self, blob: bytes) -> str:
+        return agent_name(blob) or "remote"
+
+    def prep_remote(self, prepared: Prepared, mem_type: str) -> None:
+        pass  # nothing is registered: the descriptor ids are all the verdict needs
+
+
+def decode_statuses(sc: Scenario, release: ReleaseModel, replies: dict[int, list[bytes] | None],
+                    local_hash: str | None) -> list[str]:
+    """Each D rank's outcome under `release` against the replies P gave: the pure engine, with the Local and
+    Params a `pdcheck handshake` D rank builds (ranks.decode_main)."""
+    d = sc.decode
+    g = releases.registered_geometry(d.vllm, d.geometry(), [release])
+    params = Params(sc.remote_engine_id(), sc.params_tp_size(), release.wire, local_hash)
+    out = []
+    for r in range(d.tp_size):
+        local = Local(d.engine_id, r, d.tp_size, d.blocks()[r], g, d.kv_cache_layout, d.device_id(r))
+        out.append(engine_run(release, local, params, _Replay(replies)).status)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ output
@@ -295,7 +411,7 @@ def render(rep: ProbeReport, console: Any) -> None:
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
     t = Table(title="Prefill ranks (as the side channel advertises them)")
     for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds a header onto two lines, never cuts it
     for r in rep.prefill_ranks:
         style = "green" if r.status == "ok" else "bold red"
         lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
@@ -326,6 +442,9 @@ def render(rep: ProbeReport, console: Any) -> None:
         console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")
     for n in rep.notes:
         console.print(Text(f"  note: {n}", style="dim"))
+    if rep.decode_status is not None:
+        per = ", ".join(f"D{r} {s}" for r, s in enumerate(rep.decode_status))
+        console.print(f"  decode handshakes as vLLM {rep.release}: {per}", highlight=False)
     console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
 
 
@@ -354,7 +473,11 @@ def register(app: Any) -> None:
         tp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
                                            help="P's TP size (default: discovered where that is safe).")] = None,
         timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PROBE,
-                                      help="Seconds to wait for each reply.")] = 2.0,
+                                      help="Seconds for each side-channel exchange, and for the whole "
+                                           "--version-url request.")] = 2.0,
+        max_tp: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
+                                   help="Most P ranks asked, and the largest tp_size accepted from P; up to "
+                                        f"{b.HARD_MAX_TP}.")] = b.MAX_TP,
         version_url: Annotated[str | None, Opt(metavar="URL", rich_help_panel=PROBE, show_default=False,
                                                help="With --vllm auto: P's API server /version URL (read before "
                                                     "any side-channel request).")] = None,
@@ -367,7 +490,7 @@ def register(app: Any) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
         import sys
 
-        from rich.console import Console
+        from pdcheck.console import console
 
         if sglang is not None:
             if vllm is not None:
@@ -379,8 +502,10 @@ def register(app: Any) -> None:
             raise BadInput("probe: name the prefill's release: --vllm RELEASE (or --sglang RELEASE)")
         host, port = parse_endpoint(endpoint)
         source = "--vllm"
-        if timeout <= 0:
-            raise BadInput("--timeout must be positive")
+        b.check_seconds("--timeout", timeout, b.PROBE_TIMEOUT_S)
+        b.check_max_tp(max_tp)
+        if tp_size is not None and tp_size > max_tp:
+            raise BadInput(f"--tp-size: {tp_size} is above --max-tp {max_tp}")
         if vllm.strip() == "auto":
             if version_url is None:
                 raise BadInput(
@@ -395,30 +520,31 @@ def register(app: Any) -> None:
         if dp_rank < 0 or (tp_size is not None and tp_size < 1):
             raise BadInput("--dp-rank must be >= 0 and --tp-size >= 1")
         decode_sc, where = decode_config(scenario, overrides)
-        rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=int(timeout * 1000),
-                  decode_sc=decode_sc, decode_from=where, release_source=source)
+        rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
+                  decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
         if json_out:
             sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
         else:
-            render(rep, Console())
+            render(rep, console())
         raise typer.Exit(rep.exit_code)
 
 
 def release_from_url(url: str, timeout_s: float) -> str:
     """`--vllm auto`: the release P's API server reports (GET /version -> {"version": "0.11.1"}). Out of band:
     no side-channel request is sent until the era is known."""
-    import urllib.error
-    import urllib.request
+    from pdcheck.netio import PeerError, http_get
 
     if not url.startswith(("http://", "https://")):
         raise BadInput(f"--version-url: {url!r} is not an http(s) URL")
     try:
-        with urllib.request.urlopen(url, timeout=timeout_s) as resp:  # noqa: S310 - the user's own URL
-            doc = msgspec.json.decode(resp.read(65536))
-    except (urllib.error.URLError, OSError, msgspec.DecodeError) as exc:
+        # One deadline for connect, headers and body together; at most 64 KiB of body (netio).
+        doc = msgspec.json.decode(http_get(url, timeout_s))
+    except PeerError as exc:
         raise HarnessError(f"--vllm auto: cannot read the release from {url}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise HarnessError(f"--vllm auto: {url} did not answer JSON: {exc}") from None
     version = doc.get("version") if isinstance(doc, dict) else None
-    if not isinstance(version, str):
+    if not isinstance(version, str) or len(version) > b.MAX_PEER_STR:
         raise HarnessError(f"--vllm auto: {url} answered without a \"version\" string")
     return version
 

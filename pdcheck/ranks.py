@@ -25,10 +25,12 @@ import zmq
 
 from pdcheck import messages as m
 from pdcheck.engine import Params, run
+from pdcheck.errors import PdcheckError
 from pdcheck.kvcache import KVCache, block_descs, engine_tag
 from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, no_memory_hooks, quiet_nixl_env
 from pdcheck.ports import rank_offset
+from pdcheck.progress import log_line
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local, Prepared
 from pdcheck.sidechannel import Listener, fetch
@@ -119,7 +121,9 @@ def run_rank(role_type: type[Role], conn: Connection, spec_bytes: bytes) -> None
 
 
 def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or type(exc).__name__}"
+    # pdcheck's own errors are already a sentence for the user; anything else is named by its type.
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, PdcheckError) and text else f"{type(exc).__name__}: {text or type(exc).__name__}"
 
 
 def _fail(role: Role, exc: BaseException) -> None:
@@ -235,7 +239,7 @@ class PrefillRole(_HandshakeRole):
                         was_dead = lst.dead
                         lst.handle(mute=spec.tp_rank in inj.mute_p)
                         if spec.log_requests and lst.dead and not was_dead:
-                            _log_line(f"listener {lst.fmt.name} :{lst.port} died on a request it could not unpack: "
+                            log_line(f"listener {lst.fmt.name} :{lst.port} died on a request it could not unpack: "
                                       f"{lst.dead} (vLLM's listener thread ends here; later requests time out)")
                 if conn.fileno() in events:
                     msg = m.recv(conn)
@@ -256,7 +260,7 @@ class PrefillRole(_HandshakeRole):
                     notifs.extend(x.decode(errors="replace") for x in got)
                     if spec.log_requests:  # serve: a real decode's READ completions, as they arrive
                         for x in got:
-                            _log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
+                            log_line(f"P rank {spec.tp_rank}: NIXL notification from {peer}: "
                                       f"{x.decode(errors='replace')!r}")
                 if stopping:  # after this last look: a READ's notification may land with the Stop
                     break
@@ -268,18 +272,11 @@ class PrefillRole(_HandshakeRole):
         m.send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
 
 
-def _log_line(text: str) -> None:
-    import sys
-
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
-    sys.stderr.flush()
-
-
 def _request_log(ls: m.ListenerSpec) -> Any:
     def log(identity: bytes, request: bytes, rank: int | None, nbytes: int) -> None:
         # Raw eras (A-E) do not name a rank: the listener answers for its own.
         served = ls.ranks[0] if rank is None else rank
-        _log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {request.hex()} tp_rank {served} "
+        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {request.hex()} tp_rank {served} "
                   f"-> reply {nbytes} bytes")
 
     return log

@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from pdcheck import __version__
+from pdcheck import __version__, verdict
 from pdcheck import messages as m
-from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.releases import CORRECTED
 from pdcheck.results import Live, RunResult, Timings
@@ -102,10 +101,8 @@ def build(res: RunResult) -> Report:
                     finals[r].listener_dead if r in finals else None, nodes.get(f"P rank {r}", here))
         for r in range(sc.prefill.tp_size)
     ]
-    survives = {
-        n: len(decode) == sc.decode.tp_size and all(d.verdicts[n].status == "ok" for d in decode) for n in names
-    }
-    code = EXIT_HARNESS if harness else (EXIT_OK if all(survives.values()) else EXIT_HAZARD)
+    survives = {n: verdict.survives([d.verdicts[n].status for d in decode], sc.decode.tp_size) for n in names}
+    code = verdict.exit_code(survives.values(), harness=bool(harness))
     matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
     spans = fail_spans(survives) if not harness else []
     return Report(

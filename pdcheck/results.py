@@ -44,6 +44,7 @@ class ProbeRank(msgspec.Struct, kw_only=True):
     compat_hash: str | None = None
     compat_hash_expected: str | None = None  # what a D of this release with the decode configuration computes
     hash_match: bool | None = None
+    out_of_bounds: str | None = None  # the advertised field out of bounds, or "reply" over the caps (garbled)
 
 
 class Live(msgspec.Struct):

@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -23,10 +24,11 @@ import typer
 from pdcheck import __version__
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.bounds import MIN_BASE_PORT
+from pdcheck.bounds import MIN_BASE_PORT, SERVE_DURATION_S, check_seconds
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.plan import TAG_BLOCKS, ServeOptions, ServePlan, build_serve
+from pdcheck.progress import log_line
 from pdcheck.ranks import prefill_main
 from pdcheck.releases import resolve
 from pdcheck.releases.base import ReleaseModel
@@ -35,14 +37,14 @@ from pdcheck.scenario import Scenario
 Opt = typer.Option
 SERVE = "Serve"
 EPILOG = """[bold]Examples[/]
-  pdcheck serve scenarios/seed-19338-tp8.toml --vllm 0.11.1 --port 5600
+  pdcheck serve seed-19338-tp8 --vllm 0.11.1 --port 5600
   [dim]# first stdout line: the ready document (endpoints, kv_transfer_params)[/]
   pdcheck serve --prefill-tp 2 --prefill-blocks 3008,2992 --vllm 0.26.0 --json
   [dim]# pdcheck's own decode ranks against it[/]
   pdcheck handshake --vllm 0.26.0 --decode-blocks 3000 \\
       --prefill-endpoint 127.0.0.1:PORT
 
-Serves until Ctrl-C (exit 130) or SIGTERM (exit 0); every rank is reaped."""
+Serves until Ctrl-C (exit 130), SIGTERM (exit 143) or --duration (exit 0); every rank is reaped."""
 
 
 class Endpoint(msgspec.Struct):
@@ -135,7 +137,10 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
     try:
         if opts.api_port is not None:
             api = version_server(host, opts.api_port, release.name)
-        with launcher() as lau:
+        with launcher() as lau, ExitStack() as held:
+            # The layout ports are held from before any rank starts until just before the ranks bind them, so
+            # no rank's UCX listener or connection takes one from the ephemeral range (orchestrate.reserve_layout).
+            reserved = orc.reserve_layout(held, host, plan, contacted=False)
             ranks = {
                 r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                     engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
@@ -147,6 +152,8 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
             ready = orc.await_ready(lau, list(ranks.values()), opts.start_timeout_s)
             values = {r: ready[orc.RankId("P", r)][1] for r in ranks}
             listeners = plan.listeners
+            for sock in reserved.values():
+                sock.close()
             for r, rank in ranks.items():
                 rank.send(m.Serve(listeners[r], values))
             orc.await_serving(lau, ranks, plan.listeners, opts.start_timeout_s)
@@ -188,8 +195,8 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                     notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
                     log(f"{rank.label}: {msg.served} request(s) answered{notifs}{dead}")
         # Leaving the launcher reaped every rank (terminate, then kill) whatever happened above.
-        if stop["why"] == "SIGINT" and code == 0:
-            code = 130
+        if stop["why"] in ("SIGINT", "SIGTERM") and code == 0:
+            code = 128 + signal.Signals[stop["why"]]  # 130 / 143, as every pdcheck command (lifecycle)
         return code
     finally:
         if api is not None:
@@ -211,6 +218,8 @@ def version_server(host: str, port: int, version: str) -> Any:
     body = msgspec.json.encode({"version": version})
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 10  # seconds per read: a client that connects and sends nothing does not hold a thread forever
+
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path.rstrip("/") != "/version":
                 self.send_error(404)
@@ -222,7 +231,7 @@ def version_server(host: str, port: int, version: str) -> Any:
             self.wfile.write(body)
 
         def log_message(self, fmt: str, *args: Any) -> None:
-            _log(f"api {self.client_address[0]} {fmt % args}")
+            log_line(f"api {self.client_address[0]} {fmt % args}")
 
     class Server(ThreadingHTTPServer):
         address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -242,9 +251,9 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
         sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
         sys.stdout.flush()
         return
-    from rich.console import Console
+    from pdcheck.console import console
 
-    c = Console()
+    c = console()
     c.print(f"[bold]pdcheck serve[/] {doc.scenario}: vLLM {doc.release} prefill (era {doc.wire}), engine "
             f"{doc.engine_id}, TP {doc.tp_size}, pid {doc.pid}")
     for e in doc.endpoints:
@@ -260,11 +269,6 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
     c.print("  " + msgspec.json.encode(doc.kv_transfer_params).decode(), highlight=False, soft_wrap=True)
     c.print("[dim]serving; Ctrl-C or SIGTERM stops every rank[/]")
     sys.stdout.flush()
-
-
-def _log(text: str) -> None:
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck serve: {text}\n")
-    sys.stderr.flush()
 
 
 def register(app: Any) -> None:
@@ -315,13 +319,15 @@ def register(app: Any) -> None:
         release = resolve(name)
         if port is not None and not MIN_BASE_PORT <= port <= 65535:
             raise BadInput(f"--port: {port} is outside {MIN_BASE_PORT}-65535")
-        if tag_blocks < 0 or (duration is not None and duration <= 0):
-            raise BadInput("--tag-blocks must be >= 0 and --duration positive")
+        if tag_blocks < 0:
+            raise BadInput("--tag-blocks must be >= 0")
+        if duration is not None:
+            check_seconds("--duration", duration, SERVE_DURATION_S)  # nan would end the run at once
         if api_port is not None and not 0 <= api_port <= 65535:
             raise BadInput(f"--api-port: {api_port} is not a port")
         plan = build_serve(sc, release, ServeOptions(port=port, tag_blocks=tag_blocks, duration_s=duration,
                                                      api_port=api_port))
-        code = run(plan, lambda doc: _print_ready(doc, json_out), _log)
+        code = run(plan, lambda doc: _print_ready(doc, json_out), log_line)
         raise typer.Exit(code)
 
 

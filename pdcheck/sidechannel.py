@@ -6,18 +6,24 @@ is ever unpickled: requests are parsed with msgspec exactly as the modelled list
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import zmq
 
-from pdcheck.engine import FetchTimeout
+from pdcheck.engine import FetchRefused, FetchTimeout
 from pdcheck.errors import HarnessError
+from pdcheck.netio import PeerError, ReplyTimeout, request_reply
 from pdcheck.wire import WireFormat, encode_request, parse_request
+
+MAX_REQUEST_BYTES = 64 << 10  # a request is at most a few dozen bytes in every era
 
 # (peer identity, request bytes, tp_rank asked for or None, reply bytes): `pdcheck serve` logs each answer.
 RequestLog = Callable[[bytes, bytes, int | None, int], None]
+
+IN_USE = "in use by another process: free it or choose another base port"
 
 
 class Listener:
@@ -29,12 +35,14 @@ class Listener:
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IPV6, ":" in host)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)  # libzmq drops a peer sending a bigger frame
         try:
             # port 0: the OS picks a free port, so parallel runs never collide; the launcher tells D.
             self.sock.bind(f"tcp://{_bracket(host)}:{port or '*'}")
         except zmq.ZMQError as exc:
             self.sock.close(0)
-            raise HarnessError(f"side channel: cannot bind {host}:{port}: {exc}") from None
+            why = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror  # str(exc) repeats the address
+            raise HarnessError(f"side channel: cannot listen on {host}:{port}: {why}") from None
         endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.port = int(endpoint.rsplit(":", 1)[1])
         self.served = 0
@@ -43,11 +51,12 @@ class Listener:
     def handle(self, mute: bool = False) -> bool:
         """Answer one pending request. Returns False when nothing was pending."""
         try:
-            identity, _empty, msg = self.sock.recv_multipart(zmq.NOBLOCK)
+            parts = self._recv_request()
         except zmq.Again:
             return False
-        except ValueError:
+        if parts is None or len(parts) != 3:
             return True  # a malformed envelope: vLLM's unpack would fail the same way; drop it
+        identity, _empty, msg = parts
         if self.dead is not None or mute:
             return True
         try:
@@ -64,25 +73,31 @@ class Listener:
             self.log(identity, msg, rank, sum(len(f) for f in frames))
         return True
 
+    def _recv_request(self) -> list[bytes] | None:
+        """One whole message from a peer, frame by frame: None (dropped) past 3 frames, so a peer sending
+        thousands of frames costs no list of them here."""
+        parts = [self.sock.recv(zmq.NOBLOCK)]
+        while self.sock.getsockopt(zmq.RCVMORE):
+            frame = self.sock.recv(zmq.NOBLOCK)
+            if len(parts) <= 3:
+                parts.append(frame)
+        return parts if len(parts) <= 3 else None
+
     def close(self) -> None:
         self.sock.close(0)
 
 
 def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int) -> list[bytes]:
-    """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, reference §9)."""
-    sock = ctx.socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.RCVTIMEO, timeout_ms)
-    sock.setsockopt(zmq.IPV6, ":" in host)
+    """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, reference §9), the
+    whole exchange within timeout_ms and the reply bounded (netio.request_reply). FetchTimeout when nothing
+    came in time; FetchRefused for a reply pdcheck refuses to read (too many frames or bytes)."""
     try:
-        sock.connect(f"tcp://{_bracket(host)}:{port}")
-        sock.send(encode_request(fmt, tp_rank))
-        try:
-            return sock.recv_multipart()
-        except zmq.Again:
-            raise FetchTimeout(f"{host}:{port}") from None
-    finally:
-        sock.close(0)
+        return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, encode_request(fmt, tp_rank),
+                             timeout_ms / 1000)
+    except ReplyTimeout:
+        raise FetchTimeout(f"{host}:{port}") from None
+    except PeerError as exc:
+        raise FetchRefused(str(exc)) from None
 
 
 @contextmanager
@@ -97,8 +112,9 @@ def hold_silent(host: str, port: int) -> Iterator[socket.socket]:
         sock.listen(64)
     except OSError as exc:
         sock.close()
+        why = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror
         raise HarnessError(f"side channel: cannot hold {host}:{port} (a port the modelled release contacts): "
-                           f"{exc.strerror}") from None
+                           f"{why}") from None
     try:
         yield sock
     finally:

@@ -3,7 +3,8 @@
 Local descriptor ids are region * local_num_blocks + block; remote ids are region * stride + block, where the
 stride is what the release recorded for the engine (dst_num_blocks) or, corrected, the remote rank's own count.
 Where a release reads K and V as two halves of each block (Prepared.halves), each region counts as two virtual
-regions (K half, V half), as vLLM 0.23 - 0.25 order their descriptors.
+regions (K half, V half), as vLLM 0.23 - 0.25 order their descriptors. The ids are kvcache.desc_ids, the
+READs nixlagent.Agent.read and the check kvcache.check_blocks: the same three transfer-bench uses.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from pdcheck.engine import Outcome
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import CELL, CHUNK_BYTES, BlockView, KVCache, decode_cell, pattern
+from pdcheck.kvcache import CELL, BlockView, KVCache, check_blocks, decode_cell, desc_ids
 from pdcheck.messages import Mismatch, Req, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
 from pdcheck.releases.base import Local, Prepared
@@ -39,11 +40,6 @@ class LocalLists:
         return self._h[key]
 
 
-def _ids(regions: int, stride: int, blocks: list[int]) -> np.ndarray:
-    b = np.asarray(blocks, dtype=np.int64)
-    return (np.arange(regions, dtype=np.int64)[:, None] * stride + b[None, :]).reshape(-1)
-
-
 def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, corrected: bool, remote_handles: dict[int, Any],
           lists: LocalLists, requests: list[Req], p_tag: int, notif: str, tp_ratio: int, tag: TagFn,
           live: bool = False) -> TransferResult:
@@ -59,8 +55,8 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
         for prep in outcome.prepared:
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
             regions = kv.geometry.num_regions * prep.halves  # virtual regions: K and V halves when split
-            lids = _ids(regions, kv.num_blocks, req.local_block_ids)
-            rids = _ids(regions, stride, req.remote_block_ids)
+            lids = desc_ids(regions, kv.num_blocks, req.local_block_ids)
+            rids = desc_ids(regions, stride, req.remote_block_ids)
             limit = len(prep.base_addrs) * prep.halves * prep.dlist_blocks  # the remote list's real size
             phys: dict[int, list[int]] = {}
             for rid in rids[rids < limit]:
@@ -106,65 +102,24 @@ def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
     return found.valid and found.tag == p_tag
 
 
-def _join(parts: list[np.ndarray], axis: int) -> np.ndarray:
-    """np.concatenate, without its copy when there is one part (one half per block)."""
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=axis)
-
-
-def _rows_differ(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
-    """(got != exp).any(axis=-1), compared 8 bytes at a time where the rows allow it (8x fewer elements)."""
-    if got.shape[-1] % 8 == 0:
-        try:
-            return (got.view(np.uint64) != exp.view(np.uint64)).any(axis=-1)
-        except ValueError:  # a last axis that is not contiguous cannot be viewed as wider words
-            pass
-    return (got != exp).any(axis=-1)
-
-
 def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int]) -> None:
-    remote = np.asarray(req.remote_block_ids, dtype=np.int64)
-    local_ids = np.asarray(req.local_block_ids, dtype=np.int64)
-    lo, n = prep.local_offset, prep.block_len
     # D reads the P block as if it had D's own layout (vLLM assumes equal layouts): check it that way.
     g = kv.geometry
-    head_bytes = g.head_cell_bytes
-    p_heads = max(1, prep.remote_block_len // max(1, g.block_size * head_bytes))
-    view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, head_bytes,
+    p_heads = max(1, prep.remote_block_len // max(1, g.block_size * g.head_cell_bytes))
+    view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, g.head_cell_bytes,
                         plain=not g.per_head_view)
-    local_half, remote_half = kv.block_len // prep.halves, prep.remote_block_len // prep.halves
-    regions, k = kv.geometry.num_regions, len(local_ids)
-
-    def got_exp(first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
-        """Read and expected bytes of regions first..last-1: (regions, blocks, bytes read per block). Each half
-        (K, then V when split) of the local block holds its slice of the same half of the P block."""
-        got = _join([kv.read_all(local_ids, h * local_half + lo, n, first, last) for h in range(prep.halves)], 2)
-        reg = np.repeat(np.arange(first, last, dtype=np.int64), k)
-        blk = np.tile(remote, last - first)
-        exp = _join([pattern(p_tag, prep.p_rank, reg, blk, prep.rank_offset + h * remote_half, n, view)
-                     for h in range(prep.halves)], 1).reshape(got.shape)
-        return got, exp
-
-    # A few regions per pass (CHUNK_BYTES): the pattern and the bytes read stay in cache.
-    step = max(1, CHUNK_BYTES // max(1, k * n * prep.halves))
-    bad_block = np.zeros((regions, k), dtype=bool)
-    for first in range(0, regions, step):
-        last = min(regions, first + step)
-        bad_block[first:last] = _rows_differ(*got_exp(first, last))
-    res.blocks += regions * k
-    res.bytes += regions * k * n * prep.halves
-    res.wrong += int(bad_block.sum())
-    if not bad_block.any():
-        return
-    wrong_regions.update(int(r) for r in np.flatnonzero(bad_block.any(axis=1)))
-    if res.first_mismatch is None:
-        region, i = (int(x) for x in np.argwhere(bad_block)[0])  # region-major, like reading region by region
-        got, exp = got_exp(region, region + 1)
-        cell = int(np.flatnonzero(got[0, i] != exp[0, i])[0]) // CELL * CELL
-        found = decode_cell(got[0, i][cell:cell + CELL])
-        at = prep.rank_offset + (cell // n) * remote_half + cell % n  # byte offset in the P block
+    chk = check_blocks(kv, req.local_block_ids, req.remote_block_ids, p_tag, prep.p_rank, read_len=prep.block_len,
+                       local_offset=prep.local_offset, remote_offset=prep.rank_offset, halves=prep.halves,
+                       remote_half=prep.remote_block_len // prep.halves, view=view)
+    res.blocks += chk.checked
+    res.bytes += chk.bytes
+    res.wrong += chk.wrong
+    wrong_regions.update(chk.wrong_regions)
+    w = chk.first
+    if w is not None and res.first_mismatch is None:
         res.first_mismatch = Mismatch(
-            region=region, local_block=int(local_ids[i]), remote_block=int(remote[i]), p_rank=prep.p_rank,
-            expected=f"P rank {prep.p_rank} {kv.geometry.region_name(region)} (region {region}) block "
-            f"{int(remote[i])} +{at}",
-            found=found.describe(kv.geometry),
+            region=w.region, local_block=w.local_block, remote_block=w.remote_block, p_rank=prep.p_rank,
+            expected=f"P rank {prep.p_rank} {g.region_name(w.region)} (region {w.region}) block {w.remote_block} "
+            f"+{w.at}",
+            found=w.found.describe(g),
         )

@@ -1,6 +1,7 @@
 """transfer-bench: real rank processes, real NIXL agents (UCX), host memory, small shapes.
 
-Every CLI test runs `python -m pdcheck.bench transfer-bench` in a fresh interpreter, as a user would.
+Every CLI test runs `python -m pdcheck transfer-bench` in a fresh interpreter, as a user would (the Ctrl-C
+test through `python -m pdcheck.bench`, the README's other spelling of the same entry point).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import pytest
 from pdcheck.bench import measure, output, schema, tables
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
-from pdcheck.geometry import read_source
-from pdcheck.kvcache import KVCache
+from pdcheck.geometry import ModelShape, read_source
+from pdcheck.kvcache import KVCache, check_range, desc_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 # 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; 4 requests of 256 tokens.
@@ -31,7 +32,7 @@ SMALL = ["--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--
 
 def bench(*args: str, timeout: float = 120, **env_extra: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
-    return subprocess.run([sys.executable, "-m", "pdcheck.bench", "transfer-bench", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "pdcheck", "transfer-bench", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
@@ -185,6 +186,12 @@ def test_best_and_shm_transports_say_what_they_cost() -> None:
         (["--json", "--csv"], "exclusive"),
         (["--model=", "--layers", "2"], "--kv-heads"),
         (["--min-bw", "-1"], "--min-bw"),
+        (["--corrupt-block", "-1"], "--corrupt-block"),
+        (["--requests", "4097"], "--requests"),
+        (["--layers", "1025"], "--layers"),
+        (["--block-size", "16", "--timeout", "nan"], "--timeout"),
+        (["--log-dir", "tests/test_bench.py"], "not a directory"),
+        (["--bogus"], "--bogus"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
@@ -192,7 +199,35 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], needle: str) -> None:
     assert p.returncode == 2, (p.stdout, p.stderr)
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert lines[0].startswith("pdcheck: error: ")  # the one entry point's prefix, as for every command
     assert "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_log_dir_is_created_with_its_parents(tmp_path: Path) -> None:
+    logs = tmp_path / "a" / "b"
+    p = bench(*SMALL, "--block-size", "16", "--json", "--log-dir", str(logs))
+    assert p.returncode == 0, p.stderr
+    assert (logs / "D0.log").is_file() and (logs / "P0.log").is_file()
+
+
+def test_help_has_panels_examples_and_metavars() -> None:
+    import typer
+
+    from pdcheck.cli import app
+
+    cmd = typer.main.get_command(app).get_command(None, "transfer-bench")  # type: ignore[attr-defined]
+    for p in cmd.params:
+        if getattr(p, "hidden", False) or p.param_type_name != "option":
+            continue
+        assert p.help and p.rich_help_panel and p.metavar is not None, p.opts
+    assert cmd.epilog and "Examples" in cmd.epilog
+    run = subprocess.run([sys.executable, "-m", "pdcheck", "transfer-bench", "--help"], capture_output=True,
+                         text=True, timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120"))
+    assert run.returncode == 0
+    for panel in ("Model and TP", "Sweep", "Transport", "Run", "Output", "CI floors"):
+        assert f"─ {panel} " in run.stdout
+    assert "Examples" in run.stdout and "pdcheck[plot]" in run.stdout
+    assert "<int>" not in run.stdout and "<str>" not in run.stdout and "<float>" not in run.stdout
 
 
 def _default_sigint() -> None:
@@ -230,7 +265,7 @@ def test_ctrl_c_reaps_every_rank() -> None:
 
 def test_a_dead_rank_is_reported_at_once_and_logs_are_kept(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "pdcheck.bench", "transfer-bench", *SMALL, "--block-size",
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "transfer-bench", *SMALL, "--block-size",
                              "16,16,16,16,16,16", "--min-time", "1", "--iters", "0", "--log-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
     try:
@@ -290,8 +325,8 @@ def test_block_tables_come_in_runs_and_never_share_blocks() -> None:
         for start in (0, 4, 8):
             run = t[start:start + 4]
             assert (np.diff(run) == 1).all()
-    ids = tables.desc_ids(3, nb, tbl[0])
-    assert ids.dtype == np.int32 and ids[10] == nb + tbl[0][0]  # region-major: region * num_blocks + block
+    ids = desc_ids(3, nb, tbl[0])
+    assert ids[10] == nb + tbl[0][0]  # region-major: region * num_blocks + block
 
 
 def test_check_names_the_block_that_arrived_instead() -> None:
@@ -312,10 +347,10 @@ def test_check_names_the_block_that_arrived_instead() -> None:
     assert measure.verify_requests(d, g, 7, 0, 0, p_ids[None, :], d_ids[None, :]).wrong == 0
     # the wire ceiling's check over a contiguous run of P's cache, starting mid-block
     start = g.block_len + 48
-    assert measure.wrong_words(p.arena.arr[start:start + 3 * g.block_len].copy(), 7, 0, g, 8, start) == 0
+    assert check_range(p.arena.arr[start:start + 3 * g.block_len].copy(), 7, 0, g, 8, start) == 0
     wrong = p.arena.arr[start:start + 3 * g.block_len].copy()
     wrong[100] ^= 1
-    assert measure.wrong_words(wrong, 7, 0, g, 8, start) == 1
+    assert check_range(wrong, 7, 0, g, 8, start) == 1
 
 
 def test_plot_without_matplotlib_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -333,7 +368,7 @@ def _spec(role: str, **kw: object) -> bytes:
     fields: dict[str, object] = dict(
         role=role, tp_rank=0, agent_name=f"pdcheck-test-{role}0", arena_bytes=1 << 20, device="cpu", gpu=0,
         cores=[], error_mode=None, progress_thread=False, target_busy=False, ucx_env={},
-        shape=m.BenchShape("t", 2, 2, 64, "bf16", False), ptp=1, dtp=1, iters=1, warmup=1, min_time=0.01,
+        shape=ModelShape("t", 2, 2, 64, "bf16", False), ptp=1, dtp=1, iters=1, warmup=1, min_time=0.01,
         notif=False)
     return msgspec.msgpack.encode(m.BenchSpec(**{**fields, **kw}))
 
@@ -356,7 +391,7 @@ def test_rank_that_cannot_start_or_fails_later_says_why_in_one_line() -> None:
             d0 = lau.start("D", 0, bench_main, _spec("D"))
             orc.gather(lau, [d0], m.BenchReady, 60, stage)
             d0.send(m.Peers([m.PeerInfo(0, "p", b"not NIXL metadata", 0, 0)]))
-            with pytest.raises(HarnessError, match=r"^D rank 0 failed: NixlCallError: NIXL add_remote_agent failed"):
+            with pytest.raises(HarnessError, match=r"^D rank 0 failed: NIXL add_remote_agent failed"):
                 orc.gather(lau, [d0], m.Ack, 60, stage)
             assert d0.reap(10) == 1
     finally:

@@ -274,3 +274,36 @@ def test_seed_lines_end_to_end_reproduce_the_seed_verdicts(pdcheck, tmp_path: Pa
             assert d["transfer"]["corrected"]["wrong"] == 0
             if d["tp_rank"] != 0:
                 assert d["transfer"]["0.9.1"]["wrong"] > 0 and d["transfer"]["0.9.1"]["stride"] == 111680
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7, 1 << 20])
+def test_read_log_streams_lines_as_splitlines_would(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     chunk: int) -> None:
+    """Streaming in chunks of any size gives the lines (and line numbers) reading the file whole gave: CRLF, a lone
+    CR, empty lines, ANSI colour, a last line without a newline; gzip the same."""
+    text = "a\r\n\r\nb\x1b[32mc\x1b[0m\rd\n\n\te\x85f\nlast"
+    monkeypatch.setattr(fromlogs, "_CHUNK", chunk)
+    plain = tmp_path / "x.log"
+    plain.write_bytes(text.encode())
+    packed = tmp_path / "x.log.gz"
+    packed.write_bytes(gzip.compress(text.encode()))
+    want = fromlogs.split_lines(text)
+    assert list(fromlogs.read_log(plain)) == want
+    assert list(fromlogs.read_log(packed)) == want
+
+
+def test_read_log_cuts_long_lines_and_refuses_past_the_caps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdcheck import bounds
+
+    monkeypatch.setattr(fromlogs, "_CHUNK", 5)
+    monkeypatch.setattr(bounds, "MAX_LOG_LINE", 4)
+    log = tmp_path / "x.log"
+    log.write_bytes(b"abcdefghij\nkl\nmnopqrstuvwxyz")
+    assert list(fromlogs.read_log(log)) == ["abcd", "kl", "mnop"]  # the rest of a long line is skipped
+    monkeypatch.setattr(bounds, "MAX_LOG_LINES", 1)
+    with pytest.raises(BadInput, match="more than 1 lines"):
+        list(fromlogs.read_log(log))
+    monkeypatch.setattr(bounds, "MAX_LOG_LINES", 100)
+    monkeypatch.setattr(bounds, "MAX_LOG_BYTES", 10)
+    with pytest.raises(BadInput, match="more than 0 MiB"):
+        list(fromlogs.read_log(log))

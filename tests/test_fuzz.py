@@ -214,6 +214,30 @@ def bench_cases(n: int) -> list[Case]:
     return [Case(f"bench{i}", [*BENCH_BASE, rng.choice(BENCH_FLAGS), rng.choice(FLAG_VALUES)]) for i in range(n)]
 
 
+# probe and serve: numbers and forms from the command line (nan, inf, 1e300, bare IPv6, ...); the network and
+# the ranks are where they would start.
+PROBE_FLAGS = ["--timeout", "--tp-size", "--dp-rank", "--max-tp", "--vllm", "ENDPOINT"]
+SERVE_FLAGS = ["--duration", "--port", "--tag-blocks", "--api-port", "--vllm", "--prefill-blocks"]
+ENDPOINTS = ["::1", "[::1]", "[::1]:5600", "127.0.0.1:0", "127.0.0.1:65536", ":5600", "[]:1", "[127.0.0.1]:5600",
+             "1.2.3.4:٣", "127.0.0.1:+1", "127.0.0.1: 1", "[::1]:99999"]
+
+
+def probe_serve_cases(n: int) -> list[Case]:
+    rng = random.Random(BASE_SEED + 4)
+    out = []
+    for i in range(n):
+        value = rng.choice(FLAG_VALUES + ENDPOINTS)
+        if i % 3 == 2:
+            flag = rng.choice(SERVE_FLAGS)
+            out.append(Case(f"serve{i}", ["serve", "--prefill-blocks", "64", "--vllm", "0.9.1", flag, value]))
+            continue
+        flag = rng.choice(PROBE_FLAGS)
+        endpoint = value if flag == "ENDPOINT" else "127.0.0.1:5600"
+        extra = [] if flag == "ENDPOINT" else [flag, value]
+        out.append(Case(f"probe{i}", ["probe", endpoint, "--vllm", "0.11.1", "--json", *extra]))
+    return out
+
+
 # ---- the contract ------------------------------------------------------------------------------------------------
 def check(case: Case, code: int | None, err: str, started: bool) -> str | None:
     """None if the outcome keeps the contract, else what broke."""
@@ -226,8 +250,7 @@ def check(case: Case, code: int | None, err: str, started: bool) -> str | None:
     lines = [ln for ln in err.splitlines() if ln.strip()]
     if len(lines) != 1:
         return f"{len(lines)} stderr lines"
-    prefix = "pdcheck transfer-bench: error: " if case.argv[0] == "transfer-bench" else "pdcheck: error: "
-    if not lines[0].startswith(prefix):
+    if not lines[0].startswith("pdcheck: error: "):  # one entry point, one prefix, transfer-bench included
         return f"not an error line: {lines[0][:120]}"
     return None
 
@@ -252,16 +275,22 @@ def run_in_process(case: Case, capsys: pytest.CaptureFixture[str]) -> tuple[int 
 def no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     import pdcheck.bench.command as bench_command
     import pdcheck.handshake as hs
+    import pdcheck.probe as probe
+    import pdcheck.serve as serve
 
     def stop(*_a: Any, **_k: Any) -> Any:
         raise WouldStart
 
     monkeypatch.setattr(hs, "run", stop)
     monkeypatch.setattr(bench_command, "_with_progress", stop)
+    monkeypatch.setattr(probe, "run", stop)
+    monkeypatch.setattr(probe, "release_from_url", stop)
+    monkeypatch.setattr(serve, "run", stop)
 
 
 def test_fuzz_in_process(tmp_path: Path, capsys: pytest.CaptureFixture[str], no_ranks: None) -> None:
-    cases = [*file_cases(tmp_path, 160), *flag_cases(160), *smoke_cases(tmp_path, 40), *bench_cases(60)]
+    cases = [*file_cases(tmp_path, 160), *flag_cases(160), *smoke_cases(tmp_path, 40), *bench_cases(60),
+             *probe_serve_cases(90)]
     violations, started = [], 0
     for case in cases:
         code, err, did_start = run_in_process(case, capsys)

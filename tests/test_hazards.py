@@ -141,7 +141,8 @@ def test_hetero_p4_d2() -> None:
     assert hz["H11"].detail == "P TP 4 > D TP 2"
     assert "'Local TP size must be divisible by remote TP size.'" in hz["H11"].effects["0.9.1"]
     assert "ZeroDivisionError" in hz["H11"].effects["0.9.2"] and "ZeroDivisionError" in hz["H11"].effects["0.10.0"]
-    assert hz["H11"].effects["corrected"] == "supported: each D rank reads 2 P ranks"
+    assert hz["H11"].effects["corrected"] == ("supported: each D rank reads 2 P ranks, a head slice from each; "
+                                              "D rank 0 reads P ranks 0,1")
     assert hz["H03"].detail.endswith("D rank 0 reads P ranks 0,1")  # D rank 1 reads 2,3: equal counts
     assert hz["H02"].effects["0.9.1"].endswith("is not reached on the ranks concerned")
 
@@ -152,7 +153,10 @@ def test_block_size_mismatch_surfaces_as_shape() -> None:
     assert "the block-size assert behind it cannot fire" in hz["H07"].effects["0.9.1"]
     assert "(8192 B vs 4096 B)" in hz["H07"].effects["0.10.0"]
     assert hz["H07"].effects["0.9.0"].startswith("no check")
-    assert hz["H07"].effects["corrected"] == "refused: P block_size 32 != D block_size 16"
+    # the corrected model's length check comes first and names the same bytes as H08's line
+    assert hz["H07"].effects["corrected"] == ("refused by the block length check first (H08): P block is 8192 B, "
+                                              "D expects 4096 B")
+    assert hz["H08"].effects["corrected"] == "refused: P block is 8192 B, D expects 4096 B"
 
 
 def test_kv_heads_mismatch() -> None:
@@ -232,7 +236,8 @@ def test_h11_not_divisible_hangs_the_rank_without_a_p() -> None:
 def test_h13_replicated_p_bigger() -> None:
     sc = synth({"tp_size": 4, "kv_heads": 2, "num_blocks": 64}, {"tp_size": 2, "kv_heads": 2, "num_blocks": 64})
     assert by_id(sc)["H13"].applies
-    assert by_id(sc)["H13"].effects["corrected"] == "replicated KV: each D rank reads one P rank"
+    assert by_id(sc)["H13"].effects["corrected"] == ("replicated KV: each D rank reads one P rank of its group "
+                                                     "(D rank 0 reads P rank 0)")
 
 
 def test_h13_per_release_rule() -> None:

@@ -5,13 +5,24 @@ from __future__ import annotations
 import numpy as np
 
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import BlockView, KVCache, coord_word, decode_cell, offset_word, pattern, unique
+from pdcheck.kvcache import (
+    BlockView,
+    KVCache,
+    check_blocks,
+    check_range,
+    coord_word,
+    decode_cell,
+    desc_ids,
+    offset_word,
+    pattern,
+    unique,
+)
 
 
-def _kv() -> KVCache:
+def _kv(layout: str = "NHD") -> KVCache:
     g = Geometry(tp_size=2, block_size=4, layers=3, total_kv_heads=4, head_dim=8, dtype="bfloat16",
                  attn_backend="FLASH_ATTN", use_mla=False)
-    return KVCache(g, 10, layout="NHD")
+    return KVCache(g, 10, layout=layout)
 
 
 def test_pattern_with_one_region_per_block_equals_region_by_region() -> None:
@@ -78,3 +89,44 @@ def test_unique_is_np_unique_of_block_ids() -> None:
         ids = rng.integers(0, 40, n)
         assert unique(ids).tolist() == np.unique(ids).tolist()
         assert unique(ids.tolist()).dtype == np.int64
+
+
+def test_desc_ids_index_block_descs_rows() -> None:
+    kv = _kv()
+    descs = kv.descs(kv.block_len, 0)
+    ids = desc_ids(kv.geometry.num_regions, kv.num_blocks, [7, 2])
+    assert ids.tolist() == [r * 10 + b for r in range(kv.geometry.num_regions) for b in (7, 2)]
+    assert (descs[ids, 0] == [kv.base_addrs[r] + b * kv.block_len for r in range(kv.geometry.num_regions)
+                              for b in (7, 2)]).all()
+
+
+def test_check_blocks_counts_wrong_blocks_and_names_what_arrived() -> None:
+    # D holds P blocks 4 and 6 in its blocks 1 and 3; in region 5 (layer 2 V) P block 6 arrived in both.
+    p, d = _kv(), _kv()
+    p.fill(9, 1)
+    d.blocks3[:, [1, 3]] = p.blocks3[:, [4, 6]]
+    chk = check_blocks(d, [1, 3], [4, 6], 9, 1, read_len=d.block_len, view=d.view)
+    assert (chk.checked, chk.wrong, chk.first) == (12, 0, None)
+    d.blocks3[5, 1] = p.blocks3[5, 6]
+    chk = check_blocks(d, [1, 3], [4, 6], 9, 1, read_len=d.block_len, view=d.view)
+    assert (chk.wrong, chk.wrong_regions) == (1, {5})
+    w = chk.first
+    assert w is not None and (w.region, w.local_block, w.remote_block, w.byte, w.at) == (5, 1, 4, 0, 0)
+    assert w.found.describe(d.geometry) == "P rank 1 layer 2 V (region 5) block 6 +0"
+    # K and V halves read separately (blocks-first releases): the second half of each local block is checked
+    # against the second half of the P block; a slice of each half (offset, length) works the same way.
+    half = d.block_len // 2
+    d.blocks3[5, 1] = p.blocks3[5, 4]
+    chk = check_blocks(d, [1, 3], [4, 6], 9, 1, read_len=half - 16, local_offset=16, remote_offset=16, halves=2,
+                       remote_half=half, view=d.view)
+    assert (chk.checked, chk.wrong) == (12, 0)
+
+
+def test_check_range_counts_wrong_words_of_a_contiguous_read() -> None:
+    p = _kv("HND")  # transfer-bench's caches: heads first, where byte offset = logical offset
+    p.fill(9, 1)
+    start = 3 * p.block_len + 64  # mid-block, across block and region boundaries
+    got = p.arena.arr[start:start + 25 * p.block_len].copy()
+    assert check_range(got, 9, 1, p.geometry, p.num_blocks, start) == 0
+    got[8 * p.block_len + 3] ^= 1
+    assert check_range(got, 9, 1, p.geometry, p.num_blocks, start) == 1

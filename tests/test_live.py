@@ -140,7 +140,7 @@ def test_probe_reads_serve_in_every_era(era):
                 assert all(r["compat_hash"] == s.doc["compat_hash"] for r in ranks)
             if era == "B":
                 assert all(r["tp_size"] == 2 for r in ranks)
-    assert s.proc.returncode == 0
+    assert s.proc.returncode == 143  # SIGTERM, as every command (README exit codes)
     log = s.err.decode()
     assert "died" not in log
     assert log.count("-> reply") == 4, log  # every request answered is logged, one line each
@@ -200,7 +200,9 @@ def test_probe_hazards_equal_handshake_hazards_later_eras(release):
     hs = pdcheck("handshake", sc, "--vllm", release, "--no-transfer", "--json")
     with serve(sc, "--vllm", release, "--tag-blocks", "16") as s:
         code, rep = probe_json(s.endpoint, "--vllm", release, "--tp-size", "8", "--scenario", sc)
-    assert code == 1 and [r["num_blocks"] for r in rep["prefill_ranks"]] == [111680, *[111488] * 5, 112448, 111488]
+    # uneven counts, but one handshake per D rank: the hazards apply, the release survives (as in handshake)
+    assert code == hs.returncode == 0 and rep["decode_status"] == ["ok"] * 8
+    assert [r["num_blocks"] for r in rep["prefill_ranks"]] == [111680, *[111488] * 5, 112448, 111488]
     assert rep["hazards"] == json.loads(hs.stdout)["hazards"]
 
 
@@ -297,7 +299,7 @@ def test_serve_exits_cleanly_on_sigterm_and_reaps_every_rank():
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err
+    assert proc.returncode == 143, err
     assert b"stopping (SIGTERM)" in err and b"Traceback" not in err
     deadline = time.monotonic() + 5
     while any(_alive(k) for k in kids) and time.monotonic() < deadline:

@@ -1,13 +1,14 @@
 """`pdcheck transfer-bench`: a KV-shaped NIXL READ benchmark between real prefill and decode rank processes.
 
-Modules, one concern each:
-  command    the typer command and exit codes
-  plan       configuration and sweep plan, validated before any process starts
-  models     model presets and the KV shape a rank holds (GQA and MLA)
-  tables     seeded block tables and vLLM's descriptor ids over them
-  runner     drives a run: start ranks (pdcheck.launcher), sweep the rows, stop, diagnose, summarise
-  rank       the rank body (P = target, D = initiator), over pdcheck's KV cache, pattern and agent wrapper
-  measure    timed loops on the decode rank and the statistics derived from them
+Modules, one concern each (the KV cache, its pattern and check, the NIXL agent wrapper, the model shape and
+the bounds are pdcheck's own, shared with `pdcheck handshake`):
+  command    the typer command: flags -> BenchConfig -> run -> report -> exit code
+  plan       configuration and sweep plan, checked (pdcheck.bounds) before any process starts
+  models     model presets resolved into a pdcheck.geometry.ModelShape
+  tables     seeded per-request block tables
+  rank       the rank process (P = target, D = initiator)
+  measure    ceilings (memcpy, one-descriptor wire), the per-request check, latency statistics
+  runner     drives a run on pdcheck's launcher and aggregates decode ranks into rows
   transport  transport presets, UCX_PROTO_INFO parsing, diagnosis warnings
   envinfo    host facts, versions, and the foreign-CPU (disturbance) meter
   schema     the msgspec output document

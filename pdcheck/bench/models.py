@@ -1,4 +1,4 @@
-"""Model presets and the KV shape a rank holds.
+"""Model presets (pdcheck.geometry.ModelShape) and --model/--layers/... resolved into one.
 
 Shapes follow the models' HF configs. GQA models keep K and V per layer (two vLLM regions per layer);
 MLA models (DeepSeek-V2/V3/R1) keep one latent region per layer of kv_lora_rank + qk_rope_head_dim
@@ -7,44 +7,11 @@ values per token, and that latent KV is replicated on every TP rank, not split.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from msgspec.structs import replace
 
+from pdcheck.bounds import MAX_HEAD_DIM, MAX_KV_HEADS, MAX_LAYERS, check_int
 from pdcheck.errors import BadInput
-from pdcheck.geometry import DTYPE_BYTES, Geometry
-
-# The names transfer-bench accepts -> pdcheck.geometry's (one table of element sizes for both commands).
-DTYPES: dict[str, str] = {
-    "bf16": "bfloat16", "bfloat16": "bfloat16",
-    "fp16": "float16", "float16": "float16", "half": "float16",
-    "fp32": "float32", "float32": "float32", "float": "float32",
-    "fp8": "fp8", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2",
-}
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    name: str
-    layers: int
-    kv_heads: int  # total KV heads (GQA); 1 for MLA (the latent vector is one "head")
-    head_dim: int  # per head; for MLA the latent width kv_lora_rank + qk_rope_head_dim
-    dtype: str = "bf16"
-    mla: bool = False
-
-    def geometry(self, tp: int, block_tokens: int) -> Geometry:
-        """What one of `tp` ranks holds, in vLLM's split K/V FlashAttention layout (one K and one V region per
-        layer; MLA: one latent region per layer) with heads-first blocks, as `pdcheck handshake` registers it."""
-        return Geometry(tp_size=tp, block_size=block_tokens, layers=self.layers, total_kv_heads=self.kv_heads,
-                        head_dim=self.head_dim, dtype=DTYPES[self.dtype], attn_backend="FLASH_ATTN",
-                        use_mla=self.mla)
-
-    @property
-    def dtype_bytes(self) -> int:
-        return DTYPE_BYTES[DTYPES[self.dtype]]
-
-    @property
-    def regions(self) -> int:
-        return self.geometry(1, 1).num_regions
-
+from pdcheck.geometry import DTYPE_NAMES, ModelShape
 
 PRESETS: dict[str, ModelShape] = {
     m.name.lower(): m
@@ -66,11 +33,6 @@ def preset_names() -> list[str]:
     return [m.name for m in PRESETS.values()]
 
 
-def _positive(flag: str, value: int | None) -> None:
-    if value is not None and value <= 0:
-        raise BadInput(f"{flag} must be a positive integer, got {value}")
-
-
 def resolve_shape(
     model: str | None,
     *,
@@ -81,9 +43,11 @@ def resolve_shape(
     mla: bool | None = None,
 ) -> ModelShape:
     """A preset with explicit flags layered on top, or a fully explicit shape when no preset is named."""
-    for flag, val in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim)):
-        _positive(flag, val)
-    if dtype is not None and dtype.lower() not in DTYPES:
+    for flag, val, hi in (("--layers", layers, MAX_LAYERS), ("--kv-heads", kv_heads, MAX_KV_HEADS),
+                          ("--head-dim", head_dim, MAX_HEAD_DIM)):
+        if val is not None:
+            check_int(flag, val, 1, hi)  # here, not only in the plan: 0 would read as "not given" below
+    if dtype is not None and dtype.lower() not in DTYPE_NAMES:
         raise BadInput(f"--dtype {dtype!r} is not one of: bf16, fp16, fp32, fp8")
     if model:
         base = PRESETS.get(model.lower())

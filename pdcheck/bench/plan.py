@@ -6,16 +6,15 @@ Everything that can be wrong with the flags is found here, before any process st
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from pdcheck import bounds as b
 from pdcheck.bench import tables
 from pdcheck.bench.envinfo import host
-from pdcheck.bench.models import ModelShape
 from pdcheck.bench.transport import Preset
 from pdcheck.errors import BadInput
-from pdcheck.geometry import Geometry, read_source
+from pdcheck.geometry import Geometry, ModelShape, read_source
 from pdcheck.kvcache import CELL
 
 
@@ -40,7 +39,7 @@ class BenchConfig:
     pin: bool = True
     device: str = "cpu"
     timeout: float = 120.0
-    corrupt: int = -1
+    corrupt: int | None = None  # self-test: the descriptor of request 0 to corrupt at the source
     log_dir: Path | None = None
     max_mem_fraction: float = 0.6
     ray: str | None = None  # a Ray cluster address: ranks become Ray actors on pdcheck_prefill/decode nodes
@@ -62,30 +61,30 @@ class Plan:
     llc: int
 
 
-def _check_ints(cfg: BenchConfig) -> None:
+def check_flags(cfg: BenchConfig) -> None:
+    """Every flag against pdcheck.bounds, the rules every command shares."""
     for flag, vals in (("--block-size", cfg.block_sizes), ("--tokens", cfg.tokens)):
         if not vals:
             raise BadInput(f"{flag} needs at least one value")
+        if len(vals) > b.MAX_SWEEP:
+            raise BadInput(f"{flag}: {len(vals)} values; a sweep has at most {b.MAX_SWEEP}")
         for v in vals:
-            if v <= 0:
-                raise BadInput(f"{flag} values must be positive integers, got {v}")
-    for flag, v, lo in (("--run-length", cfg.run_length, 1), ("--prefill-tp", cfg.ptp, 1),
-                        ("--decode-tp", cfg.dtp, 1), ("--requests", cfg.requests, 0), ("--iters", cfg.iters, 0),
-                        ("--warmup", cfg.warmup, 0)):
-        if v < lo:
-            raise BadInput(f"{flag} must be >= {lo}, got {v}")
-    if cfg.requests > tables.MAX_REQUESTS:
-        raise BadInput(f"--requests must be <= {tables.MAX_REQUESTS}, got {cfg.requests}")
-    if cfg.ptp + cfg.dtp > 64:
-        raise BadInput("--prefill-tp + --decode-tp must be <= 64 rank processes")
-    if not (cfg.min_time > 0 and math.isfinite(cfg.min_time)):
-        raise BadInput(f"--min-time must be a positive number of seconds, got {cfg.min_time}")
-    if not (cfg.timeout > 0 and math.isfinite(cfg.timeout)):
-        raise BadInput(f"--timeout must be a positive number of seconds, got {cfg.timeout}")
-    if cfg.device not in ("cpu", "cuda"):
-        raise BadInput(f"--device {cfg.device!r} is not one of: cpu, cuda")
-    if cfg.device == "cuda" and not os.path.exists("/dev/nvidiactl"):
-        raise BadInput("--device cuda: no NVIDIA GPU on this host (/dev/nvidiactl is missing)")
+            b.check_int(flag, v, 1, b.MAX_BLOCK_SIZE if flag == "--block-size" else b.MAX_TOKENS)
+    for flag, v, lo, hi in (
+        ("--layers", cfg.shape.layers, 1, b.MAX_LAYERS), ("--kv-heads", cfg.shape.kv_heads, 1, b.MAX_KV_HEADS),
+        ("--head-dim", cfg.shape.head_dim, 1, b.MAX_HEAD_DIM), ("--run-length", cfg.run_length, 1, b.MAX_RUN_LENGTH),
+        ("--prefill-tp", cfg.ptp, 1, b.MAX_TP), ("--decode-tp", cfg.dtp, 1, b.MAX_TP),
+        ("--requests", cfg.requests, 0, b.MAX_BENCH_REQUESTS), ("--iters", cfg.iters, 0, b.MAX_ITERS),
+        ("--warmup", cfg.warmup, 0, b.MAX_WARMUP), ("--seed", cfg.seed, 0, b.MAX_SEED),
+    ):
+        b.check_int(flag, v, lo, hi)
+    if cfg.corrupt is not None:
+        b.check_int("--corrupt-block", cfg.corrupt, 0, b.MAX_CORRUPT_BLOCK)
+    b.check_seconds("--min-time", cfg.min_time, b.MIN_TIME_S)
+    b.check_seconds("--timeout", cfg.timeout, b.RUN_TIMEOUT_S)
+    b.check_device(cfg.device)
+    if cfg.log_dir is not None:
+        b.check_out_dir("--log-dir", cfg.log_dir)
     if cfg.target_poll and cfg.transport.target_busy:
         raise BadInput(f"--target-poll: --transport {cfg.transport.name} only moves data while the target "
                        "busy-progresses")
@@ -116,7 +115,7 @@ def rank_geometries(cfg: BenchConfig, block_tokens: int) -> tuple[Geometry, Geom
 
 
 def make_plan(cfg: BenchConfig) -> Plan:
-    _check_ints(cfg)
+    check_flags(cfg)
     shape = cfg.shape
     llc = tables.llc_bytes()
     rows: list[tables.RowPlan] = []
@@ -138,7 +137,7 @@ def make_plan(cfg: BenchConfig) -> Plan:
             rows.append(row)
             pool_p = [max(n, tables.arena_bytes(gp, row.num_blocks)) for n in pool_p]
             pool_d = [max(n, tables.arena_bytes(gd, row.num_blocks)) for n in pool_d]
-    if 0 <= cfg.corrupt and cfg.corrupt >= shape.regions * min(r.blocks for r in rows):
+    if cfg.corrupt is not None and cfg.corrupt >= shape.regions * min(r.blocks for r in rows):
         raise BadInput(f"--corrupt-block {cfg.corrupt} is past the {shape.regions * min(r.blocks for r in rows)} "
                        "descriptors of a request")
     total = sum(pool_p) + sum(pool_d)

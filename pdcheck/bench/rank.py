@@ -19,10 +19,9 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.bench import measure, tables
-from pdcheck.bench.models import ModelShape
 from pdcheck.errors import NixlCallError
 from pdcheck.geometry import Geometry, read_source
-from pdcheck.kvcache import Arena, KVCache, block_descs, engine_tag, region_addrs
+from pdcheck.kvcache import Arena, KVCache, block_descs, check_range, desc_ids, engine_tag, region_addrs
 from pdcheck.nixlagent import LOCAL
 from pdcheck.ranks import Role, run_rank
 
@@ -43,12 +42,8 @@ def ucx_version() -> str:
     return "unknown"
 
 
-def _shape(s: m.BenchShape) -> ModelShape:
-    return ModelShape(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
-
-
 def _geometries(spec: m.BenchSpec, block_tokens: int) -> tuple[Geometry, Geometry]:
-    shape = _shape(spec.shape)
+    shape = spec.shape
     return shape.geometry(spec.ptp, block_tokens), shape.geometry(spec.dtp, block_tokens)
 
 
@@ -101,12 +96,12 @@ class Target(BenchRole):
     def run(self) -> None:
         self.notifs = 0
         self.t0 = time.perf_counter()
-        count = self.agent.notif_count  # also drives the UCX worker: the only progress without a thread
+        get = self.agent.progress  # also drives the UCX worker: the only progress without a thread
         busy = self.spec.target_busy
         poll = self.conn.poll
         spins = 0
         while True:
-            self.notifs += count()
+            self.notifs += get()
             if busy:
                 spins += 1
                 if spins & 63 or not poll(0):  # a pipe poll costs µs; look every 64 spins
@@ -132,7 +127,8 @@ class Target(BenchRole):
             if src == s.tp_rank:  # decode rank 0 reads from this rank: flip a byte in the middle of its slice
                 region, i = divmod(msg.corrupt % (gp.num_regions * msg.blocks), msg.blocks)
                 block = int(tables.table_of(msg.tables_p, msg.requests)[0, i])
-                self.arena.flip((region * msg.num_blocks + block) * gp.block_len + offset + gd.block_len // 2)
+                row = int(desc_ids(gp.num_regions, msg.num_blocks, [block])[region])  # the cache's row, in order
+                self.arena.flip(row * gp.block_len + offset + gd.block_len // 2)
         self.arena.sync()
         return m.Filled((time.perf_counter() - t0) * 1e3)
 
@@ -143,7 +139,6 @@ class Initiator(BenchRole):
     def run(self) -> None:
         self.peers: dict[int, m.PeerInfo] = {}
         self.names: dict[int, str] = {}
-        self.poster = measure.Poster(self.agent.raw)
         while True:
             msg = m.recv(self.conn)
             if isinstance(msg, m.Peers):
@@ -179,20 +174,21 @@ class Initiator(BenchRole):
         t0 = time.perf_counter()
         try:
             for q in range(msg.requests):
-                lids = tables.desc_ids(gd.num_regions, nb, tables_d[q])
-                rids = tables.desc_ids(gd.num_regions, nb, tables_p[q])
+                lids = desc_ids(gd.num_regions, nb, tables_d[q])
+                rids = desc_ids(gd.num_regions, nb, tables_p[q])
                 handles.append(agent.make_read(lh, lids, rh, rids, notif, ctx))
                 runs.append(tables.contiguous_runs(lids, bd, rids, bp, bd))
             make_us = (time.perf_counter() - t0) * 1e6 / max(1, msg.requests)
             return self._measure(msg, kv, gp, src, offset, handles, runs, prep_ms, make_us, peer, remote, notif,
                                  tables_p, tables_d, ctx)
         finally:
-            agent.release(handles, [lh, rh])
+            agent.release(*handles)
+            agent.release_dlist(lh, rh)
 
     def _measure(self, msg: m.Row, kv: KVCache, gp: Geometry, src: int, offset: int, handles: list[Any],
                  runs: list[int], prep_ms: float, make_us: float, peer: m.PeerInfo, remote: str, notif: bytes,
                  tables_p: np.ndarray, tables_d: np.ndarray, ctx: str) -> m.RankRow:
-        s, arena = self.spec, self.arena
+        s, arena, agent = self.spec, self.arena, self.agent
         gd = kv.geometry
         regions, nb, bd, bp = gd.num_regions, msg.num_blocks, gd.block_len, gp.block_len
         nbytes = regions * msg.blocks * bd
@@ -202,9 +198,9 @@ class Initiator(BenchRole):
         mem_a = measure.memcpy_ceiling(arena, used_d, nbytes, budget)
 
         def wire_check(off: int, n: int) -> int:
-            return measure.wrong_words(arena.host_bytes(off, n), BENCH_TAG, src, gp, nb, off)
+            return check_range(arena.host_bytes(off, n), BENCH_TAG, src, gp, nb, off)
 
-        wire = measure.wire_ceiling(self.agent, self.poster, remote, arena.mem_type,
+        wire = measure.wire_ceiling(agent, remote, arena.mem_type,
                                     measure.WireSide(arena.addr, used_d, arena.dev),
                                     measure.WireSide(peer.addr, used_p, peer.dev), nbytes, budget, notif, wire_check)
         arena.zero(used_d)  # blocks that never arrive must not pass the check
@@ -212,13 +208,12 @@ class Initiator(BenchRole):
         # Warm-up: every request once (connection, first touch, telemetry), then the estimate.
         t0 = time.perf_counter()
         for i in range(max(len(handles), s.warmup)):
-            if not self.poster.one(handles[i % len(handles)]):
-                raise NixlCallError("transfer", "NIXL_ERR_BACKEND", "transfer state ERR", ctx)
+            agent.complete(handles[i % len(handles)], ctx)
         per_op = (time.perf_counter() - t0) / max(len(handles), s.warmup)
         iters = s.iters or measure.auto_iters(per_op, s.min_time)
         merged, terr = [], None
         try:
-            merged = [self.agent.desc_count(h, ctx) for h in handles]
+            merged = [self.agent.desc_count(h) for h in handles]
         except NixlCallError as exc:  # telemetry is optional in NIXL builds; report why it is missing (NIXL's words)
             why = exc.__cause__ or exc
             terr = f"{type(why).__name__}: {why}"
@@ -228,7 +223,7 @@ class Initiator(BenchRole):
         if not isinstance(go, m.Measure):
             raise RuntimeError(f"expected Measure, got {type(go).__name__}")
         cpu0 = time.process_time()
-        lat, wall = self.poster.timed(handles, iters, ctx)
+        lat, wall = agent.timed(handles, iters, ctx)
         cpu = time.process_time() - cpu0
 
         t0 = time.perf_counter()

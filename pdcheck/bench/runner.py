@@ -95,7 +95,7 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     )
     first = next(iter(ready.values()))
     envs = schema.Env(
-        pdcheck=pdcheck.__version__, nixl=envinfo.version_of("nixl"), ucx=first.ucx_version,
+        pdcheck=pdcheck.__version__, nixl=envinfo.version_of("nixl-cu13"), ucx=first.ucx_version,
         numpy=np.__version__, ucx_env=envinfo.ucx_env(env),
         transports=sorted(set(diag.data_transports) | set(diag.notif_transports)),
         pinning=pinning, pin_note=pin_note or ("pinned, one core per rank" if pinned else "not pinned"),
@@ -212,8 +212,6 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[RankId, list
     ps, ds = orc.ids("P", cfg.ptp), orc.ids("D", cfg.dtp)
     everyone = [*ps, *ds]
     where = ranks.lau.place([(r.role, r.index) for r in everyone], gpu=cfg.device == "cuda")
-    s = cfg.shape
-    shape = m.BenchShape(s.name, s.layers, s.kv_heads, s.head_dim, s.dtype, s.mla)
     for rid in everyone:
         is_p = rid.role == "P"
         host = where[rid.role, rid.index].host
@@ -223,7 +221,7 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[RankId, list
             # A Ray actor sees only the one GPU Ray gave it.
             gpu=0 if host is not None else rid.index if is_p else cfg.ptp + rid.index, cores=cores[rid],
             error_mode=cfg.error_mode or cfg.transport.error_mode, progress_thread=cfg.progress_thread,
-            target_busy=cfg.target_busy, ucx_env=ucx, shape=shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
+            target_busy=cfg.target_busy, ucx_env=ucx, shape=cfg.shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
             warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif, host=host or "127.0.0.1",
         ))
     ready = ranks.gather(everyone, m.BenchReady, t, "creating agents and registering memory")
@@ -238,7 +236,8 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[RankId, list
     for row in plan.rows:
         what = f"row {row.label()}"
         msg = m.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
-                    row.num_blocks, tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d), cfg.corrupt)
+                    row.num_blocks, tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d),
+                    -1 if cfg.corrupt is None else cfg.corrupt)
         ranks.send(ps, msg)
         filled = ranks.gather(ps, m.Filled, t, f"filling {what}")
         ranks.send(ds, msg)
@@ -266,7 +265,6 @@ def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target
               fill_ms: float, llc: int, foreign_cpu: float = 0.0) -> schema.Row:
     """Decode ranks pull at the same time: sum their bytes and GB/s, pool their latencies."""
     lat = np.concatenate([np.frombuffer(r.lat_ns, dtype="<i8") for r in rr])
-    sm = measure.summarize(lat)
     gbps = sum(r.nbytes * r.iters / r.wall_ns for r in rr)
     memcpy = sum(statistics.mean(c.gbps for c in r.memcpy) for r in rr)
     wire = sum(r.wire.gbps for r in rr)
@@ -278,8 +276,7 @@ def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target
         regions=cfg.shape.regions, requests=row.requests, run_length=row.run_length,
         block_bytes=rr[0].block_bytes, bytes=sum(r.nbytes for r in rr), desc_count=sum(r.desc_count for r in rr),
         desc_count_merged=merged, desc_runs=round(sum(r.desc_runs for r in rr)), iters=min(r.iters for r in rr),
-        time_us=sm.time_us, gbps=gbps, p50_us=sm.p50_us, p90_us=sm.p90_us, p99_us=sm.p99_us,
-        p999_us=sm.p999_us, max_us=sm.max_us, min_us=sm.min_us, cv_pct=sm.cv_pct,
+        gbps=gbps, **measure.summarize(lat),
         wrong=sum(r.wrong for r in rr), checked=sum(r.checked for r in rr),
         first_wrong=f"decode rank {next(r.rank for r in rr if r.first_wrong)}: {first}" if first else None,
         memcpy_gbps=memcpy, wire_gbps=wire, wire_p50_us=statistics.median(r.wire.p50_us for r in rr),
@@ -307,7 +304,7 @@ def _row_warnings(rows: list[schema.Row], llc: int, cfg: BenchConfig) -> list[st
     bad_wire = [r.label for r in rows if r.wire_wrong]
     if bad_wire:
         out.append(f"the one-descriptor wire-ceiling READ delivered wrong bytes ({', '.join(bad_wire)})")
-    if cfg.corrupt >= 0:
+    if cfg.corrupt is not None:
         out.append(f"self-test: descriptor {cfg.corrupt} of request 0 was corrupted at the source on purpose")
     return out
 

@@ -1,8 +1,7 @@
-"""The sweep's seeded block tables and vLLM's descriptor ids over them.
+"""The sweep's seeded block tables (all TP ranks of one engine share one block table).
 
 The KV geometry itself (regions, block bytes, which P rank's head slice a D rank reads) is pdcheck.geometry's,
-the same as `pdcheck handshake` uses. vLLM addresses a block as descriptor id `region * num_blocks + block_id`;
-all TP ranks of one engine share one block table.
+and descriptor ids over the tables are kvcache.desc_ids, the same as `pdcheck handshake` uses.
 """
 
 from __future__ import annotations
@@ -12,11 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pdcheck.errors import BadInput
+from pdcheck.bounds import MAX_BENCH_REQUESTS
 from pdcheck.geometry import Geometry
 
 PAGE = 4096
-MAX_REQUESTS = 4096
 
 
 @dataclass
@@ -71,15 +69,6 @@ def table_of(data: bytes, requests: int) -> np.ndarray:
     return np.frombuffer(data, dtype="<i8").reshape(requests, -1)
 
 
-def desc_ids(regions: int, num_blocks: int, table: np.ndarray) -> np.ndarray:
-    """vLLM descriptor ids for one request, region-major: region * num_blocks + block_id (int32 for NIXL)."""
-    ids = np.arange(regions, dtype=np.int64)[:, None] * num_blocks + table[None, :]
-    out = ids.ravel()
-    if out.size and int(out.max()) >= 2**31:
-        raise BadInput("pool too large: descriptor ids exceed int32; lower --requests or --tokens")
-    return out.astype(np.int32)
-
-
 def contiguous_runs(local_ids: np.ndarray, l_bytes: int, remote_ids: np.ndarray, r_bytes: int, length: int) -> int:
     """Descriptors left if every address-contiguous run (on both sides at once) were merged into one."""
     if local_ids.size == 0:
@@ -98,7 +87,7 @@ def arena_bytes(geometry: Geometry, num_blocks: int) -> int:
 
 def auto_requests(request_bytes: int, target_ws: int) -> int:
     """Enough requests that cycling through them touches `target_ws` bytes per side (>= 2 requests)."""
-    return int(min(MAX_REQUESTS, max(2, math.ceil(target_ws / max(1, request_bytes)))))
+    return int(min(MAX_BENCH_REQUESTS, max(2, math.ceil(target_ws / max(1, request_bytes)))))
 
 
 def llc_bytes() -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -151,6 +152,18 @@ def for_release(release: ReleaseModel, geometry: Geometry) -> Geometry:
     """The geometry an instance of `release` registers: FlashAttention's KV layout of that release."""
     kv = release.fa_kv_regions
     return geometry if geometry.kv_regions == kv else msgspec.structs.replace(geometry, kv_regions=kv)
+
+
+def registered_geometry(own: ReleaseModel | str | None, geometry: Geometry,
+                        run_releases: Sequence[ReleaseModel]) -> Geometry:
+    """The geometry an instance's ranks register, which the engine's checks and the hazard lines both measure:
+    FlashAttention's KV layout of the instance's own release (`vllm` in its table, by name or resolved), else
+    of the one release run. A matrix of several releases shares one KV cache per process, so it keeps one
+    layout on both sides (the split K/V regions), which leaves the checks' ratios unchanged."""
+    rel = resolve(own) if isinstance(own, str) else own
+    if rel is None and len(run_releases) == 1:
+        rel = run_releases[0]
+    return for_release(rel, geometry) if rel is not None and rel is not CORRECTED else geometry
 
 
 def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdcheck/fake-model", *,

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 from pdcheck.geometry import Geometry
+from pdcheck.kvsplit import topology_replicated
 from pdcheck.wire import AnyMeta
 
 if TYPE_CHECKING:
@@ -117,7 +118,9 @@ class Ctx:
 
     @property
     def is_kv_replicated(self) -> bool:
-        return self.state.tp_size[self.engine_id] // self.local.geometry.total_kv_heads >= 1
+        """KVTopology.is_kv_replicated (0.9.2 - 0.19): `remote_tp_size // total_num_kv_heads >= 1`."""
+        return topology_replicated(self.state.tp_size[self.engine_id], self.local.geometry.total_kv_heads,
+                                   strict=False)
 
     def remote_block_len(self) -> int:
         if self.meta.block_len is not None:

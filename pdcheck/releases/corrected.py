@@ -8,6 +8,7 @@ a clear message instead of a bare assert. Reads any era's reply (tolerant decode
 
 from __future__ import annotations
 
+from pdcheck import kvsplit
 from pdcheck.releases import rules
 from pdcheck.releases.base import Action, Check, Ctx, Prepared, ReleaseModel
 
@@ -16,17 +17,15 @@ def _p_tp(c: Ctx) -> int:
     return c.remote_tp_size
 
 
-def _replicated(c: Ctx) -> bool:
-    # Strict: at P TP == heads each P rank holds one distinct head (vLLM 0.34 uses `>` too).
-    return c.local.use_mla or _p_tp(c) > c.local.geometry.total_kv_heads
+def _split(c: Ctx) -> tuple[int, int, int, int, bool]:
+    """(d_rank, d_tp, p_tp, heads, mla): the arguments of every kvsplit rule, as this D rank sees them."""
+    g = c.local.geometry
+    return c.local.tp_rank, c.local.tp_size, _p_tp(c), g.total_kv_heads, g.use_mla
 
 
 def expected_remote_block_len(c: Ctx) -> int:
-    g = c.local.geometry
-    if _replicated(c):
-        return c.local.block_len
-    remote_heads = max(1, g.total_kv_heads // _p_tp(c))
-    return c.local.block_len * remote_heads // g.local_kv_heads
+    _rank, d_tp, p_tp, heads, mla = _split(c)
+    return kvsplit.corrected_remote_block_len(c.local.block_len, d_tp, p_tp, heads, mla)
 
 
 def _record_rank(c: Ctx) -> None:
@@ -34,26 +33,21 @@ def _record_rank(c: Ctx) -> None:
 
 
 def _prep(c: Ctx) -> None:
-    d_tp, p_tp = c.local.tp_size, _p_tp(c)
+    d_rank, d_tp, p_tp, heads, mla = _split(c)
     rlen = c.remote_block_len()
     halves = c.local.geometry.kv_halves
     unit = c.local.block_len // halves  # K and V read as two halves of a blocks-first block
     if d_tp >= p_tp:
-        # The D rank's first head, and where it sits inside its P rank's block. With D TP > heads several
-        # D ranks share a head, so this is not simply (tp_rank % ratio).
-        g = c.local.geometry
-        first_head = c.local.tp_rank * g.total_kv_heads // d_tp
-        p_heads = max(1, g.total_kv_heads // p_tp)
-        head_len = unit // g.local_kv_heads  # one head's slice of a block (HND)
-        rank_offset = 0 if _replicated(c) else (first_head % p_heads) * head_len
+        # The D rank's heads sit inside its P rank's block, at its first head's place (HND slices). With D TP
+        # > heads several D ranks share a head, so this is not simply (tp_rank % ratio).
+        head_len = unit // c.local.geometry.local_kv_heads  # one head's slice of a block (HND)
         read_len, local_offset = unit, 0
+        rank_offset = kvsplit.head_offset(d_rank, d_tp, p_tp, heads, mla) * head_len
     else:
-        ratio = p_tp // d_tp
-        if _replicated(c):  # MLA / replicated KV: one P rank holds everything this D rank needs
-            read_len, local_offset, rank_offset = unit, 0, 0
-        else:
-            read_len = unit // ratio
-            local_offset, rank_offset = (c.remote_tp_rank % ratio) * read_len, 0
+        # One chunk of the local block per P rank read (a whole block for MLA, which reads one rank).
+        reads = kvsplit.corrected_reads(d_rank, d_tp, p_tp, heads, mla)
+        read_len = unit // len(reads)
+        local_offset, rank_offset = reads.index(c.remote_tp_rank) * read_len, 0
     dev = c.meta.device_id if c.meta.device_id is not None else c.remote_tp_rank
     prepared = Prepared(
         p_rank=c.remote_tp_rank, agent=c.state.remote_agents[c.engine_id][c.remote_tp_rank],
@@ -87,11 +81,15 @@ MODEL = ReleaseModel(
               message=lambda c: f"refused: remote engine id {c.meta.engine_id!r} equals the local one",
               exc="RuntimeError", hazard="H19"),
     ),
-    add_remote=(
+    # Before any request: with TP sizes that do not divide, some D rank's target would be a P rank that does
+    # not exist (D TP 3, P TP 2: D rank 2 would ask P rank 2).
+    pre_flow=(
         Check("tp_divisible", "max(tp) % min(tp) == 0",
-              lambda c: max(c.local.tp_size, _p_tp(c)) % min(c.local.tp_size, _p_tp(c)) == 0,
+              lambda c: kvsplit.divisible(c.local.tp_size, _p_tp(c)),
               message=lambda c: f"refused: TP sizes D={c.local.tp_size} and P={_p_tp(c)} do not divide",
               exc="RuntimeError", hazard="H11"),
+    ),
+    add_remote=(
         Check("attn_backend", "meta.attn_backend_name in (None, local.backend_name)",
               lambda c: c.meta.attn_backend_name in (None, c.local.backend_name),
               message=lambda c: f"refused: attention backend P={c.meta.attn_backend_name} D={c.local.backend_name}",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from pdcheck import kvsplit
 from pdcheck.releases.base import Action, Check, Ctx, Prepared
 from pdcheck.wire.formats import KV_LAYOUT_NAMES
 
@@ -181,7 +182,7 @@ def is_replicated(ctx: Ctx) -> bool:
 
 def is_replicated_strict(ctx: Ctx) -> bool:
     """0.34: `remote_tp_size > total_num_kv_heads` (at P TP == heads every P rank still holds its own head)."""
-    return ctx.local.use_mla or ctx.state.tp_size[ctx.engine_id] > ctx.local.geometry.total_kv_heads
+    return ctx.local.use_mla or is_kv_replicated_strict(ctx)
 
 
 def not_replicated(ctx: Ctx) -> bool:
@@ -438,7 +439,8 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves,
         )
         ctx.io.prep_remote(prepared, "DRAM")
-        if ratio < 0 and ctx.local.use_mla and ctx.remote_tp_rank != ctx.local.tp_rank * -ratio:
+        if ratio < 0 and ctx.remote_tp_rank not in kvsplit.release_reads(
+                "all_targets", ctx.local.tp_rank, ctx.local.tp_size, ctx.state.tp_size[ctx.engine_id], ctx.local.use_mla):
             # MLA with P TP > D TP: the descriptors are registered, but only the first target rank is read (the
             # latent is replicated); the others only get a notification.
             return
@@ -459,7 +461,8 @@ MSG_SHAPE_PAGE = (
 def is_kv_replicated_strict(ctx: Ctx) -> bool:
     """0.20+ TransferTopology.is_kv_replicated: `remote_tp_size > self.total_num_kv_heads` (MLA not special-cased;
     0.20 - 0.28 pass the model's total KV heads for MLA too, 0.29+ pass 1)."""
-    return ctx.state.tp_size[ctx.engine_id] > ctx.local.geometry.total_kv_heads
+    return kvsplit.topology_replicated(ctx.state.tp_size[ctx.engine_id], ctx.local.geometry.total_kv_heads,
+                                       strict=True)
 
 
 def not_replicated_strict(ctx: Ctx) -> bool:
@@ -565,12 +568,12 @@ BLOCK_LEN_P_GT_D_20 = replace_check(BLOCK_LEN_P_GT_D, when=_split_neg_strict)
 
 def remote_heads(c: Ctx) -> int:
     """`max(1, total_kv_heads // remote_tp_size)`: physical KV heads per P rank."""
-    return max(1, c.local.geometry.total_kv_heads // c.state.tp_size[c.engine_id])
+    return kvsplit.rank_heads(c.state.tp_size[c.engine_id], c.local.geometry.total_kv_heads, False)
 
 
 def local_heads(c: Ctx) -> int:
     """TransferTopology.local_physical_heads: `max(1, total_num_kv_heads // tp_size)`."""
-    return max(1, c.local.geometry.total_kv_heads // c.local.tp_size)
+    return kvsplit.rank_heads(c.local.tp_size, c.local.geometry.total_kv_heads, False)
 
 
 def num_layers_check(expr: str) -> Check:
