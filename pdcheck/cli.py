@@ -182,6 +182,9 @@ def handshake(
                                    help="Run each rank as a Ray actor on this Ray cluster ('auto': the one this "
                                         "node belongs to): P on nodes with the pdcheck_prefill resource, D on "
                                         "pdcheck_decode ones (needs pdcheck\\[ray]).")] = None,
+    sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,
+                                      help="SGLang release(s) to model instead of vLLM: 0.5.8, '0.4.7,0.5.23' or "
+                                           "'all' (or framework = \"sglang\" in the scenario).")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
@@ -190,6 +193,14 @@ def handshake(
 
     # Every check before any process starts: flags, file, releases, port layout, device.
     bounds.check_timeouts(hang_timeout, timeout)
+    if sglang is not None or (scenario is not None and from_logs is None):
+        from pdcheck.scenario import read_toml
+
+        declared = read_toml(scenario).get("framework") if scenario is not None else None
+        if pl.framework_of(declared, vllm, sglang, str(scenario or "command line")) == "sglang":
+            _sglang_handshake(scenario, sglang, overrides, hang_timeout, timeout, json_out,
+                              unsupported={"--from-logs": from_logs, "--prefill-endpoint": prefill_endpoint,
+                                           "--ray": ray, "--prefill-vllm": prefill_vllm, "--inject": inject})
     bounds.check_max_tp(max_tp)
     if device not in ("cpu", "cuda"):
         raise BadInput(f"--device: expected cpu or cuda, got {device!r}")
@@ -255,6 +266,33 @@ def handshake(
     raise typer.Exit(rep.exit_code)
 
 
+def _sglang_handshake(scenario: Path | None, sglang: str | None, overrides: dict[str, Any], hang_timeout: float,
+                      timeout: float, json_out: bool, unsupported: dict[str, Any]) -> None:
+    """`handshake` for SGLang: plan (pdcheck.sglang.plan), run on real processes (runner), report."""
+    from pdcheck.sglang import plan as sp
+    from pdcheck.sglang import report as sr
+    from pdcheck.sglang import runner
+    from pdcheck.sglang.scenario import load as sg_load
+
+    endpoint = unsupported.pop("--prefill-endpoint")
+    for flag, val in unsupported.items():
+        if val:
+            raise BadInput(f"{flag}: not available for SGLang yet (see docs/sglang.md)")
+    live = None
+    if endpoint is not None:
+        from pdcheck.sglang.probe import parse_url
+
+        live = sp.LiveBootstrap(*parse_url(endpoint))
+    plan = sp.build(sg_load(scenario, overrides), sglang,
+                    sp.SgOptions(hang_timeout_s=hang_timeout, start_timeout_s=timeout, run_timeout_s=timeout), live)
+    rep = sr.build(runner.run(plan))
+    if json_out:
+        sys.stdout.buffer.write(sr.to_json(rep) + b"\n")
+    else:
+        sr.render(rep, _console())
+    raise typer.Exit(rep.exit_code)
+
+
 def _native_note(log_dir: Path | None) -> None:
     """One line per distinct NIXL error the ranks logged (their logs, not the terminal, get NIXL's C++ lines):
     these come from the READs the report shows refused."""
@@ -292,6 +330,9 @@ def scenario_from_logs(
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout: the scenario, where each value came "
                                        "from, and what is missing.")] = False,
+    sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,
+                                      help="The logs are SGLang servers' (their server_args line): write an SGLang "
+                                           "scenario for these releases.")] = None,
 ) -> None:
     """Read P/D geometry and per-rank num_blocks out of vLLM start-up logs and write a commented scenario.
 
@@ -300,6 +341,31 @@ def scenario_from_logs(
 
     if output is not None and not force and (output.exists() or output.is_symlink()):
         raise BadInput(f"--output: {output} exists; pass --force to replace it")
+
+    if sglang is not None:  # SGLang's server_args line (pdcheck.sglang.fromlogs)
+        from pdcheck.sglang import fromlogs as sgl
+        from pdcheck.sglang.releases import resolve_many
+
+        names = [r.name for r in resolve_many(sglang)]
+        p_f, d_f = sgl.parse(prefill_log, "prefill"), sgl.parse(decode_log, "decode")
+        text = sgl.to_toml(p_f, d_f, names)
+        if output is not None:
+            try:
+                output.write_text(text)
+            except OSError as exc:
+                raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+        if json_out:
+            import msgspec
+
+            doc = {"framework": "sglang", "prefill": p_f, "decode": d_f, "sglang": names,
+                   "notes": p_f.notes + d_f.notes, "output": str(output) if output is not None else None}
+            sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
+        elif output is None:
+            sys.stdout.write(text)
+        for note in p_f.notes + d_f.notes:
+            _console(stderr=True, highlight=False).print(f"note: {_escape(note)}")
+        return
+
     fl, _sc = _logs_scenario((prefill_log, decode_log), overrides, dp_rank)
     text = fromlogs.to_toml(fl, overrides)
     if output is not None:

@@ -310,7 +310,15 @@ class Bye(msgspec.Struct, tag=True):
     notifs: int
 
 
-Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult
+class FrameworkFinal(msgspec.Struct, tag=True):
+    """A rank of another serving framework (pdcheck.sglang) reports its end: `body` is msgpack of that
+    framework's own result type, decoded by its runner (this codec stays framework-neutral)."""
+
+    tp_rank: int
+    body: bytes
+
+
+Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye)
 
 _enc = msgspec.msgpack.Encoder()

@@ -114,11 +114,12 @@ class Agent:
             nixl_call("release_dlist_handle", self.name, self._a.release_dlist_handle, d)
 
     def make_read(self, local: Any, local_ids: np.ndarray, remote: Any, remote_ids: np.ndarray,
-                  notif: bytes = b"", context: str = "") -> Any:
+                  notif: bytes = b"", context: str = "", op: str = "READ") -> Any:
         """One prepped READ handle over descriptor ids of two prepped dlists (kvcache.desc_ids); post it with
-        complete() or timed(), as often as needed, and give it back with release()."""
+        complete() or timed(), as often as needed, and give it back with release(). op="WRITE": a WRITE (SGLang's
+        P pushes into D)."""
         lid, rid = _int32(local_ids, context), _int32(remote_ids, context)
-        return nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, "READ", local, lid, remote, rid,
+        return nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, op, local, lid, remote, rid,
                          notif)
 
     def release(self, *handles: Any) -> None:
@@ -190,10 +191,12 @@ class Agent:
         *,
         timeout_s: float = 30.0,
         context: str = "",
+        op: str = "READ",
     ) -> float:
-        """One prepped READ, posted and busy-polled to completion: seconds. Raises NixlCallError."""
+        """One prepped READ (op="WRITE": a WRITE), posted and busy-polled to completion: seconds. Raises
+        NixlCallError."""
         t0 = time.perf_counter()
-        h = self.make_read(local, local_ids, remote, remote_ids, notif, context)
+        h = self.make_read(local, local_ids, remote, remote_ids, notif, context, op)
         try:
             self.complete(h, context, timeout_s)
             return time.perf_counter() - t0

@@ -459,9 +459,15 @@ def register(app: Any) -> None:
                                                      "PORT; the base port, before any DP offset).")],
         *,
         overrides: dict[str, Any],
-        vllm: Annotated[str, Opt(metavar="RELEASE", rich_help_panel=PROBE,
-                                 help="P's vLLM release: only that era's requests are sent. 'auto': read it from "
-                                      "--version-url first.")],
+        vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=PROBE, show_default=False,
+                                        help="P's vLLM release: only that era's requests are sent. 'auto': read it "
+                                             "from --version-url first.")] = None,
+        sglang: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=PROBE, show_default=False,
+                                          help="Instead of --vllm: ENDPOINT is an SGLang prefill's bootstrap server "
+                                               "(http://HOST:8998), read with GETs only; its release, or 'auto'.")] = None,
+        decode_sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=PROBE, show_default=False,
+                                                 help="With --sglang: the decode release(s) to check against it "
+                                                      "(default: the prefill's).")] = None,
         dp_rank: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
                                     help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
         tp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
@@ -486,6 +492,14 @@ def register(app: Any) -> None:
 
         from pdcheck.console import console
 
+        if sglang is not None:
+            if vllm is not None:
+                raise BadInput("--vllm and --sglang: probe one framework's prefill, not both")
+            from pdcheck.sglang.probe import command
+
+            raise typer.Exit(command(endpoint, sglang, decode_sglang, scenario, timeout, json_out))
+        if vllm is None:
+            raise BadInput("probe: name the prefill's release: --vllm RELEASE (or --sglang RELEASE)")
         host, port = parse_endpoint(endpoint)
         source = "--vllm"
         b.check_seconds("--timeout", timeout, b.PROBE_TIMEOUT_S)

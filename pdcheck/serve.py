@@ -298,9 +298,19 @@ def register(app: Any) -> None:
                                                  "API server does (for probe --vllm auto).")] = None,
         json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel="Output",
                                       help="The ready document as one JSON line on stdout.")] = False,
+        sglang: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=SERVE, show_default=False,
+                                          help="Serve fake SGLang P ranks of this release and their bootstrap "
+                                               "server (--port: its port) instead of vLLM's.")] = None,
     ) -> None:
         """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
         from pdcheck.scenario import load, read_toml
+
+        if sglang is not None:
+            if vllm is not None:
+                raise BadInput("--vllm and --sglang: serve one framework's prefill, not both")
+            from pdcheck.sglang.serve import command
+
+            raise typer.Exit(command(scenario, sglang, port, duration, json_out))
 
         sc = load_prefill(scenario, overrides, read_toml, load)
         name = vllm if vllm is not None else sc.prefill.vllm or sc.vllm[0]

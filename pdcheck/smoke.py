@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 from xml.etree import ElementTree as ET
 
 import msgspec
@@ -16,7 +17,7 @@ from pdcheck import report
 from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput
 from pdcheck.plan import Plan, RunOptions, build
 from pdcheck.releases import CORRECTED, resolve
-from pdcheck.scenario import load
+from pdcheck.scenario import load, read_toml
 
 
 class Case(msgspec.Struct):
@@ -28,6 +29,7 @@ class Case(msgspec.Struct):
     got: list[str]
     seconds: float
     message: str = ""
+    framework: str = "vllm"
 
 
 class SmokeReport(msgspec.Struct):
@@ -42,21 +44,29 @@ class SmokeReport(msgspec.Struct):
 MAX_SCENARIOS = 1000
 
 
-def discover(directory: Path, opts: RunOptions) -> list[Plan]:
+def discover(directory: Path, opts: RunOptions) -> list[Any]:
     """The plan of every *.toml of the directory (its [expect] releases), validated exactly as `handshake`
     validates a file, before anything runs."""
     try:
         if not directory.is_dir():
             raise BadInput(f"{directory}: not a directory of scenarios")
-        files = sorted(directory.glob("*.toml"))
+        # SGLang's scenarios (framework = "sglang") live in a sglang/ folder beside vLLM's
+        files = sorted(directory.glob("*.toml")) + sorted(directory.glob("sglang/*.toml"))
     except OSError as exc:
         raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
     if not files:
         raise BadInput(f"{directory}: no *.toml scenarios")
     if len(files) > MAX_SCENARIOS:
         raise BadInput(f"{directory}: {len(files)} scenarios; at most {MAX_SCENARIOS}")
-    scenarios = [load(f) for f in files]
-    plans = []
+    plans: list[Any] = []
+    scenarios = []
+    for f in files:
+        if read_toml(f).get("framework") == "sglang":  # SGLang's plan (pdcheck.sglang.smoke)
+            from pdcheck.sglang import smoke as sg
+
+            plans.append(sg.plan_of(f, opts.hang_timeout_ms))
+        else:
+            scenarios.append(load(f))
     for sc in scenarios:
         if not sc.expect:
             raise BadInput(f"{sc.source}: expect: no expected outcomes (add an [expect] table)")
@@ -81,10 +91,16 @@ def run_one(plan: Plan) -> list[Case]:
     return cases
 
 
+def _run_sglang(plan: Any) -> list[Case]:
+    from pdcheck.sglang import smoke as sg
+
+    return sg.run_one(plan, Case)
+
+
 def run(directory: Path, opts: RunOptions) -> SmokeReport:
     plans = discover(directory, opts)
     t0 = time.perf_counter()
-    cases = [c for plan in plans for c in run_one(plan)]
+    cases = [c for plan in plans for c in (run_one(plan) if isinstance(plan, Plan) else _run_sglang(plan))]
     failed = sum(not c.passed for c in cases)
     return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
                        EXIT_OK if not failed else EXIT_HAZARD)
@@ -102,7 +118,7 @@ def junit(rep: SmokeReport) -> bytes:
                               failures=str(sum(not c.passed for c in cases)), errors="0",
                               time=f"{cases[0].seconds:.3f}")
         for c in cases:
-            tc = ET.SubElement(suite, "testcase", classname=f"pdcheck.{name}", name=f"vllm {c.release}",
+            tc = ET.SubElement(suite, "testcase", classname=f"pdcheck.{name}", name=f"{c.framework} {c.release}",
                                file=c.file, time=f"{c.seconds / len(cases):.3f}")
             if not c.passed:
                 fail = ET.SubElement(tc, "failure", message=c.message, type="ExpectationMismatch")

@@ -1,0 +1,205 @@
+"""The pure SGLang verdict engine: given P's and D's geometry and releases, what each D rank's request does
+(OK, ASSERT, ERROR, HANG with the timeout the release would wait, SILENT corruption), next to the corrected
+behaviour. The same pieces the real ranks run: the bootstrap table and discovery (bootstrap), the frames and
+P's parse (wire), the completion tracker; only the network and NIXL are replaced by calls in memory.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from pdcheck import messages as m
+from pdcheck.geometry import DTYPE_BYTES, Geometry
+from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang import wire
+from pdcheck.sglang.releases.base import SglangRelease
+
+
+class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One SGLang server's KV cache and parallel layout (server args)."""
+
+    tp_size: int = 1
+    pp_size: int = 1
+    page_size: int = 16
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype
+    dtype: str = "bfloat16"  # element type of the KV pool
+    layers: int = 2
+    kv_heads: int = 8  # total KV heads of the model
+    head_dim: int = 64
+    mla: bool = False
+    num_pages: int = 64
+
+    def geometry(self) -> Geometry:
+        """The pdcheck KV geometry of one rank: a region per layer for K and for V, a block per page, so
+        block_len is SGLang's kv_item_len (page_size * local heads * head_dim * dtype size)."""
+        return Geometry(tp_size=self.tp_size, block_size=self.page_size, layers=self.layers,
+                        total_kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                        attn_backend="SGLANG", use_mla=self.mla)
+
+    @property
+    def item_len(self) -> int:
+        return self.geometry().block_len
+
+    @property
+    def num_ptrs(self) -> int:
+        return self.geometry().num_regions
+
+
+class SgVerdict(msgspec.Struct, kw_only=True):
+    """One D rank's request under one release pair."""
+
+    status: m.Status = "ok"
+    stage: str = "done"  # bootstrap | register | transfer | completion | done
+    exception: str | None = None
+    message: str | None = None
+    timeout_s: float | None = None  # HANG: what the release waits (None: forever)
+    p_ranks: list[int] = []  # the P ranks this D rank talks to
+    listener_dead: str | None = None  # P's bootstrap thread died on D's frames
+    warning: str | None = None
+
+
+def wait_text(rel: SglangRelease, where: str = "KVPoll.WaitingForInput") -> tuple[float | None, str]:
+    t = rel.waiting_timeout_s if where == "KVPoll.WaitingForInput" else rel.bootstrap_timeout_s
+    if t is None:
+        return None, f"D waits in {where} forever (SGLang {rel.name} has no timeout there)"
+    return t, f"D fails after {t:g} s: Request R timed out after {t:g}s in {where}"
+
+
+def hang(rel: SglangRelease, stage: str, why: str, **kw: object) -> SgVerdict:
+    t, text = wait_text(rel)
+    return SgVerdict(status="hang", stage=stage, timeout_s=t, message=f"{why}; {text}", **kw)  # type: ignore[arg-type]
+
+
+def table_for(p_rel: SglangRelease, p: Side, registered: int | None = None) -> bs.Table:
+    """P's bootstrap table with `registered` of its ranks registered (default: all)."""
+    t = bs.Table(p_rel, p.tp_size * p.pp_size)
+    n = 0
+    for pp in range(p.pp_size):
+        for r in range(p.tp_size):
+            if registered is not None and n >= registered:
+                return t
+            t.put(bs.put_body(p_rel, rank=r, tp=p.tp_size, pp_rank=pp, pp=p.pp_size, ip="127.0.0.1",
+                              port=40000 + n, page_size=p.page_size, kv_cache_dtype=p.kv_cache_dtype,
+                              agent_name=f"p{r}"))
+            n += 1
+    return t
+
+
+def refused(_q: dict[str, int]) -> tuple[int, str]:
+    """GET /route where nothing listens."""
+    return 0, "ConnectionRefusedError: [Errno 111] Connection refused"
+
+
+def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank: int, *, chunks: int = 1,
+           registered: int | None = None, no_bootstrap: bool = False) -> SgVerdict:
+    """What D rank `d_rank` of release d_rel sees for one request served by P of p_rel (no_bootstrap: D's
+    bootstrap address has no server)."""
+    table = table_for(p_rel, p, registered)
+    try:
+        found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
+                            page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla)
+    except bs.DiscoveryError as e:
+        if e.retry:  # 0.5.13+: D retries the bootstrap; the request never leaves Bootstrapping on D
+            t = d_rel.bootstrap_timeout_s
+            return SgVerdict(status="hang", stage="bootstrap", exception=None if e.exc == "retry" else e.exc,
+                             timeout_s=t, message=f"{e.message}; D retries and the request stays in "
+                             f"KVPoll.Bootstrapping" + (f" until {t:g} s" if t else ""))
+        status: m.Status = "assert" if e.exc == "AssertionError" else "error"
+        return SgVerdict(status=status, stage="bootstrap", exception=e.exc, message=e.message)
+    targets = [t[0] for t in found.targets]
+    dfacts = wire.DFacts("127.0.0.1", 50000, f"d{d_rank}", b"meta", list(range(d.num_ptrs)), [0], d_rank,
+                         d.tp_size, d_rank, d.item_len)
+    req = wire.Request(7, list(range(4)), 0, found.required if p.tp_size < d.tp_size else 1)
+    try:
+        for frames in wire.encode(d_rel, dfacts, req):
+            wire.decode(p_rel, frames)
+    except Exception as exc:  # P's bootstrap thread dies on it
+        dead = wire.death(exc)
+        return hang(d_rel, "register", f"P rank {targets[0]}'s bootstrap thread died: {dead}", p_ranks=targets,
+                    exception=dead.split(":")[0], listener_dead=dead)
+    # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
+    hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"
+    # P's release writes. Equal TP (or MLA): P's own item_len on both sides, paired by pointer index.
+    if not hetero:
+        if p.num_ptrs > d.num_ptrs:
+            why = (f"P's send_kvcache pairs its {p.num_ptrs} layer pointers with D's {d.num_ptrs}: IndexError: "
+                   "list index out of range in P's transfer")
+            if p_rel.completion == "kv_status":
+                return SgVerdict(status="error", stage="transfer", exception="KVTransferError", p_ranks=targets,
+                                 message=f"KVTransferError(bootstrap_room=7): {why}")
+            return hang(d_rel, "transfer", f"{why}; D is not told", p_ranks=targets)
+        if p.item_len * p.num_pages > d.item_len * d.num_pages:
+            return hang(d_rel, "transfer", f"P writes {p.item_len}-byte pages into D's {d.item_len}-byte pages: "
+                        "outside D's registration, NIXL refuses the descriptors in P's transfer; D is not told",
+                        p_ranks=targets)
+        if p.item_len != d.item_len or p.num_ptrs != d.num_ptrs:
+            what = []
+            if p.page_size != d.page_size:
+                what.append(f"page_size {p.page_size} vs {d.page_size}")
+            if p.kv_cache_dtype != d.kv_cache_dtype or p.dtype != d.dtype:
+                what.append(f"KV dtype {p.dtype} vs {d.dtype}")
+            if p.kv_heads != d.kv_heads or p.head_dim != d.head_dim:
+                what.append(f"heads x head_dim {p.kv_heads}x{p.head_dim} vs {d.kv_heads}x{d.head_dim}")
+            if p.tp_size != d.tp_size:
+                what.append(f"TP {p.tp_size} vs {d.tp_size}: no TP mapping in {p_rel.name}")
+            if p.layers != d.layers:
+                what.append(f"layers {p.layers} vs {d.layers}")
+            return SgVerdict(status="silent", stage="transfer", p_ranks=targets, message=(
+                f"P writes with its own kv_item_len {p.item_len} at D's page offsets (D's is {d.item_len}; "
+                f"{', '.join(what)}); no release compares them: wrong bytes, NIXL reports DONE"))
+    else:
+        slicing = p_rel.hetero_tp in ("slice", "slice_pp_hang")
+        if slicing and min(p.tp_size, d.tp_size) and p.kv_heads < max(p.tp_size, d.tp_size):
+            return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=found.warning, message=(
+                f"head slicing with {p.kv_heads} KV heads < TP {max(p.tp_size, d.tp_size)}: wrong GQA head "
+                "offsets (fixed by #22145 in 0.5.13)"))
+    # completion, P's way against D's way
+    if (p_rel.completion == "kv_status") != (d_rel.completion == "kv_status"):
+        how = "a ZMQ KV_STATUS message D never reads" if p_rel.completion == "kv_status" else \
+            "NIXL notifications; D waits for KV_STATUS"
+        return hang(d_rel, "completion", f"P {p_rel.name} signals completion with {how}", p_ranks=targets)
+    tracker = wire.Tracker(d_rel, found.required)
+    for pr in targets:
+        if p_rel.completion == "kv_status":
+            tracker.status(wire.kv_status(7, "Success", pr))
+            continue
+        key = 0 if p_rel.completion == "notif_pp" else pr  # 0.5.8 sends pp_rank: 0 for every TP rank
+        for c in range(chunks):
+            tracker.notif(wire.kv_notif(p_rel, 7, c, c == chunks - 1, key))
+            if d_rel.last_chunk_bug and c == 0 and chunks > 1:
+                tracker.notif(wire.aux_notif(7))  # aux rides with the last chunk; D's is_last bug fires early
+                if tracker.done():
+                    return SgVerdict(status="silent", stage="completion", p_ranks=targets, message=(
+                        f"D declares the room done after chunk 0 of {chunks} (is_last = bool('0') is True): "
+                        "later chunks land after D decodes: torn KV"))
+        tracker.notif(wire.aux_notif(7))
+    if not tracker.done():
+        return hang(d_rel, "completion", f"{len(targets)} P ranks notify with pp_rank 0: expected_kvs_per_pp has 1 "
+                    f"entry, {found.required} required (#19043)", p_ranks=targets, warning=found.warning)
+    if p.pp_size > 1 and d_rel.tag in ("R1", "R2", "R3", "R4"):
+        return SgVerdict(status="silent", stage="completion", p_ranks=targets, message=(
+            "D completes on the first PP rank's notifications: premature completion (#15027)"))
+    return SgVerdict(status="ok", p_ranks=targets, warning=found.warning)
+
+
+def corrected(p: Side, d: Side) -> SgVerdict:
+    """What a fixed SGLang does: compare every fact the write depends on before the first frame."""
+    for what, a, b in (("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
+                       ("kv_cache_dtype", p.kv_cache_dtype, d.kv_cache_dtype), ("layers", p.layers, d.layers),
+                       ("kv heads", p.kv_heads, d.kv_heads), ("head_dim", p.head_dim, d.head_dim),
+                       ("MLA", p.mla, d.mla)):
+        if a != b:
+            return SgVerdict(status="error", stage="bootstrap", exception="ValueError",
+                             message=f"{what} differs: prefill {a}, decode {b}; refused before any write")
+    if d.pp_size not in (1, p.pp_size):
+        return SgVerdict(status="error", stage="bootstrap", exception="ValueError",
+                         message=f"decode pp size {d.pp_size} must be 1 or the prefill's {p.pp_size}")
+    return SgVerdict(status="ok")
+
+
+def decide_all(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, **kw: object) -> list[SgVerdict]:
+    return [decide(p_rel, d_rel, p, d, r, **kw) for r in range(d.tp_size)]  # type: ignore[arg-type]
+
+
+def dtype_bytes(dtype: str) -> int:
+    return DTYPE_BYTES[dtype]

@@ -1,0 +1,207 @@
+"""`pdcheck probe --sglang`: read a live SGLang prefill's bootstrap server, read-only (HTTP GET only: never a
+frame on a rank's ZMQ port, which could kill its listener), and report its layout and what a given decode
+release would do with it (the decode's discovery and checks, run against the live answers).
+
+The prefill's era is recognised from which query form its server answers (GETs are harmless, so `auto` is safe).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import urlsplit
+
+import msgspec
+
+from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang.engine import Side
+from pdcheck.sglang.releases import MODELLED, resolve
+from pdcheck.sglang.releases.base import SglangRelease
+
+MAX_RANKS = 1024  # per-rank GETs; a layout claiming more is reported, not walked
+
+
+class ProbeRank(msgspec.Struct):
+    tp_rank: int
+    pp_rank: int
+    status: int
+    rank_ip: str | None = None
+    rank_port: int | None = None
+
+
+class DecodeCheck(msgspec.Struct):
+    d_release: str
+    d_rank: int
+    status: str  # ok | assert | error | hang (as in handshake); bootstrap stage only: no frame is sent
+    message: str | None = None
+    p_ranks: list[int] = []
+
+
+class SgProbeReport(msgspec.Struct):
+    framework: str
+    endpoint: str
+    era: str | None  # the bootstrap era its answers match (B1 ... B6), None: not an SGLang bootstrap server
+    p_release: str | None  # the first modelled release of that era (or the one named)
+    info: dict[str, Any]  # the parallel-info answer as served
+    ranks: list[ProbeRank]
+    decode: list[DecodeCheck]
+    notes: list[str]
+    exit_code: int
+
+
+def parse_url(text: str) -> tuple[str, int]:
+    """http://HOST:PORT[/...] or HOST:PORT of the bootstrap server."""
+    t = text.strip()
+    url = urlsplit(t if "://" in t else f"http://{t}")
+    if url.scheme != "http":
+        raise BadInput(f"--sglang probe: {text!r}: the bootstrap server speaks plain HTTP (http://HOST:PORT)")
+    try:
+        port = url.port
+    except ValueError:
+        port = None
+    if not url.hostname or port is None or not 1 <= port <= 65535:
+        raise BadInput(f"--sglang probe: {text!r} is not http://HOST:PORT (SGLang's default port is 8998)")
+    return url.hostname, port
+
+
+def _as_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def recognise(get: bs.Get) -> tuple[SglangRelease | None, dict[str, Any], str]:
+    """Which era answers: try each era's parallel-info query, newest first."""
+    last = ""
+    for rel in reversed(MODELLED):
+        if rel.bootstrap == "B1":
+            st, text = get({"engine_rank": 0})
+            doc = _as_json(text)
+            if st == 200 and isinstance(doc, dict) and "agent_name" in doc:
+                return rel, doc, ""
+            last = f"HTTP {st} {text[:80]}"
+            continue
+        st, text = get({k: -1 for k in rel.rank_query})
+        doc = _as_json(text)
+        if st == 503:
+            return rel, {}, text[:200]  # B5+: still registering (only those eras answer 503)
+        if st == 200 and isinstance(doc, dict) and set(doc) == set(rel.info_keys):  # each era's exact key set
+            return rel, doc, ""
+        last = f"HTTP {st} {text[:80]}"
+    return None, {}, last
+
+
+def layout(rel: SglangRelease, info: dict[str, Any]) -> tuple[int, int]:
+    """(tp, pp) the bootstrap server advertises."""
+    def num(*keys: str) -> int:
+        for k in keys:
+            v = info.get(k)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+        return 1
+    return num("attn_tp_size", "prefill_attn_tp_size", "prefill_tp_size"), num("pp_size", "prefill_pp_size")
+
+
+def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRelease], decode: Side,
+        timeout_s: float = 2.0) -> SgProbeReport:
+    get = bs.http_get(host, port, timeout_s)
+    notes: list[str] = []
+    endpoint = f"http://{host}:{port}"
+    rel, info, why = recognise(get)
+    if p_release is not None:
+        named = resolve(p_release)
+        if rel is not None and rel.bootstrap != named.bootstrap:
+            notes.append(f"the server answers as bootstrap era {rel.bootstrap} ({rel.name}), not {named.name}'s "
+                         f"{named.bootstrap}")
+        rel = named if rel is None or rel.bootstrap == named.bootstrap else rel
+    if rel is None:
+        return SgProbeReport("sglang", endpoint, None, None, {}, [], [], [
+            f"no SGLang bootstrap answer at {endpoint}/route ({why or 'nothing understood'})"], EXIT_HARNESS)
+    if why:
+        notes.append(f"not every P rank has registered yet: {why}")
+    ranks: list[ProbeRank] = []
+    tp, pp = layout(rel, info)
+    if rel.bootstrap == "B1":
+        tp, pp = MAX_RANKS, 1  # no layout in the answer: walk engine ranks until one is missing
+    if tp * pp > MAX_RANKS and rel.bootstrap != "B1":
+        notes.append(f"P advertises {tp} x {pp} ranks; pdcheck reads at most {MAX_RANKS}")
+    else:
+        for p in range(pp):
+            for t in range(tp):
+                q = dict(zip(rel.rank_query, {"B1": [t], "B2": [t, 0], "B3": [t, 0, p], "B4": [t, 0, p]}.get(
+                    rel.bootstrap, [0, 0, t, p]), strict=False))
+                st, text = get(q)
+                doc = _as_json(text)
+                if rel.bootstrap == "B1" and st != 200:
+                    break
+                ok = st == 200 and isinstance(doc, dict)
+                ranks.append(ProbeRank(t, p, st, str(doc.get("rank_ip")) if ok else None,
+                                       doc.get("rank_port") if ok and isinstance(doc.get("rank_port"), int) else None))
+    checks: list[DecodeCheck] = []
+    for d_rel in d_releases:
+        for r in range(decode.tp_size):
+            try:
+                found = bs.discover(d_rel, get, tp_rank=r, tp_size=decode.tp_size, pp_size=decode.pp_size,
+                                    page_size=decode.page_size, kv_cache_dtype=decode.kv_cache_dtype, mla=decode.mla,
+                                    addr=f"{host}:{port}")
+            except bs.DiscoveryError as e:
+                status = "hang" if e.retry else "assert" if e.exc == "AssertionError" else "error"
+                checks.append(DecodeCheck(d_rel.name, r, status, e.message))
+                continue
+            checks.append(DecodeCheck(d_rel.name, r, "ok", found.warning, [t[0] for t in found.targets]))
+    code = EXIT_HAZARD if any(c.status != "ok" for c in checks) else EXIT_OK
+    return SgProbeReport("sglang", endpoint, rel.bootstrap, rel.name, info, ranks, checks, notes, code)
+
+
+def render(rep: SgProbeReport, console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    console.print(f"SGLang bootstrap server {escape(rep.endpoint)}: era {rep.era or '-'} "
+                  f"(as {escape(rep.p_release or '-')})")
+    if rep.info:
+        console.print("  " + ", ".join(f"{k}={v}" for k, v in rep.info.items() if v is not None), markup=False)
+    if rep.ranks:
+        t = Table(title="P ranks (GET /route)")
+        for col in ("tp", "pp", "HTTP", "rank_ip", "rank_port"):
+            t.add_column(col)
+        for r in rep.ranks:
+            t.add_row(str(r.tp_rank), str(r.pp_rank), str(r.status), r.rank_ip or "-", str(r.rank_port or "-"))
+        console.print(t)
+    if rep.decode:
+        t = Table(title="what a decode would do (its discovery and checks; no frame sent)")
+        for col in ("decode", "D", "verdict", "detail"):
+            t.add_column(col)
+        for c in rep.decode:
+            t.add_row(c.d_release, str(c.d_rank), c.status, escape(c.message or f"targets P ranks {c.p_ranks}"))
+        console.print(t)
+    for n in rep.notes:
+        console.print(f"[yellow]note:[/] {escape(n)}")
+
+
+def command(endpoint: str, p_release: str, decode_releases: str | None, scenario: Any, timeout_s: float,
+            json_out: bool) -> int:
+    """The `probe --sglang` command body; returns the exit code."""
+    import sys
+
+    from rich.console import Console
+
+    from pdcheck.sglang.releases import resolve_many
+    from pdcheck.sglang.scenario import load
+
+    host, port = parse_url(endpoint)
+    if timeout_s <= 0:
+        raise BadInput("--timeout must be positive")
+    named = None if p_release.strip() == "auto" else resolve(p_release).name
+    decode = load(scenario).decode.side() if scenario is not None else Side()
+    d_text = decode_releases or named
+    rep = run(host, port, named, [], decode, timeout_s)
+    if rep.p_release is not None:
+        rep = run(host, port, named, resolve_many(d_text or rep.p_release, "--decode-sglang"), decode, timeout_s)
+    if json_out:
+        sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+    else:
+        render(rep, Console())
+    return rep.exit_code

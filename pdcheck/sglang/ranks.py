@@ -1,0 +1,420 @@
+"""Fake SGLang P and D ranks, as roles of pdcheck's one rank skeleton (pdcheck.ranks.run_rank).
+
+P: a KV cache of its geometry registered with one NIXL agent, pages coordinate-tagged (pdcheck.kvcache), a real
+ZMQ PULL socket registered with the real HTTP bootstrap server (PUT /route, the release's JSON); its listener
+parses D's frames as the release does and dies on what the release dies on; each TransferInfo becomes real NIXL
+WRITEs into D's memory laid out as P's release computes them (its own item length on both sides), then the
+release's completion signal (NIXL notification, or ZMQ KV_STATUS in 0.5.23).
+D: discovers P over GET /route with the release's queries and checks, PUSHes the release's frames, waits for
+completion the release's way, then checks every written page by coordinate against what a correct transfer
+would have put there.
+"""
+
+from __future__ import annotations
+
+import time
+from multiprocessing.connection import Connection
+from typing import Any
+
+import msgspec
+import numpy as np
+import zmq
+
+from pdcheck import messages as m
+from pdcheck.errors import NixlCallError
+from pdcheck.kvcache import KVCache, decode_cell, pattern
+from pdcheck.nixlagent import LOCAL, no_memory_hooks
+from pdcheck.ranks import Role, run_rank
+from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang import wire
+from pdcheck.sglang.engine import SgVerdict, Side, wait_text
+from pdcheck.sglang.releases import resolve
+
+
+class SgReq(msgspec.Struct, frozen=True):
+    room: int
+    p_pages: list[int]
+    d_pages: list[int]
+
+
+class SgPrefillSpec(msgspec.Struct, frozen=True):
+    tp_rank: int
+    release: str
+    side: Side
+    bootstrap_port: int
+    requests: list[SgReq]
+    tag: int
+    register: bool = True  # PUT /route (False: a P rank still starting when D asks)
+    host: str = "127.0.0.1"
+    serve: bool = False  # `serve --sglang`: a room P never planned is served from the same page ids as D's
+    pp_rank: int = 0  # every PP stage registers; each fake stage holds (and writes) every layer
+
+
+SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
+
+
+class SgDecodeSpec(msgspec.Struct, frozen=True):
+    tp_rank: int
+    release: str
+    side: Side
+    p_side: Side
+    bootstrap_port: int
+    requests: list[SgReq]
+    tag: int
+    hang_s: float  # pdcheck's stand-in for the release's timeout (300 s or forever)
+    host: str = "127.0.0.1"
+    bootstrap_host: str = ""  # a live P's bootstrap server (--prefill-endpoint); "": host
+
+
+class PFinal(msgspec.Struct):
+    tp_rank: int
+    listener_dead: str | None = None
+    registered: list[str] = []  # D agents registered
+    writes: int = 0  # NIXL WRITE requests completed
+    errors: list[str] = []  # transfer errors P's release keeps to itself (or reports by KV_STATUS, 0.5.23)
+    put_status: int = 0
+
+
+class DFinal(msgspec.Struct):
+    tp_rank: int
+    verdict: SgVerdict
+    transfer: m.TransferResult | None = None
+
+
+def sglang_order(kv: KVCache) -> list[int]:
+    """SGLang's kv_data_ptrs: K of every layer, then V of every layer (pdcheck's regions interleave K and V)."""
+    g = kv.geometry
+    if g.use_mla:
+        return list(kv.base_addrs)
+    return [kv.base_addrs[2 * layer] for layer in range(g.layers)] + [
+        kv.base_addrs[2 * layer + 1] for layer in range(g.layers)]
+
+
+def region_of(index: int, layers: int, mla: bool) -> int:
+    """pdcheck's region of SGLang's pointer index."""
+    return index if mla else 2 * (index % layers) + index // layers
+
+
+def _cache(side: Side) -> KVCache:
+    return KVCache(side.geometry(), side.num_pages, "cpu", 0, "HND")
+
+
+# ---------------------------------------------------------------------------------------------- prefill
+class SgPrefillRole(Role):
+    spec_type = SgPrefillSpec
+    letter = "P"
+
+    def environment(self) -> None:
+        no_memory_hooks("cpu")
+
+    @property
+    def agent_name(self) -> str:
+        return f"sglang-p{self.spec.tp_rank}" + (f"-pp{self.spec.pp_rank}" if self.spec.pp_rank else "")
+
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        self.kv = _cache(self.spec.side)
+        return self.kv.regions(0), self.kv.mem_type
+
+    def ready(self) -> m.Msg:
+        spec, side = self.spec, self.spec.side
+        self.rel = resolve(spec.release)
+        pages = sorted({p for r in spec.requests for p in r.p_pages})
+        self.kv.tag_many(spec.tag, spec.tp_rank, {r: pages for r in range(side.num_ptrs)})
+        self.zctx = zmq.Context()
+        self.sock = self.zctx.socket(zmq.PULL)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.setsockopt(zmq.MAXMSGSIZE, 1 << 24)
+        port = self.sock.bind_to_random_port(f"tcp://{spec.host}")
+        self.final = PFinal(spec.tp_rank)
+        if spec.register:
+            body = bs.put_body(self.rel, rank=spec.tp_rank, tp=side.tp_size, pp_rank=spec.pp_rank, pp=side.pp_size,
+                               ip=spec.host, port=port, page_size=side.page_size,
+                               kv_cache_dtype=side.kv_cache_dtype, agent_name=self.agent.name)
+            self.final.put_status = bs.http_put(spec.host, spec.bootstrap_port, body)[0]
+        return m.Ready(spec.tp_rank, self.agent.name, self.setup_ms())
+
+    def run(self) -> None:
+        regs: dict[str, tuple[wire.Registration, str]] = {}
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLIN)
+        poller.register(self.conn.fileno(), zmq.POLLIN)
+        push: dict[str, Any] = {}
+        try:
+            while True:
+                events = dict(poller.poll(50))
+                if self.sock in events:
+                    frames = self.sock.recv_multipart()
+                    if self.final.listener_dead is None:  # a dead bootstrap thread reads nothing more
+                        self._on_frames(frames, regs, push)
+                if self.conn.fileno() in events and isinstance(m.recv(self.conn), m.Stop):
+                    break
+        finally:
+            for s in push.values():
+                s.close(0)
+            self.sock.close(0)
+            self.zctx.term()
+        m.send(self.conn, m.FrameworkFinal(self.spec.tp_rank, msgspec.msgpack.encode(self.final)))
+
+    def _on_frames(self, frames: list[bytes], regs: dict[str, tuple[wire.Registration, str]],
+                   push: dict[str, Any]) -> None:
+        try:
+            got = wire.decode(self.rel, frames)
+        except Exception as exc:  # the release's bootstrap thread dies here
+            self.final.listener_dead = wire.death(exc)
+            return
+        if isinstance(got, wire.Registration):
+            if got.agent_name not in regs:  # "Peer X was already registered, ignoring."
+                regs[got.agent_name] = (got, self.agent.add_remote(got.agent_metadata))
+                self.final.registered.append(got.agent_name)
+            return
+        if got is None:
+            return
+        if got.inline is not None and got.inline.agent_name not in regs:
+            peer = self.agent.add_remote(got.inline.agent_metadata)
+            regs[got.inline.agent_name or peer] = (got.inline, peer)
+        key = got.agent_name or (got.inline.agent_name if got.inline else "")
+        if key not in regs and got.inline is not None:
+            key = next(iter(regs))
+        if key not in regs:
+            self.final.errors.append(f"AssertionError: assert req.agent_name in self.decode_kv_args_table "
+                                     f"({got.agent_name!r})")
+            return
+        reg, peer = regs[key]
+        req = next((r for r in self.spec.requests if r.room == got.room), None)
+        if req is None and self.spec.serve and got.pages:
+            # A live decode's room: P "prefilled" the same page ids (tagged now, with serve's own tag).
+            req = SgReq(got.room, list(got.pages), list(got.pages))
+            self.kv.tag_many(self.spec.tag, self.spec.tp_rank, {r: req.p_pages for r in range(self.spec.side.num_ptrs)})
+        if req is None or not got.pages:
+            return  # a dummy request (empty indices), or a room this P never prefilled
+        reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room)
+        if self.rel.completion == "kv_status":
+            s = push.get(got.endpoint + str(got.port))
+            if s is None:
+                s = push[got.endpoint + str(got.port)] = self.zctx.socket(zmq.PUSH)
+                s.setsockopt(zmq.LINGER, 1000)
+                s.connect(f"tcp://{got.endpoint}:{got.port}")
+            s.send_multipart(wire.kv_status(got.room, "Failed" if reason else "Success", self.spec.tp_rank,
+                                            reason or ""))
+
+    def _write(self, reg: wire.Registration, peer: str, p_pages: list[int], d_pages: list[int], room: int
+               ) -> str | None:
+        """One request's WRITEs as P's release lays them out; the error text when it fails (D is told only by
+        0.5.23's KV_STATUS)."""
+        side, rel = self.spec.side, self.rel
+        src_ptrs, item = sglang_order(self.kv), self.kv.block_len
+        hb = side.head_dim * side.geometry().elem_size
+        p_heads = side.geometry().local_kv_heads
+        d_tp = reg.decode_tp_size or side.tp_size
+        sliced = (rel.hetero_tp in ("slice", "slice_pp_hang", "fixed") and d_tp != side.tp_size and not side.mla)
+        local, remote = [], []
+        try:
+            for idx, sp in enumerate(src_ptrs):
+                dp = reg.kv_ptrs[idx]  # P pairs its pointers with D's by index: IndexError when D has fewer
+                for ps, ds in zip(p_pages, d_pages, strict=False):
+                    if not sliced:  # P's own item length on both sides (no release compares D's)
+                        local.append((sp + ps * item, item))
+                        remote.append((dp + ds * item, item))
+                        continue
+                    if d_tp > side.tp_size:  # P sends D rank r's slice of its heads: dst_heads from (r * dst_heads)
+                        d_heads = max(1, p_heads // (d_tp // side.tp_size))
+                        d_item = reg.item_len or item // (d_tp // side.tp_size)
+                        off = ((reg.decode_tp_rank or 0) * d_heads) % p_heads * hb
+                        for t in range(side.page_size):
+                            local.append((sp + ps * item + t * p_heads * hb + off, d_heads * hb))
+                            remote.append((dp + ds * d_item + t * d_heads * hb, d_heads * hb))
+                        continue
+                    d_heads = p_heads * (side.tp_size // d_tp)
+                    d_item = reg.item_len or item * (side.tp_size // d_tp)
+                    off = (self.spec.tp_rank % (side.tp_size // d_tp)) * p_heads * hb
+                    for t in range(side.page_size):  # one descriptor per token slot (send_kvcache_slice)
+                        local.append((sp + ps * item + t * p_heads * hb, p_heads * hb))
+                        remote.append((dp + ds * d_item + t * d_heads * hb + off, p_heads * hb))
+        except IndexError as exc:
+            return self._err(f"IndexError: {exc} (P pairs its {len(src_ptrs)} KV pointers with D's "
+                             f"{len(reg.kv_ptrs)})")
+        notif = b""
+        if rel.completion != "kv_status":
+            key = 0 if rel.completion in ("notif", "notif_pp") else self.spec.tp_rank
+            notif = wire.kv_notif(rel, room, 0, True, key).encode()
+        ids = np.arange(len(local))
+        try:
+            lh = self.agent.prep(LOCAL, _descs(local), "DRAM", "P's source pages")
+            rh = self.agent.prep(peer, _descs(remote), "DRAM", f"D's pages ({peer})")
+            self.agent.read(lh, ids, rh, ids, notif, op="WRITE", timeout_s=10.0, context=f"room {room}")
+        except NixlCallError as exc:
+            return self._err(f"NIXL transfer encountered ERR room={room}: {exc.status}")
+        if rel.completion != "kv_status":
+            self.agent.send_notif(peer, wire.aux_notif(room).encode())
+        self.final.writes += 1
+        return None
+
+    def _err(self, text: str) -> str:
+        self.final.errors.append(text)
+        return text
+
+
+def _descs(segs: list[tuple[int, int]]) -> np.ndarray:
+    out = np.zeros((len(segs), 3), dtype=np.uint64)
+    if segs:
+        out[:, :2] = np.asarray(segs, dtype=np.uint64)
+    return out
+
+
+def sglang_prefill_main(conn: Connection, spec_bytes: bytes) -> None:
+    run_rank(SgPrefillRole, conn, spec_bytes)
+
+
+# ----------------------------------------------------------------------------------------------- decode
+class SgDecodeRole(Role):
+    spec_type = SgDecodeSpec
+    letter = "D"
+
+    def environment(self) -> None:
+        no_memory_hooks("cpu")
+
+    @property
+    def agent_name(self) -> str:
+        return f"sglang-d{self.spec.tp_rank}"
+
+    def memory(self) -> tuple[list[tuple[int, int, int]], str]:
+        self.kv = _cache(self.spec.side)
+        return self.kv.regions(0), self.kv.mem_type
+
+    def ready(self) -> m.Msg:
+        return m.Ready(self.spec.tp_rank, self.agent.name, self.setup_ms())
+
+    def run(self) -> None:
+        if not isinstance(m.recv(self.conn), m.Go):
+            return
+        zctx = zmq.Context()
+        try:
+            verdict, transfer = self._request(zctx)
+        finally:
+            zctx.destroy(0)
+        m.send(self.conn, m.FrameworkFinal(self.spec.tp_rank, msgspec.msgpack.encode(
+            DFinal(self.spec.tp_rank, verdict, transfer))))
+        m.recv(self.conn)  # Stop
+
+    def _request(self, zctx: zmq.Context) -> tuple[SgVerdict, m.TransferResult | None]:
+        spec, side = self.spec, self.spec.side
+        rel = resolve(spec.release)
+        bhost = spec.bootstrap_host or spec.host
+        get = bs.http_get(bhost, spec.bootstrap_port)
+        deadline = time.monotonic() + spec.hang_s
+        while True:
+            try:
+                found = bs.discover(rel, get, tp_rank=spec.tp_rank, tp_size=side.tp_size, pp_size=side.pp_size,
+                                    page_size=side.page_size, kv_cache_dtype=side.kv_cache_dtype, mla=side.mla,
+                                    addr=f"{bhost}:{spec.bootstrap_port}")
+                break
+            except bs.DiscoveryError as e:
+                if e.retry and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                    continue
+                if e.retry:
+                    t = rel.bootstrap_timeout_s
+                    return SgVerdict(status="hang", stage="bootstrap", timeout_s=t,
+                                     exception=None if e.exc == "retry" else e.exc,
+                                     message=f"{e.message}; D retried for pdcheck's {spec.hang_s:g} s, SGLang "
+                                     f"{rel.name} keeps the request in KVPoll.Bootstrapping"
+                                     + (f" until {t:g} s" if t else " forever")), None
+                return SgVerdict(status="assert" if e.exc == "AssertionError" else "error", stage="bootstrap",
+                                 exception=e.exc, message=e.message), None
+        pull = zctx.socket(zmq.PULL)
+        pull.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
+        port = pull.bind_to_random_port(f"tcp://{spec.host}")
+        ptrs = sglang_order(self.kv)
+        facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs, [ptrs[0]], 0,
+                            side.tp_size, spec.tp_rank, self.kv.block_len)
+        targets = [t[0] for t in found.targets]
+        trackers = {r.room: wire.Tracker(rel, found.required) for r in spec.requests}
+        for _rank, ip, p_port in found.targets:
+            s = zctx.socket(zmq.PUSH)
+            s.setsockopt(zmq.LINGER, 1000)
+            s.connect(f"tcp://{ip}:{p_port}")
+            for i, r in enumerate(spec.requests):
+                for frames in wire.encode(rel, facts, wire.Request(r.room, r.d_pages, 0), register=i == 0):
+                    s.send_multipart(frames)
+            s.close()
+        while not all(t.done() for t in trackers.values()) and time.monotonic() < deadline:
+            if pull.poll(20):
+                frames = pull.recv_multipart()
+                room = int(frames[1]) if len(frames) > 1 and frames[1].isdigit() else -1
+                if room in trackers:
+                    trackers[room].status(frames)
+            for got in self.agent.notifs().values():
+                for x in got:
+                    text = x.decode(errors="replace")
+                    room = int(text.split("_", 1)[0]) if text.split("_", 1)[0].isdigit() else -1
+                    if room in trackers:
+                        trackers[room].notif(text)
+            failed = next((t.failed for t in trackers.values() if t.failed is not None), None)
+            if failed is not None:
+                return SgVerdict(status="error", stage="transfer", exception="KVTransferError", p_ranks=targets,
+                                 message=f"KVTransferError(bootstrap_room={spec.requests[0].room}): {failed}"), None
+        pull.close(0)
+        if not all(t.done() for t in trackers.values()):
+            t, text = wait_text(rel)
+            return SgVerdict(status="hang", stage="completion", timeout_s=t, p_ranks=targets, warning=found.warning,
+                             message=f"no completion within pdcheck's {spec.hang_s:g} s; {text}"), None
+        transfer = self._verify(targets)
+        if transfer.status != "ok":
+            return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=found.warning,
+                             message=f"completed, but {transfer.wrong} of {transfer.blocks} pages hold wrong bytes: "
+                             f"{transfer.message}"), transfer
+        return SgVerdict(status="ok", p_ranks=targets, warning=found.warning), transfer
+
+    def _verify(self, targets: list[int]) -> m.TransferResult:
+        """Every D page of every request against what a correct transfer puts there: the P page of the same
+        layer and K/V, P rank by P rank across D's heads when P's TP is larger."""
+        spec, side, p = self.spec, self.spec.side, self.spec.p_side
+        g, pg = side.geometry(), p.geometry()
+        hb = side.head_dim * g.elem_size
+        d_item = self.kv.block_len
+        checked = wrong = 0
+        first: m.Mismatch | None = None
+        wrong_regions: set[int] = set()
+        for r in spec.requests:
+            for idx in range(side.num_ptrs):
+                region = region_of(idx, side.layers, side.mla)
+                got = self.kv.read_blocks(region, np.asarray(r.d_pages))
+                want = np.zeros_like(got)
+                p_region = region_of(idx, p.layers, p.mla)
+                if p.tp_size < side.tp_size and not p.mla and not side.mla:  # this rank's slice of P's heads
+                    src = pattern(spec.tag, targets[0], p_region, np.asarray(r.p_pages), 0, pg.block_len)
+                    dh, ph = g.local_kv_heads * hb, pg.local_kv_heads * hb
+                    off = (spec.tp_rank * g.local_kv_heads) % pg.local_kv_heads * hb
+                    for t in range(side.page_size):
+                        want[:, t * dh:(t + 1) * dh] = src[:, t * ph + off:t * ph + off + dh]
+                elif len(targets) == 1 or p.mla:
+                    n = min(d_item, pg.block_len)
+                    want[:, :n] = pattern(spec.tag, targets[0], p_region, np.asarray(r.p_pages), 0, n)
+                else:  # P TP > D TP: each token slot holds every target P rank's heads in rank order
+                    ph = pg.local_kv_heads * hb
+                    for i, pr in enumerate(targets):
+                        src = pattern(spec.tag, pr, p_region, np.asarray(r.p_pages), 0, pg.block_len)
+                        for t in range(side.page_size):
+                            dst = t * len(targets) * ph + i * ph
+                            want[:, dst:dst + ph] = src[:, t * ph:(t + 1) * ph]
+                bad = np.flatnonzero((got != want).any(axis=1))
+                checked += len(r.d_pages)
+                wrong += len(bad)
+                if len(bad):
+                    wrong_regions.add(region)
+                    if first is None:
+                        b = int(bad[0])
+                        cell = int(np.flatnonzero(got[b] != want[b])[0]) // 16 * 16
+                        first = m.Mismatch(region, r.d_pages[b], r.p_pages[b], targets[0],
+                                           decode_cell(want[b, cell:cell + 16]).describe(g),
+                                           decode_cell(got[b, cell:cell + 16]).describe(g))
+        if not wrong:
+            return m.TransferResult("ok", blocks=checked)
+        msg = (f"D page {first.local_block} {g.region_name(first.region)} +cell: expected {first.expected}, "
+               f"found {first.found}") if first else None
+        return m.TransferResult("wrong", blocks=checked, wrong=wrong, first_mismatch=first,
+                                wrong_regions=sorted(wrong_regions), message=msg)
+
+
+def sglang_decode_main(conn: Connection, spec_bytes: bytes) -> None:
+    run_rank(SgDecodeRole, conn, spec_bytes)

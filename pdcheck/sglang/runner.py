@@ -1,0 +1,161 @@
+"""Runs an SGLang plan on real processes: per release pair, P's real HTTP bootstrap server in this process,
+fake P and D ranks from the one launcher (pdcheck.launcher), waits through pdcheck.orchestrate; then the pure
+engine's prediction and the corrected behaviour beside what the ranks observed."""
+
+from __future__ import annotations
+
+import time
+
+import msgspec
+
+from pdcheck import messages as m
+from pdcheck import orchestrate as orch
+from pdcheck.errors import HarnessError
+from pdcheck.kvcache import engine_tag
+from pdcheck.launcher import launcher
+from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang import engine
+from pdcheck.sglang.plan import Pair, SgPlan
+from pdcheck.sglang.ranks import (
+    SERVE_TAG,
+    DFinal,
+    PFinal,
+    SgDecodeSpec,
+    SgPrefillSpec,
+    sglang_decode_main,
+    sglang_prefill_main,
+)
+
+
+class SgPairResult(msgspec.Struct):
+    release: str
+    p_release: str
+    d_release: str
+    observed: list[engine.SgVerdict]  # per D rank, from the real processes
+    model: list[engine.SgVerdict]  # per D rank, the pure engine's prediction
+    corrected: engine.SgVerdict
+    transfers: list[m.TransferResult | None]
+    prefill: list[PFinal]
+    harness: list[str] = []
+    seconds: float = 0.0
+
+
+class SgRunResult(msgspec.Struct):
+    scenario: str
+    source: str
+    issue: str
+    pairs: list[SgPairResult]
+    seconds: float
+
+
+def _faults(what: str, timeout_s: float) -> orch.Stage:
+    return orch.Stage(f"{{rank}} failed {what}: {{error}}", f"{{rank}} died {what}: it {{ended}}",
+                      f"{{ranks}} did not finish {what} within {{timeout:g}} s", timeout_s)
+
+
+def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
+    sc, opt = plan.scenario, plan.options
+    p, d = sc.prefill.side(), sc.decode.side()
+    tag = engine_tag(f"sglang-{pair.name}")
+    p_world = p.tp_size * p.pp_size  # every PP stage is a P rank (each fake stage holds every layer)
+    registered = sc.prefill.registered if sc.prefill.registered is not None else p_world
+    model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None,
+                              no_bootstrap=sc.decode.no_bootstrap)
+    t0 = time.perf_counter()
+    server = bs.Server(bs.Table(pair.p, p_world))
+    harness: list[str] = []
+    observed: list[engine.SgVerdict] = []
+    transfers: list[m.TransferResult | None] = []
+    d_final: dict[int, DFinal] = {}
+    p_final: dict[int, PFinal] = {}
+    try:
+        with launcher(None) as lau:
+            p_ranks = [lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
+                r % p.tp_size, pair.p.name, p, server.port, plan.requests, tag, register=r < registered,
+                pp_rank=r // p.tp_size))) for r in range(p_world)]
+            orch.await_ready(lau, p_ranks, opt.start_timeout_s)
+            d_port = server.port
+            if sc.decode.no_bootstrap:  # a port that was free a moment ago: nothing listens there
+                import socket
+
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    d_port = s.getsockname()[1]
+            d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
+                r, pair.d.name, d, p, d_port, plan.requests, tag, opt.hang_timeout_s)))
+                for r in range(d.tp_size)]
+            orch.await_ready(lau, d_ranks, opt.start_timeout_s)
+            orch.send_all(d_ranks, m.Go())
+            got = orch.gather(lau, d_ranks, m.FrameworkFinal, opt.run_timeout_s, _faults("its request", opt.run_timeout_s),
+                              watch=p_ranks)
+            d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
+            orch.send_all([*p_ranks, *d_ranks], m.Stop())
+            got_p = orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0),
+                                ended_ok=True)  # a P rank ends right after its final message
+            p_final = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got_p.items()}
+    except HarnessError as exc:  # what the ranks delivered before it stays in the report
+        harness.append(str(exc))
+    finally:
+        server.close()
+    finals = [p_final[r] for r in sorted(p_final)]
+    for r in range(d.tp_size):
+        f = d_final.get(r)
+        if f is None:
+            observed.append(engine.SgVerdict(status="hang", stage="harness", message="no result"))
+            transfers.append(None)
+            continue
+        v = f.verdict
+        # What only P saw: its bootstrap thread died on D's frames, or its WRITE failed and D was not told.
+        for pr in v.p_ranks:
+            pf = p_final.get(pr)
+            if pf is None:
+                continue
+            if pf.listener_dead and v.status == "hang":
+                v.listener_dead = pf.listener_dead
+                v.stage = "register"
+                v.exception = pf.listener_dead.split(":")[0]
+                v.message = f"P rank {pr}'s bootstrap thread died: {pf.listener_dead}; {v.message}"
+            elif pf.errors and v.status == "hang":
+                v.stage = "transfer"
+                v.message = f"P rank {pr}'s transfer failed: {pf.errors[0]}; D is not told; {v.message}"
+        observed.append(v)
+        transfers.append(f.transfer)
+    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed, model, engine.corrected(p, d), transfers,
+                        finals, harness, time.perf_counter() - t0)
+
+
+def run_live_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
+    """Fake D ranks against a live SGLang prefill's bootstrap server (--prefill-endpoint)."""
+    sc, opt, live = plan.scenario, plan.options, plan.live
+    assert live is not None
+    p, d = sc.prefill.side(), sc.decode.side()
+    t0 = time.perf_counter()
+    harness: list[str] = []
+    d_final: dict[int, DFinal] = {}
+    try:
+        with launcher(None) as lau:
+            d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
+                r, pair.d.name, d, p, live.port, plan.requests, SERVE_TAG, opt.hang_timeout_s,
+                bootstrap_host=live.host))) for r in range(d.tp_size)]
+            orch.await_ready(lau, d_ranks, opt.start_timeout_s)
+            orch.send_all(d_ranks, m.Go())
+            got = orch.gather(lau, d_ranks, m.FrameworkFinal, opt.run_timeout_s,
+                              _faults("its request", opt.run_timeout_s))
+            d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
+            orch.send_all(d_ranks, m.Stop())
+    except HarnessError as exc:
+        harness.append(str(exc))
+    observed = [d_final[r].verdict if r in d_final else engine.SgVerdict(status="hang", stage="harness",
+                                                                          message="no result")
+                for r in range(d.tp_size)]
+    transfers = [d_final[r].transfer if r in d_final else None for r in range(d.tp_size)]
+    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed, engine.decide_all(pair.p, pair.d, p, d),
+                        engine.corrected(p, d), transfers, [], harness, time.perf_counter() - t0)
+
+
+def run(plan: SgPlan) -> SgRunResult:
+    t0 = time.perf_counter()
+    sc = plan.scenario
+    one = run_pair if plan.live is None else run_live_pair
+    return SgRunResult(sc.name, sc.source, sc.issue, [one(plan, pair) for pair in plan.pairs],
+                       time.perf_counter() - t0)

@@ -1,0 +1,90 @@
+"""SGLang scenarios: a TOML file with `framework = "sglang"`, an SGLang server's layout per side, the releases
+to run and the expected verdicts. Decoding is the validation (unknown keys and out-of-range values are bad
+input, one line naming the key)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+from pdcheck import bounds as b
+from pdcheck.errors import BadInput
+from pdcheck.geometry import DTYPE_BYTES
+from pdcheck.scenario import merge, read_toml
+from pdcheck.sglang.engine import Side
+
+Status = Literal["ok", "assert", "silent", "error", "hang"]
+Word = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$")]
+Small = Annotated[int, msgspec.Meta(ge=1, le=16)]  # fake ranks are processes on this host
+
+
+class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    tp_size: Small = 1
+    pp_size: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    page_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
+    kv_cache_dtype: Word = "auto"
+    dtype: Word = "bfloat16"
+    layers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 2
+    kv_heads: Annotated[int, msgspec.Meta(ge=1, le=b.MAX_KV_HEADS)] = 8
+    head_dim: Annotated[int, msgspec.Meta(ge=8, le=1024)] = 64
+    mla: bool = False
+    num_pages: Annotated[int, msgspec.Meta(ge=4, le=4096)] = 64
+    sglang: Word | None = None  # this side's own release (a cross-release pair)
+    registered: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None  # prefill: P ranks that PUT /route
+    # decode: its bootstrap address names a port where no server listens (the server lives on P only:
+    # ai-dynamo/dynamo#4855, a D given --disaggregation-bootstrap-port)
+    no_bootstrap: bool = False
+
+    def side(self) -> Side:
+        return Side(tp_size=self.tp_size, pp_size=self.pp_size, page_size=self.page_size,
+                    kv_cache_dtype=self.kv_cache_dtype, dtype=self.dtype, layers=self.layers, kv_heads=self.kv_heads,
+                    head_dim=self.head_dim, mla=self.mla, num_pages=self.num_pages)
+
+
+class SgTransfer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    requests: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2
+    pages_per_request: Annotated[int, msgspec.Meta(ge=1, le=64)] = 4
+    seed: Annotated[int, msgspec.Meta(ge=0, le=b.MAX_SEED)] = 0
+
+
+class SgScenario(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    framework: Literal["sglang"] = "sglang"
+    name: Annotated[str, msgspec.Meta(max_length=256)] = "cli"
+    description: Annotated[str, msgspec.Meta(max_length=16384)] = ""
+    issue: Annotated[str, msgspec.Meta(max_length=256)] = ""  # the SGLang issue / PR this class comes from
+    sglang: Annotated[list[Word], msgspec.Meta(max_length=b.MAX_RELEASES)] = msgspec.field(
+        default_factory=lambda: ["0.5.23"])
+    prefill: SgInstance = msgspec.field(default_factory=SgInstance)
+    decode: SgInstance = msgspec.field(default_factory=SgInstance)
+    transfer: SgTransfer = msgspec.field(default_factory=SgTransfer)
+    expect: Annotated[dict[Word, Status | list[Status]], msgspec.Meta(max_length=b.MAX_RELEASES)] = msgspec.field(
+        default_factory=dict)
+    source: str = ""
+
+
+def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenario:
+    doc = read_toml(path) if path is not None else {"framework": "sglang"}
+    where = str(path) if path is not None else "command line"
+    if doc.get("framework") != "sglang":
+        raise BadInput(f"{where}: not an SGLang scenario (it has no framework = \"sglang\")")
+    if overrides:
+        doc = merge(doc, {k: v for k, v in overrides.items() if k in ("prefill", "decode")})
+    for side in ("prefill", "decode"):
+        # the vLLM flags' keys an SGLang side does not have: a shared flag set names them
+        if isinstance(doc.get(side), dict):
+            doc[side] = {k: v for k, v in doc[side].items() if k not in ("engine_id",)}
+    try:
+        sc = msgspec.convert(doc, SgScenario)
+    except msgspec.ValidationError as exc:
+        raise BadInput(f"{where}: {str(exc).replace('`', '')}") from None
+    for side, inst in (("prefill", sc.prefill), ("decode", sc.decode)):
+        if inst.dtype not in DTYPE_BYTES:
+            raise BadInput(f"{where}: {side}.dtype: {inst.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
+        if not inst.mla and inst.kv_heads % inst.tp_size and inst.tp_size % inst.kv_heads:
+            raise BadInput(f"{where}: {side}: kv_heads {inst.kv_heads} and tp_size {inst.tp_size}: one must divide "
+                           "the other")
+    if sc.prefill.registered is not None and sc.prefill.registered > sc.prefill.tp_size * sc.prefill.pp_size:
+        raise BadInput(f"{where}: prefill.registered: {sc.prefill.registered} > the prefill's ranks")
+    return msgspec.structs.replace(sc, source=where)

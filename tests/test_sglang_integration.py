@@ -1,0 +1,248 @@
+"""Fake SGLang P against fake SGLang D on real processes: a real HTTP bootstrap server, real ZMQ frames in the
+release's layout, real NIXL WRITEs of coordinate-tagged pages verified on D; the CLI and smoke over the bundled
+SGLang scenarios. Kept to a few releases (each run is a fresh set of rank processes)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import shutil
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+from conftest import SCENARIOS
+
+from pdcheck.sglang import bootstrap as bs
+from pdcheck.sglang import engine, runner
+from pdcheck.sglang import plan as sp
+from pdcheck.sglang.releases import resolve
+from pdcheck.sglang.scenario import SgInstance, SgScenario
+
+SG = SCENARIOS / "sglang"
+
+
+def _run(p: SgInstance, d: SgInstance, releases: str, hang_s: float = 1.5) -> runner.SgRunResult:
+    sc = SgScenario(prefill=p, decode=d, source="test")
+    return runner.run(sp.build(sc, releases, sp.SgOptions(hang_timeout_s=hang_s)))
+
+
+def test_same_release_pages_arrive_by_coordinate() -> None:
+    res = _run(SgInstance(tp_size=2), SgInstance(tp_size=2), "0.5.8,0.5.23")
+    for pair in res.pairs:
+        assert [v.status for v in pair.observed] == ["ok", "ok"], pair.observed
+        assert all(t is not None and t.status == "ok" and t.blocks == 2 * 4 * 4 for t in pair.transfers)
+        assert [f.writes for f in pair.prefill] == [2, 2] and not any(f.listener_dead for f in pair.prefill)
+        assert [v.status for v in pair.model] == ["ok", "ok"]
+
+
+def test_page_size_mismatch_is_silent_then_refused() -> None:
+    res = _run(SgInstance(page_size=16), SgInstance(page_size=32), "0.5.3,0.5.8")
+    old, new = res.pairs
+    assert old.observed[0].status == "silent" and old.transfers[0].wrong == old.transfers[0].blocks > 0
+    assert old.transfers[0].first_mismatch is not None  # what D found there, decoded from the pattern
+    assert (new.observed[0].status, new.observed[0].exception) == ("error", "RuntimeError")
+    assert new.observed[0].message.startswith("Page size mismatch: prefill server has page_size=16, but decode")
+    assert new.prefill[0].writes == 0  # D stopped before it sent a frame
+
+
+def test_frame_skew_kills_the_real_listener() -> None:
+    res = _run(SgInstance(sglang="0.4.9.post2"), SgInstance(), "0.4.7")
+    v = res.pairs[0].observed[0]
+    assert v.status == "hang" and v.stage == "register" and v.timeout_s is None
+    assert res.pairs[0].prefill[0].listener_dead.startswith("UnicodeDecodeError: 'ascii' codec")
+    assert res.pairs[0].model[0].status == "hang"
+
+
+def test_bootstrap_server_answers_http() -> None:
+    table = bs.Table(resolve("0.5.23"), 2)
+    server = bs.Server(table)
+    try:
+        q = "prefill_dp_rank=-1&prefill_cp_rank=-1&target_tp_rank=-1&target_pp_rank=-1"
+        with pytest.raises(urllib.error.HTTPError) as ei:
+            urllib.request.urlopen(f"http://127.0.0.1:{server.port}/route?{q}", timeout=5)
+        assert ei.value.code == 503 and b"(0 workers registered)" in ei.value.read()
+        assert bs.http_put("127.0.0.1", server.port, {"attn_tp_size": 2})[0] == 500  # KeyError in the handler
+        for r in range(2):
+            body = bs.put_body(table.rel, rank=r, tp=2, pp_rank=0, pp=1, ip="127.0.0.1", port=7000 + r,
+                               page_size=16, kv_cache_dtype="auto", agent_name="a")
+            assert bs.http_put("127.0.0.1", server.port, body) == (200, "OK")
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/route?{q}", timeout=5) as r:
+            info = json.loads(r.read())
+        assert info["attn_tp_size"] == 2 and set(info) == set(table.rel.info_keys)
+        found = bs.discover(table.rel, bs.http_get("127.0.0.1", server.port), tp_rank=1, tp_size=2, pp_size=1,
+                            page_size=16, kv_cache_dtype="auto", mla=False)
+        assert found.targets == [(1, "127.0.0.1", 7001)]
+    finally:
+        server.close()
+
+
+def test_cli_json_and_table_agree(pdcheck, tmp_path) -> None:
+    path = SG / "sglang-hetero-tp.toml"
+    run = pdcheck("handshake", str(path), "--sglang", "0.4.7,0.5.13", "--json", "--hang-timeout", "1.5")
+    assert run.code == 1, run.err
+    doc = run.json()
+    assert doc["framework"] == "sglang" and doc["matrix"] == {"0.4.7": ["assert"], "0.5.13": ["ok"]}
+    assert doc["agree"] and doc["issue"].startswith("sgl-project/sglang#19043")
+    table = pdcheck("handshake", str(path), "--sglang", "0.4.7,0.5.13", "--hang-timeout", "1.5")
+    assert table.code == 1
+    for release, statuses in doc["matrix"].items():  # the table's row of each release shows the JSON's verdict
+        row = next(line for line in table.out.splitlines() if f" {release} " in line)
+        assert [c.strip() for c in row.split("│")][3] == statuses[0]
+    assert "Traceback" not in table.err
+
+
+def test_cli_bad_input(pdcheck) -> None:
+    path = str(SG / "sglang-hetero-tp.toml")
+    for args, text in (((path, "--sglang", "0.5.8", "--vllm", "0.9.1"), "not both"),
+                       ((path, "--vllm", "0.9.1"), "is an SGLang scenario"),
+                       ((path, "--sglang", "0.3.1"), "is not modelled"),
+                       ((str(SCENARIOS / "mla.toml"), "--sglang", "0.5.8"), "not an SGLang scenario"),
+                       ((path, "--sglang", "0.5.8", "--ray", "auto"), "not available for SGLang"),
+                       ((path, "--sglang", "0.5.8", "--prefill-endpoint", "ftp://h:1"), "plain HTTP")):
+        run = pdcheck("handshake", *args)
+        assert run.code == 2 and text in run.err and "Traceback" not in run.err, (args, run.err)
+        assert len(run.err.strip().splitlines()) == 1
+    run = pdcheck("handshake", path, "--sglang", "0.5.8", "--prefill-endpoint", "127.0.0.1:9", "--hang-timeout", "1")
+    assert run.code == 3 and "no SGLang bootstrap server answers" in run.err and len(run.err.strip().splitlines()) == 1
+
+
+def test_smoke_runs_sglang_scenarios(pdcheck, tmp_path) -> None:
+    d = tmp_path / "sc"
+    (d / "sglang").mkdir(parents=True)
+    for name in ("sglang-frame-skew", "sglang-completion-skew"):
+        shutil.copy(SG / f"{name}.toml", d / "sglang")
+    shutil.copy(SCENARIOS / "decode-fewer-blocks.toml", d)
+    junit = tmp_path / "out.xml"
+    run = pdcheck("smoke", str(d), "--json", "--junit", str(junit), "--hang-timeout", "1.5")
+    assert run.code == 0, run.err
+    doc = run.json()
+    sg = [c for c in doc["cases"] if c["framework"] == "sglang"]
+    assert [(c["scenario"], c["got"]) for c in sg] == [("sglang-completion-skew", ["hang"]),
+                                                        ("sglang-frame-skew", ["hang"])]
+    assert 'name="sglang 0.5.23"' in junit.read_text()
+
+
+class _Junk(http.server.BaseHTTPRequestHandler):
+    body = b"hello"
+
+    def log_message(self, format, *args):  # noqa: A002
+        pass
+
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+
+def _serve(handler) -> http.server.ThreadingHTTPServer:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+def test_probe_reads_a_live_bootstrap_server_read_only(pdcheck) -> None:
+    rel = resolve("0.5.8")
+    table = engine.table_for(rel, engine.Side(tp_size=2, page_size=32))
+    server = bs.Server(table)
+    try:
+        url = f"http://127.0.0.1:{server.port}"
+        run = pdcheck("probe", url, "--sglang", "auto", "--decode-sglang", "0.5.3,0.5.8", "--json")
+        assert run.code == 1, run.err
+        doc = run.json()
+        assert (doc["era"], doc["p_release"]) == ("B4", "0.5.8")
+        assert doc["info"]["prefill_page_size"] == 32 and len(doc["ranks"]) == 2
+        assert [(c["d_release"], c["status"]) for c in doc["decode"]] == [("0.5.3", "ok"), ("0.5.8", "error")]
+        assert doc["decode"][1]["message"].startswith("Page size mismatch: prefill server has page_size=32")
+        assert table.count == 2  # nothing was registered or changed by the probe
+        table_run = pdcheck("probe", url, "--sglang", "0.5.8")
+        assert table_run.code == 1 and "Page size mismatch" in table_run.out
+    finally:
+        server.close()
+
+
+def test_probe_bad_input_and_junk(pdcheck) -> None:
+    run = pdcheck("probe", "ftp://127.0.0.1:1", "--sglang", "auto")
+    assert run.code == 2 and "plain HTTP" in run.err and len(run.err.strip().splitlines()) == 1
+    run = pdcheck("probe", "127.0.0.1:1", "--sglang", "0.5.8", "--vllm", "0.9.1")
+    assert run.code == 2 and "not both" in run.err
+    junk = _serve(_Junk)
+    big = _serve(type("Big", (_Junk,), {"body": b'{"attn_tp_size": ' + b"1" * (1 << 20) + b"}"}))
+    try:
+        for srv in (junk, big):
+            run = pdcheck("probe", f"127.0.0.1:{srv.server_address[1]}", "--sglang", "auto", "--json", timeout=60)
+            assert run.code == 3 and run.json()["era"] is None and "Traceback" not in run.err
+    finally:
+        for srv in (junk, big):
+            srv.shutdown()
+            srv.server_close()
+    nobody = pdcheck("probe", "127.0.0.1:9", "--sglang", "auto", "--timeout", "1", "--json")
+    assert nobody.code == 3 and "no SGLang bootstrap answer" in nobody.json()["notes"][0]
+
+
+def test_probe_bounds_a_huge_rank_list() -> None:
+    from pdcheck.sglang import probe
+
+    class Huge(_Junk):
+        body = json.dumps({"prefill_attn_tp_size": 10_000, "prefill_dp_size": 1, "prefill_pp_size": 1}).encode()
+
+    srv = _serve(Huge)
+    try:
+        rep = probe.run("127.0.0.1", srv.server_address[1], None, [], engine.Side(), 2.0)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert rep.era == "B3" and rep.ranks == [] and "P advertises 10000 x 1 ranks" in rep.notes[0]
+
+
+def test_serve_and_prefill_endpoint(tmp_path) -> None:
+    """`pdcheck serve --sglang` (a real CLI process: bootstrap server + fake P ranks) and fake D ranks against it
+    with --prefill-endpoint: pages arrive by coordinate for the same release; an 0.5.13 D stops at the bootstrap
+    (the live P's era is recognised from its answers, read-only)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    scen = tmp_path / "live.toml"
+    scen.write_text('framework = "sglang"\n[prefill]\ntp_size = 2\n[decode]\ntp_size = 2\n')
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(scen), "--sglang", "0.5.23", "--json",
+                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        ready = json.loads(proc.stdout.readline())
+        assert ready["framework"] == "sglang" and ready["p_ranks"] == 2
+        from pdcheck.sglang.probe import parse_url
+        from pdcheck.sglang.scenario import load
+
+        live = sp.LiveBootstrap(*parse_url(ready["bootstrap_url"]))
+        res = runner.run(sp.build(load(scen), "0.5.23,0.5.13", sp.SgOptions(hang_timeout_s=1.5), live))
+        same, old = res.pairs
+        assert same.p_release == "0.5.23" and [v.status for v in same.observed] == ["ok", "ok"]
+        assert all(t.status == "ok" and t.blocks > 0 for t in same.transfers)
+        assert [v.status for v in old.observed] == ["hang", "hang"] and old.observed[0].exception == "TypeError"
+        assert [v.status for v in old.model] == ["hang", "hang"]
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "P rank 0: 2 WRITE requests" in err
+
+
+def test_scenario_from_logs_cli(pdcheck, tmp_path) -> None:
+    line = ("INFO engine.py:154: server_args=ServerArgs(model_path='m', kv_cache_dtype='auto', page_size={ps}, "
+            "tp_size=1, pp_size=1, dp_size=1, disaggregation_mode='{mode}', disaggregation_transfer_backend='nixl', "
+            "disaggregation_bootstrap_port=8998)\n")
+    (tmp_path / "p.log").write_text(line.format(ps=16, mode="prefill"))
+    (tmp_path / "d.log").write_text(line.format(ps=32, mode="decode"))
+    out = tmp_path / "sc.toml"
+    run = pdcheck("scenario", "from-logs", str(tmp_path / "p.log"), str(tmp_path / "d.log"), "--sglang", "0.5.3,0.5.8",
+                  "-o", str(out), "--json")
+    assert run.code == 0, run.err
+    assert run.json()["prefill"]["side"]["page_size"] == 16
+    res = pdcheck("handshake", str(out), "--json", "--hang-timeout", "1.5")
+    assert res.code == 1, res.err
+    assert res.json()["matrix"] == {"0.5.3": ["silent"], "0.5.8": ["error"]}
