@@ -203,10 +203,10 @@ def locate(path: Path) -> Path:
     except (OSError, ValueError):  # a name too long, a NUL byte: read_scenario_text says what is wrong
         return path
     name = path.name if path.suffix == ".toml" else f"{path.name}.toml"
-    found = BUNDLED / name
-    if found.is_file():
-        return found
-    names = ", ".join(p.stem for p in bundled())
+    for found in (BUNDLED / name, BUNDLED / "sglang" / name):  # vLLM's at the top, SGLang's in sglang/
+        if found.is_file():
+            return found
+    names = ", ".join(p.stem for p in [*bundled(), *sorted((BUNDLED / "sglang").glob("*.toml"))])
     raise BadInput(f"{path}: no such scenario file, and no bundled scenario of that name (bundled: {names})")
 
 
