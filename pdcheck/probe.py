@@ -324,7 +324,8 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
     """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
     expected = None
     if decode_sc is not None:
-        expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
+        expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model,
+                                            cache_dtype=decode_sc.decode.cache_dtype)
     ranks, replies, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
                                        timeout_ms=timeout_ms, expected_hash=expected, max_tp=max_tp,
                                        hint=releases.for_release(release, decode_sc.prefill.geometry())

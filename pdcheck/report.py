@@ -29,6 +29,7 @@ class DecodeRank(msgspec.Struct):
     transfer: dict[str, m.TransferResult] | None = None
     bypassed: dict[str, m.Verdict] = {}
     node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
+    dp_rank: int = 0  # its data-parallel rank (decode.dp_size > 1: one TP group per DP rank)
 
 
 class PrefillRank(msgspec.Struct):
@@ -39,6 +40,7 @@ class PrefillRank(msgspec.Struct):
     notifications: list[str] | None
     listener_died: str | None = None
     node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
+    dp_rank: int = 0
 
 
 class FailSpan(msgspec.Struct):
@@ -88,20 +90,23 @@ def build(res: RunResult) -> Report:
     nodes = res.nodes
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
-    for r in range(sc.decode.tp_size):
-        dr = results.get(r)
+    d_tp, p_tp = sc.decode.tp_size, sc.prefill.tp_size
+    n_decode = d_tp * sc.decode.dp_size  # DP rank j's TP rank r reports as D rank j * tp_size + r
+    for i in range(n_decode):
+        dr = results.get(i)
         if dr is None:
             continue
+        r = i % d_tp
         verdicts = {k: _fold_transfer(v, (dr.transfer or {}).get(k)) for k, v in dr.verdicts.items()}
         decode.append(DecodeRank(r, dr.num_blocks, sc.decode.device_id(r), verdicts, dr.transfer, dr.bypassed,
-                                 nodes.get(f"D rank {r}", here)))
+                                 nodes.get(f"D rank {i}", here), i // d_tp))
     prefill = [
-        PrefillRank(r, sc.prefill.blocks()[r], sc.prefill.device_id(r),
-                    finals[r].served if r in finals else None, finals[r].notifs if r in finals else None,
-                    finals[r].listener_dead if r in finals else None, nodes.get(f"P rank {r}", here))
-        for r in range(sc.prefill.tp_size)
+        PrefillRank(i % p_tp, sc.prefill.blocks()[i % p_tp], sc.prefill.device_id(i % p_tp),
+                    finals[i].served if i in finals else None, finals[i].notifs if i in finals else None,
+                    finals[i].listener_dead if i in finals else None, nodes.get(f"P rank {i}", here), i // p_tp)
+        for i in range(p_tp * sc.prefill.dp_size)
     ]
-    survives = {n: verdict.survives([d.verdicts[n].status for d in decode], sc.decode.tp_size) for n in names}
+    survives = {n: verdict.survives([d.verdicts[n].status for d in decode], n_decode) for n in names}
     code = verdict.exit_code(survives.values(), harness=bool(harness))
     matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
     spans = fail_spans(survives) if not harness else []
@@ -205,7 +210,9 @@ def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Tab
     table.add_column("release", no_wrap=True)
     if per_rank:
         for d in rep.decode_ranks:
-            table.add_column(f"D{d.tp_rank}", justify="center", no_wrap=True)
+            label = f"D{d.dp_rank}.{d.tp_rank}" if rep.prefill_ranks and any(x.dp_rank for x in rep.decode_ranks) \
+                else f"D{d.tp_rank}"
+            table.add_column(label, justify="center", no_wrap=True)
     else:
         table.add_column("decode ranks")
     used: set[str] = set()
@@ -308,23 +315,26 @@ def render(rep: Report, console: Console) -> None:
         console.print(Text(f"  placement: {at}"))
     shown = [*rep.releases, CORRECTED.name]
     table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
+    dp = any(d.dp_rank for d in rep.decode_ranks)
+    if dp:
+        table.add_column("DP", justify="right")
     table.add_column("D", justify="right")
     table.add_column("blocks", justify="right")
     for n in shown:
         table.add_column(n if n == CORRECTED.name else f"vLLM {n}")
     notes: dict[str, str] = {}
     for d in rep.decode_ranks:
-        table.add_row(str(d.tp_rank), str(d.num_blocks),
+        table.add_row(*([str(d.dp_rank)] if dp else []), str(d.tp_rank), str(d.num_blocks),
                       *(_cell(d.verdicts.get(n), (d.transfer or {}).get(n), notes) for n in shown))
     console.print(table)
     for text, key in notes.items():
         console.print(Text(f"  [{key}] {text}"))  # Text: "[a]" must not be read as markup
     for n in shown:
-        firsts = [(d.tp_rank, t) for d in rep.decode_ranks
+        firsts = [(d, t) for d in rep.decode_ranks
                   if (t := (d.transfer or {}).get(n)) and t.message and t.status != "skipped"]
         if firsts:
-            r, t = firsts[0]
-            line = f"  transfer {n}, D rank {r}: {t.message}"
+            d, t = firsts[0]
+            line = f"  transfer {n}, {'DP rank ' + str(d.dp_rank) + ' ' if dp else ''}D rank {d.tp_rank}: {t.message}"
             if t.first_mismatch:
                 fm = t.first_mismatch
                 line += f"; first mismatch: expected {fm.expected}, found {fm.found}"
