@@ -12,7 +12,7 @@ import msgspec
 from pdcheck import __version__, verdict
 from pdcheck import messages as m
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
-from pdcheck.releases import CORRECTED
+from pdcheck.releases import CORRECTED, shapes
 from pdcheck.results import Live, RunResult, Timings
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: a --json run never imports it
@@ -30,6 +30,7 @@ class DecodeRank(msgspec.Struct):
     bypassed: dict[str, m.Verdict] = {}
     node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
     dp_rank: int = 0  # its data-parallel rank (decode.dp_size > 1: one TP group per DP rank)
+    when: dict[str, str] = {}  # release -> when its refusal reaches the user (releases.shapes.when_raised)
 
 
 class PrefillRank(msgspec.Struct):
@@ -98,8 +99,10 @@ def build(res: RunResult) -> Report:
             continue
         r = i % d_tp
         verdicts = {k: _fold_transfer(v, (dr.transfer or {}).get(k)) for k, v in dr.verdicts.items()}
+        when = {rel.name: w for rel in releases if (v := verdicts.get(rel.name)) is not None
+                and (w := shapes.when_raised(rel, v.status, v.check)) is not None}
         decode.append(DecodeRank(r, dr.num_blocks, sc.decode.device_id(r), verdicts, dr.transfer, dr.bypassed,
-                                 nodes.get(f"D rank {i}", here), i // d_tp))
+                                 nodes.get(f"D rank {i}", here), i // d_tp, when))
     prefill = [
         PrefillRank(i % p_tp, sc.prefill.blocks()[i % p_tp], sc.prefill.device_id(i % p_tp),
                     finals[i].served if i in finals else None, finals[i].notifs if i in finals else None,
@@ -156,7 +159,7 @@ def _detail(v: m.Verdict) -> str:
     return f"{exc}{v.message or ''}"
 
 
-def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]) -> Text:
+def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str], when: str | None = None) -> Text:
     """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
     from rich.text import Text
 
@@ -164,7 +167,7 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
         return Text("-")
     text = Text(v.status.upper(), style=_STYLE.get(v.status, ""))
     if v.status != "ok":
-        key = notes.setdefault(_detail(v), chr(ord("a") + len(notes)))
+        key = notes.setdefault(_detail(v) + (f" ({when})" if when else ""), chr(ord("a") + len(notes)))
         where = f" @hs{v.handshake}" if v.handshake else ""
         text.append(f" [{key}]{where}")
     rec = v.rank_num_blocks or ({} if v.recorded_num_blocks is None else {-1: v.recorded_num_blocks})
@@ -325,7 +328,7 @@ def render(rep: Report, console: Console) -> None:
     notes: dict[str, str] = {}
     for d in rep.decode_ranks:
         table.add_row(*([str(d.dp_rank)] if dp else []), str(d.tp_rank), str(d.num_blocks),
-                      *(_cell(d.verdicts.get(n), (d.transfer or {}).get(n), notes) for n in shown))
+                      *(_cell(d.verdicts.get(n), (d.transfer or {}).get(n), notes, d.when.get(n)) for n in shown))
     console.print(table)
     for text, key in notes.items():
         console.print(Text(f"  [{key}] {text}"))  # Text: "[a]" must not be read as markup

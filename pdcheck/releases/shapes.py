@@ -85,3 +85,19 @@ def fp8_effects(rel: ReleaseModel, p_dtype: str, d_dtype: str, dynamic: bool) ->
         out.append("dynamic fp8 KV scales stay on P: D reads the quantized blocks and decodes them with its own "
                    "scales: no error, quality loss (vLLM #42179)")
     return out
+
+
+START_UP_CHECKS = {"pp_decode"}  # raised while the worker starts, before it serves anything
+
+
+def when_raised(rel: ReleaseModel, status: str, check: str | None) -> str | None:
+    """When a refusal reaches the user: at start-up, or per request after the server reported healthy (the
+    handshake runs on a request's first KV load in every release; from era F, 0.11.1, a failed handshake fails
+    that request and leaves the server up). None: ok, or an early release whose failure takes the engine down."""
+    if status == "ok" or rel.flow == "corrected":
+        return None
+    if check in START_UP_CHECKS:
+        return "at start-up: the decode worker refuses before it serves"
+    if rel.wire >= "F":
+        return "per request: passes start-up (healthy), the first request raises it, and every later one to that P"
+    return None
