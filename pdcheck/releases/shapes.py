@@ -58,17 +58,15 @@ def block_size_effect(rel: ReleaseModel, p_bs: int, d_bs: int) -> str | None:
     the earlier ones (block_size is not on the wire: hazards' block-length reading applies)."""
     if rel.wire < "F":
         return None
+    if _has(rel, "block_size_le") and p_bs > d_bs:  # 0.11.1-0.13: before add_remote_agent, so it fires first
+        return PER_REQUEST.format(what="asserts 'AssertionError: nP > nD is not supported yet.'")
+    if d_bs % p_bs == 0:
+        return (f"supported: D's {d_bs}-token block is {d_bs // p_bs} of P's (P < D, block_size_ratio; "
+                "not with a host buffer)")
     if _has(rel, "block_size_ratio"):
-        if d_bs % p_bs == 0:
-            return (f"supported: D's {d_bs}-token block is {d_bs // p_bs} of P's (P < D, block_size_ratio; "
-                    "not with a host buffer)")
         what = (f"asserts 'AssertionError: Local block size {d_bs} is not divisible by remote block size {p_bs} "
                 "or vice versa.' (vLLM #42895)")
         return PER_REQUEST.format(what=what)
-    if _has(rel, "block_size_le"):
-        if p_bs > d_bs:
-            return PER_REQUEST.format(what="asserts 'AssertionError: nP > nD is not supported yet.'")
-        return f"supported when D's block is a multiple of P's ({d_bs} vs {p_bs}; #26759)"
     return None
 
 
