@@ -228,3 +228,38 @@ def test_dp2_tp2_real_ranks_per_dp_rank_verdicts(pdcheck) -> None:
     # every P DP rank that answered ran as its own TP group
     assert {(p["dp_rank"], p["tp_rank"]) for p in doc["prefill_ranks"] if p["requests_served"]} == {(0, 0), (0, 1)}
     assert [h["id"] for h in doc["hazards"] if h["applies"]] == ["H20"]
+
+
+# ---- probe --dp-size against two live `pdcheck serve` DP ranks -------------------------------------------
+def _serve_doc(tmp_path: Path, k: int, engine_id: str) -> Path:
+    f = tmp_path / f"dp{k}.toml"
+    f.write_text(f'[prefill]\nengine_id = "{engine_id}"\ndp_rank = {k}\ntp_size = 2\nnum_blocks = 64\nkv_heads = 4\n'
+                 f'head_dim = 64\n[decode]\nnum_blocks = 64\n')
+    return f
+
+
+@pytest.mark.parametrize("ids", [("prefill_dp0", "prefill_dp1"), ("prefill_dp0", "prefill_dp0")])
+def test_probe_dp_size_reads_every_dp_rank(tmp_path: Path, ids: tuple[str, str]) -> None:
+    from contextlib import ExitStack
+
+    from test_live import pdcheck as run_cli
+    from test_live import serve
+
+    from pdcheck.ports import free_base
+
+    base = free_base("127.0.0.1", 2)
+    with ExitStack() as stack:
+        for k, eid in enumerate(ids):
+            stack.enter_context(serve(str(_serve_doc(tmp_path, k, eid)), "--vllm", "0.14.0", "--port", str(base)))
+        r = run_cli("probe", f"127.0.0.1:{base}", "--vllm", "0.14.0", "--dp-size", "2", "--tp-size", "2", "--json")
+    assert "Traceback" not in r.stderr, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert [d["ports"] for d in doc["dp_ranks"]] == [[base], [base + 1]]  # era G: one scheduler port per DP rank
+    got = [sorted({p["engine_id"] for p in d["prefill_ranks"]}) for d in doc["dp_ranks"]]
+    assert got == [[ids[0]], [ids[1]]]
+    if ids[1] == "prefill_dp1":
+        assert doc["notes"] == [] and r.returncode == 0
+    else:  # DP rank 1's port answers for DP rank 0's engine: a D routed there fails the engine-id check
+        assert r.returncode == 1 and any("answers for 'prefill_dp0', not 'prefill_dp1'" in n for n in doc["notes"])
