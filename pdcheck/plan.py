@@ -218,6 +218,7 @@ class ServePlan(msgspec.Struct, frozen=True):
     ports: PortPlan  # fixed: vLLM's layout ports bound as they are, as a real P of `release` would
     remote_port: int  # what kv_transfer_params carry: DP-offset base (A-E) or the scheduler port (F-H)
     options: ServeOptions
+    dp: list[ServePlan] = []  # prefill.dp_size > 1: every DP rank's plan (engine <id>_dp<N>) on one base port
 
 
 def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> ServePlan:
@@ -225,6 +226,14 @@ def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> S
     P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree."""
     p = sc.prefill
     where = "--port" if options.port is not None else "prefill.base_port"
+    if p.dp_size > 1:  # every DP rank, each laid out from one base as vLLM does
+        port = options.port if options.port is not None else p.base_port
+        if port is None:
+            port = ports.free_base(p.host, ports.ports_per_dp(release.wire, p.tp_size) * p.dp_size)
+        dp = [build_serve(msgspec.structs.replace(sc, prefill=msgspec.structs.replace(
+                  p, dp_size=1, dp_rank=k, engine_id=ports.dp_engine_id(p.engine_id, k, p.dp_size))),
+                  release, msgspec.structs.replace(options, port=port)) for k in range(p.dp_size)]
+        return msgspec.structs.replace(dp[0], dp=dp)
     base = ports.serve_base(release.wire, p.host, options.port if options.port is not None else p.base_port,
                             p.dp_rank, p.tp_size, where)
     p = msgspec.structs.replace(p, base_port=base, vllm=release.name)

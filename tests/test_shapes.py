@@ -263,3 +263,27 @@ def test_probe_dp_size_reads_every_dp_rank(tmp_path: Path, ids: tuple[str, str])
         assert doc["notes"] == [] and r.returncode == 0
     else:  # DP rank 1's port answers for DP rank 0's engine: a D routed there fails the engine-id check
         assert r.returncode == 1 and any("answers for 'prefill_dp0', not 'prefill_dp1'" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("release", ["0.9.2", "0.14.0"])
+def test_serve_every_dp_rank_and_probe_them(tmp_path: Path, release: str) -> None:
+    import json
+
+    from test_live import pdcheck as run_cli
+    from test_live import serve
+
+    f = tmp_path / "dp.toml"
+    f.write_text('[prefill]\nengine_id = "prefill"\ndp_size = 2\ntp_size = 2\nnum_blocks = 64\nkv_heads = 4\n'
+                 'head_dim = 64\n')
+    with serve(str(f), "--vllm", release) as s:
+        docs = s.doc["dp_ranks"]
+        assert [(d["dp_rank"], d["engine_id"]) for d in docs] == [(0, "prefill_dp0"), (1, "prefill_dp1")]
+        base = s.doc["base_port"]
+        per_rank = release == "0.9.2"  # era C: base + dp * tp + rank; era G: one scheduler port per DP rank
+        assert [d["kv_transfer_params"]["remote_port"] for d in docs] == [base, base + (2 if per_rank else 1)]
+        assert [d["kv_transfer_params"]["remote_engine_id"] for d in docs] == ["prefill_dp0", "prefill_dp1"]
+        r = run_cli("probe", f"127.0.0.1:{base}", "--vllm", release, "--dp-size", "2", "--tp-size", "2", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["notes"] == []
+    assert [sorted({p["engine_id"] for p in d["prefill_ranks"]}) for d in doc["dp_ranks"]] == [
+        ["prefill_dp0"], ["prefill_dp1"]]
