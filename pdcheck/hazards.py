@@ -532,6 +532,12 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
         if got is None or got[0] == pl:
             continue
         exp, kind = got
+        on_wire = shapes.block_size_effect(rel, f.p.block_size, f.d.block_size)  # era F+: block_size advertised
+        if on_wire is not None and not on_wire.startswith("supported"):
+            effects[rel.name] = "not reached: the block-size check fires first (H07)"
+            continue
+        if on_wire is not None and pl == exp * f.p.block_size // f.d.block_size:
+            continue  # P's smaller block, as block_size_ratio expects it
         effects[rel.name] = {
             "equal": f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})",
             "scaled": (f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: '{MSG_SHAPE}' "

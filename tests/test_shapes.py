@@ -287,3 +287,19 @@ def test_serve_every_dp_rank_and_probe_them(tmp_path: Path, release: str) -> Non
     assert r.returncode == 0 and doc["notes"] == []
     assert [sorted({p["engine_id"] for p in d["prefill_ranks"]}) for d in doc["dp_ranks"]] == [
         ["prefill_dp0"], ["prefill_dp1"]]
+
+
+def test_h08_defers_to_the_block_size_check_from_era_f() -> None:
+    hz = _hz(_sc({"block_size": 32}, {"block_size": 16}), "0.9.2,0.14.0")["H08"]
+    assert "Remote P worker KV layer cache" in hz.effects["0.9.2"]
+    assert hz.effects["0.14.0"] == "not reached: the block-size check fires first (H07)"
+    hz = _hz(_sc({"block_size": 16}, {"block_size": 32}), "0.14.0,0.34.0")["H08"]
+    assert "0.14.0" not in hz.effects and "0.34.0" not in hz.effects  # P < D: block_size_ratio expects the half
+
+
+def test_p_smaller_block_supported_from_era_f_real_ranks(pdcheck) -> None:
+    run = pdcheck("handshake", "--prefill-tp", "2", "--decode-tp", "2", "--prefill-blocks", "256", "--decode-blocks",
+                  "256", "--prefill-block-size", "16", "--decode-block-size", "32", "--kv-heads", "4", "--head-dim",
+                  "64", "--vllm", "0.11.1,0.14.0,0.34.0", "--json", timeout=120)
+    doc = run.json()
+    assert doc["matrix"]["0.11.1"] == doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["ok", "ok"]
