@@ -15,7 +15,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BARE = (
-    "import sys\nfrom nixl._api import nixl_agent, nixl_agent_config\n"
+    "import sys\nfrom nixl_cu13._api import nixl_agent, nixl_agent_config\n"
     "nixl_agent(sys.argv[1], nixl_agent_config(enable_prog_thread=False, backends=['UCX']))\n"
 )
 

@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 import zmq
-from nixl._api import nixl_agent, nixl_agent_config
+from nixl_cu13._api import nixl_agent, nixl_agent_config
 
 LOCAL = "NIXL_INIT_AGENT"
 

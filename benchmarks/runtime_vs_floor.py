@@ -58,7 +58,7 @@ def floor_main(t: int, layers: int, blocks: int, transfer: bool) -> None:
     import multiprocessing as mp
 
     import numpy as np
-    from nixl._api import nixl_agent, nixl_agent_config
+    from nixl_cu13._api import nixl_agent, nixl_agent_config
 
     NORESERVE = getattr(mmap, "MAP_NORESERVE", 0x4000)  # Linux value; pdcheck maps the same way
     regions = 2 * layers

@@ -17,15 +17,24 @@ def main() -> None:
     # numpy's OpenBLAS starts a thread pool at import that spins ~0.07 s of CPU in this process and again in the
     # forkserver, on 2 cores while the ranks start; pdcheck does no linear algebra. The user's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    # --ray places ranks as Ray actors: no local forkserver to warm.
-    if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS and not any(a.startswith("--ray") for a in sys.argv):
-        from pdcheck.launcher import warm_up
+    from pdcheck import lifecycle
 
-        warm_up()
-    from pdcheck.cli import main as cli_main
-
+    # Before anything slow: a Ctrl-C while the CLI imports is then an exit 130, not a traceback.
+    lifecycle.install_signal_handlers()
     try:
+        # --ray places ranks as Ray actors: no local forkserver to warm.
+        if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS and not any(a.startswith("--ray") for a in sys.argv):
+            from pdcheck.launcher import warm_up
+
+            warm_up()
+        from pdcheck.cli import main as cli_main
+
         cli_main()
+    except KeyboardInterrupt:  # before cli.main took over its own interrupts
+        code = lifecycle.exit_code(lifecycle.EXIT_INTERRUPTED)
+        lifecycle.shutdown(code)
+        exit_now(code)
+        raise SystemExit(code) from None
     except SystemExit as exc:
         exit_now(exc.code)
         raise

@@ -10,18 +10,19 @@ import typer
 from typer.core import TyperGroup
 
 from pdcheck.cliopts import scenario_flags
-from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
+from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
 EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
   pdcheck scenario from-logs prefill.log decode.log -o mine.toml
   pdcheck handshake mine.toml --vllm all
-  [dim]# per-rank asserts and the transfer proof for one release[/]
-  pdcheck handshake scenarios/seed-19338-tp8.toml --vllm 0.9.1
+  [dim]# a bundled scenario by name; one release: the per-rank report[/]
+  pdcheck handshake seed-19338-tp8 --vllm 0.9.1
   [dim]# no scenario file: flags only[/]
   pdcheck handshake --prefill-tp 2 --decode-tp 2 \\
       --prefill-blocks 5808,5800 --decode-blocks 5800 --vllm 0.9.1
-  pdcheck smoke scenarios --junit smoke.xml
+  [dim]# CI: every bundled scenario against its expected outcome[/]
+  pdcheck smoke --junit smoke.xml
 
 Exit codes: 0 survives, 1 a hazard fires, 2 bad input, 3 harness failure, 130 interrupted.
 Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
@@ -85,11 +86,10 @@ OUTPUT = "Output"
 LIVE = "Live prefill"
 
 
-def _console(**kw: Any) -> Any:
-    """A rich Console, imported here: a --json run renders nothing and never imports rich."""
-    from rich.console import Console
+def _console(stderr: bool = False, **kw: Any) -> Any:
+    from pdcheck.console import console
 
-    return Console(**kw)
+    return console(stderr, **kw)
 
 
 def _escape(text: str) -> str:
@@ -166,6 +166,10 @@ def handshake(
                                   help="Seconds the whole run may take before ranks count as hung.")] = 120.0,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                   help="One JSON document on stdout instead of tables (no progress).")] = False,
+    log_dir: Annotated[Path | None, Opt(metavar="DIR", rich_help_panel=OUTPUT, show_default=False,
+                                        help="Keep each rank's log (its stdout and stderr, NIXL's and UCX's own "
+                                             "lines included) here as P0.log, D0.log, ... (default: a temporary "
+                                             "directory, removed unless the harness fails).")] = None,
     prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=LIVE, show_default=False,
                                             help="The release the prefill runs (prefill.vllm): a cross-release "
                                                  "pair, or the live P's release with --prefill-endpoint.")] = None,
@@ -178,7 +182,7 @@ def handshake(
     ray: Annotated[str | None, Opt(metavar="ADDRESS", rich_help_panel=RUN, show_default=False,
                                    help="Run each rank as a Ray actor on this Ray cluster ('auto': the one this "
                                         "node belongs to): P on nodes with the pdcheck_prefill resource, D on "
-                                        "pdcheck_decode ones (needs pdcheck[ray]).")] = None,
+                                        "pdcheck_decode ones (needs pdcheck\\[ray]).")] = None,
 ) -> None:
     """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
     from pdcheck import bounds, progress, report
@@ -224,6 +228,10 @@ def handshake(
         from pdcheck.launcher import check_ray
 
         check_ray(ray)
+    if log_dir is not None:
+        from pdcheck import lifecycle
+
+        lifecycle.keep_rank_logs(log_dir)
     if live is not None:
         from pdcheck.live import run as runner
     else:
@@ -243,7 +251,25 @@ def handshake(
                       f"Per-rank asserts and transfer proof: --vllm {one}[/]")
     else:
         report.render(rep, _console())
+    if not json_out:
+        _native_note(log_dir)
     raise typer.Exit(rep.exit_code)
+
+
+def _native_note(log_dir: Path | None) -> None:
+    """One line per distinct NIXL error the ranks logged (their logs, not the terminal, get NIXL's C++ lines):
+    these come from the READs the report shows refused."""
+    from pdcheck import lifecycle
+
+    found = lifecycle.native_errors(lifecycle.rank_log_dirs())
+    if not found:
+        return
+    where = f"in {log_dir}" if log_dir is not None else "--log-dir DIR keeps them"
+    console = _console(highlight=False)
+    console.print(f"[dim]NIXL's own error lines in the rank logs ({_escape(where)}), from the refused READs "
+                  "above:[/]")
+    for msg, ranks in found.items():
+        console.print(f"[dim]  {', '.join(ranks)}: {_escape(msg)}[/]")
 
 
 @scenario_app.command("from-logs", epilog=EPILOG)
@@ -257,7 +283,10 @@ def scenario_from_logs(
     overrides: dict[str, Any],
     output: Annotated[Path | None, Opt("--output", "-o", metavar="SCENARIO.toml", rich_help_panel=OUTPUT,
                                        show_default=False,
-                                       help="Write the scenario here (default: stdout).")] = None,
+                                       help="Write the scenario here (default: stdout); an existing file "
+                                            "only with --force.")] = None,
+    force: Annotated[bool, Opt("--force", metavar="", rich_help_panel=OUTPUT,
+                               help="Let --output replace an existing file.")] = False,
     dp_rank: Annotated[int | None, Opt(metavar="N", rich_help_panel=RUN, show_default=False,
                                        help="Data-parallel rank to read when a log has several (default: "
                                             "the lowest).")] = None,
@@ -270,6 +299,8 @@ def scenario_from_logs(
     Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO.toml`."""
     from pdcheck import fromlogs
 
+    if output is not None and not force and (output.exists() or output.is_symlink()):
+        raise BadInput(f"--output: {output} exists; pass --force to replace it")
     fl, _sc = _logs_scenario((prefill_log, decode_log), overrides, dp_rank)
     text = fromlogs.to_toml(fl, overrides)
     if output is not None:
@@ -288,15 +319,19 @@ def scenario_from_logs(
     if output is None:
         sys.stdout.write(text)
     else:
-        _console(stderr=True, highlight=False).print(f"wrote {output}; run it with: pdcheck handshake {output}")
+        import shlex
+
+        # soft_wrap: the command stays one line to copy, however narrow the terminal.
+        _console(stderr=True, highlight=False, soft_wrap=True).print(
+            f"wrote {output}; run it with: pdcheck handshake {shlex.quote(str(output))}", markup=False)
     _report_missing(fl, overrides)
 
 
 @app.command(epilog=EPILOG)
 def smoke(
-    directory: Annotated[Path, typer.Argument(metavar="[DIRECTORY]",
-                                              help="Directory of scenario TOML files with expect tables.")] = Path(
-        "scenarios"),
+    directory: Annotated[Path | None, typer.Argument(
+        metavar="[DIRECTORY]", show_default=False,
+        help="Directory of scenario TOML files with expect tables (default: the bundled scenarios).")] = None,
     junit: Annotated[Path | None, Opt(metavar="FILE.xml", rich_help_panel=OUTPUT, show_default=False,
                                       help="Write JUnit XML here (GitHub/GitLab test reports).")] = None,
     json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
@@ -310,9 +345,11 @@ def smoke(
     from pdcheck import bounds
     from pdcheck import smoke as sm
     from pdcheck.plan import RunOptions
+    from pdcheck.scenario import BUNDLED
 
     bounds.check_timeouts(hang_timeout)
-    rep = sm.run(directory, RunOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
+    rep = sm.run(directory if directory is not None else BUNDLED,
+                 RunOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
     if junit is not None:
         try:
             junit.write_bytes(sm.junit(rep))
@@ -367,6 +404,13 @@ def run(argv: list[str] | None = None) -> int:
     except typer.Exit as exc:
         return exc.exit_code
     except USAGE_ERRORS as exc:  # usage errors arrive here with standalone_mode=False
+        if type(exc).__name__ == "NoArgsIsHelpError":
+            # Bare `pdcheck` / `pdcheck scenario`: asking for nothing gets the help (rich has printed it; plain
+            # help is the message), exit 0, as click before 8.2 did. Not an error, so no error line.
+            text = exc.format_message()  # type: ignore[attr-defined]
+            if text.strip():
+                print(text)
+            return 0
         error(one_line(exc.format_message()))  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt
@@ -377,8 +421,11 @@ def main() -> None:
     from pdcheck import lifecycle
 
     lifecycle.install_signal_handlers()
+    code = EXIT_HARNESS
     try:
-        code = run()
+        code = lifecycle.exit_code(run())
     finally:
-        lifecycle.shutdown()
-    sys.exit(lifecycle.exit_code(code))
+        kept = lifecycle.shutdown(code)
+    if kept is not None:
+        print(f"pdcheck: the ranks' logs are kept in {kept}", file=sys.stderr)
+    sys.exit(code)

@@ -471,12 +471,22 @@ def _release(text: str) -> str:
 
 
 def require(fl: FromLogs, overrides: dict[str, Any], p_path: str, d_path: str) -> None:
-    """A log from which num_blocks cannot be read (and no flag gives it) is unusable: exit 2."""
+    """A log from which num_blocks cannot be read (and no flag gives it) is unusable: exit 2. One error names
+    every flag needed, both sides' (a per-rank --X-blocks list also needs --X-tp when the log lacks tp_size)."""
+    paths: list[str] = []
+    flags: list[str] = []
     for side, path in (("prefill", p_path), ("decode", d_path)):
-        if "num_blocks" in fl.missing[side] and "num_blocks" not in overrides.get(side, {}):
-            raise BadInput(f"{path}: no num_blocks: neither 'Registering KV_Caches ... num_blocks' lines "
-                           f"(0.9.1-0.10.x) nor a 'GPU KV cache size: N tokens' line (is this a vLLM start-up log "
-                           f"at INFO level?); pass --{side}-blocks")
+        given = overrides.get(side, {})
+        if "num_blocks" in fl.missing[side] and "num_blocks" not in given:
+            if path not in paths:
+                paths.append(path)
+            flags.append(f"--{side}-blocks N")
+            if "tp_size" in fl.missing[side] and "tp_size" not in given:
+                flags.append(f"--{side}-tp N")
+    if flags:
+        raise BadInput(f"{' and '.join(paths)}: no num_blocks: neither 'Registering KV_Caches ... num_blocks' lines "
+                       f"(0.9.1-0.10.x) nor a 'GPU KV cache size: N tokens' line (is this a vLLM start-up log "
+                       f"at INFO level?); pass {' '.join(flags)}")
 
 
 def missing_report(fl: FromLogs, overrides: dict[str, Any]) -> list[str]:

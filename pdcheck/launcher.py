@@ -21,9 +21,9 @@ from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.placement import Place, RankId, RankLauncher
+from pdcheck.placement import Place, RankId, RankLauncher, rounds
 
-_PRELOAD = ["numpy", "zmq", "msgspec", "nixl._api", "pdcheck.ranks", "pdcheck.bench.rank"]
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.ranks", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
 
 
@@ -42,10 +42,17 @@ _GET_PREP = spawn.get_preparation_data
 def warm_up() -> None:
     """Start the forkserver now: it imports NIXL, numpy and zmq in its own process while the parent
     still imports the CLI, instead of after it. lifecycle.shutdown() stops it on every exit path."""
+    _context()
+    _ensure_forkserver()
+
+
+def _ensure_forkserver() -> None:
+    """Start the forkserver (and resource tracker) if none runs, immune to Ctrl-C (see lifecycle)."""
     from multiprocessing import forkserver
 
-    _context()
-    forkserver.ensure_running()
+    from pdcheck.lifecycle import spawn_quietly
+
+    spawn_quietly(forkserver.ensure_running)
 
 
 def _prep_without_main(name: str) -> dict[str, Any]:
@@ -75,12 +82,10 @@ class _RankProcess(mp.context.ForkServerProcess):
 
 
 def _logged(target: Callable[[Connection, bytes], None], log: str, conn: Connection, spec: bytes) -> None:
-    """In the forked rank: point fd 1 and 2 at its own log file, then run the rank."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    target(conn, spec)
+    """In the forked rank: fd 1 and 2 to its own log file, then run the rank (pdcheck.lifecycle.rank_body)."""
+    from pdcheck.lifecycle import rank_body
+
+    rank_body(target, log, conn, spec)
 
 
 def stop_forkserver() -> None:
@@ -241,6 +246,7 @@ class Launcher(RankLauncher[Rank]):
     def __init__(self) -> None:
         self.ranks: list[Rank] = []
         self.shm_before = ucx_segments()  # see remove_leaked_segments
+        self.log_dir: str | None = None  # where ranks started without a log= write theirs (lifecycle's)
 
     def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
         """(role, tp_rank) -> where it will run. Locally: this host, at the scenario's addresses."""
@@ -250,7 +256,10 @@ class Launcher(RankLauncher[Rank]):
     def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes,
               log: str | None = None) -> Rank:
         """Fork a rank from the forkserver; it runs target(pipe, spec). log: a file that takes the rank's fd 1
-        and 2, C-level output included (UCX prints its protocol tables there); None: the parent's stderr."""
+        and 2, C-level output included (UCX prints its protocol tables there); None: <role><tp_rank>.log in
+        this run's rank-log directory (pdcheck.lifecycle)."""
+        from pdcheck import lifecycle
+
         ctx = _context()
         if not forkserver_alive():
             # warm_up() started it early; multiprocessing would quietly start another, but a killed
@@ -258,12 +267,22 @@ class Launcher(RankLauncher[Rank]):
             stop_forkserver()
             raise HarnessError(f"the rank forkserver died before {role} rank {tp_rank} started; nothing was left "
                                "running")
+        if log is None:
+            if self.log_dir is None:
+                self.log_dir = lifecycle.rank_log_dir()
+            log = os.path.join(self.log_dir, f"{role}{tp_rank}.log")
         parent, child = ctx.Pipe(duplex=True)
-        args: tuple[Any, ...] = (child, spec) if log is None else (target, log, child, spec)
-        proc = _RankProcess(target=target if log is None else _logged, args=args, name=f"pdcheck-{role}{tp_rank}",
+        proc = _RankProcess(target=_logged, args=(target, log, child, spec), name=f"pdcheck-{role}{tp_rank}",
                             daemon=True)
         try:
-            proc.start()
+            _ensure_forkserver()  # proc.start() would start one too, but one that Ctrl-C interrupts
+            # Signals wait until the rank is in self.ranks: one forked but not recorded would outlive close().
+            # (Not around the forkserver's start: a process spawned meanwhile would inherit the blocked signals.)
+            with lifecycle.signals_deferred():
+                proc.start()
+                child.close()
+                rank = Rank(role, tp_rank, proc, parent)
+                self.ranks.append(rank)
         except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
             parent.close()
             child.close()
@@ -271,20 +290,11 @@ class Launcher(RankLauncher[Rank]):
             raise HarnessError(f"the rank forkserver died while starting {role} rank {tp_rank} "
                                f"({type(exc).__name__}: {exc or 'connection closed'}); nothing was left running") \
                 from None
-        child.close()
-        rank = Rank(role, tp_rank, proc, parent)
-        self.ranks.append(rank)
         return rank
 
     def events(self, ranks: list[Rank], deadline: float) -> Iterator[tuple[Rank, m.Msg | None]]:
         """Yield (rank, message) as they arrive; (rank, None) when a rank's process ends. Stops at deadline."""
-        while True:
-            live = [r for r in ranks if not r.done]
-            if not live:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
+        for live, left in rounds(ranks, deadline):
             by_obj: dict[object, Rank] = {}
             for r in live:
                 by_obj[r.conn] = r

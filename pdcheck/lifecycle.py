@@ -6,15 +6,24 @@ hooks remove their pymp-* directories, and the process exits 128 + the signal (1
 A signal that arrives while that cleanup runs is only recorded, so it cannot cut the cleanup short.
 A signal the parent inherited as ignored (nohup, a background job without job control) stays ignored,
 as POSIX tools do.
+
+Ctrl-C in a terminal sends SIGINT to the whole process group: the forkserver, the resource tracker and every
+rank get it too. They are started with SIGINT ignored (spawn_quietly), so only the parent acts on it and
+stops them; otherwise each prints a KeyboardInterrupt or BrokenPipeError traceback of its own.
 """
 
 from __future__ import annotations
 
 import signal
 import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
+from typing import Any, TypeVar
 
-from pdcheck.errors import EXIT_INTERRUPTED
+from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 _received: list[int] = []
@@ -33,6 +42,39 @@ def install_signal_handlers() -> None:
             signal.signal(sig, _handler)
 
 
+T = TypeVar("T")
+
+
+def spawn_quietly(start: Callable[[], T]) -> T:
+    """Run `start`, which spawns helper processes (multiprocessing's forkserver and resource tracker), with
+    SIGINT ignored, so that they inherit it ignored, and so do the ranks the forkserver forks (it hands its
+    children the SIGINT disposition it inherited). SIGINT is blocked meanwhile: one that arrives in the
+    window is delivered to this process's own handler afterwards, not lost."""
+    if threading.current_thread() is not threading.main_thread():
+        return start()  # signal dispositions can only be changed from the main thread
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        return start()
+    finally:
+        signal.signal(signal.SIGINT, old)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends (then they are delivered as usual): for a step that
+    must not be cut in half, such as forking a rank and recording it for cleanup."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(HANDLED))
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
 def received() -> int | None:
     """The first signal that interrupted this run, if any."""
     return _received[0] if _received else None
@@ -46,8 +88,132 @@ def exit_code(code: int) -> int:
     return code
 
 
-def shutdown() -> None:
+def shutdown(code: int = 0) -> str | None:
     """Stop the forkserver and its resource tracker now instead of when they notice we are gone (up to
-    tens of seconds later under SIGTERM). Both are idempotent; nothing is started here."""
+    tens of seconds later under SIGTERM); both are idempotent, nothing is started here. Then the rank logs:
+    returns a temporary log directory kept because the run failed as a harness (exit `code` 3)."""
     if "pdcheck.launcher" in sys.modules:
         sys.modules["pdcheck.launcher"].stop_forkserver()
+    kept = finish_rank_logs(code)
+    return kept if kept is not None and _logs["temp"] else None
+
+
+# ---------------------------------------------------------------------------------------------- rank logs
+# Every local rank writes its fd 1 and 2 (NIXL's and UCX's native lines included) to its own file, so that an
+# expected failure's C++ error lines do not reach the terminal. The files live in one directory per pdcheck
+# run: the user's --log-dir (kept), or a temporary one removed at exit unless the run failed as a harness.
+_logs: dict[str, Any] = {"root": None, "temp": False, "runs": []}
+
+
+def keep_rank_logs(directory: Path) -> None:
+    """Write this run's rank logs under `directory` and keep them (--log-dir)."""
+    from pdcheck.errors import BadInput
+
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadInput(f"--log-dir: cannot create {directory}: {exc.strerror}") from None
+    _logs.update(root=str(directory), temp=False)
+
+
+def rank_log_dir() -> str:
+    """A fresh directory for one launcher's rank logs (P0.log, D3.log, ...): the run's log directory for the
+    first launcher of this process, run-2, run-3, ... beneath it for later ones (smoke runs many)."""
+    import os
+    import tempfile
+
+    if _logs["root"] is None:
+        _logs.update(root=tempfile.mkdtemp(prefix="pdcheck-logs-"), temp=True)
+    runs: list[str] = _logs["runs"]
+    path = _logs["root"] if not runs else os.path.join(_logs["root"], f"run-{len(runs) + 1}")
+    os.makedirs(path, exist_ok=True)
+    runs.append(path)
+    return path
+
+
+def rank_log_dirs() -> list[str]:
+    """The directories rank_log_dir() handed out, oldest first."""
+    return list(_logs["runs"])
+
+
+def finish_rank_logs(code: int) -> str | None:
+    """At exit: remove a temporary log directory, unless the run failed as a harness (exit 3) and a rank
+    wrote something, the evidence. Returns the directory kept, if any (the user's --log-dir included)."""
+    import shutil
+
+    root = _logs["root"]
+    if root is None:
+        return None
+    if _logs["temp"] and (code != EXIT_HARNESS or not _any_written()):
+        shutil.rmtree(root, ignore_errors=True)
+        _logs.update(root=None, temp=False, runs=[])
+        return None
+    return root
+
+
+def _any_written() -> bool:
+    import os
+
+    for d in _logs["runs"]:
+        try:
+            if any(e.name.endswith(".log") and e.stat().st_size for e in os.scandir(d)):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def native_errors(dirs: list[str]) -> dict[str, list[str]]:
+    """NIXL's own (glog) error lines in these rank logs: message -> the ranks that logged it ('D0', 'P3').
+    Timestamps, thread ids, per-call values (' at index ...') and agent names are dropped so repeats group."""
+    import os
+    import re
+
+    line = re.compile(r"^[EF]\d{4} [\d:.]+\s+\d+ (\S+:\d+)\] (.*?)(?: at index .*)?$")
+    found: dict[str, list[str]] = {}
+    for d in dirs:
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(".log"))
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(d, name), errors="replace") as f:
+                    for text in f:
+                        hit = line.match(text)
+                        if hit:
+                            msg = re.sub(r" for agent '[^']*'", "", hit.group(2))
+                            ranks = found.setdefault(f"{msg} ({hit.group(1)})", [])
+                            if name[:-4] not in ranks:
+                                ranks.append(name[:-4])
+            except OSError:
+                continue
+    return found
+
+
+# ---------------------------------------------------------------------------------------------- in a rank
+_user_stderr: list[Any] = []  # in a rank: a stream on the stderr it was started with, before fd 2 went to its log
+
+
+def rank_body(target: Callable[[Any, bytes], None], log: str, conn: Any, spec: bytes) -> None:
+    """The body of every forked rank: point fd 1 and 2 at its own log file, then run target(conn, spec). A
+    parent that went away (its end of the pipe closed: Ctrl-C, killed) ends the rank quietly; the log says so."""
+    import os
+
+    user = os.dup(2)
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    _user_stderr[:] = [open(user, "w", buffering=1)]  # noqa: SIM115 - lives as long as the rank
+    try:
+        target(conn, spec)
+    except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+        os.write(2, f"pdcheck: the parent closed this rank's pipe ({type(exc).__name__}); exiting\n".encode())
+        raise SystemExit(1) from None
+
+
+def user_stderr() -> Any:
+    """Where a line meant for the user goes (serve's request log): in a rank, the stderr it was started with
+    (the terminal), not its log file; sys.stderr anywhere else."""
+    return _user_stderr[0] if _user_stderr else sys.stderr

@@ -28,16 +28,21 @@ class Req(msgspec.Struct, frozen=True):
     local_block_ids: list[int]
 
 
-class PrefillSpec(msgspec.Struct, frozen=True):
+class RankSpec(msgspec.Struct, frozen=True):
+    """What every handshake/serve rank is told: its engine, place in TP, and the KV cache it registers."""
+
     engine_id: str
     tp_rank: int
     tp_size: int
     num_blocks: int
     device_id: int
     device: str
-    host: str
     geometry: Geometry
     kv_cache_layout: str
+
+
+class PrefillSpec(RankSpec, frozen=True):
+    host: str
     inject: Inject
     log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
     tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
@@ -62,15 +67,7 @@ class DRelease(msgspec.Struct, frozen=True):
     local_hash: str | None
 
 
-class DecodeSpec(msgspec.Struct, frozen=True):
-    engine_id: str
-    tp_rank: int
-    tp_size: int
-    num_blocks: int
-    device_id: int
-    device: str
-    geometry: Geometry
-    kv_cache_layout: str
+class DecodeSpec(RankSpec, frozen=True):
     releases: list[DRelease]  # "corrected" included
     p_host: str
     p_engine_tag: int

@@ -67,7 +67,8 @@ class Agent:
         telemetry: bool = False,
         engine_config: str | None = None,
     ) -> None:
-        from nixl._api import nixl_agent, nixl_agent_config
+        # nixl_cu13: the one NIXL build pdcheck depends on (pyproject.toml says why)
+        from nixl_cu13._api import nixl_agent, nixl_agent_config
 
         self.name = name
         params: dict[str, str] = {}

@@ -4,7 +4,8 @@ pdcheck.raylaunch.RayLauncher starts Ray actors; pdcheck.launcher.launcher() pic
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Protocol, TypeVar
@@ -81,3 +82,14 @@ class RankLauncher(Protocol[R]):
         ...
 
     def close(self) -> None: ...
+
+
+def rounds(ranks: Sequence[R], deadline: float) -> Iterator[tuple[list[R], float]]:
+    """The rounds of a launcher's events() loop: the ranks not done yet and the seconds left, until every rank is
+    done or the deadline passes."""
+    while True:
+        live = [r for r in ranks if not r.done]
+        left = deadline - time.monotonic()
+        if not live or left <= 0:
+            return
+        yield live, left

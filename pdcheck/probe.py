@@ -446,7 +446,7 @@ def render(rep: ProbeReport, console: Any) -> None:
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
     t = Table(title="Prefill ranks (as the side channel advertises them)")
     for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a narrow terminal folds a header onto two lines, never cuts it
     for r in rep.prefill_ranks:
         style = "green" if r.status == "ok" else "bold red"
         lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
@@ -522,7 +522,7 @@ def register(app: Any) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
         import sys
 
-        from rich.console import Console
+        from pdcheck.console import console
 
         host, port = parse_endpoint(endpoint)
         source = "--vllm"
@@ -569,7 +569,7 @@ def register(app: Any) -> None:
         if json_out:
             sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
         else:
-            render(rep, Console())
+            render(rep, console())
         raise typer.Exit(rep.exit_code)
 
 

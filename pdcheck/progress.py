@@ -52,5 +52,8 @@ def log_line(text: str, command: str = "serve") -> None:
     long-running command prints as it goes (serve's per-request lines, from the parent and its ranks)."""
     import time
 
-    sys.stderr.write(f"{time.strftime('%H:%M:%S')} pdcheck {command}: {text}\n")
-    sys.stderr.flush()
+    from pdcheck.lifecycle import user_stderr
+
+    out = user_stderr()  # in a rank: the terminal, not the rank's log file (serve's request log is for the user)
+    out.write(f"{time.strftime('%H:%M:%S')} pdcheck {command}: {text}\n")
+    out.flush()

@@ -25,6 +25,7 @@ import zmq
 
 from pdcheck import messages as m
 from pdcheck.engine import Params, run
+from pdcheck.errors import PdcheckError
 from pdcheck.kvcache import KVCache, block_descs, engine_tag
 from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, no_memory_hooks, quiet_nixl_env
@@ -120,7 +121,9 @@ def run_rank(role_type: type[Role], conn: Connection, spec_bytes: bytes) -> None
 
 
 def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {' '.join(str(exc).split()) or type(exc).__name__}"
+    # pdcheck's own errors are already a sentence for the user; anything else is named by its type.
+    text = " ".join(str(exc).split())
+    return text if isinstance(exc, PdcheckError) and text else f"{type(exc).__name__}: {text or type(exc).__name__}"
 
 
 def _fail(role: Role, exc: BaseException) -> None:

@@ -28,7 +28,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.placement import Place, RankId, RankLauncher
+from pdcheck.placement import Place, RankId, RankLauncher, rounds
 
 RESOURCE = {"P": "pdcheck_prefill", "D": "pdcheck_decode"}
 _LOG_TAIL = 20_000  # bytes of a rank's log brought back to stderr
@@ -200,13 +200,7 @@ class RayLauncher(RankLauncher[RayRank]):
 
     def events(self, ranks: list[RayRank], deadline: float) -> Iterator[tuple[RayRank, m.Msg | None]]:
         """As Launcher.events: (rank, message) as they arrive, (rank, None) when a rank's body or actor ended."""
-        while True:
-            live = [r for r in ranks if not r.done]
-            if not live:
-                return
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
+        for live, left in rounds(ranks, deadline):
             for r in live:
                 if r.pending is None:
                     r.pending = r.actor.recv.remote()

@@ -222,7 +222,33 @@ def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> 
     return msgspec.structs.replace(sc, source=where)
 
 
+# The scenarios shipped with pdcheck (package data; the clone's top-level scenarios/ is the same directory).
+BUNDLED = Path(__file__).parent / "scenarios"
+
+
+def bundled() -> list[Path]:
+    """The bundled scenario files, by name."""
+    return sorted(BUNDLED.glob("*.toml"))
+
+
+def locate(path: Path) -> Path:
+    """A scenario argument as a file: an existing path as given; else a bare name, with or without .toml,
+    names a bundled scenario (`pdcheck handshake seed-19338-tp8` works from any directory)."""
+    try:
+        if path.exists() or len(path.parts) != 1:
+            return path
+    except (OSError, ValueError):  # a name too long, a NUL byte: read_scenario_text says what is wrong
+        return path
+    name = path.name if path.suffix == ".toml" else f"{path.name}.toml"
+    found = BUNDLED / name
+    if found.is_file():
+        return found
+    names = ", ".join(p.stem for p in bundled())
+    raise BadInput(f"{path}: no such scenario file, and no bundled scenario of that name (bundled: {names})")
+
+
 def read_toml(path: Path) -> dict[str, Any]:
+    path = locate(path)
     text = b.read_scenario_text(path)
     try:
         return tomllib.loads(text)
@@ -246,6 +272,7 @@ def merge(doc: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 
 def load(path: Path | None, overrides: dict[str, Any] | None = None, max_tp: int = b.MAX_TP) -> Scenario:
+    path = locate(path) if path is not None else None
     doc = read_toml(path) if path is not None else {}
     where = str(path) if path is not None else "command line"
     if overrides:

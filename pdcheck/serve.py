@@ -37,7 +37,7 @@ from pdcheck.scenario import Scenario
 Opt = typer.Option
 SERVE = "Serve"
 EPILOG = """[bold]Examples[/]
-  pdcheck serve scenarios/seed-19338-tp8.toml --vllm 0.11.1 --port 5600
+  pdcheck serve seed-19338-tp8 --vllm 0.11.1 --port 5600
   [dim]# first stdout line: the ready document (endpoints, kv_transfer_params)[/]
   pdcheck serve --prefill-tp 2 --prefill-blocks 3008,2992 --vllm 0.26.0 --json
   [dim]# pdcheck's own decode ranks against it[/]
@@ -261,9 +261,9 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
         sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
         sys.stdout.flush()
         return
-    from rich.console import Console
+    from pdcheck.console import console
 
-    c = Console()
+    c = console()
     c.print(f"[bold]pdcheck serve[/] {doc.scenario}: vLLM {doc.release} prefill (era {doc.wire}), engine "
             f"{doc.engine_id}, TP {doc.tp_size}, pid {doc.pid}")
     for d in doc.dp_ranks or [doc]:

@@ -6,6 +6,7 @@ is ever unpickled: requests are parsed with msgspec exactly as the modelled list
 
 from __future__ import annotations
 
+import errno
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +22,8 @@ MAX_REQUEST_BYTES = 64 << 10  # a request is at most a few dozen bytes in every 
 
 # (peer identity, request bytes, tp_rank asked for or None, reply bytes): `pdcheck serve` logs each answer.
 RequestLog = Callable[[bytes, bytes, int | None, int], None]
+
+IN_USE = "in use by another process: free it or choose another base port"
 
 
 class Listener:
@@ -38,7 +41,8 @@ class Listener:
             self.sock.bind(f"tcp://{_bracket(host)}:{port or '*'}")
         except zmq.ZMQError as exc:
             self.sock.close(0)
-            raise HarnessError(f"side channel: cannot bind {host}:{port}: {exc}") from None
+            why = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror  # str(exc) repeats the address
+            raise HarnessError(f"side channel: cannot listen on {host}:{port}: {why}") from None
         endpoint = self.sock.getsockopt(zmq.LAST_ENDPOINT).decode()
         self.port = int(endpoint.rsplit(":", 1)[1])
         self.served = 0
@@ -108,8 +112,9 @@ def hold_silent(host: str, port: int) -> Iterator[socket.socket]:
         sock.listen(64)
     except OSError as exc:
         sock.close()
+        why = IN_USE if exc.errno == errno.EADDRINUSE else exc.strerror
         raise HarnessError(f"side channel: cannot hold {host}:{port} (a port the modelled release contacts): "
-                           f"{exc.strerror}") from None
+                           f"{why}") from None
     try:
         yield sock
     finally:

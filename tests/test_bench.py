@@ -391,7 +391,7 @@ def test_rank_that_cannot_start_or_fails_later_says_why_in_one_line() -> None:
             d0 = lau.start("D", 0, bench_main, _spec("D"))
             orc.gather(lau, [d0], m.BenchReady, 60, stage)
             d0.send(m.Peers([m.PeerInfo(0, "p", b"not NIXL metadata", 0, 0)]))
-            with pytest.raises(HarnessError, match=r"^D rank 0 failed: NixlCallError: NIXL add_remote_agent failed"):
+            with pytest.raises(HarnessError, match=r"^D rank 0 failed: NIXL add_remote_agent failed"):
                 orc.gather(lau, [d0], m.Ack, 60, stage)
             assert d0.reap(10) == 1
     finally:

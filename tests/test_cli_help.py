@@ -96,3 +96,99 @@ def test_progress_on_a_terminal_and_silent_otherwise(pdcheck) -> None:
     assert code == 0 and out.startswith("{") and err == ""
     run = pdcheck("handshake", seed, "--vllm", "0.9.2")  # stderr a pipe: nothing
     assert run.code == 0 and run.err == ""
+
+
+@pytest.mark.parametrize("args", [(), ("scenario",)], ids=["pdcheck", "pdcheck scenario"])
+def test_a_bare_command_prints_its_help_and_exits_0(pdcheck, args: tuple[str, ...]) -> None:
+    run = pdcheck(*args)
+    assert run.code == 0, run.err
+    assert "Usage:" in run.out and "Commands" in run.out
+    assert run.err == ""  # help is not an error: no "pdcheck: error:" line, empty or not
+
+
+def _params_with_brackets() -> list[tuple[str, str, str]]:
+    """(command, option, help) for every help text with a [...] in it, lazy commands included."""
+    from pdcheck.cli import LAZY, _lazy_command
+
+    out = []
+    root = typer.main.get_command(app)
+    cmds = {**{n: c for n, c in root.commands.items() if n != "scenario"},  # type: ignore[attr-defined]
+            **{n: _lazy_command(n) for n in LAZY},
+            "scenario from-logs": _command(("scenario", "from-logs"))}
+    for name, cmd in cmds.items():
+        for p in getattr(cmd, "params", []):
+            if "[" in (getattr(p, "help", None) or "") and not getattr(p, "hidden", False):
+                out.append((name, p.opts[0], p.help))
+    return out
+
+
+def test_help_shows_every_bracket_its_source_has() -> None:
+    """rich markup would eat `pdcheck[ray]` or `[decode]`: every such help text is escaped."""
+    import re
+
+    found = _params_with_brackets()
+    assert any("pdcheck\\[ray]" in h for _c, _o, h in found)  # the one that was eaten
+    shown: dict[str, str] = {}
+    env = dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="2000")
+    for name, opt, text in found:
+        if name not in shown:
+            shown[name] = subprocess.run([sys.executable, "-m", "pdcheck", *name.split(), "--help"],
+                                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=60).stdout
+        for group in re.findall(r"\[[^\]]*\]", text.replace("\\[", "[")):
+            assert group in shown[name], f"{name} {opt}: help shows no {group!r}"
+
+
+def test_piped_report_is_not_wrapped_and_native_nixl_lines_stay_in_the_rank_logs(pdcheck) -> None:
+    """Every release on hetero-p4-d2: some releases' READs fail inside NIXL, whose C++ logger writes an E-line.
+    That line goes to the rank's log; the report says so, in one line per message; stderr stays empty."""
+    run = pdcheck("handshake", "hetero-p4-d2", "--vllm", "all")
+    assert run.code == 1, run.err
+    assert run.err == ""
+    fails = [ln for ln in run.out.splitlines() if ln.startswith("fails: ")]
+    assert len(fails) == 1 and "0.9.0" in fails[0] and "0.34.0" in fails[0]  # one line, not cut at 80 columns
+    note = run.out.split("NIXL's own error lines", 1)[1].splitlines()
+    assert "--log-dir DIR keeps them" in note[0]
+    assert any(ln.startswith("  D0") and "prepXferDlist" in ln and "nixl_agent.cpp" in ln for ln in note)
+
+
+def test_log_dir_keeps_each_rank_log(pdcheck, tmp_path) -> None:
+    logs = tmp_path / "logs"
+    run = pdcheck("handshake", "attn-backend-mismatch", "--vllm", "0.9.1", "--log-dir", str(logs))
+    assert run.code == 1, run.err
+    assert sorted(p.name for p in logs.iterdir()) == ["D0.log", "D1.log", "P0.log", "P1.log"]
+    assert "makeXferReq" in (logs / "D0.log").read_text() and "makeXferReq" not in run.err
+    assert f"in {logs}" in run.out
+
+
+def _empty_logs(tmp_path) -> tuple[str, str]:
+    p, d = tmp_path / "p.log", tmp_path / "d.log"
+    p.write_text("INFO nothing here\n")
+    d.write_text("INFO nothing here either\n")
+    return str(p), str(d)
+
+
+def test_from_logs_names_every_missing_flag_at_once(pdcheck, tmp_path) -> None:
+    p, d = _empty_logs(tmp_path)
+    run = pdcheck("scenario", "from-logs", p, d)
+    assert run.code == 2 and len(run.err.strip().splitlines()) == 1, run.err
+    assert "--prefill-blocks N --prefill-tp N --decode-blocks N --decode-tp N" in run.err
+    # what it names is enough: a per-rank list and its TP size, both sides
+    run = pdcheck("scenario", "from-logs", p, d, "--prefill-blocks", "64,70", "--prefill-tp", "2",
+                  "--decode-blocks", "60", "--decode-tp", "2")
+    assert run.code == 0, run.err
+
+
+def test_from_logs_output_refuses_an_existing_file_unless_forced(pdcheck, tmp_path) -> None:
+    p, d = _empty_logs(tmp_path)
+    flags = ["--prefill-blocks", "64", "--decode-blocks", "64"]
+    deep = tmp_path / ("a-rather-long-directory-name-" * 3) / "mine.toml"
+    deep.parent.mkdir()
+    deep.write_text("# mine\n")
+    run = pdcheck("scenario", "from-logs", p, d, *flags, "-o", str(deep))
+    assert run.code == 2 and len(run.err.strip().splitlines()) == 1 and "--force" in run.err, run.err
+    assert deep.read_text() == "# mine\n"
+    run = pdcheck("scenario", "from-logs", p, d, *flags, "-o", str(deep), "--force")
+    assert run.code == 0, run.err
+    assert "[prefill]" in deep.read_text()
+    # the command to run it next is one line, the path whole
+    assert f"run it with: pdcheck handshake {deep}\n" in run.err

@@ -40,14 +40,26 @@ blocks_per_request = 512
 """
 
 
-def _default_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_DFL)  # as a terminal starts a command (see test_bench)
+def _as_a_terminal_starts_it(new_group: bool = False) -> Callable[[], None]:
+    """preexec_fn: the signal dispositions a command started from an interactive shell has, whatever this test
+    run inherited (under `nohup` SIGHUP is ignored, in a background job SIGINT; an ignored signal stays ignored
+    in pdcheck, so the test would not test what it claims). new_group: its own process group, as a shell job
+    gets one, so that the test can signal the whole group as a terminal's Ctrl-C does."""
+    def preexec() -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, set())
+        if new_group:
+            os.setpgid(0, 0)
+
+    return preexec
 
 
-def start(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
+def start(tmp_path: Path, *args: str, new_group: bool = False) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path))
     return subprocess.Popen([sys.executable, "-m", "pdcheck", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env, preexec_fn=_default_sigint)
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            preexec_fn=_as_a_terminal_starts_it(new_group))
 
 
 def _ppid_comm(pid: int) -> tuple[int, str, str] | None:
@@ -209,6 +221,49 @@ def test_signal_stops_and_reaps_everything(tmp_path: Path, sig: int, code: int) 
     assert_clean(w, tmp_path, err)
 
 
+def _group(pgid: int) -> list[str]:
+    """Live processes of a process group: 'pid comm'."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                rest = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                comm = (d / "comm").read_text().strip()
+            except OSError:
+                continue
+            if rest[0] != "Z" and int(rest[3]) == pgid:
+                out.append(f"{d.name} {comm}")
+    return out
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.2, 0.4, 0.7, 1.0])
+def test_ctrl_c_to_the_whole_group_during_start_up_is_quiet(tmp_path: Path, delay: float) -> None:
+    """A terminal's Ctrl-C reaches every process of the job: the parent, the forkserver (maybe still importing
+    NIXL), the resource tracker and the ranks (maybe sending Ready). Only the parent acts on it: exit 130, no
+    traceback or error from any of them, nothing left in the group. The delay counts from the forkserver's
+    start (before it, the interpreter is still starting: Python's own traceback, nothing pdcheck can stop)."""
+    # P rank 1 never answers (and the hang timeout is long): the run is still going at every delay.
+    proc = start(tmp_path, "handshake", SEED, "--vllm", "0.9.1", "--inject", "mute:P1", "--hang-timeout", "60",
+                 new_group=True)
+    w = Watch(proc)
+    w.wait_for(lambda _comm, cmd: "forkserver" in cmd, timeout=30)
+    t_end = time.monotonic() + delay
+    while time.monotonic() < t_end:
+        w.poll()
+        time.sleep(0.02)
+    os.killpg(proc.pid, signal.SIGINT)
+    code, out, err = finish(w, timeout=30)
+    assert code == 130, (code, err[-2000:])
+    for text in (out, err):
+        assert "Traceback" not in text and "Error" not in text and "nixl_agent" not in text, text[-2000:]
+    deadline = time.monotonic() + 5
+    while _group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _group(proc.pid), f"left running in the group: {_group(proc.pid)}"
+    assert_clean(w, tmp_path, err)
+    assert not list(tmp_path.glob("pdcheck-logs-*")), "rank-log directory left behind"
+
+
 # ---- parallel runs --------------------------------------------------------------------------------------
 def test_four_parallel_seed_runs_agree(tmp_path: Path) -> None:
     procs = [start(tmp_path, "handshake", SEED, "--vllm", "0.9.1,0.9.2", "--json") for _ in range(4)]
@@ -293,3 +348,21 @@ def test_explicit_base_port_refuses_a_squatted_layout_port(tmp_path: Path) -> No
     assert code == 3, err
     assert "7502" in err and "Traceback" not in err
     assert squat.connections == 0
+
+
+def test_a_taken_port_is_one_clean_line(tmp_path: Path) -> None:
+    """serve --port on a port another process listens on: what, where, what to do; no class name, the address
+    once, exit 3, nothing left running."""
+    squat = Impostor(0)
+    port = squat.sock.getsockname()[1]
+    try:
+        w = Watch(start(tmp_path, "serve", "--prefill-tp", "1", "--prefill-blocks", "64", "--vllm", "0.9.2",
+                        "--port", str(port), "--duration", "5"))
+        code, _out, err = finish(w, timeout=60)
+    finally:
+        squat.close()
+    assert code == 3, err
+    (line,) = error_lines(err)
+    assert f"127.0.0.1:{port}" in line and line.count(str(port)) == 1, line
+    assert "in use" in line and "choose another" in line and "Error:" not in line and "addr=" not in line, line
+    assert_clean(w, tmp_path, err)

@@ -4,13 +4,18 @@ dependencies, and (lazily, behind a clear error) its declared extras."""
 from __future__ import annotations
 
 import ast
+import importlib.util
+import shutil
+import subprocess
 import sys
 import tomllib
+import zipfile
 
-from conftest import ROOT
+import pytest
+from conftest import ROOT, SCENARIOS
 
 # import name -> distribution name as pyproject.toml declares it
-IMPORT_TO_DIST = {"typer": "typer", "rich": "rich", "torch": "torch", "nixl": "nixl", "zmq": "pyzmq",
+IMPORT_TO_DIST = {"typer": "typer", "rich": "rich", "torch": "torch", "nixl_cu13": "nixl-cu13", "zmq": "pyzmq",
                   "msgspec": "msgspec", "numpy": "numpy", "matplotlib": "matplotlib", "ray": "ray"}
 
 
@@ -40,3 +45,39 @@ def test_test_extra_has_what_the_tests_need() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     test = {r.split(">")[0].strip().lower() for r in meta["optional-dependencies"]["test"]}
     assert {"pytest", "ruff", "matplotlib", "ray"} <= test
+
+
+def _setuptools_ok() -> bool:
+    if importlib.util.find_spec("setuptools") is None:
+        return False
+    import setuptools
+
+    return int(setuptools.__version__.split(".")[0]) >= 68
+
+
+@pytest.mark.skipif(not _setuptools_ok(), reason="building the wheel offline needs setuptools >= 68 installed")
+def test_the_wheel_ships_every_bundled_scenario(tmp_path) -> None:
+    """A non-editable install gets the scenarios as package data (pdcheck/scenarios), found by name from anywhere."""
+    src = tmp_path / "src"  # a copy: the in-tree build leaves build/ and *.egg-info behind
+    for part in ("pyproject.toml", "README.md", "pdcheck", "scenarios"):
+        if (ROOT / part).is_dir():
+            shutil.copytree(ROOT / part, src / part, symlinks=True,
+                            ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            src.mkdir(exist_ok=True)
+            shutil.copy(ROOT / part, src / part)
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(src)], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path)
+    assert build.returncode == 0, build.stderr[-3000:]
+    (wheel,) = tmp_path.glob("pdcheck-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    shipped = sorted(n.removeprefix("pdcheck/scenarios/") for n in names if n.startswith("pdcheck/scenarios/"))
+    assert shipped == sorted(p.name for p in SCENARIOS.glob("*.toml"))
+
+
+def test_one_nixl_build_is_declared() -> None:
+    """The `nixl` meta package pulls both nixl-cu12 and nixl-cu13; pdcheck depends on one build."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    nixl = [d for d in deps if d.lower().startswith("nixl")]
+    assert len(nixl) == 1 and nixl[0].split(">")[0].split("=")[0].strip() in ("nixl-cu12", "nixl-cu13"), nixl

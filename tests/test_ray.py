@@ -34,8 +34,26 @@ SEED = str(SCENARIOS / "seed-19338-tp8.toml")
 RAY = str(Path(sys.executable).parent / "ray")
 
 
+_RAY_TMP: dict[str, str] = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _ray_tmpdir() -> Iterator[None]:
+    """Ray keeps its sessions and the last cluster's address (ray_current_cluster) under RAY_TMPDIR/ray, by
+    default /tmp/ray, where they outlive the test and a later `--ray auto` would find a cluster long gone.
+    Every node and CLI run of this module uses one directory of its own, removed at the end (short: Ray's
+    Unix sockets live under it)."""
+    import tempfile
+
+    _RAY_TMP["dir"] = tempfile.mkdtemp(prefix="pdck-ray-", dir="/tmp")
+    try:
+        yield
+    finally:
+        shutil.rmtree(_RAY_TMP.pop("dir"), ignore_errors=True)
+
+
 def _env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", **extra)
+    return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=_RAY_TMP["dir"], **extra)
 
 
 def _free_port() -> int:

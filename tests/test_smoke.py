@@ -11,17 +11,21 @@ from conftest import SCENARIOS
 def test_smoke_passes_and_writes_valid_junit(pdcheck, tmp_path):
     d = tmp_path / "sc"
     d.mkdir()
-    for name in ("decode-fewer-blocks", "hetero-p4-d2"):
+    # attn-backend-mismatch: the releases' READs fail inside NIXL, which logs E-lines (makeXferReq: remote index
+    # out of range) from C++; an expected failure, so they go to the rank logs, never to a CI log.
+    names = ("decode-fewer-blocks", "hetero-p4-d2", "attn-backend-mismatch")
+    for name in names:
         shutil.copy(SCENARIOS / f"{name}.toml", d)
     junit = tmp_path / "out.xml"
     run = pdcheck("smoke", str(d), "--junit", str(junit), "--json")
     assert run.code == 0, run.err
+    assert "nixl_agent.cpp" not in run.err and run.err == "", run.err
     doc = run.json()
     assert doc["failed"] == 0 and doc["passed"] == len(doc["cases"]) > 0
     root = ET.parse(junit).getroot()
     assert root.tag == "testsuites" and int(root.get("failures")) == 0
     suites = root.findall("testsuite")
-    assert {s.get("name") for s in suites} == {"decode-fewer-blocks", "hetero-p4-d2"}
+    assert {s.get("name") for s in suites} == set(names)
     cases = root.findall("testsuite/testcase")
     assert len(cases) == len(doc["cases"]) and all(c.find("failure") is None for c in cases)
 

@@ -95,7 +95,7 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     )
     first = next(iter(ready.values()))
     envs = schema.Env(
-        pdcheck=pdcheck.__version__, nixl=envinfo.version_of("nixl"), ucx=first.ucx_version,
+        pdcheck=pdcheck.__version__, nixl=envinfo.version_of("nixl-cu13"), ucx=first.ucx_version,
         numpy=np.__version__, ucx_env=envinfo.ucx_env(env),
         transports=sorted(set(diag.data_transports) | set(diag.notif_transports)),
         pinning=pinning, pin_note=pin_note or ("pinned, one core per rank" if pinned else "not pinned"),
