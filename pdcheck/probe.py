@@ -557,12 +557,12 @@ def register(app: Any) -> None:
             if json_out:
                 sys.stdout.buffer.write(msgspec.json.encode(dp_rep) + b"\n")
             else:
-                console = Console()
+                out = console()
                 for r in reps:
-                    render(r, console)
+                    render(r, out)
                 for n in notes:
-                    console.print(f"[red]DP:[/] {n}", highlight=False)
-                console.print(f"{dp_size} DP ranks; exit {code}")
+                    out.print(f"[red]DP:[/] {n}", highlight=False)
+                out.print(f"{dp_size} DP ranks; exit {code}")
             raise typer.Exit(code)
         rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
                   decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
