@@ -24,6 +24,9 @@ MAX_LAYERS = 1024  # regions (2 per layer) stay below the pattern's 4096
 MAX_KV_HEADS = 1024
 MAX_HEAD_DIM = 8192
 MAX_DP_RANK = 1023
+# DP ranks per side that run as real rank groups (each a full TP group), and PP stages per side
+MAX_DP_SIZE = 8
+MAX_PP_SIZE = 16
 MAX_DEVICE_ID = 1023
 MAX_REQUESTS = 256
 MAX_BLOCKS_PER_REQUEST = 4096

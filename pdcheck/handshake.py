@@ -19,6 +19,8 @@ from pdcheck.results import RunResult, Timings
 def run(plan: Plan) -> RunResult:
     """Start the plan's fake P and D ranks (a fake P only: a live one runs through pdcheck.live)."""
     assert plan.ports is not None and plan.live is None, "a live P's plan runs through pdcheck.live"
+    if plan.dp:
+        return _run_dp(plan)
     t0 = time.perf_counter()
     ports, requests, opts = plan.ports, plan.requests, plan.options
     sc = plan.scenario
@@ -44,9 +46,9 @@ def run(plan: Plan) -> RunResult:
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
                 device_id=d.device_id(r), device=opts.device, geometry=plan.d_geometry,
                 kv_cache_layout=d.kv_cache_layout, releases=d_rels,
-                p_host=p_host[0], p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
+                p_host=p_host[0], p_engine_tag=engine_tag(plan.kv_owner or p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
-                transfer=opts.transfer, requests=requests)))
+                transfer=opts.transfer, requests=requests, pp_size=d.pp_size)))
             for r in range(d.tp_size)
         }
         ready = orc.await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
@@ -69,3 +71,34 @@ def run(plan: Plan) -> RunResult:
     return RunResult(sc, plan.releases, opts.device, requests, results, p_final, harness, timings,
                      {f"{role} rank {r}": pl.node for (role, r), pl in where.items()})
 
+
+
+def _run_dp(plan: Plan) -> RunResult:
+    """Data parallel: each decode DP rank's TP group with the TP group that answers at the port it contacts, one
+    pair after the other (real ranks, side channels and NIXL agents each time), merged with flat rank indices:
+    decode DP rank j's TP rank r is D rank j * tp_size + r, likewise for P."""
+    sc = plan.scenario
+    d_tp, p_tp = sc.decode.tp_size, sc.prefill.tp_size
+    decode: dict[int, m.DecodeResult] = {}
+    prefill: dict[int, m.PrefillFinal] = {}
+    harness: list[str] = []
+    nodes: dict[str, str] = {}
+    requests: list[m.Req] = []
+    start = run_s = total = 0.0
+    setup: dict[str, float] = {}
+    for g in plan.dp:
+        res = run(msgspec.structs.replace(g.plan, options=plan.options))
+        rt = g.route
+        requests = requests or res.requests
+        decode.update({rt.d_dp * d_tp + r: v for r, v in res.decode.items()})
+        if rt.reached_side == "prefill":
+            prefill.update({rt.reached * p_tp + r: v for r, v in res.prefill.items()})
+        harness += [f"decode DP rank {rt.d_dp}: {h}" for h in res.harness]
+        for label, node in res.nodes.items():
+            role, _, idx = label.rpartition(" ")
+            off = rt.d_dp * d_tp if role == "D rank" else rt.reached * p_tp
+            nodes[f"{role} {off + int(idx)}"] = node
+        start, run_s, total = start + res.timings.start_s, run_s + res.timings.run_s, total + res.timings.total_s
+        setup.update({f"DP{rt.d_dp} {k}": ms for k, ms in res.timings.setup_ms.items()})
+    return RunResult(sc, plan.releases, plan.options.device, requests, decode, prefill, harness,
+                     Timings(start_s=start, run_s=run_s, total_s=total, setup_ms=setup), nodes)

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import msgspec
 
-from pdcheck import kvsplit
+from pdcheck import kvsplit, ports
 from pdcheck.geometry import Geometry
-from pdcheck.releases import registered_geometry
+from pdcheck.releases import registered_geometry, shapes
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D
 from pdcheck.scenario import Instance, Scenario
@@ -51,6 +51,11 @@ CATALOGUE: dict[str, str] = {
     "H26": "notification format skew",
     "H27": "host-buffer specifics",
     "H28": "P/D both correct but KV semantically stale",
+}
+
+# Shapes beyond one TP group (issue #17) that reference §11 has no row for; listed only when they apply.
+SHAPE_CATALOGUE: dict[str, str] = {
+    "X01": "pipeline parallel stages",
 }
 
 CORRECTED = "corrected"
@@ -484,7 +489,10 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
     for rel in rels:
         got = _expected(rel, f)
         exp = got[0] if got else None
-        if rel.flow == "same_rank":
+        on_wire = shapes.block_size_effect(rel, f.p.block_size, f.d.block_size)  # era F+: block_size advertised
+        if on_wire is not None:
+            effects[rel.name] = on_wire
+        elif rel.flow == "same_rank":
             effects[rel.name] = (f"no check: remote descriptors step by D's block_len {dl} B through P's "
                                  f"{pl} B blocks: wrong bytes, no error")
         elif exp is None:
@@ -524,6 +532,12 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
         if got is None or got[0] == pl:
             continue
         exp, kind = got
+        on_wire = shapes.block_size_effect(rel, f.p.block_size, f.d.block_size)  # era F+: block_size advertised
+        if on_wire is not None and not on_wire.startswith("supported"):
+            effects[rel.name] = "not reached: the block-size check fires first (H07)"
+            continue
+        if on_wire is not None and pl == exp * f.p.block_size // f.d.block_size:
+            continue  # P's smaller block, as block_size_ratio expects it
         effects[rel.name] = {
             "equal": f"bare `assert self.block_len == nixl_agent_meta.block_len` fails ({dl} vs {pl})",
             "scaled": (f"`assert nixl_agent_meta.block_len == self.block_len * tp_ratio` fails: '{MSG_SHAPE}' "
@@ -837,17 +851,83 @@ def _h15(f: Facts, rels: Rels) -> Hazard:
     return _yes("H15", f"P {p_rel.name}'s listener decodes requests outside any try (era {p_rel.wire})", effects)
 
 
+def _h17(f: Facts, rels: Rels) -> Hazard:
+    """Only the cache_dtype factor (issue #17): the other factors show up as H08/H10/H14 lines."""
+    pc, dc = f.p.cache_dtype, f.d.cache_dtype
+    if pc == dc:
+        return _no("H17", f"both sides hash cache_dtype {pc!r}")
+    effects = {rel.name: "; ".join(shapes.fp8_effects(rel, pc, dc, dynamic=False)) for rel in rels}
+    effects[CORRECTED] = f"refused: cache_dtype {pc!r} on P, {dc!r} on D (the KV bytes are not comparable)"
+    return _yes("H17", f"cache_dtype: P {pc!r}, D {dc!r}", effects)
+
+
+def _h20(f: Facts, rels: Rels) -> Hazard:
+    """Data parallel: the port a decode DP rank contacts belongs to another engine (the wrong DP port, or its
+    own node's listener when VLLM_NIXL_SIDE_CHANNEL_HOST is left unset on P, vLLM #27083)."""
+    p, d = f.p, f.d
+    if p.dp_size == 1 and d.dp_size == 1:
+        return _no("H20", "one DP rank per side")
+    wrong = []
+    for rt in ports.dp_routes(f.sc):
+        expected = f.sc.kv_transfer_params.remote_engine_id or ports.dp_engine_id(p.engine_id, rt.routed, p.dp_size)
+        inst = p if rt.reached_side == "prefill" else d
+        got = ports.dp_engine_id(inst.engine_id, rt.reached, inst.dp_size)
+        if got != expected:
+            wrong.append((rt, expected, got))
+    if not wrong:
+        return _no("H20", f"each decode DP rank reaches the prefill DP rank its router picked "
+                          f"(prefill dp_size {p.dp_size}, decode dp_size {d.dp_size})")
+    why = ("VLLM_NIXL_SIDE_CHANNEL_HOST is unset on P ('localhost' is advertised): D reaches its own node's "
+           "listener" if not p.side_channel_host_set else "the proxy hands out DP rank 0's side-channel port")
+    detail = why + "; " + ", ".join(f"decode DP rank {rt.d_dp} expects {e!r}, reaches {g!r}" for rt, e, g in wrong)
+    rt, exp, got = wrong[0]
+    effects: dict[str, str] = {}
+    for rel in rels:
+        if _has(rel, "engine_id_matches"):
+            effects[rel.name] = (f"decode DP rank {rt.d_dp}: RuntimeError: Remote NIXL agent engine ID mismatch. "
+                                 f"Expected {exp},received {got}.")
+        else:
+            effects[rel.name] = (f"decode DP rank {rt.d_dp}: no engine-id check: {got!r}'s agent is registered as "
+                                 f"{exp!r}; the first read raises KeyError")
+    effects[CORRECTED] = f"refused: answered for {got!r}, expected {exp!r} (set VLLM_NIXL_SIDE_CHANNEL_HOST; one port per DP rank)"
+    return _yes("H20", detail, effects)
+
+
+def _h28(f: Facts, rels: Rels) -> Hazard:
+    """fp8 KV caches with dynamic (per-request) scales: the scales are not part of the transfer (vLLM #42179)."""
+    dyn = [side for side, i in (("prefill", f.p), ("decode", f.d))
+           if i.fp8_dynamic_scales and i.cache_dtype.startswith("fp8")]
+    if not dyn:
+        return _no("H28", "no fp8 KV cache with dynamic scales")
+    effects = {rel.name: shapes.fp8_effects(rel, f.p.cache_dtype, f.p.cache_dtype, dynamic=True)[0] for rel in rels}
+    effects[CORRECTED] = "warned: transfer the per-request scales with the blocks, or use static (calibrated) scales"
+    return _yes("H28", f"fp8 KV cache with dynamic scales on {' and '.join(dyn)}", effects)
+
+
+def _x01(f: Facts, rels: Rels) -> Hazard:
+    p, d = f.p.pp_size, f.d.pp_size
+    effects = {rel.name: shapes.pp_effect(rel, p, d) for rel in rels}
+    effects[CORRECTED] = ("each D rank reads the layers of every P stage ((pp_rank, tp_rank) metadata, as 0.26+ "
+                          "serve it); a D stage reads the layers it holds")
+    return _yes("X01", f"pipeline parallel: prefill pp_size {p}, decode pp_size {d}", effects)
+
+
+def _name(hid: str) -> str:
+    return CATALOGUE.get(hid) or SHAPE_CATALOGUE[hid]
+
+
 def _yes(hid: str, detail: str, effects: dict[str, str]) -> Hazard:
-    return Hazard(id=hid, name=CATALOGUE[hid], applies=True, detail=detail, effects=effects)
+    return Hazard(id=hid, name=_name(hid), applies=True, detail=detail, effects=effects)
 
 
 def _no(hid: str, detail: str) -> Hazard:
-    return Hazard(id=hid, name=CATALOGUE[hid], applies=False, detail=detail)
+    return Hazard(id=hid, name=_name(hid), applies=False, detail=detail)
 
 
 EVALUATORS: dict[str, Callable[[Facts, Rels], Hazard]] = {
     "H01": _h01, "H02": _h02, "H03": _h03, "H04": _h04, "H07": _h07, "H08": _h08, "H09": _h09, "H10": _h10,
-    "H11": _h11, "H12": _h12, "H13": _h13, "H14": _h14, "H15": _h15, "H18": _h18, "H19": _h19, "H21": _h21, "H25": _h25,
+    "H11": _h11, "H12": _h12, "H13": _h13, "H14": _h14, "H15": _h15, "H17": _h17, "H18": _h18, "H19": _h19, "H20": _h20, "H21": _h21,
+    "H25": _h25, "H28": _h28,
 }
 
 
@@ -856,4 +936,7 @@ def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
     corrected model is skipped if passed: its line is always added under "corrected")."""
     rels = [r for r in releases if r.flow != CORRECTED]
     f = Facts.of(sc, rels)
-    return [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]
+    out = [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]
+    if sc.prefill.pp_size > 1 or sc.decode.pp_size > 1:
+        out.append(_x01(f, rels))
+    return out

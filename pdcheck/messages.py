@@ -77,6 +77,7 @@ class DecodeSpec(RankSpec, frozen=True):
     transfer: bool
     requests: list[Req]
     live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
+    pp_size: int = 1  # the D engine's pipeline parallel stages (issue #17)
 
 
 # ---- launcher <-> rank traffic ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ from pdcheck import ports
 from pdcheck.bounds import MAX_TP
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
-from pdcheck.ports import PortPlan
+from pdcheck.ports import DpRoute, PortPlan
 from pdcheck.releases import (
     CORRECTED,
     compat_hash_for,
@@ -67,6 +67,10 @@ class Plan(msgspec.Struct, frozen=True):
     requests: list[m.Req] = []  # fake P; a live P's are drawn after its probe (its block counts)
     ray: str | None = None  # a Ray cluster address ('auto': this node's): ranks become Ray actors; None: local
     live: LiveP | None = None
+    # Data parallel (dp_size > 1 on a side): one group per decode DP rank, each a full plan of its TP groups
+    # (run one after the other); empty: one TP group per side, as always.
+    dp: list[DpGroup] = []
+    kv_owner: str | None = None  # the engine whose blocks hold the requests' KV; None: the prefill engine
 
     @property
     def names(self) -> list[str]:
@@ -74,6 +78,35 @@ class Plan(msgspec.Struct, frozen=True):
 
     def with_progress(self, tick: Callable[[str, int, int], None] | None) -> Plan:
         return msgspec.structs.replace(self, options=msgspec.structs.replace(self.options, progress=tick))
+
+
+class DpGroup(msgspec.Struct, frozen=True):
+    """One decode DP rank's run: where its route leads and the plan of that pair of TP groups."""
+
+    route: DpRoute
+    plan: Plan
+
+
+def dp_scenario(sc: Scenario, rt: DpRoute) -> Scenario:
+    """The pair one decode DP rank forms: its own TP group (engine id with the DP suffix) and the TP group that
+    answers at the port it contacts, while kv_transfer_params still name the routed P DP rank's engine."""
+    p, d = sc.prefill, sc.decode
+    one = {"dp_size": 1, "dp_rank": 0}
+    if rt.reached_side == "prefill":
+        answers = msgspec.structs.replace(p, **{**one, "dp_rank": rt.reached},
+                                          engine_id=ports.dp_engine_id(p.engine_id, rt.reached, p.dp_size)) \
+            if p.dp_size > 1 else p
+    else:  # D's own node's engine of that DP rank listens at the port (VLLM_NIXL_SIDE_CHANNEL_HOST unset on P)
+        answers = msgspec.structs.replace(d, **{**one, "dp_rank": rt.reached}, side_channel_host_set=True,
+                                          engine_id=ports.dp_engine_id(d.engine_id, rt.reached, d.dp_size),
+                                          base_port=p.base_port, host=p.host, vllm=p.vllm)
+    dec = msgspec.structs.replace(d, **{**one, "dp_rank": rt.d_dp},
+                                  engine_id=ports.dp_engine_id(d.engine_id, rt.d_dp, d.dp_size))
+    expected = sc.kv_transfer_params.remote_engine_id or ports.dp_engine_id(p.engine_id, rt.routed, p.dp_size)
+    params = msgspec.structs.replace(sc.kv_transfer_params, remote_engine_id=expected, dp_route=None,
+                                     dp_port="routed")
+    return msgspec.structs.replace(sc, name=f"{sc.name} (decode DP rank {rt.d_dp})", prefill=answers, decode=dec,
+                                   kv_transfer_params=params, expect={})
 
 
 def releases_of(sc: Scenario, vllm: str | None) -> list[ReleaseModel]:
@@ -109,7 +142,8 @@ def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
 
 def d_release(release: ReleaseModel, p_base: int, p_wire: str, d: Instance) -> m.DRelease:
     """One release a D rank models: where P's side channel is (layout base) and the hash D checks against."""
-    return m.DRelease(release.name, p_base, p_wire, compat_hash_for(release, d.geometry(), d.model))
+    return m.DRelease(release.name, p_base, p_wire, compat_hash_for(release, d.geometry(), d.model,
+                                                                               cache_dtype=d.cache_dtype))
 
 
 def live_release(sc: Scenario, p_own: ReleaseModel | None, releases: list[ReleaseModel]) -> ReleaseModel:
@@ -128,6 +162,18 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
     releases = releases_of(sc, vllm)
     p_own = own_release(sc.prefill, f"{sc.source}: prefill.vllm")
     d_own = own_release(sc.decode, f"{sc.source}: decode.vllm")
+    if sc.prefill.dp_size > 1 or sc.decode.dp_size > 1:
+        if live is not None:
+            raise BadInput("--prefill-endpoint with dp_size > 1: probe each DP rank's side channel "
+                           "(pdcheck probe --dp-size) and run the handshake against one of them")
+        groups = []
+        for rt in ports.dp_routes(sc):
+            sub = build(dp_scenario(sc, rt), vllm, options, ray=ray, where=where)
+            owner = ports.dp_engine_id(sc.prefill.engine_id, rt.routed, sc.prefill.dp_size)
+            groups.append(DpGroup(rt, msgspec.structs.replace(sub, kv_owner=owner)))
+        first = groups[0].plan
+        return Plan(sc, releases, p_own, first.p_geometry, first.d_geometry, options, first.ports,
+                    first.d_releases, first.requests, ray, dp=groups)
     if live is not None:
         p_rel = live_release(sc, p_own, releases)
         # The live P's KV layout on the D side; P's own geometry is probed at run time.
@@ -140,6 +186,7 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
     d_rels = [d_release(r, plan.d_base(sc, r), plan.profiles[r.name].wire, sc.decode) for r in [*releases, CORRECTED]]
     return Plan(sc, releases, p_own, p_geometry, kv_geometry(sc.decode, d_own, releases),
                 options, plan, d_rels, make_requests(sc), ray)
+
 
 
 def _check_inject(inject: m.Inject, g: Geometry, blocks: list[int]) -> None:
@@ -191,6 +238,7 @@ class ServePlan(msgspec.Struct, frozen=True):
     ports: PortPlan  # fixed: vLLM's layout ports bound as they are, as a real P of `release` would
     remote_port: int  # what kv_transfer_params carry: DP-offset base (A-E) or the scheduler port (F-H)
     options: ServeOptions
+    dp: list[ServePlan] = []  # prefill.dp_size > 1: every DP rank's plan (engine <id>_dp<N>) on one base port
 
 
 def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> ServePlan:
@@ -198,10 +246,19 @@ def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> S
     P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree."""
     p = sc.prefill
     where = "--port" if options.port is not None else "prefill.base_port"
+    if p.dp_size > 1:  # every DP rank, each laid out from one base as vLLM does
+        port = options.port if options.port is not None else p.base_port
+        if port is None:
+            port = ports.free_base(p.host, ports.ports_per_dp(release.wire, p.tp_size) * p.dp_size)
+        dp = [build_serve(msgspec.structs.replace(sc, prefill=msgspec.structs.replace(
+                  p, dp_size=1, dp_rank=k, engine_id=ports.dp_engine_id(p.engine_id, k, p.dp_size))),
+                  release, msgspec.structs.replace(options, port=port)) for k in range(p.dp_size)]
+        return msgspec.structs.replace(dp[0], dp=dp)
     base = ports.serve_base(release.wire, p.host, options.port if options.port is not None else p.base_port,
                             p.dp_rank, p.tp_size, where)
     p = msgspec.structs.replace(p, base_port=base, vllm=release.name)
     sc = msgspec.structs.replace(sc, prefill=p)
-    return ServePlan(sc, release, for_release(release, p.geometry()), base, compat_hash_for(release, p.geometry(), p.model),
+    return ServePlan(sc, release, for_release(release, p.geometry()), base,
+                     compat_hash_for(release, p.geometry(), p.model, cache_dtype=p.cache_dtype),
                      ports.plan_ports(sc, [release], release, "serve"),
                      ports.layout_base(release.wire, base, p.dp_rank, p.tp_size), options)

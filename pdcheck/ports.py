@@ -96,7 +96,8 @@ def plan_profiles(sc: Scenario, releases: list[ReleaseModel], p_own: ReleaseMode
     out: dict[str, Profile] = {}
     for r in [*releases, CORRECTED]:
         served = p_own or (releases[-1] if r is CORRECTED else r)
-        key = (served.wire, compat_hash_for(served, sc.prefill.geometry(), sc.prefill.model))
+        key = (served.wire, compat_hash_for(served, sc.prefill.geometry(), sc.prefill.model,
+                                          cache_dtype=sc.prefill.cache_dtype))
         if key not in keys:
             keys.append(key)
         base = sc.prefill.base_port if sc.prefill.base_port is not None else default_port(key[0])
@@ -184,3 +185,35 @@ def free_base(host: str, n: int, attempts: int = 50) -> int:
             for s in held:
                 s.close()
     raise HarnessError(f"serve: no {n} consecutive free ports on {host}")
+
+
+# ------------------------------------------------------------------------------------------------ data parallel
+def dp_engine_id(engine_id: str, dp_rank: int, dp_size: int) -> str:
+    """vLLM's engine id of one DP rank: `<engine_id>_dp<N>` whenever dp_size > 1 (the v1 engine core appends it;
+    0.9.2 and 0.14.0 with the node-local DP rank, 0.26.0 and 0.34.0 with the global one, which agree on one node),
+    the id as configured otherwise."""
+    return f"{engine_id}_dp{dp_rank}" if dp_size > 1 else engine_id
+
+
+class DpRoute(msgspec.Struct, frozen=True):
+    """Which engine one decode DP rank reaches: the P DP rank the router picked, and the DP rank whose side
+    channel really answers at the port D contacts (another one when the proxy hands out the wrong DP port, or
+    D's own node's listener when VLLM_NIXL_SIDE_CHANNEL_HOST is left unset on P)."""
+
+    d_dp: int
+    routed: int  # the prefill DP rank the router picked (kv_transfer_params name its engine)
+    reached: int  # the DP rank whose listener answers at the contacted port
+    reached_side: str  # "prefill", or "decode": D's own node's listener (side-channel host unset, vLLM #27083)
+
+
+def dp_routes(sc: Scenario) -> list[DpRoute]:
+    """One route per decode DP rank: router choice (dp_route, else round robin), then the port D contacts:
+    the routed rank's (layout_base with its DP rank), DP rank 0's ("dp0"), on P's host or, host unset, on its own."""
+    p, d, params = sc.prefill, sc.decode, sc.kv_transfer_params
+    out: list[DpRoute] = []
+    for j in range(d.dp_size):
+        routed = params.dp_route[j] if params.dp_route is not None else j % p.dp_size
+        reached = 0 if params.dp_port == "dp0" else routed
+        side = "prefill" if p.side_channel_host_set else "decode"
+        out.append(DpRoute(j, routed, reached, side))
+    return out

@@ -88,6 +88,40 @@ def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
     return host, int(port)
 
 
+class DpProbeReport(msgspec.Struct, kw_only=True):
+    """`probe --dp-size N`: one report per DP rank's side channel, and what the engine ids say about the layout."""
+
+    tool: str
+    command: str
+    endpoint: str
+    dp_size: int
+    dp_ranks: list[ProbeReport]
+    notes: list[str]
+    exit_code: int
+
+
+def dp_notes(reports: list[ProbeReport], dp_size: int) -> list[str]:
+    """Each DP rank's listener should answer for `<engine>_dp<N>` (ports.dp_engine_id), a different engine per
+    DP rank: another suffix, or one engine at two ports, means the port layout reaches the wrong DP rank
+    (vLLM #27083)."""
+    from pdcheck.ports import dp_engine_id
+
+    out: list[str] = []
+    seen: dict[str, int] = {}
+    for rep in reports:
+        ids = sorted({r.engine_id for r in rep.prefill_ranks if r.status == "ok" and r.engine_id})
+        for eid in ids:
+            if not eid.endswith(f"_dp{rep.dp_rank}"):
+                base = eid.rsplit("_dp", 1)[0]
+                out.append(f"DP rank {rep.dp_rank} (ports {','.join(map(str, rep.ports))}) answers for {eid!r}, "
+                           f"not {dp_engine_id(base, rep.dp_rank, dp_size)!r}: a D routed to this DP rank fails "
+                           f"'Remote NIXL agent engine ID mismatch'")
+            if eid in seen and seen[eid] != rep.dp_rank:
+                out.append(f"DP ranks {seen[eid]} and {rep.dp_rank} answer for the same engine {eid!r}")
+            seen.setdefault(eid, rep.dp_rank)
+    return out
+
+
 def agent_name(blob: bytes) -> str | None:
     """The agent name inside a NIXL metadata blob ('nixlSerDes|Agent' + u64 length + name), read without
     loading the blob into an agent (loading it would open connections to a live instance)."""
@@ -324,7 +358,8 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
     """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
     expected = None
     if decode_sc is not None:
-        expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model)
+        expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model,
+                                            cache_dtype=decode_sc.decode.cache_dtype)
     ranks, replies, notes = probe_ranks(host, port, release, dp_rank=dp_rank, tp_size=tp_size,
                                        timeout_ms=timeout_ms, expected_hash=expected, max_tp=max_tp,
                                        hint=releases.for_release(release, decode_sc.prefill.geometry())
@@ -470,6 +505,9 @@ def register(app: Any) -> None:
                                                       "(default: the prefill's).")] = None,
         dp_rank: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
                                     help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
+        dp_size: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
+                                    help="Ask N DP ranks from --dp-rank on, each at its own side-channel port, and "
+                                         "check their engine ids (_dp<N>).")] = 1,
         tp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
                                            help="P's TP size (default: discovered where that is safe).")] = None,
         timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PROBE,
@@ -519,7 +557,27 @@ def register(app: Any) -> None:
             raise BadInput("--vllm: name the release P runs (corrected is not a release)")
         if dp_rank < 0 or (tp_size is not None and tp_size < 1):
             raise BadInput("--dp-rank must be >= 0 and --tp-size >= 1")
+        if not 1 <= dp_size <= b.MAX_DP_SIZE:
+            raise BadInput(f"--dp-size: {dp_size} is out of range (1 to {b.MAX_DP_SIZE})")
         decode_sc, where = decode_config(scenario, overrides)
+        if dp_size > 1:
+            reps = [run(host, port, release, dp_rank=k, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
+                        decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
+                    for k in range(dp_rank, dp_rank + dp_size)]
+            notes = dp_notes(reps, dp_size)
+            code = max([r.exit_code for r in reps] + [1 if notes else 0])
+            dp_rep = DpProbeReport(tool="pdcheck", command="probe", endpoint=f"{host}:{port}", dp_size=dp_size,
+                                   dp_ranks=reps, notes=notes, exit_code=code)
+            if json_out:
+                sys.stdout.buffer.write(msgspec.json.encode(dp_rep) + b"\n")
+            else:
+                out = console()
+                for r in reps:
+                    render(r, out)
+                for n in notes:
+                    out.print(f"[red]DP:[/] {n}", highlight=False)
+                out.print(f"{dp_size} DP ranks; exit {code}")
+            raise typer.Exit(code)
         rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
                   decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
         if json_out:

@@ -12,7 +12,7 @@ import msgspec
 from pdcheck import __version__, verdict
 from pdcheck import messages as m
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
-from pdcheck.releases import CORRECTED
+from pdcheck.releases import CORRECTED, shapes
 from pdcheck.results import Live, RunResult, Timings
 
 if TYPE_CHECKING:  # rich is imported where a table is drawn: a --json run never imports it
@@ -29,6 +29,8 @@ class DecodeRank(msgspec.Struct):
     transfer: dict[str, m.TransferResult] | None = None
     bypassed: dict[str, m.Verdict] = {}
     node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
+    dp_rank: int = 0  # its data-parallel rank (decode.dp_size > 1: one TP group per DP rank)
+    when: dict[str, str] = {}  # release -> when its refusal reaches the user (releases.shapes.when_raised)
 
 
 class PrefillRank(msgspec.Struct):
@@ -39,6 +41,7 @@ class PrefillRank(msgspec.Struct):
     notifications: list[str] | None
     listener_died: str | None = None
     node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
+    dp_rank: int = 0
 
 
 class FailSpan(msgspec.Struct):
@@ -88,20 +91,25 @@ def build(res: RunResult) -> Report:
     nodes = res.nodes
     names = [r.name for r in releases]
     decode: list[DecodeRank] = []
-    for r in range(sc.decode.tp_size):
-        dr = results.get(r)
+    d_tp, p_tp = sc.decode.tp_size, sc.prefill.tp_size
+    n_decode = d_tp * sc.decode.dp_size  # DP rank j's TP rank r reports as D rank j * tp_size + r
+    for i in range(n_decode):
+        dr = results.get(i)
         if dr is None:
             continue
+        r = i % d_tp
         verdicts = {k: _fold_transfer(v, (dr.transfer or {}).get(k)) for k, v in dr.verdicts.items()}
+        when = {rel.name: w for rel in releases if (v := verdicts.get(rel.name)) is not None
+                and (w := shapes.when_raised(rel, v.status, v.check)) is not None}
         decode.append(DecodeRank(r, dr.num_blocks, sc.decode.device_id(r), verdicts, dr.transfer, dr.bypassed,
-                                 nodes.get(f"D rank {r}", here)))
+                                 nodes.get(f"D rank {i}", here), i // d_tp, when))
     prefill = [
-        PrefillRank(r, sc.prefill.blocks()[r], sc.prefill.device_id(r),
-                    finals[r].served if r in finals else None, finals[r].notifs if r in finals else None,
-                    finals[r].listener_dead if r in finals else None, nodes.get(f"P rank {r}", here))
-        for r in range(sc.prefill.tp_size)
+        PrefillRank(i % p_tp, sc.prefill.blocks()[i % p_tp], sc.prefill.device_id(i % p_tp),
+                    finals[i].served if i in finals else None, finals[i].notifs if i in finals else None,
+                    finals[i].listener_dead if i in finals else None, nodes.get(f"P rank {i}", here), i // p_tp)
+        for i in range(p_tp * sc.prefill.dp_size)
     ]
-    survives = {n: verdict.survives([d.verdicts[n].status for d in decode], sc.decode.tp_size) for n in names}
+    survives = {n: verdict.survives([d.verdicts[n].status for d in decode], n_decode) for n in names}
     code = verdict.exit_code(survives.values(), harness=bool(harness))
     matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
     spans = fail_spans(survives) if not harness else []
@@ -151,7 +159,7 @@ def _detail(v: m.Verdict) -> str:
     return f"{exc}{v.message or ''}"
 
 
-def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]) -> Text:
+def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str], when: str | None = None) -> Text:
     """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
     from rich.text import Text
 
@@ -159,7 +167,7 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
         return Text("-")
     text = Text(v.status.upper(), style=_STYLE.get(v.status, ""))
     if v.status != "ok":
-        key = notes.setdefault(_detail(v), chr(ord("a") + len(notes)))
+        key = notes.setdefault(_detail(v) + (f" ({when})" if when else ""), chr(ord("a") + len(notes)))
         where = f" @hs{v.handshake}" if v.handshake else ""
         text.append(f" [{key}]{where}")
     rec = v.rank_num_blocks or ({} if v.recorded_num_blocks is None else {-1: v.recorded_num_blocks})
@@ -205,7 +213,9 @@ def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Tab
     table.add_column("release", no_wrap=True)
     if per_rank:
         for d in rep.decode_ranks:
-            table.add_column(f"D{d.tp_rank}", justify="center", no_wrap=True)
+            label = f"D{d.dp_rank}.{d.tp_rank}" if rep.prefill_ranks and any(x.dp_rank for x in rep.decode_ranks) \
+                else f"D{d.tp_rank}"
+            table.add_column(label, justify="center", no_wrap=True)
     else:
         table.add_column("decode ranks")
     used: set[str] = set()
@@ -308,23 +318,26 @@ def render(rep: Report, console: Console) -> None:
         console.print(Text(f"  placement: {at}"))
     shown = [*rep.releases, CORRECTED.name]
     table = Table(title="Decode ranks (status, P ranks contacted / num_blocks recorded, transfer proof)")
+    dp = any(d.dp_rank for d in rep.decode_ranks)
+    if dp:
+        table.add_column("DP", justify="right")
     table.add_column("D", justify="right")
     table.add_column("blocks", justify="right")
     for n in shown:
         table.add_column(n if n == CORRECTED.name else f"vLLM {n}")
     notes: dict[str, str] = {}
     for d in rep.decode_ranks:
-        table.add_row(str(d.tp_rank), str(d.num_blocks),
-                      *(_cell(d.verdicts.get(n), (d.transfer or {}).get(n), notes) for n in shown))
+        table.add_row(*([str(d.dp_rank)] if dp else []), str(d.tp_rank), str(d.num_blocks),
+                      *(_cell(d.verdicts.get(n), (d.transfer or {}).get(n), notes, d.when.get(n)) for n in shown))
     console.print(table)
     for text, key in notes.items():
         console.print(Text(f"  [{key}] {text}"))  # Text: "[a]" must not be read as markup
     for n in shown:
-        firsts = [(d.tp_rank, t) for d in rep.decode_ranks
+        firsts = [(d, t) for d in rep.decode_ranks
                   if (t := (d.transfer or {}).get(n)) and t.message and t.status != "skipped"]
         if firsts:
-            r, t = firsts[0]
-            line = f"  transfer {n}, D rank {r}: {t.message}"
+            d, t = firsts[0]
+            line = f"  transfer {n}, {'DP rank ' + str(d.dp_rank) + ' ' if dp else ''}D rank {d.tp_rank}: {t.message}"
             if t.first_mismatch:
                 fm = t.first_mismatch
                 line += f"; first mismatch: expected {fm.expected}, found {fm.found}"

@@ -27,6 +27,9 @@ Layers = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_LAYERS)]
 Heads = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_KV_HEADS)]
 HeadDim = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_HEAD_DIM)]
 DpRank = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DP_RANK)]
+DpSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_DP_SIZE)]
+PpSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_PP_SIZE)]
+CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
 DeviceId = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DEVICE_ID)]
 # Names travel into NIXL agent names, the wire and reports: printable ASCII, bounded.
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
@@ -51,6 +54,13 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     host: Annotated[str, msgspec.Meta(max_length=64)] = "127.0.0.1"
     base_port: Port | None = None  # None: ports the OS picks; set: vLLM's layout from here (prefill side)
     dp_rank: DpRank = 0
+    dp_size: DpSize = 1  # data parallel: that many engines (each a TP group with its own side channel)
+    pp_size: PpSize = 1  # pipeline parallel stages (modelled by pdcheck.shapes; one stage runs)
+    cache_dtype: Word = "auto"  # --kv-cache-dtype: a compat-hash factor from 0.13 (fp8: vLLM #42179)
+    fp8_dynamic_scales: bool = False  # fp8 KV with per-request (dynamic) scales: vLLM #42179
+    # VLLM_NIXL_SIDE_CHANNEL_HOST set to a routable address (prefill); False: it is left unset ("localhost"), so
+    # a D on another node reaches its own node's listener of that port (vLLM #27083)
+    side_channel_host_set: bool = True
     # GPU index per TP rank; default: the TP rank (one GPU per rank)
     device_ids: Annotated[list[DeviceId], msgspec.Meta(max_length=b.HARD_MAX_TP)] | None = None
     model: Text = "pdcheck/fake-model"
@@ -77,6 +87,11 @@ class TransferParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     remote_engine_id: Ident | None = None  # default: the prefill engine id
     tp_size: Tp | None = None  # default: the prefill TP size, as 0.9.2+ P sends it
     omit_tp_size: bool = False  # a proxy that drops the key: D then reads tp_size=1
+    # DP: the prefill DP rank the router picks for each decode DP rank (default: round robin, j % prefill.dp_size)
+    dp_route: Annotated[list[DpRank], msgspec.Meta(max_length=b.MAX_DP_SIZE)] | None = None
+    # "routed": remote_port is the routed P DP rank's port; "dp0": a proxy that hands out DP rank 0's port for
+    # every request (a wrong DP port)
+    dp_port: Literal["routed", "dp0"] = "routed"
 
 
 class TransferSpec(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -161,15 +176,37 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
                            f"(fewer requests or blocks per request)")
         if inst.vllm is not None:
             resolve(inst.vllm, f"{where}: {side}.vllm")
+        if inst.cache_dtype not in CACHE_DTYPES:
+            raise BadInput(f"{where}: {side}.cache_dtype: expected one of {', '.join(CACHE_DTYPES)}, "
+                           f"got {inst.cache_dtype!r}")
+        if inst.dp_size > 1 and inst.dp_rank != 0:
+            raise BadInput(f"{where}: {side}.dp_rank: {inst.dp_rank} with dp_size {inst.dp_size}; with dp_size > 1 "
+                           f"every DP rank 0..{inst.dp_size - 1} runs (leave dp_rank out)")
+        if inst.dp_size * inst.tp_size > max_tp:
+            raise BadInput(f"{where}: {side}: dp_size {inst.dp_size} x tp_size {inst.tp_size} = "
+                           f"{inst.dp_size * inst.tp_size} ranks; at most {max_tp} per side (--max-tp)")
+    route = sc.kv_transfer_params.dp_route
+    if route is not None:
+        if len(route) != sc.decode.dp_size:
+            raise BadInput(f"{where}: kv_transfer_params.dp_route: expected {sc.decode.dp_size} entries (one per "
+                           f"decode DP rank), got {len(route)}")
+        bad = [i for i in route if i >= sc.prefill.dp_size]
+        if bad:
+            raise BadInput(f"{where}: kv_transfer_params.dp_route: prefill DP rank {bad[0]} does not exist "
+                           f"(prefill.dp_size = {sc.prefill.dp_size})")
+    if not sc.prefill.side_channel_host_set and sc.prefill.dp_size != sc.decode.dp_size:
+        raise BadInput(f"{where}: prefill.side_channel_host_set = false models D reaching its own node's DP "
+                       f"listeners: give both sides the same dp_size")
     for v in sc.vllm:
         resolve(v, f"{where}: vllm")
     for release in sc.expect:
         if release != CORRECTED.name:
             resolve(release, f"{where}: expect")
     for release, exp in sc.expect.items():
-        if isinstance(exp, list) and len(exp) != sc.decode.tp_size:
+        n = sc.decode.tp_size * sc.decode.dp_size  # DP-major: DP rank 0's TP ranks first
+        if isinstance(exp, list) and len(exp) != n:
             raise BadInput(
-                f"{where}: expect.{release}: expected {sc.decode.tp_size} entries (one per decode rank), got {len(exp)}"
+                f"{where}: expect.{release}: expected {n} entries (one per decode rank), got {len(exp)}"
             )
 
 

@@ -83,6 +83,7 @@ class Ready(msgspec.Struct):
     kv_transfer_params: dict[str, Any]
     engine_tag: int  # the engine part of every coordinate tag (pdcheck.kvcache.engine_tag)
     version_url: str | None = None  # --api-port: GET answers {"version": release} as vLLM's /version does
+    dp_ranks: list[Ready] = []  # prefill.dp_size > 1: each DP rank's document (this one is DP rank 0's)
 
 
 def _v(release: ReleaseModel) -> tuple[int, ...]:
@@ -126,7 +127,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
     host, base = p.host, sp.base_port  # the scenario's host, or --host (loopback by default)
     chash = sp.compat_hash
     pg = sp.p_geometry
-    plan = sp.ports  # base_port is set: vLLM's layout ports bound as they are, as a real P of `release` would
+    # sp.ports (each DP rank's, with dp_size > 1): base_port is set, so vLLM's layout ports are bound as they are
     stop = {"why": None}
 
     def on_signal(signum: int, _frame: Any) -> None:
@@ -140,41 +141,50 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
         with launcher() as lau, ExitStack() as held:
             # The layout ports are held from before any rank starts until just before the ranks bind them, so
             # no rank's UCX listener or connection takes one from the ephemeral range (orchestrate.reserve_layout).
-            reserved = orc.reserve_layout(held, host, plan, contacted=False)
+            groups = sp.dp or [sp]  # DP rank k's TP rank r runs as P rank k * tp_size + r
+            tp = p.tp_size
+            reserved: dict[int, Any] = {}
+            for g in groups:
+                reserved.update(orc.reserve_layout(held, host, g.ports, contacted=False))
             ranks = {
-                r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
-                    engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
+                k * tp + r: lau.start("P", k * tp + r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+                    engine_id=g.scenario.prefill.engine_id, tp_rank=r, tp_size=tp, num_blocks=p.blocks()[r],
                     device_id=p.device_id(r), device=opts.device, host=host,
                     geometry=pg, kv_cache_layout=p.kv_cache_layout,
                     inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
-                for r in range(p.tp_size)
+                for k, g in enumerate(groups) for r in range(tp)
             }
             ready = orc.await_ready(lau, list(ranks.values()), opts.start_timeout_s)
-            values = {r: ready[orc.RankId("P", r)][1] for r in ranks}
-            listeners = plan.listeners
             for sock in reserved.values():
                 sock.close()
-            for r, rank in ranks.items():
-                rank.send(m.Serve(listeners[r], values))
-            orc.await_serving(lau, ranks, plan.listeners, opts.start_timeout_s)
-            g = pg
-            served = [
-                ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),
-                           agent_name=f"{p.engine_id}-p{r}", block_len=g.block_len, regions=g.num_regions,
-                           tagged_blocks=min(opts.tag_blocks, p.blocks()[r]))
-                for r in ranks
-            ]
+            listeners = {k * tp + r: g.ports.listeners[r] for k, g in enumerate(groups) for r in range(tp)}
+            for k in range(len(groups)):
+                values = {r: ready[orc.RankId("P", k * tp + r)][1] for r in range(tp)}
+                for r in range(tp):
+                    ranks[k * tp + r].send(m.Serve(listeners[k * tp + r], values))
+            orc.await_serving(lau, ranks, listeners, opts.start_timeout_s)
             from pdcheck.kvcache import engine_tag
 
-            rport = sp.remote_port
-            on_ready(Ready(
-                tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
-                release=release.name, wire=release.wire, engine_id=p.engine_id, host=host, base_port=base,
-                remote_port=rport, tp_size=p.tp_size, dp_rank=p.dp_rank, compat_hash=chash,
-                endpoints=[Endpoint(host, ls.port, ls.ranks) for r in ranks for ls in listeners[r]],
-                prefill_ranks=served, kv_transfer_params=transfer_params(sc, release, host, rport, opts.tag_blocks),
-                engine_tag=engine_tag(p.engine_id),
-                version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version"))
+            docs = []
+            for k, g in enumerate(groups):
+                gp = g.scenario.prefill
+                served = [
+                    ServedRank(tp_rank=r, num_blocks=p.blocks()[r], device_id=p.device_id(r),
+                               agent_name=f"{gp.engine_id}-p{r}", block_len=pg.block_len, regions=pg.num_regions,
+                               tagged_blocks=min(opts.tag_blocks, p.blocks()[r]))
+                    for r in range(tp)
+                ]
+                rport = g.remote_port
+                docs.append(Ready(
+                    tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
+                    release=release.name, wire=release.wire, engine_id=gp.engine_id, host=host, base_port=base,
+                    remote_port=rport, tp_size=tp, dp_rank=gp.dp_rank, compat_hash=chash,
+                    endpoints=[Endpoint(host, ls.port, ls.ranks) for r in range(tp) for ls in listeners[k * tp + r]],
+                    prefill_ranks=served,
+                    kv_transfer_params=transfer_params(g.scenario, release, host, rport, opts.tag_blocks),
+                    engine_tag=engine_tag(gp.engine_id),
+                    version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version"))
+            on_ready(msgspec.structs.replace(docs[0], dp_ranks=docs) if sp.dp else docs[0])
             deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
             code = 0
             while stop["why"] is None and (deadline is None or time.monotonic() < deadline):
@@ -256,8 +266,10 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
     c = console()
     c.print(f"[bold]pdcheck serve[/] {doc.scenario}: vLLM {doc.release} prefill (era {doc.wire}), engine "
             f"{doc.engine_id}, TP {doc.tp_size}, pid {doc.pid}")
-    for e in doc.endpoints:
-        c.print(f"  side channel {e.host}:{e.port} answers for TP rank(s) {','.join(map(str, e.ranks))}")
+    for d in doc.dp_ranks or [doc]:
+        dp = f"DP rank {d.dp_rank} ({d.engine_id}): " if doc.dp_ranks else ""
+        for e in d.endpoints:
+            c.print(f"  {dp}side channel {e.host}:{e.port} answers for TP rank(s) {','.join(map(str, e.ranks))}")
     for r in doc.prefill_ranks:
         c.print(f"  P rank {r.tp_rank}: num_blocks {r.num_blocks}, device {r.device_id}, agent {r.agent_name}, "
                 f"blocks 0..{r.tagged_blocks - 1} tagged")

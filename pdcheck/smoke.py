@@ -81,7 +81,7 @@ def run_one(plan: Plan) -> list[Case]:
     secs = time.perf_counter() - t0
     cases = []
     for release, exp in sc.expect.items():
-        want = list(exp) if isinstance(exp, list) else [exp] * sc.decode.tp_size
+        want = list(exp) if isinstance(exp, list) else [exp] * (sc.decode.tp_size * sc.decode.dp_size)
         got = rep.matrix.get(resolve(release).name if release != CORRECTED.name else release, [])
         msg = "; ".join(rep.harness_errors)
         if got != want and not msg:

@@ -25,9 +25,9 @@ def test_scenario_meets_expectations(pdcheck, path):
     run = pdcheck("handshake", str(path), "--json", "--hang-timeout", "2")
     assert run.code in (0, 1), run.err
     doc = run.json()
-    assert len(doc["decode_ranks"]) == sc.decode.tp_size
+    assert len(doc["decode_ranks"]) == sc.decode.tp_size * sc.decode.dp_size
     for release, exp in sc.expect.items():
-        want = exp if isinstance(exp, list) else [exp] * sc.decode.tp_size
+        want = exp if isinstance(exp, list) else [exp] * (sc.decode.tp_size * sc.decode.dp_size)
         got = [d["verdicts"][release]["status"] for d in doc["decode_ranks"]]
         assert got == want, f"{path.name} {release}: {got} != {want}"
     for d in doc["decode_ranks"]:

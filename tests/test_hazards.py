@@ -9,7 +9,16 @@ from typing import Any
 import pytest
 
 from pdcheck.engine import Params, run
-from pdcheck.hazards import CATALOGUE, Facts, Hazard, block_path, evaluate, ranks_text, spread
+from pdcheck.hazards import (
+    CATALOGUE,
+    SHAPE_CATALOGUE,
+    Facts,
+    Hazard,
+    block_path,
+    evaluate,
+    ranks_text,
+    spread,
+)
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.releases.base import Local
 from pdcheck.scenario import Scenario, load
@@ -89,6 +98,11 @@ APPLIES = {
     "cross-release-listener-death": {"H15", "H21"},
     "attn-backend-mismatch": {"H08", "H10"},
     "mla": {"H01", "H02", "H03", "H04", "H21"},
+    "dp2-host-unset-27083": {"H20"},
+    "dp2-wrong-port-27083": {"H20"},
+    "pp2-pull-52913": {"X01"},
+    "block-size-per-request-42895": {"H07", "H08"},
+    "fp8-dynamic-scales-42179": {"H28"},
 }
 
 
@@ -104,7 +118,7 @@ def test_bundled_applies(name: str) -> None:
     assert ids == sorted(ids) and REQUIRED <= set(ids)
     assert {h.id for h in hz if h.applies} == APPLIES[name]
     for h in hz:
-        assert h.name == CATALOGUE[h.id] and h.detail
+        assert h.name == {**CATALOGUE, **SHAPE_CATALOGUE}[h.id] and h.detail
         if h.applies:
             assert "corrected" in h.effects and set(sc.vllm) >= set(h.effects) - {"corrected"}
         else:

@@ -347,13 +347,19 @@ def scenario_io(sc: Scenario) -> MemIO:
 
 
 def scenario_statuses(sc: Scenario, release: str) -> list[str]:
+    if sc.prefill.dp_size > 1 or sc.decode.dp_size > 1:  # each decode DP rank with the engine it reaches
+        from pdcheck.plan import dp_scenario
+        from pdcheck.ports import dp_routes
+
+        return [s for rt in dp_routes(sc) for s in scenario_statuses(dp_scenario(sc, rt), release)]
     rel = resolve(release)
     newest = resolve(sc.vllm[-1])  # the P every release talks to speaks the newest listed release's era
     p_wire = newest.wire if rel.wire == "any" else rel.wire
     out = []
     for r in range(sc.decode.tp_size):
         di = sc.decode
-        loc = Local(di.engine_id, r, di.tp_size, di.blocks()[r], di.geometry(), di.kv_cache_layout, di.device_id(r))
+        loc = Local(di.engine_id, r, di.tp_size, di.blocks()[r], di.geometry(), di.kv_cache_layout, di.device_id(r),
+                    pp_size=di.pp_size)
         prm = Params(sc.remote_engine_id(), sc.params_tp_size(), p_wire)
         out.append(run(rel, loc, prm, scenario_io(sc)).status)
     return out
@@ -392,5 +398,5 @@ def _cases() -> list[Any]:
 def test_bundled_scenario_matches_pure_engine(path: Path, release: str) -> None:
     sc = load(path)
     exp = sc.expect[release]
-    want = exp if isinstance(exp, list) else [exp] * sc.decode.tp_size
+    want = exp if isinstance(exp, list) else [exp] * (sc.decode.tp_size * sc.decode.dp_size)
     assert scenario_statuses(sc, release) == want

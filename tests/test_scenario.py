@@ -32,7 +32,7 @@ def test_bundled_scenario_loads(path: Path) -> None:
     assert [m.name for m in models] == sc.vllm  # each listed release is modelled under its own name
     assert "corrected" in sc.expect and set(sc.expect) - {"corrected"} <= set(sc.vllm)
     for exp in sc.expect.values():
-        assert isinstance(exp, str) or len(exp) == sc.decode.tp_size
+        assert isinstance(exp, str) or len(exp) == sc.decode.tp_size * sc.decode.dp_size  # DP-major
     assert sc.prefill.engine_id != sc.decode.engine_id
 
 

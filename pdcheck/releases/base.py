@@ -31,6 +31,7 @@ class Local:
     kv_cache_layout: str
     device_id: int
     model: str = "pdcheck/fake-model"
+    pp_size: int = 1  # the D engine's pipeline parallel stages (decode-side PP: refused from 0.26)
 
     @property
     def block_len(self) -> int:

@@ -671,3 +671,13 @@ BLOCK_STRIDES_GE = Check(
     "strict=True))",
     _strides_ge, hazard="H08",
 )
+
+
+# 0.26+ base_worker.__init__ (pull and push workers): `if kv_role == "kv_consumer" and self.pp_size > 1: raise`, at
+# the D worker's start-up, before any request (pdcheck runs it as the first pre_flow step).
+PP_DECODE_REFUSED = Check(
+    "pp_decode", 'not (kv_transfer_config.kv_role == "kv_consumer" and self.pp_size > 1)',
+    lambda c: c.local.pp_size == 1,
+    message="NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1.",
+    exc="NotImplementedError", hazard="X01",
+)

@@ -9,6 +9,7 @@ Checked against the wheels of 0.26.0, 0.27.0, 0.27.1, 0.28.0.
 
 from dataclasses import replace
 
+from pdcheck.releases import rules
 from pdcheck.releases.v0_14 import HASH_0_18
 from pdcheck.releases.v0_20 import MODEL_0_24
 
@@ -17,7 +18,8 @@ HASH_0_28 = (*HASH_0_18, "speculative_config", "transfer_mode")
 
 MODEL = replace(MODEL_0_24, name="0.26.0", versions=("0.26.0", "0.27.0", "0.27.1"), wire="H", version="0.26.0",
                 connector_version=5, fa_kv_regions="packed", notif="{req}:{tp_ratio}",  # 0.26 sends f"{req}:{D_world_size}" (see v0_14)
-                summary="two reply frames (clock sync); 0.24's checks")
+                summary="two reply frames (clock sync); 0.24's checks",
+                pre_flow=(rules.PP_DECODE_REFUSED, *MODEL_0_24.pre_flow))  # decode-side PP refused (base_worker)
 
 MODEL_0_28 = replace(MODEL, name="0.28.0", versions=("0.28.0",), version="0.28.0", connector_version=7,
                      hash_factors=HASH_0_28)

@@ -1,0 +1,305 @@
+"""Deployment shapes beyond one TP group (issue #17): data parallel, pipeline parallel, block size P != D, fp8.
+
+Pure-model tests over the release grid (ports, plan, per-release rules, hazard lines), bad input (exit 2, one
+line), and one real-process run: 2 DP x 2 TP per side, real side channels and NIXL agents.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pdcheck import ports
+from pdcheck.errors import BadInput
+from pdcheck.hazards import evaluate
+from pdcheck.plan import RunOptions, build, dp_scenario
+from pdcheck.releases import MODELLED, compat_hash_for, resolve, resolve_many, rules, shapes
+from pdcheck.scenario import load
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "scenarios"
+SIDE = {"tp_size": 2, "num_blocks": 256, "kv_heads": 4, "head_dim": 64}
+
+
+def _sc(prefill: dict[str, Any] | None = None, decode: dict[str, Any] | None = None, **top: Any):
+    doc: dict[str, Any] = {"prefill": {"engine_id": "P", **SIDE, **(prefill or {})},
+                           "decode": {"engine_id": "D", **SIDE, **(decode or {})}, **top}
+    doc.setdefault("vllm", ["0.14.0"])
+    return load(None, doc)
+
+
+def _dp2(**top: Any):
+    return _sc({"dp_size": 2}, {"dp_size": 2}, **top)
+
+
+# ---- data parallel: ports, routes, plan -------------------------------------------------------------------
+def test_dp_engine_id_suffix_only_with_dp() -> None:
+    assert ports.dp_engine_id("prefill", 1, 2) == "prefill_dp1"
+    assert ports.dp_engine_id("prefill", 0, 1) == "prefill"
+
+
+def test_routes_round_robin_explicit_dp0_and_host_unset() -> None:
+    sc = _sc({"dp_size": 2}, {"dp_size": 4})
+    assert [(r.routed, r.reached, r.reached_side) for r in ports.dp_routes(sc)] == [
+        (0, 0, "prefill"), (1, 1, "prefill"), (0, 0, "prefill"), (1, 1, "prefill")]
+    sc = _dp2(kv_transfer_params={"dp_route": [1, 1]})
+    assert [(r.routed, r.reached) for r in ports.dp_routes(sc)] == [(1, 1), (1, 1)]
+    sc = _dp2(kv_transfer_params={"dp_port": "dp0"})
+    assert [(r.routed, r.reached) for r in ports.dp_routes(sc)] == [(0, 0), (1, 0)]
+    sc = _sc({"dp_size": 2, "side_channel_host_set": False}, {"dp_size": 2})
+    assert {r.reached_side for r in ports.dp_routes(sc)} == {"decode"}
+
+
+@pytest.mark.parametrize("release", ["0.9.2", "0.11.0", "0.11.1", "0.14.0", "0.26.0", "0.34.0"])
+def test_plan_one_group_per_decode_dp_rank_at_its_layout_port(release: str) -> None:
+    sc = _dp2(vllm=[release])
+    plan = build(sc, None, RunOptions())
+    assert len(plan.dp) == 2
+    rel = resolve(release)
+    bases = [next(d.p_base_port for d in g.plan.d_releases if d.name == rel.name) for g in plan.dp]
+    # A-E: one port per TP rank, DP rank k's from base + k * tp_size; F-H: one per DP rank, base + k
+    assert bases[1] - bases[0] == (2 if ports.per_rank(rel.wire) else 1)
+    for k, g in enumerate(plan.dp):
+        sub = g.plan.scenario
+        assert sub.prefill.engine_id == f"P_dp{k}" and sub.decode.engine_id == f"D_dp{k}"
+        assert sub.remote_engine_id() == f"P_dp{k}" and g.plan.kv_owner == f"P_dp{k}"
+        assert sub.prefill.dp_size == sub.decode.dp_size == 1
+
+
+def test_dp_scenario_wrong_port_and_host_unset() -> None:
+    sc = _dp2(kv_transfer_params={"dp_port": "dp0"})
+    sub = dp_scenario(sc, ports.dp_routes(sc)[1])
+    assert (sub.prefill.engine_id, sub.remote_engine_id()) == ("P_dp0", "P_dp1")
+    sc = _sc({"dp_size": 2, "side_channel_host_set": False, "base_port": 30000}, {"dp_size": 2, "tp_size": 1})
+    sub = dp_scenario(sc, ports.dp_routes(sc)[1])
+    # D's own node's DP rank 1 answers: D's geometry and id, at P's port layout
+    assert (sub.prefill.engine_id, sub.prefill.tp_size, sub.prefill.base_port) == ("D_dp1", 1, 30000)
+    assert sub.remote_engine_id() == "P_dp1"
+
+
+def test_dp1_plan_unchanged() -> None:
+    plan = build(_sc(), None, RunOptions())
+    assert plan.dp == [] and plan.kv_owner is None
+
+
+# ---- bad input -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("prefill", "decode", "top", "needle"), [
+    ({"dp_size": 99}, {}, {}, "prefill.dp_size"),
+    ({"pp_size": 0}, {}, {}, "prefill.pp_size"),
+    ({"dp_size": 2, "dp_rank": 1}, {}, {}, "prefill.dp_rank: 1 with dp_size 2"),
+    ({"dp_size": 2}, {"dp_size": 2}, {"kv_transfer_params": {"dp_route": [0]}}, "expected 2 entries"),
+    ({"dp_size": 2}, {}, {"kv_transfer_params": {"dp_route": [2]}}, "prefill DP rank 2 does not exist"),
+    ({"dp_size": 2, "side_channel_host_set": False}, {}, {}, "same dp_size"),
+    ({"cache_dtype": "int4"}, {}, {}, "prefill.cache_dtype"),
+    ({"dp_size": 8, "tp_size": 16, "num_blocks": 16}, {}, {}, "dp_size 8 x tp_size 16 = 128 ranks"),
+    ({"dp_size": 2}, {"dp_size": 2}, {"expect": {"0.14.0": ["ok", "ok"]}}, "expected 4 entries"),
+])
+def test_bad_shapes_one_line(prefill: dict[str, Any], decode: dict[str, Any], top: dict[str, Any],
+                             needle: str) -> None:
+    with pytest.raises(BadInput) as exc:
+        _sc(prefill, decode, **top)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bad_dp_size_exit_2_from_the_cli(pdcheck, tmp_path: Path) -> None:
+    f = tmp_path / "dp.toml"
+    f.write_text('[prefill]\nnum_blocks = 64\ndp_size = 100\n[decode]\nnum_blocks = 64\n')
+    run = pdcheck("handshake", str(f))
+    assert run.code == 2 and run.out == ""
+    assert len(run.err.strip().splitlines()) == 1 and "prefill.dp_size" in run.err
+
+
+# ---- per-release rules over the grid ---------------------------------------------------------------------
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_block_size_effect_grid(rel) -> None:
+    bigger_p = shapes.block_size_effect(rel, 32, 16)
+    smaller_p = shapes.block_size_effect(rel, 16, 32)
+    if rel.wire < "F":
+        assert bigger_p is None and smaller_p is None  # no block_size on the wire: the block-length reading
+        return
+    assert bigger_p is not None and smaller_p is not None
+    assert bigger_p.startswith("passes start-up") and "every later request" in bigger_p
+    if any(s.id == "block_size_le" for s in rel.pre_add):  # 0.11.1-0.13: checked before add_remote_agent
+        assert "nP > nD is not supported yet." in bigger_p
+    else:
+        assert "Local block size 16 is not divisible by remote block size 32 or vice versa." in bigger_p
+    assert smaller_p.startswith("supported")
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_pp_effect_grid(rel) -> None:
+    text = shapes.pp_effect(rel, 2, 1)
+    if rel.wire < "H":
+        assert "no pp_rank on the wire" in text
+        assert shapes.pp_effect(rel, 1, 2) == text
+    else:
+        assert "(pp_rank, tp_rank)" in text and "received pp_rank > 0 handshake metadata" in text
+        assert shapes.MSG_PP_DECODE in shapes.pp_effect(rel, 1, 2)
+        assert any(s.id == "pp_decode" for s in rel.pre_flow)
+    assert (rel.wire >= "H") == any(s is rules.PP_DECODE_REFUSED for s in rel.pre_flow)
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_cache_dtype_feeds_the_hash_from_0_13(rel) -> None:
+    g = _sc().prefill.geometry()
+    auto, fp8 = (compat_hash_for(rel, g, cache_dtype=c) for c in ("auto", "fp8"))
+    if "cache_dtype" in rel.hash_factors:
+        assert auto != fp8
+    else:
+        assert auto == fp8
+    assert ("cache_dtype" in rel.hash_factors) == (tuple(map(int, rel.version.split(".")[:2])) >= (0, 13))
+
+
+def test_cache_dtype_reaches_d_and_p_hashes() -> None:
+    plan = build(_sc({"cache_dtype": "fp8"}), None, RunOptions())
+    d_hash = next(d.local_hash for d in plan.d_releases if d.name == "0.14.0")
+    assert plan.ports is not None and plan.ports.profiles["0.14.0"].compat_hash != d_hash
+
+
+def test_when_raised() -> None:
+    r14, r9 = resolve("0.14.0"), resolve("0.9.1")
+    assert shapes.when_raised(r14, "assert", "block_size_ratio").startswith("per request")
+    assert shapes.when_raised(r14, "error", "pp_decode").startswith("at start-up")
+    assert shapes.when_raised(r14, "ok", None) is None and shapes.when_raised(r9, "assert", "x") is None
+
+
+# ---- hazard lines ----------------------------------------------------------------------------------------
+def _hz(sc, names: str) -> dict[str, Any]:
+    return {h.id: h for h in evaluate(sc, resolve_many(names))}
+
+
+def test_h20_wrong_dp_rank_per_release() -> None:
+    hz = _hz(_dp2(kv_transfer_params={"dp_port": "dp0"}), "0.9.2,0.10.0,0.34.0")["H20"]
+    assert hz.applies
+    assert hz.effects["0.34.0"].endswith("Remote NIXL agent engine ID mismatch. Expected P_dp1,received P_dp0.")
+    assert "KeyError" in hz.effects["0.9.2"] and "engine ID mismatch" in hz.effects["0.10.0"]
+    hz = _hz(_sc({"dp_size": 2, "side_channel_host_set": False}, {"dp_size": 2}), "0.14.0")["H20"]
+    assert hz.applies and "Expected P_dp0,received D_dp0." in hz.effects["0.14.0"]
+    assert not _hz(_dp2(), "0.14.0")["H20"].applies
+
+
+def test_h07_per_request_from_era_f() -> None:
+    hz = _hz(_sc({"block_size": 32}, {"block_size": 16}), "0.9.2,0.11.1,0.14.0")["H07"]
+    assert "block_len check fires first" in hz.effects["0.9.2"]
+    assert "nP > nD is not supported yet." in hz.effects["0.11.1"]
+    assert hz.effects["0.14.0"].startswith("passes start-up") and "#42895" in hz.effects["0.14.0"]
+
+
+def test_h17_h28_and_x01() -> None:
+    hz = _hz(_sc({"cache_dtype": "fp8"}), "0.11.1,0.14.0")
+    assert hz["H17"].applies and "hash mismatch" in hz["H17"].effects["0.14.0"]
+    assert "no hash" in hz["H17"].effects["0.11.1"]
+    both = {"cache_dtype": "fp8", "fp8_dynamic_scales": True}
+    hz = _hz(_sc(both, both), "0.34.0")
+    assert not hz["H17"].applies and hz["H28"].applies and "#42179" in hz["H28"].effects["0.34.0"]
+    assert "X01" not in hz
+    hz = _hz(_sc({"pp_size": 2}, {"pp_size": 2}), "0.14.0,0.26.0")
+    assert hz["X01"].applies and shapes.MSG_PP_DECODE in hz["X01"].effects["0.26.0"]
+
+
+def test_bundled_shape_scenarios_exist_with_expectations() -> None:
+    for stem, issue in [("dp2-host-unset-27083", "#27083"), ("dp2-wrong-port-27083", "#27083"),
+                        ("pp2-pull-52913", "#52913"), ("block-size-per-request-42895", "#42895"),
+                        ("fp8-dynamic-scales-42179", "#42179")]:
+        sc = load(SCENARIOS / f"{stem}.toml")
+        assert issue in sc.description and sc.expect
+
+
+# ---- real processes: 2 DP x 2 TP per side ----------------------------------------------------------------
+def test_dp2_tp2_real_ranks_per_dp_rank_verdicts(pdcheck) -> None:
+    run = pdcheck("handshake", str(SCENARIOS / "dp2-wrong-port-27083.toml"), "--vllm", "0.9.2,0.14.0", "--json",
+                  "--hang-timeout", "2", timeout=120)
+    assert run.code == 1, run.err
+    doc = run.json()
+    ranks = [(d["dp_rank"], d["tp_rank"]) for d in doc["decode_ranks"]]
+    assert ranks == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    for d in doc["decode_ranks"]:
+        v14, v92 = d["verdicts"]["0.14.0"], d["verdicts"]["0.9.2"]
+        if d["dp_rank"] == 0:  # the routed DP rank answers: the tagged blocks of prefill_dp0 arrive intact
+            assert v14["status"] == v92["status"] == "ok"
+            assert d["transfer"]["0.14.0"]["status"] == "ok" and d["transfer"]["0.14.0"]["wrong"] == 0
+        else:
+            assert v14["status"] == "error" and v14["exception"] == "RuntimeError"
+            assert v14["message"] == "Remote NIXL agent engine ID mismatch. Expected prefill_dp1,received prefill_dp0."
+            assert "per request" in d["when"]["0.14.0"]
+            assert v92["status"] == "error" and v92["exception"] == "KeyError"
+    # every P DP rank that answered ran as its own TP group
+    assert {(p["dp_rank"], p["tp_rank"]) for p in doc["prefill_ranks"] if p["requests_served"]} == {(0, 0), (0, 1)}
+    assert [h["id"] for h in doc["hazards"] if h["applies"]] == ["H20"]
+
+
+# ---- probe --dp-size against two live `pdcheck serve` DP ranks -------------------------------------------
+def _serve_doc(tmp_path: Path, k: int, engine_id: str) -> Path:
+    f = tmp_path / f"dp{k}.toml"
+    f.write_text(f'[prefill]\nengine_id = "{engine_id}"\ndp_rank = {k}\ntp_size = 2\nnum_blocks = 64\nkv_heads = 4\n'
+                 f'head_dim = 64\n[decode]\nnum_blocks = 64\n')
+    return f
+
+
+@pytest.mark.parametrize("ids", [("prefill_dp0", "prefill_dp1"), ("prefill_dp0", "prefill_dp0")])
+def test_probe_dp_size_reads_every_dp_rank(tmp_path: Path, ids: tuple[str, str]) -> None:
+    from contextlib import ExitStack
+
+    from test_live import pdcheck as run_cli
+    from test_live import serve
+
+    from pdcheck.ports import free_base
+
+    base = free_base("127.0.0.1", 2)
+    with ExitStack() as stack:
+        for k, eid in enumerate(ids):
+            stack.enter_context(serve(str(_serve_doc(tmp_path, k, eid)), "--vllm", "0.14.0", "--port", str(base)))
+        r = run_cli("probe", f"127.0.0.1:{base}", "--vllm", "0.14.0", "--dp-size", "2", "--tp-size", "2", "--json")
+    assert "Traceback" not in r.stderr, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert [d["ports"] for d in doc["dp_ranks"]] == [[base], [base + 1]]  # era G: one scheduler port per DP rank
+    got = [sorted({p["engine_id"] for p in d["prefill_ranks"]}) for d in doc["dp_ranks"]]
+    assert got == [[ids[0]], [ids[1]]]
+    if ids[1] == "prefill_dp1":
+        assert doc["notes"] == [] and r.returncode == 0
+    else:  # DP rank 1's port answers for DP rank 0's engine: a D routed there fails the engine-id check
+        assert r.returncode == 1 and any("answers for 'prefill_dp0', not 'prefill_dp1'" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("release", ["0.9.2", "0.14.0"])
+def test_serve_every_dp_rank_and_probe_them(tmp_path: Path, release: str) -> None:
+    import json
+
+    from test_live import pdcheck as run_cli
+    from test_live import serve
+
+    f = tmp_path / "dp.toml"
+    f.write_text('[prefill]\nengine_id = "prefill"\ndp_size = 2\ntp_size = 2\nnum_blocks = 64\nkv_heads = 4\n'
+                 'head_dim = 64\n')
+    with serve(str(f), "--vllm", release) as s:
+        docs = s.doc["dp_ranks"]
+        assert [(d["dp_rank"], d["engine_id"]) for d in docs] == [(0, "prefill_dp0"), (1, "prefill_dp1")]
+        base = s.doc["base_port"]
+        per_rank = release == "0.9.2"  # era C: base + dp * tp + rank; era G: one scheduler port per DP rank
+        assert [d["kv_transfer_params"]["remote_port"] for d in docs] == [base, base + (2 if per_rank else 1)]
+        assert [d["kv_transfer_params"]["remote_engine_id"] for d in docs] == ["prefill_dp0", "prefill_dp1"]
+        r = run_cli("probe", f"127.0.0.1:{base}", "--vllm", release, "--dp-size", "2", "--tp-size", "2", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["notes"] == []
+    assert [sorted({p["engine_id"] for p in d["prefill_ranks"]}) for d in doc["dp_ranks"]] == [
+        ["prefill_dp0"], ["prefill_dp1"]]
+
+
+def test_h08_defers_to_the_block_size_check_from_era_f() -> None:
+    hz = _hz(_sc({"block_size": 32}, {"block_size": 16}), "0.9.2,0.14.0")["H08"]
+    assert "Remote P worker KV layer cache" in hz.effects["0.9.2"]
+    assert hz.effects["0.14.0"] == "not reached: the block-size check fires first (H07)"
+    hz = _hz(_sc({"block_size": 16}, {"block_size": 32}), "0.14.0,0.34.0")["H08"]
+    assert "0.14.0" not in hz.effects and "0.34.0" not in hz.effects  # P < D: block_size_ratio expects the half
+
+
+def test_p_smaller_block_supported_from_era_f_real_ranks(pdcheck) -> None:
+    run = pdcheck("handshake", "--prefill-tp", "2", "--decode-tp", "2", "--prefill-blocks", "256", "--decode-blocks",
+                  "256", "--prefill-block-size", "16", "--decode-block-size", "32", "--kv-heads", "4", "--head-dim",
+                  "64", "--vllm", "0.11.1,0.14.0,0.34.0", "--json", timeout=120)
+    doc = run.json()
+    assert doc["matrix"]["0.11.1"] == doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["ok", "ok"]
