@@ -309,6 +309,16 @@ def _native_note(log_dir: Path | None) -> None:
         console.print(f"[dim]  {', '.join(ranks)}: {_escape(msg)}[/]")
 
 
+def _write(output: Path | None, text: str) -> None:
+    """from-logs -o: the scenario written (an existing file was refused before, unless --force)."""
+    if output is None:
+        return
+    try:
+        output.write_text(text)
+    except OSError as exc:
+        raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+
+
 @scenario_app.command("from-logs", cls=Command, epilog=EPILOG)
 @scenario_flags
 def scenario_from_logs(
@@ -349,11 +359,7 @@ def scenario_from_logs(
         names = [r.name for r in resolve_many(sglang)]
         p_f, d_f = sgl.parse(prefill_log, "prefill"), sgl.parse(decode_log, "decode")
         text = sgl.to_toml(p_f, d_f, names)
-        if output is not None:
-            try:
-                output.write_text(text)
-            except OSError as exc:
-                raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+        _write(output, text)
         if json_out:
             import msgspec
 
@@ -368,11 +374,7 @@ def scenario_from_logs(
 
     fl, _sc = _logs_scenario((prefill_log, decode_log), overrides, dp_rank)
     text = fromlogs.to_toml(fl, overrides)
-    if output is not None:
-        try:
-            output.write_text(text)
-        except OSError as exc:
-            raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+    _write(output, text)
     if json_out:
         import msgspec
 
