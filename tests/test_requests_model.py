@@ -1,0 +1,110 @@
+"""Pure tests of the request-path model: release lines, fault parsing, D's decisions and P's simulated blocks."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdcheck.errors import BadInput
+from pdcheck.requests.faults import parse, parse_all
+from pdcheck.requests.lines import CORRECTED, LINES, line_of
+from pdcheck.requests.model import decide, params_for, simulate
+
+
+def verdicts(version: str, faults: list[str], n: int = 8, lease: float | None = 0.5) -> list[str]:
+    out, _acc = simulate(line_of(version), n, 10.0, 2, 8, lease, parse_all(faults, n))
+    return [o.verdict for o in out]
+
+
+def test_lines_in_order_and_facts() -> None:
+    assert [ln.first for ln in LINES] == sorted(ln.first for ln in LINES)
+    assert line_of("0.9.0").notification("r1") == b"r1"
+    assert line_of("0.13.5").notification("r1", 2) == b"r1:2"
+    assert line_of("0.10.1").expiry_s == 120 and line_of("0.11.1").expiry_s == 480
+    assert line_of("0.11.0").expiry_s == 120
+    assert line_of("0.9.2").expiry == "none" and line_of("0.24.0").expiry == "lease"
+    assert "remote_request_id" not in line_of("0.12.0").keys and "remote_request_id" in line_of("0.13.0").keys
+    assert "remote_registration_generation" in line_of("0.34.0").keys
+    assert "remote_blocks_expiry_time" in line_of("0.28.0").keys and "tp_size" not in line_of("0.9.1").keys
+    assert line_of("corrected") is CORRECTED
+    with pytest.raises(ValueError):  # a 0.9.0 D's bare id at a 0.9.1 P
+        line_of("0.9.1").parse_notification(b"req-1")
+
+
+def test_params_carry_the_release_keys_only() -> None:
+    p = params_for(line_of("0.9.1"), 3, [4, 5], "P", 5600, 2, None, [1, 1])
+    assert set(p) == {"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
+                      "remote_host", "remote_port"}
+    p34 = params_for(line_of("0.34.0"), 3, [4, 5], "P", 5600, 2, 12.0, [1, 1])
+    assert p34["remote_request_id"] == "req-3" and p34["remote_blocks_expiry_time"] == 12.0
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("nope", "unknown fault 'nope'"), ("slow-decode", "give the seconds"), ("slow-decode:0", "seconds must be"),
+    ("slow-decode:inf", "seconds must be"), ("delay-notif:x", "must be a number"), ("bad-params:zap", "name the kind"),
+    ("drop-notif:9", "request 9 does not exist"), ("drop-notif:1:2", "too many"),
+    ("bad-params:reused-ids:0", "no earlier request"),
+])
+def test_bad_faults_are_one_line(text: str, needle: str) -> None:
+    with pytest.raises(BadInput, match=needle):
+        parse(text, 4)
+
+
+def test_fault_round_trip() -> None:
+    f = parse("bad-params:out-of-range:2", 4)
+    assert (f.kind, f.request, f.text()) == ("out-of-range", 2, "bad-params:out-of-range:2")
+    assert parse("slow-decode:1.5", 4).seconds == 1.5
+
+
+def test_no_fault_everything_delivered_and_blocks_reused() -> None:
+    for ln in (*LINES, CORRECTED):
+        out, acc = simulate(ln, 8, 10.0, 2, 8, 0.5, ())
+        assert {o.verdict for o in out} == {"delivered"}
+        assert (acc.freed, acc.expired, acc.leaked, acc.reused) == (8, 0, 0, 8)
+
+
+def test_slow_decode_under_a_short_lease() -> None:
+    # Before 0.10 nothing frees unread blocks: slow but delivered. From 0.10 the timeout frees them and later
+    # requests overwrite them: the early requests get another request's KV, the rest read freed blocks.
+    assert set(verdicts("0.9.1", ["slow-decode:1.5"])) == {"delivered"}
+    v = verdicts("0.11.1", ["slow-decode:1.5"])
+    assert v[:4] == ["wrong"] * 4 and v[4:] == ["freed-early"] * 4
+    assert verdicts("0.34.0", ["slow-decode:1.5"]) == v  # heartbeats start only once D tracks the request
+    assert set(verdicts("corrected", ["slow-decode:1.5"])) == {"recomputed"}
+    out, _ = simulate(line_of("0.11.1"), 8, 10.0, 2, 8, 0.5, parse_all(["slow-decode:1.5"], 8))
+    assert out[0].found_request == 4 and "request 4's KV" in out[0].detail
+
+
+def test_lost_notification_leaks_before_0_10() -> None:
+    v = verdicts("0.9.1", ["drop-notif"])
+    assert v[:4] == ["delivered"] * 4 and v[4:] == ["hang"] * 4  # P ran out of blocks
+    _, acc = simulate(line_of("0.9.1"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-notif"], 8))
+    assert acc.leaked == 4 and acc.freed == 0
+    _, acc = simulate(line_of("0.14.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-notif"], 8))
+    assert acc.leaked == 0 and acc.expired + acc.held == 8
+
+
+def test_bad_params() -> None:
+    assert verdicts("0.9.1", ["bad-params:reused-ids:2"])[2] == "wrong"
+    assert verdicts("corrected", ["bad-params:reused-ids:2"])[2] == "recomputed"
+    assert verdicts("0.9.1", ["bad-params:out-of-range:1"])[1] == "error"
+    assert verdicts("0.11.1", ["bad-params:out-of-range:1"])[1] == "recomputed"
+    assert verdicts("0.34.0", ["bad-params:out-of-range:1"])[1] == "error"  # kv_load_failure_policy fail
+    assert verdicts("0.9.2", ["bad-params:wrong-engine:1"])[1] == "delivered"  # not checked before 0.10
+    assert verdicts("0.10.0", ["bad-params:wrong-engine:1"])[1] == "error"
+    assert verdicts("0.13.0", ["bad-params:missing-request-id:1"])[1] == "error"
+    assert verdicts("0.34.0", ["bad-params:missing-request-id:1"])[1] == "recomputed"
+    assert verdicts("0.9.1", ["bad-params:missing-request-id:1"])[1] == "delivered"  # no such key yet
+
+
+def test_dropped_params_recompute_and_p_holds_until_expiry() -> None:
+    assert set(verdicts("0.34.0", ["drop-params"])) == {"recomputed"}
+    _, acc = simulate(line_of("0.34.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-params"], 8))
+    assert acc.freed == 0 and acc.expired + acc.held == 8
+
+
+def test_decide_corrected_refuses_expired_params() -> None:
+    p = params_for(CORRECTED, 0, [1], "P", 5600, 1, 1.0, [1])
+    assert decide(CORRECTED, 0, p, "P", 8, 2.0) is not None
+    assert decide(CORRECTED, 0, p, "P", 8, 0.5) is None
+    assert decide(line_of("0.34.0"), 0, None, "P", 8, 0.0) == (
+        "recomputed", "no kv_transfer_params: D prefills the prompt itself")
