@@ -100,6 +100,7 @@ def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Option
     logs: list[str] = []
     owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P allocated it to
     end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s)
+    last_answer = t0
     hard = end + 30.0  # a rank that stops answering ends the run as a harness error, never a hang
     faults = _stage(f"vLLM {name}'s requests", hard - time.time())
     while True:
@@ -110,11 +111,13 @@ def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Option
                 p.send(m.ReqPrefill(i))
             else:
                 d.send(_route(prefilled, i, opts))
-        if now >= end and len(decoded) >= len(prefilled) and not due:
+        # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
+        if now >= max(end, last_answer + opts.settle_s) and len(decoded) >= len(prefilled) and not due:
             break
         if now > hard:
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
-        wake = min(due[0][0] if due else end, end if now < end else now + 0.05)
+        stop = max(end, last_answer + opts.settle_s)
+        wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
         for rank, msg in lau.events([p, d], time.monotonic() + max(0.001, wake - time.time())):
             if msg is None:
                 raise faults.died(rank)
@@ -129,6 +132,7 @@ def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Option
                 seq += 1
             elif isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
+                last_answer = time.time()
             elif isinstance(msg, m.ReqFreed):
                 freed.setdefault(msg.request, msg)
                 if msg.log:
