@@ -347,6 +347,7 @@ class ReqPrefill(msgspec.Struct, tag=True):
 
 class ReqPrefilled(msgspec.Struct, tag=True):
     request: int
+    request_id: str  # P's id for it (unique across the lines a run plays: late notifications match nothing)
     blocks: list[int]
     gens: list[int]
     params: dict[str, Any]
@@ -357,6 +358,7 @@ class ReqDecode(msgspec.Struct, tag=True):
     """The router hands D a request: the params as forwarded (None: dropped) and the oracle's expectation."""
 
     request: int
+    request_id: str  # the proxy's id (D notifies with it where the release has no remote_request_id)
     params: dict[str, Any] | None
     expect_blocks: list[int]
     expect_gens: list[int]

@@ -84,6 +84,7 @@ class RequestsP(RequestsRole):
         late = beats = 0
         errors: list[str] = []
         by_id: dict[str, int] = {}
+        epoch = 0  # which line of the run: request ids differ between lines
 
         def admit() -> None:
             while waiting and len(free) >= per_req:
@@ -99,10 +100,11 @@ class RequestsP(RequestsRole):
                 now = time.time()
                 deadline = now + expiry if expiry is not None else float("inf")
                 held[i] = _Held(blocks, gens, deadline)
-                by_id[f"req-{i}"] = i
+                rid = f"req-{epoch}.{i}"
+                by_id[rid] = i
                 params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
-                                    deadline if expiry is not None else None, gens)
-                m.send(self.conn, m.ReqPrefilled(i, blocks, gens, params, now))
+                                    deadline if expiry is not None else None, gens, rid)
+                m.send(self.conn, m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
             h = held.pop(i)
@@ -118,6 +120,7 @@ class RequestsP(RequestsRole):
                 expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
                                                              else line.expiry_s)
                 per_req = msg.blocks_per_request
+                epoch += 1
                 free = deque(range(n))
                 gen[:] = 0
                 held.clear()
@@ -131,6 +134,8 @@ class RequestsP(RequestsRole):
                 admit()
             elif isinstance(msg, m.ReqEnd):
                 m.send(self.conn, m.ReqAccount(sorted(held), list(waiting), late, beats, errors))
+                held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
+                waiting.clear()
             for _peer, got in self.agent.notifs().items():
                 for raw in got:
                     if raw.startswith(b"HB:"):  # 0.24+: D's heartbeat renews the lease of each id it names
@@ -152,7 +157,8 @@ class RequestsP(RequestsRole):
                         late += 1
             now = time.time()
             for i in [i for i, h in held.items() if now >= h.deadline]:
-                release(i, "expired", line.expiry_log.format(req=f"req-{i}", n=0, s=expiry or 0))
+                rid = next((k for k, v in by_id.items() if v == i), str(i))
+                release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
             if waiting and free:
                 admit()
 
@@ -179,6 +185,7 @@ class RequestsD(RequestsRole):
                 return
             if isinstance(msg, m.ReqBegin):
                 line = line_of(msg.line)
+                pending.clear()  # a delayed notification of the last line is never sent into this one
                 expiry_s = msg.lease_s if msg.lease_s is not None else line.expiry_s
                 if msg.peer is not None and peer is None:
                     peer = msg.peer
@@ -199,7 +206,7 @@ class RequestsD(RequestsRole):
             return m.ReqDecoded(i, "refused", *refused)
         assert msg.params is not None
         ids = [int(b) for b in msg.params["remote_block_ids"]]
-        rid = str(msg.params.get("remote_request_id", f"req-{i}"))
+        rid = str(msg.params.get("remote_request_id", msg.request_id))
         if line.heartbeat and expiry_s is not None:
             agent.send_notif(peer.agent, f"HB:{rid}".encode())  # the scheduler now tracks it: lease renewed
         regions = kv.geometry.num_regions

@@ -139,13 +139,30 @@ def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Option
                     logs.append(msg.log)
             break  # back to the schedule after every message
     p.send(m.ReqEnd())
-    acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _stage(f"vLLM {name}'s accounting", 30.0))[p.id][1]
+    acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
     outcomes = [_verdict(i, line, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
     exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
                             P_ENGINE, opts.settle_s)
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0)
+
+
+class _Closing(orc.Stage):
+    """The wait for P's accounting: a block P freed after the parent's last look still counts."""
+
+    def __init__(self, what: str, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
+        base = _stage(what, 30.0)
+        super().__init__(base.failed_text, base.died_text, base.late_text, base.timeout_s)
+        object.__setattr__(self, "_freed", freed)
+        object.__setattr__(self, "_logs", logs)
+
+    def stray(self, rank: Any, msg: m.Msg) -> Exception | None:
+        if isinstance(msg, m.ReqFreed):
+            self._freed.setdefault(msg.request, msg)  # type: ignore[attr-defined]
+            if msg.log:
+                self._logs.append(msg.log)  # type: ignore[attr-defined]
+        return None
 
 
 def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.ReqDecode:
@@ -159,7 +176,7 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
     if pick(opts.faults, "drop-params", i):
         params = None
     delay = pick(opts.faults, "delay-notif", i)
-    return m.ReqDecode(i, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
+    return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
                        delay.seconds if delay else 0.0)
 
 
