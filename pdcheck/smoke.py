@@ -40,6 +40,41 @@ class SmokeReport(msgspec.Struct):
 
 
 MAX_SCENARIOS = 1000
+REQUESTS_PREFIX = "requests-"  # scenarios of `pdcheck requests` (pdcheck.requests.plan's format)
+
+
+def requests_files(directory: Path) -> list[Path]:
+    try:
+        return sorted(directory.glob(f"{REQUESTS_PREFIX}*.toml"))
+    except OSError:
+        return []
+
+
+def requests_plans(directory: Path) -> list[object]:
+    """Every requests-*.toml's plan, checked before anything runs; each must have an [expect] table."""
+    from pdcheck.requests.command import build_plan
+
+    plans = []
+    for f in requests_files(directory)[:MAX_SCENARIOS]:
+        plan = build_plan(f, None, {}, [])
+        if not plan.expect:
+            raise BadInput(f"{f}: expect: no expected outcomes (add an [expect] table)")
+        plans.append(plan)
+    return plans
+
+
+def run_requests(plan: object) -> list[Case]:
+    """One request-path scenario: a case per [expect] release (verdict per request)."""
+    from pdcheck.requests.command import execute
+
+    t0 = time.perf_counter()
+    rep = execute(plan)
+    secs = time.perf_counter() - t0
+    return [Case(rep.scenario, plan.source, e.release, e.passed, e.expected, e.got, secs,  # type: ignore[attr-defined]
+                 "" if e.passed else ", ".join(f"request {i}: {g} (expected {w})" for i, (g, w) in
+                                               enumerate(zip(e.got, e.expected, strict=False)) if g != w)
+                 or f"{len(e.got)} requests reported, {len(e.expected)} expected")
+            for e in rep.expectations]
 
 
 def discover(directory: Path, opts: RunOptions) -> list[Plan]:
@@ -51,7 +86,8 @@ def discover(directory: Path, opts: RunOptions) -> list[Plan]:
         files = sorted(directory.glob("*.toml"))
     except OSError as exc:
         raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
-    if not files:
+    files = [f for f in files if not f.name.startswith(REQUESTS_PREFIX)]  # `pdcheck requests` scenarios: below
+    if not files and not requests_files(directory):
         raise BadInput(f"{directory}: no *.toml scenarios")
     if len(files) > MAX_SCENARIOS:
         raise BadInput(f"{directory}: {len(files)} scenarios; at most {MAX_SCENARIOS}")
@@ -83,8 +119,10 @@ def run_one(plan: Plan) -> list[Case]:
 
 def run(directory: Path, opts: RunOptions) -> SmokeReport:
     plans = discover(directory, opts)
+    req_plans = requests_plans(directory)
     t0 = time.perf_counter()
     cases = [c for plan in plans for c in run_one(plan)]
+    cases += [c for plan in req_plans for c in run_requests(plan)]
     failed = sum(not c.passed for c in cases)
     return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
                        EXIT_OK if not failed else EXIT_HAZARD)

@@ -108,3 +108,39 @@ def test_decide_corrected_refuses_expired_params() -> None:
     assert decide(CORRECTED, 0, p, "P", 8, 0.5) is None
     assert decide(line_of("0.34.0"), 0, None, "P", 8, 0.0) == (
         "recomputed", "no kv_transfer_params: D prefills the prompt itself")
+
+
+def test_generation_word_keeps_gen0_bytes_and_names_the_generation() -> None:
+    import numpy as np
+
+    from pdcheck.kvcache import CELL, coord_word, decode_cell, pattern
+
+    blocks = np.arange(5)
+    assert (pattern(7, 1, 2, blocks, 0, 64) == pattern(7, 1, 2, blocks, 0, 64, gen=0)).all()
+    assert (coord_word(7, 1, 2, blocks) == coord_word(7, 1, 2, blocks, np.zeros(5, dtype=np.int64))).all()
+    tagged = pattern(7, 1, 2, blocks, 0, 64, gen=np.array([1, 2, 3, 4, 255]))
+    for b, g in enumerate([1, 2, 3, 4, 255]):
+        f = decode_cell(tagged[b, :CELL])
+        assert (f.valid, f.block, f.gen, f.region, f.p_rank, f.tag) == (True, b, g, 2, 1, 7)
+        assert f"block {b} generation {g}" in f.describe()
+    assert decode_cell(pattern(7, 1, 2, blocks, 0, 64)[3, :CELL]).gen == 0
+    assert not (tagged == pattern(7, 1, 2, blocks, 0, 64)).all(axis=1).any()  # another generation: other bytes
+
+
+def test_check_blocks_names_the_generation_found() -> None:
+    import numpy as np
+
+    from pdcheck.geometry import Geometry
+    from pdcheck.kvcache import KVCache, check_blocks, pattern
+
+    g = Geometry(tp_size=1, block_size=4, layers=1, total_kv_heads=1, head_dim=16, dtype="bfloat16",
+                 attn_backend="FLASH_ATTN", use_mla=False)
+    kv = KVCache(g, 4)
+    assert kv.blocks3 is not None
+    for r in range(g.num_regions):  # block 1 holds generation 3; the reader expects generation 2
+        kv.blocks3[r, [1]] = pattern(9, 0, r, np.array([1]), 0, kv.block_len, gen=3)
+    ok = check_blocks(kv, [1], [1], 9, 0, read_len=kv.block_len, gens=[3])
+    assert ok.wrong == 0 and ok.checked == g.num_regions
+    bad = check_blocks(kv, [1], [1], 9, 0, read_len=kv.block_len, gens=[2])
+    assert bad.wrong == g.num_regions and bad.first is not None
+    assert (bad.first.found.block, bad.first.found.gen, bad.first.found.valid) == (1, 3, True)
