@@ -144,3 +144,12 @@ def test_check_blocks_names_the_generation_found() -> None:
     bad = check_blocks(kv, [1], [1], 9, 0, read_len=kv.block_len, gens=[2])
     assert bad.wrong == g.num_regions and bad.first is not None
     assert (bad.first.found.block, bad.first.found.gen, bad.first.found.valid) == (1, 3, True)
+
+
+def test_share_picks_the_same_requests_per_seed() -> None:
+    a, b = parse("slow-decode:1:p=0.25", 400, seed=3), parse("slow-decode:1:p=0.25", 400, seed=3)
+    picked = [i for i in range(400) if a.hits(i)]
+    assert picked == [i for i in range(400) if b.hits(i)] and 60 < len(picked) < 140
+    assert picked != [i for i in range(400) if parse("slow-decode:1:p=0.25", 400, seed=4).hits(i)]
+    with pytest.raises(BadInput, match="fraction"):
+        parse("drop-notif:p=0", 4)

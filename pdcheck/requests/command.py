@@ -22,8 +22,9 @@ EPILOG = """[bold]Examples[/]
   [dim]# no file: flags only[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 --fault slow-decode:1 --fault drop-notif:3
 
-Faults (--fault NAME[:ARGS][:REQ], repeatable; REQ: one request, default every one): slow-decode:SECONDS,
-drop-notif, delay-notif:SECONDS, bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params.
+Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request, p=SHARE: that fraction of them picked
+by --seed, default every one): slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
+bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params.
 
 Exit codes: 0 every request of every release delivered or recomputed and no block leaked, 1 otherwise,
 2 bad input, 3 harness failure."""
@@ -49,6 +50,8 @@ def register(app: Any) -> None:
                                                       help="KV blocks per request (default 2).")] = None,
         pool: Annotated[int | None, Opt(metavar="B", rich_help_panel=LOAD, show_default=False,
                                         help="P's KV blocks (default 8).")] = None,
+        seed: Annotated[int | None, Opt(metavar="N", rich_help_panel=LOAD, show_default=False,
+                                        help="Which requests a fault's p=SHARE picks (default 0).")] = None,
         fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,
                                                help=f"A fault ({', '.join(NAMES)}); repeatable.")] = None,
         json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
@@ -57,7 +60,7 @@ def register(app: Any) -> None:
         """The request lifecycle after the handshake: real P and D ranks, real NIXL READs and notifications; a
         verdict per request per release, the corrected path beside it, P's block accounting."""
         plan = build_plan(scenario, vllm, {"requests": n_requests, "rate": rate, "lease": lease,
-                                           "blocks_per_request": blocks_per_request, "pool": pool}, fault or [])
+                                           "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed}, fault or [])
         rep = execute(plan)
         if json_out:
             import msgspec

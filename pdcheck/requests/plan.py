@@ -10,6 +10,7 @@ File format (every key optional; flags win):
     lease = 0.5                       # seconds: the abort timeout / lease of every release that has one
     blocks_per_request = 2
     pool = 8                          # P's KV blocks
+    seed = 0                          # which requests a fault's p=SHARE picks
 
     [faults]                          # NAME = true | "ARGS" | ["ARGS", ...]  (as --fault NAME:ARGS)
     slow-decode = "1.5"
@@ -38,7 +39,7 @@ MAX_RATE = 10_000.0
 MAX_POOL = 4096
 MAX_BLOCKS_PER_REQUEST = 64
 MAX_LEASE_S = 600.0
-_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool"}
+_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed"}
 
 
 class RequestsPlan(msgspec.Struct, frozen=True):
@@ -104,8 +105,9 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     per = int(_number(src("blocks_per_request"), "blocks_per_request", vals.get("blocks_per_request", 2), 1,
                       MAX_BLOCKS_PER_REQUEST, True))
     pool = int(_number(src("pool"), "pool", vals.get("pool", 8), per, MAX_POOL, True))
+    seed = int(_number(src("seed"), "seed", vals.get("seed", 0), -(2**31), 2**31, True))
     items = [*_fault_items(where, doc.get("faults", {})), *fault_flags]
-    faults = fl.parse_all(items, n, "--fault" if fault_flags and not doc.get("faults") else f"{where}: faults")
+    faults = fl.parse_all(items, n, "--fault" if fault_flags and not doc.get("faults") else f"{where}: faults", seed)
     expect_doc = doc.get("expect", {})
     if not isinstance(expect_doc, dict):
         raise BadInput(f"{where}: [expect] must be a table of release = verdict | [verdicts]")
