@@ -111,10 +111,8 @@ class RequestsP(RequestsRole):
             free.extend(h.blocks)
             m.send(self.conn, m.ReqFreed(i, how, time.time(), log))
 
-        while True:
-            msg = self.wait(POLL_S)
-            if isinstance(msg, m.Stop):
-                return
+        def handle(msg: m.Msg | None) -> None:
+            nonlocal line, expiry, per_req, free, late, beats, errors, epoch
             if isinstance(msg, m.ReqBegin):
                 line = line_of(msg.line)
                 expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
@@ -136,6 +134,15 @@ class RequestsP(RequestsRole):
                 m.send(self.conn, m.ReqAccount(sorted(held), list(waiting), late, beats, errors))
                 held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
                 waiting.clear()
+
+        while True:
+            msgs = [self.wait(POLL_S)]
+            while msgs[-1] is not None and self.conn.poll(0):  # every queued message before the next sweep
+                msgs.append(m.recv(self.conn))
+            for msg in msgs:
+                if isinstance(msg, m.Stop):
+                    return
+                handle(msg)
             for _peer, got in self.agent.notifs().items():
                 for raw in got:
                     if raw.startswith(b"HB:"):  # 0.24+: D's heartbeat renews the lease of each id it names

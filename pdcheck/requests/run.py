@@ -9,6 +9,8 @@ D's check of every block by coordinate and generation, P's frees, the order of t
 from __future__ import annotations
 
 import heapq
+import queue
+import threading
 import time
 from typing import Any
 
@@ -53,6 +55,7 @@ class LineRun(msgspec.Struct):
     expiry_log: list[str]
     notif_errors: list[str]
     seconds: float
+    router_lag_s: float  # the most any request reached P or D after its time (the rate not kept)
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -70,11 +73,44 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
         p_ready = got[p.id][1]
         peer: m.ReqReady | None = p_ready
-        for name, line in [*releases, ("corrected", CORRECTED)]:
-            out.append(_one_line(lau, p, d, name, line, opts, peer))
-            peer = None
-        orc.send_all([p, d], m.Stop())
+        boxes = _Outbox(p), _Outbox(d)
+        try:
+            for name, line in [*releases, ("corrected", CORRECTED)]:
+                out.append(_one_line(lau, p, d, boxes, name, line, opts, peer))
+                peer = None
+        finally:
+            for box in boxes:
+                box.send(m.Stop())
+                box.close()
     return out
+
+
+class _Outbox:
+    """Sends to one rank from a thread of its own, in order. The parent's loop then never blocks on a full pipe
+    while that rank blocks sending its answers to the parent (at a few hundred requests a second both pipes
+    fill: a deadlock)."""
+
+    def __init__(self, rank: Any) -> None:
+        self.rank, self.id = rank, rank.id
+        self._q: queue.Queue[m.Msg | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self._t = threading.Thread(target=self._drain, name=f"pdcheck-send-{rank.id}", daemon=True)
+        self._t.start()
+
+    def _drain(self) -> None:
+        while (msg := self._q.get()) is not None:
+            try:
+                self.rank.send(msg)
+            except (OSError, EOFError, ValueError) as exc:  # the rank is gone: the event loop reports how
+                self.error = exc
+                return
+
+    def send(self, msg: m.Msg) -> None:
+        self._q.put(msg)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._q.put(None)
+        self._t.join(timeout_s)
 
 
 def _target() -> Any:
@@ -83,12 +119,13 @@ def _target() -> Any:
     return requests_main
 
 
-def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Options,
-              peer: m.ReqReady | None) -> LineRun:
+def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: str, line: Lifecycle,
+              opts: Options, peer: m.ReqReady | None) -> LineRun:
     t0 = time.time()
+    to_p, to_d = boxes
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request)
-    p.send(begin)
-    d.send(msgspec.structs.replace(begin, peer=peer))
+    to_p.send(begin)
+    to_d.send(msgspec.structs.replace(begin, peer=peer))
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
     due: list[tuple[float, int, str, int]] = [(t0 + i / opts.rate, i, "prefill", i) for i in range(n)]
@@ -101,16 +138,18 @@ def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Option
     owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P allocated it to
     end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s)
     last_answer = t0
+    lag = 0.0
     hard = end + 30.0  # a rank that stops answering ends the run as a harness error, never a hang
     faults = _stage(f"vLLM {name}'s requests", hard - time.time())
     while True:
         now = time.time()
         while due and due[0][0] <= now:
-            _when, _s, action, i = heapq.heappop(due)
+            when, _s, action, i = heapq.heappop(due)
+            lag = max(lag, now - when)
             if action == "prefill":
-                p.send(m.ReqPrefill(i))
+                to_p.send(m.ReqPrefill(i))
             else:
-                d.send(_route(prefilled, i, opts))
+                to_d.send(_route(prefilled, i, opts))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
         if now >= max(end, last_answer + opts.settle_s) and len(decoded) >= len(prefilled) and not due:
             break
@@ -138,14 +177,15 @@ def _one_line(lau: Any, p: Any, d: Any, name: str, line: Lifecycle, opts: Option
                 if msg.log:
                     logs.append(msg.log)
             break  # back to the schedule after every message
-    p.send(m.ReqEnd())
+    to_p.send(m.ReqEnd())
     acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
     outcomes = [_verdict(i, line, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
     exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
                             P_ENGINE, opts.settle_s)
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
-    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0)
+    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
+                   lag)
 
 
 class _Closing(orc.Stage):
