@@ -41,11 +41,17 @@ class SmokeReport(msgspec.Struct):
 
 MAX_SCENARIOS = 1000
 REQUESTS_PREFIX = "requests-"  # scenarios of `pdcheck requests` (pdcheck.requests.plan's format)
+REQUESTS_DIR = "requests"  # ... and every scenario of this subdirectory (the bundled ones live in scenarios/requests)
 
 
 def requests_files(directory: Path) -> list[Path]:
+    """`pdcheck requests` scenarios: requests-*.toml here, and every *.toml of ./requests (or of this directory
+    when it is a requests/ directory)."""
     try:
-        return sorted(directory.glob(f"{REQUESTS_PREFIX}*.toml"))
+        if directory.name == REQUESTS_DIR:
+            return sorted(directory.glob("*.toml"))
+        sub = directory / REQUESTS_DIR
+        return sorted({*directory.glob(f"{REQUESTS_PREFIX}*.toml"), *(sub.glob("*.toml") if sub.is_dir() else [])})
     except OSError:
         return []
 
@@ -86,7 +92,8 @@ def discover(directory: Path, opts: RunOptions) -> list[Plan]:
         files = sorted(directory.glob("*.toml"))
     except OSError as exc:
         raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
-    files = [f for f in files if not f.name.startswith(REQUESTS_PREFIX)]  # `pdcheck requests` scenarios: below
+    req = set(requests_files(directory))
+    files = [f for f in files if f not in req]  # `pdcheck requests` scenarios: run_requests
     if not files and not requests_files(directory):
         raise BadInput(f"{directory}: no *.toml scenarios")
     if len(files) > MAX_SCENARIOS:

@@ -8,7 +8,7 @@ from conftest import SCENARIOS
 
 
 def test_freed_early_scenario_real_outcomes_match_expectations(pdcheck):
-    run = pdcheck("requests", str(SCENARIOS / "requests-freed-early.toml"), "--json", timeout=120)
+    run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-freed-early.toml"), "--json", timeout=120)
     assert run.code == 1, run.err  # 0.11.1 and 0.34.0 serve requests from freed blocks
     doc = run.json()
     assert [e["passed"] for e in doc["expectations"]] == [True] * 4, doc["expectations"]
@@ -81,7 +81,7 @@ def test_smoke_runs_request_scenarios(pdcheck, tmp_path):
 
     d = tmp_path / "sc"
     d.mkdir()
-    shutil.copy(SCENARIOS / "requests-params-dropped.toml", d)
+    shutil.copy(SCENARIOS / "requests" / "requests-params-dropped.toml", d)
     run = pdcheck("smoke", str(d), "--json", timeout=120)
     assert run.code == 0, run.err
     doc = run.json()

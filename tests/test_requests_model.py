@@ -153,3 +153,18 @@ def test_share_picks_the_same_requests_per_seed() -> None:
     assert picked != [i for i in range(400) if parse("slow-decode:1:p=0.25", 400, seed=4).hits(i)]
     with pytest.raises(BadInput, match="fraction"):
         parse("drop-notif:p=0", 4)
+
+
+def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> None:
+    from pathlib import Path
+
+    from pdcheck import smoke
+
+    scenarios = Path(__file__).resolve().parent.parent / "scenarios"
+    files = smoke.requests_files(scenarios)
+    assert {f.name for f in files} == {"requests-freed-early.toml", "requests-lost-notification.toml",
+                                       "requests-bad-params.toml", "requests-params-dropped.toml"}
+    assert smoke.requests_files(scenarios / "requests") == files
+    plans = smoke.requests_plans(scenarios)
+    assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
+    assert not any(f.parent.name == "requests" for f in scenarios.glob("*.toml"))  # handshake globs stay clean

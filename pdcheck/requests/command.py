@@ -18,7 +18,7 @@ OUTPUT = "Output"
 
 EPILOG = """[bold]Examples[/]
   [dim]# blocks freed before a slow decode reads them, per release, with the corrected path beside[/]
-  pdcheck requests scenarios/requests-freed-early.toml --vllm 0.9.1,0.11.1,0.34.0
+  pdcheck requests scenarios/requests/requests-freed-early.toml --vllm 0.9.1,0.11.1,0.34.0
   [dim]# no file: flags only[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 --fault slow-decode:1 --fault drop-notif:3
 

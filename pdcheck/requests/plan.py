@@ -1,4 +1,4 @@
-"""A request-path run's typed plan: a scenarios/requests-*.toml file and/or flags, checked before anything starts
+"""A request-path run's typed plan: a scenarios/requests/requests-*.toml file and/or flags, checked before anything starts
 (bad input: one line naming what and where, exit 2).
 
 File format (every key optional; flags win):
