@@ -105,6 +105,13 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
 SETTLE_S = 0.5
 
 
+def hang_detail(line: Lifecycle, pool: int) -> str:
+    """Why a request never got blocks, and until when it would wait."""
+    until = ("forever: nothing frees unread blocks before 0.10 (no VLLM_NIXL_ABORT_REQUEST_TIMEOUT)"
+             if line.expiry == "none" else f"until {line.expiry_knob} frees them")
+    return f"P's {pool} KV blocks stayed held by earlier requests: the request waits for free blocks {until}"
+
+
 def run_end(requests: int, rate: float, faults: tuple[Fault, ...], settle: float = SETTLE_S) -> float:
     """When a run stops: the last request's params reach D and its notification reaches P, plus settle."""
     last = 0.0
@@ -239,8 +246,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 release(i, t)
                 acc.expired += 1
     for i in waiting:
-        out[i] = Outcome(i, "hang", f"P's {pool} KV blocks stayed held by earlier requests: the request waited "
-                                    "for free blocks until the run ended")
+        out[i] = Outcome(i, "hang", hang_detail(line, pool))
     for r in reqs.values():
         if r.holding:
             if r.deadline < math.inf:

@@ -23,7 +23,7 @@ from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
-from pdcheck.requests.model import Accounting, Outcome, apply_bad, run_end, simulate
+from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, run_end, simulate
 
 P_ENGINE = "pdcheck-req-P"
 D_ENGINE = "pdcheck-req-D"
@@ -179,7 +179,7 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
             break  # back to the schedule after every message
     to_p.send(m.ReqEnd())
     acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
-    outcomes = [_verdict(i, line, prefilled, decoded, freed, owner) for i in range(n)]
+    outcomes = [_verdict(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
     exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
                             P_ENGINE, opts.settle_s)
@@ -220,11 +220,10 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
                        delay.seconds if delay else 0.0)
 
 
-def _verdict(i: int, line: Lifecycle, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
+def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
              freed: dict[int, m.ReqFreed], owner: dict[tuple[int, int], int]) -> Outcome:
     if i not in prefilled:
-        return Outcome(i, "hang", "P's KV blocks stayed held by earlier requests: the request waited for free "
-                                  "blocks until the run ended")
+        return Outcome(i, "hang", hang_detail(line, pool))
     dec = decoded.get(i)
     if dec is None:
         return Outcome(i, "hang", "D never answered for this request")
