@@ -86,3 +86,13 @@ def test_smoke_runs_request_scenarios(pdcheck, tmp_path):
     assert run.code == 0, run.err
     doc = run.json()
     assert doc["failed"] == 0 and {c["release"] for c in doc["cases"]} == {"0.9.1", "0.34.0", "corrected"}
+
+
+def test_delayed_notification_and_real_heartbeats(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--requests", "4", "--lease", "0.3", "--fault", "delay-notif:0.8",
+                  "--json", timeout=120).json()
+    rel = doc["releases"][0]
+    assert rel["counts"] == {"delivered": 4} and rel["model_agrees"]
+    acc = rel["accounting"]
+    # P received D's real "HB:<id>" notifications, then expired the blocks before the late done notification
+    assert (acc["heartbeats"], acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 4, 0)

@@ -168,3 +168,11 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
     plans = smoke.requests_plans(scenarios)
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
     assert not any(f.parent.name == "requests" for f in scenarios.glob("*.toml"))  # handshake globs stay clean
+
+
+def test_delayed_notification_past_the_lease_is_late_and_heartbeats_count() -> None:
+    out, acc = simulate(line_of("0.34.0"), 4, 10.0, 2, 8, 0.3, parse_all(["delay-notif:0.8"], 4))
+    assert {o.verdict for o in out} == {"delivered"}
+    assert (acc.expired, acc.late_notifs, acc.freed, acc.heartbeats) == (4, 4, 0, 4)
+    _, acc = simulate(line_of("0.14.0"), 4, 10.0, 2, 8, 0.3, parse_all(["delay-notif:0.8"], 4))
+    assert acc.heartbeats == 0 and acc.late_notifs == 4

@@ -40,6 +40,7 @@ class Accounting(msgspec.Struct):
     leaked: int = 0  # requests still holding blocks that nothing will free (no expiry)
     held: int = 0  # requests still holding blocks with an expiry still to come
     late_notifs: int = 0  # notifications for requests P had already freed
+    heartbeats: int = 0  # lease renewals P received (0.24+, corrected)
 
 
 def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
@@ -203,10 +204,11 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 out[i] = Outcome(i, *refused)
                 continue
             assert params is not None
-            if line.heartbeat and r.holding and expiry is not None:
-                # D's scheduler tracks it from here: heartbeats renew the lease until the read completes
-                r.deadline = t + expiry
-                push(r.deadline, "expire", i)
+            if line.heartbeat and expiry is not None:
+                acc.heartbeats += 1  # D's scheduler tracks it from here: heartbeats renew the lease until the read
+                if r.holding:
+                    r.deadline = t + expiry
+                    push(r.deadline, "expire", i)
             ids = params["remote_block_ids"]
             if any(not 0 <= b < pool for b in ids):
                 out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "

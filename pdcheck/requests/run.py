@@ -259,4 +259,5 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
         reused=reused,
         leaked=0 if expires else len(acct.holding),
         held=len(acct.holding) if expires else 0,
-        late_notifs=acct.late_notifs)
+        late_notifs=acct.late_notifs,
+        heartbeats=acct.heartbeats)
