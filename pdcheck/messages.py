@@ -339,6 +339,7 @@ class ReqBegin(msgspec.Struct, tag=True):
     lease_s: float | None  # None: the line's default (or no expiry)
     blocks_per_request: int
     peer: ReqReady | None = None
+    failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
 
 
 class ReqPrefill(msgspec.Struct, tag=True):

@@ -42,13 +42,16 @@ def test_lost_notification_leaks_before_0_10_and_table_agrees_with_json(pdcheck)
     assert "exit 1" in table.out
 
 
-def test_bad_params_real_nixl_error_and_reused_ids(pdcheck):
+@pytest.mark.parametrize(("policy", "third"), [(None, "error"), ("recompute", "recomputed")])
+def test_bad_params_real_nixl_error_and_reused_ids(pdcheck, policy, third):
+    extra = ["--failure-policy", policy] if policy else []
     doc = pdcheck("requests", "--vllm", "0.34.0", "--requests", "4", "--fault", "bad-params:reused-ids:1",
-                  "--fault", "bad-params:out-of-range:2", "--json", timeout=120).json()
+                  "--fault", "bad-params:out-of-range:2", *extra, "--json", timeout=120).json()
     rows = doc["releases"][0]["rows"]
-    assert [r["verdict"] for r in rows] == ["delivered", "wrong", "error", "delivered"]
+    assert [r["verdict"] for r in rows] == ["delivered", "wrong", third, "delivered"]
     assert rows[1]["found_request"] == 0 and "block" in rows[1]["detail"]
-    assert "NIXL_ERR_INVALID_PARAM" in rows[2]["detail"] and "kv_load_failure_policy fail" in rows[2]["detail"]
+    assert "NIXL_ERR_INVALID_PARAM" in rows[2]["detail"]
+    assert f"kv_load_failure_policy {policy or 'fail'}" in rows[2]["detail"]
     assert [r["corrected"] for r in rows] == ["delivered", "recomputed", "recomputed", "delivered"]
 
 
@@ -59,6 +62,7 @@ def test_bad_params_real_nixl_error_and_reused_ids(pdcheck):
     (["--rate", "-1"], "rate"),
     (["--pool", "1"], "pool"),
     (["--vllm", "0.1.0"], "not modelled"),
+    (["--failure-policy", "maybe"], "fail or recompute"),
 ])
 def test_bad_input_exit_2_one_line(pdcheck, args, needle):
     run = pdcheck("requests", *(["--vllm", "0.34.0"] if "--vllm" not in args else []), *args)

@@ -176,3 +176,14 @@ def test_delayed_notification_past_the_lease_is_late_and_heartbeats_count() -> N
     assert (acc.expired, acc.late_notifs, acc.freed, acc.heartbeats) == (4, 4, 0, 4)
     _, acc = simulate(line_of("0.14.0"), 4, 10.0, 2, 8, 0.3, parse_all(["delay-notif:0.8"], 4))
     assert acc.heartbeats == 0 and acc.late_notifs == 4
+
+
+def test_failure_policy_applies_from_0_13() -> None:
+    from pdcheck.requests.lines import with_policy
+
+    faults = parse_all(["bad-params:out-of-range:1"], 3)
+    for version, policy, want in (("0.34.0", None, "error"), ("0.34.0", "recompute", "recomputed"),
+                                  ("0.14.0", "fail", "error"), ("0.11.1", "fail", "recomputed")):
+        out, _ = simulate(with_policy(line_of(version), policy), 3, 10.0, 2, 8, 0.5, faults)
+        assert out[1].verdict == want, (version, policy)
+    assert with_policy(CORRECTED, "fail") is CORRECTED

@@ -50,6 +50,9 @@ def register(app: Any) -> None:
                                                       help="KV blocks per request (default 2).")] = None,
         pool: Annotated[int | None, Opt(metavar="B", rich_help_panel=LOAD, show_default=False,
                                         help="P's KV blocks (default 8).")] = None,
+        failure_policy: Annotated[str | None, Opt(metavar="fail|recompute", rich_help_panel=LOAD, show_default=False,
+                                                  help="kv_load_failure_policy of 0.13+ releases (default: each "
+                                                       "release's own: recompute, fail from 0.34).")] = None,
         seed: Annotated[int | None, Opt(metavar="N", rich_help_panel=LOAD, show_default=False,
                                         help="Which requests a fault's p=SHARE picks (default 0).")] = None,
         fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,
@@ -60,7 +63,8 @@ def register(app: Any) -> None:
         """The request lifecycle after the handshake: real P and D ranks, real NIXL READs and notifications; a
         verdict per request per release, the corrected path beside it, P's block accounting."""
         plan = build_plan(scenario, vllm, {"requests": n_requests, "rate": rate, "lease": lease,
-                                           "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed}, fault or [])
+                                           "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
+                                           "failure_policy": failure_policy}, fault or [])
         rep = execute(plan)
         if json_out:
             import msgspec

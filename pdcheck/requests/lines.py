@@ -102,6 +102,17 @@ CORRECTED = Lifecycle("corrected", (99, 0, 0), (*_K034, "block_generations"), _N
                       "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE, "recompute", True)
 
 
+POLICIES = ("fail", "recompute")
+POLICY_SINCE = (0, 13, 0)  # kv_load_failure_policy exists from here (config/kv_transfer.py)
+
+
+def with_policy(line: Lifecycle, policy: str | None) -> Lifecycle:
+    """The line as deployed with kv_load_failure_policy set (lines before 0.13 and corrected have none)."""
+    if policy is None or line is CORRECTED or line.first < POLICY_SINCE:
+        return line
+    return msgspec.structs.replace(line, on_failure=policy)
+
+
 def line_of(version: str) -> Lifecycle:
     """The lifecycle line of a release ('0.14.1', 'corrected')."""
     if version == "corrected":

@@ -11,6 +11,7 @@ File format (every key optional; flags win):
     blocks_per_request = 2
     pool = 8                          # P's KV blocks
     seed = 0                          # which requests a fault's p=SHARE picks
+    failure_policy = "recompute"      # kv_load_failure_policy of 0.13+ (default: each release's own)
 
     [faults]                          # NAME = true | "ARGS" | ["ARGS", ...]  (as --fault NAME:ARGS)
     slow-decode = "1.5"
@@ -30,7 +31,7 @@ import msgspec
 
 from pdcheck.errors import BadInput
 from pdcheck.requests import faults as fl
-from pdcheck.requests.lines import Lifecycle, line_of
+from pdcheck.requests.lines import POLICIES, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import VERDICTS
 from pdcheck.requests.run import Options
 
@@ -39,7 +40,7 @@ MAX_RATE = 10_000.0
 MAX_POOL = 4096
 MAX_BLOCKS_PER_REQUEST = 64
 MAX_LEASE_S = 600.0
-_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed"}
+_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed", "failure_policy"}
 
 
 class RequestsPlan(msgspec.Struct, frozen=True):
@@ -92,6 +93,10 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         raise BadInput(f"{where}: [requests] unknown key(s) {', '.join(sorted(bad))} (known: "
                        f"{', '.join(sorted(_KEYS))})")
     vals = {k: v for k, v in req.items() if k != "issue"}
+    policy = flags.get("failure_policy") if flags.get("failure_policy") is not None else req.get("failure_policy")
+    if policy is not None and policy not in POLICIES:
+        origin = "--failure-policy" if flags.get("failure_policy") is not None else f"{where}: [requests]"
+        raise BadInput(f"{origin}: failure_policy must be fail or recompute, not {policy!r}")
     vals.update({k: v for k, v in flags.items() if v is not None})
 
     def src(key: str) -> str:
@@ -123,7 +128,7 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
             raise BadInput(f"{where}: name the releases (--vllm, or an [expect] table)")
         vllm = ",".join(named)
     models = resolve_many(vllm)
-    releases = [(r.name, line_of(r.version or r.name)) for r in models]
+    releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
     name = scenario.stem if scenario is not None else "flags"
     return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,
-                        Options(n, rate, lease, per, pool, faults), expect)
+                        Options(n, rate, lease, per, pool, faults, policy), expect)

@@ -20,7 +20,7 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
-from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of
+from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import GEN_WRAP, decide, on_failure, params_for
 
 POLL_S = 0.002
@@ -191,7 +191,7 @@ class RequestsD(RequestsRole):
             if isinstance(msg, m.Stop):
                 return
             if isinstance(msg, m.ReqBegin):
-                line = line_of(msg.line)
+                line = with_policy(line_of(msg.line), msg.failure_policy)
                 pending.clear()  # a delayed notification of the last line is never sent into this one
                 expiry_s = msg.lease_s if msg.lease_s is not None else line.expiry_s
                 if msg.peer is not None and peer is None:

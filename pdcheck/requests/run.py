@@ -38,6 +38,7 @@ class Options(msgspec.Struct, frozen=True):
     blocks_per_request: int = 2
     pool: int = 8
     faults: tuple[Fault, ...] = ()
+    failure_policy: str | None = None  # kv_load_failure_policy (0.13+); None: each release's default
     settle_s: float = 0.5
     start_timeout_s: float = 60.0
 
@@ -123,7 +124,7 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
               opts: Options, peer: m.ReqReady | None) -> LineRun:
     t0 = time.time()
     to_p, to_d = boxes
-    begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request)
+    begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy)
     to_p.send(begin)
     to_d.send(msgspec.structs.replace(begin, peer=peer))
     n = opts.requests
