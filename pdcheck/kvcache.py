@@ -6,8 +6,10 @@ on --device cuda one torch tensor (torch is imported only on that path: ~2.7 s a
 A KVCache lays vLLM's regions over an arena back to back; block_descs turns any cache into NIXL dlists.
 
 Pattern: every 16-byte cell of a P block holds (coordinate word, offset word). The coordinate word packs
-engine tag, P rank, region and block id; the offset word packs the byte offset and a check value. A D
-rank can therefore say not only that a block is wrong but which block it received instead.
+engine tag, P rank, region, the block's generation and block id; the offset word packs the byte offset and a
+check value. A D rank can therefore say not only that a block is wrong but which block it received instead, and
+(`pdcheck requests`) which allocation of that block: generation 0 is every other command's pattern (byte for
+byte the pattern before generations existed), 1..255 count a request path's allocations of the block.
 """
 
 from __future__ import annotations
@@ -164,11 +166,18 @@ def engine_tag(engine_id: str) -> int:
     return zlib.crc32(engine_id.encode()) & 0xFFF
 
 
-def coord_word(tag: int, p_rank: int, region: int | np.ndarray, block: np.ndarray) -> np.ndarray:
-    """region: one region, or one per block (broadcast with block)."""
+GEN_SHIFT = np.uint64(24)  # block ids stay below bounds.MAX_NUM_BLOCKS = 2**24; bits 24..31 hold the generation
+
+
+def coord_word(tag: int, p_rank: int, region: int | np.ndarray, block: np.ndarray,
+               gen: int | np.ndarray = 0) -> np.ndarray:
+    """region: one region, or one per block (broadcast with block); gen: one generation, or one per block."""
     reg = np.asarray(region).astype(np.uint64) & np.uint64(0xFFF)
-    return (np.uint64(tag) << np.uint64(52)) | (np.uint64(p_rank & 0xFF) << np.uint64(44)) | (
+    word = (np.uint64(tag) << np.uint64(52)) | (np.uint64(p_rank & 0xFF) << np.uint64(44)) | (
         reg << np.uint64(32)) | np.asarray(block).astype(np.uint64)
+    if np.any(np.asarray(gen)):
+        word = word | ((np.asarray(gen).astype(np.uint64) & np.uint64(0xFF)) << GEN_SHIFT)
+    return word
 
 
 def offset_word(coord: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -231,23 +240,23 @@ def _cells(view: BlockView, start: int, length: int) -> np.ndarray:
 
 
 def write_pattern(dst: np.ndarray, tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray,
-                  start: int = 0, view: BlockView = PLAIN) -> None:
+                  start: int = 0, view: BlockView = PLAIN, gen: int | np.ndarray = 0) -> None:
     """Write the expected bytes [start, start + length) of each block into dst, (len(blocks), length) uint8
     with contiguous rows, in place: a broadcast store and a broadcast XOR, no temporaries the size of dst.
     Each 16-byte cell holds the coordinate word and the offset word, offset | check, where
     check = low32(coord * MIX) ^ offset ^ SALT splits into a per-block key and a per-cell term."""
-    coord = coord_word(tag, p_rank, region, np.asarray(blocks))
+    coord = coord_word(tag, p_rank, region, np.asarray(blocks), gen)
     cells = dst.view(np.uint64).reshape(len(coord), -1, 2)
     cells[:, :, 0] = coord[:, None]
     np.bitwise_xor(_cells(view, start, dst.shape[1])[None, :], _check_keys(coord)[:, None], out=cells[:, :, 1])
 
 
 def pattern(tag: int, p_rank: int, region: int | np.ndarray, blocks: np.ndarray, start: int, length: int,
-            view: BlockView = PLAIN) -> np.ndarray:
+            view: BlockView = PLAIN, gen: int | np.ndarray = 0) -> np.ndarray:
     """Expected bytes [start, start+length) of each given block: shape (len(blocks), length) uint8.
     region: one region for all blocks, or one per block (a whole proof in one vectorised pass)."""
     out = np.empty((len(np.asarray(blocks)), length), dtype=np.uint8)
-    write_pattern(out, tag, p_rank, region, blocks, start, view)
+    write_pattern(out, tag, p_rank, region, blocks, start, view, gen)
     return out
 
 
@@ -261,19 +270,22 @@ class Found:
     block: int
     offset: int
     valid: bool
+    gen: int = 0  # the block's allocation (request path); 0 elsewhere
 
     def describe(self, geometry: Geometry | None = None) -> str:
         if not self.valid:
             return "untagged bytes (not a pattern cell: stale, zero or partial data)"
         reg = geometry.region_name(self.region) if geometry else f"region {self.region}"
-        return f"P rank {self.p_rank} {reg} (region {self.region}) block {self.block} +{self.offset}"
+        gen = f" generation {self.gen}" if self.gen else ""
+        return f"P rank {self.p_rank} {reg} (region {self.region}) block {self.block}{gen} +{self.offset}"
 
 
 def decode_cell(cell: np.ndarray) -> Found:
     w0, w1 = (int(x) for x in cell.view(np.uint64)[:2])
     offset = w1 >> 32
     valid = w1 == int(offset_word(np.uint64(w0), np.uint64(offset)))
-    return Found(w0 >> 52, (w0 >> 44) & 0xFF, (w0 >> 32) & 0xFFF, w0 & 0xFFFFFFFF, offset, bool(valid))
+    return Found(w0 >> 52, (w0 >> 44) & 0xFF, (w0 >> 32) & 0xFFF, w0 & 0xFFFFFF, offset, bool(valid),
+                 (w0 >> 24) & 0xFF)
 
 
 class KVCache:
@@ -446,11 +458,13 @@ def _rows_differ(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
 
 def check_blocks(kv: KVCache, local_ids: np.ndarray | list[int], remote_ids: np.ndarray | list[int], tag: int,
                  p_rank: int, *, read_len: int, local_offset: int = 0, remote_offset: int = 0, halves: int = 1,
-                 remote_half: int = 0, view: BlockView = PLAIN, out: BlockCheck | None = None) -> BlockCheck:
+                 remote_half: int = 0, view: BlockView = PLAIN, out: BlockCheck | None = None,
+                 gens: np.ndarray | list[int] | None = None) -> BlockCheck:
     """The one block check of the transfer proof and transfer-bench: local block local_ids[i] of every region
     must hold bytes [remote_offset, remote_offset + read_len) of P rank p_rank's block remote_ids[i] of the same
     region (coordinate pattern `tag`, laid out by `view`). halves=2: K and V halves are read separately, the
-    local half `kv.block_len // 2` holding its slice of the P half at remote_half."""
+    local half `kv.block_len // 2` holding its slice of the P half at remote_half. gens: the generation each
+    remote block must hold (the request path; None: 0, every other command)."""
     out = out or BlockCheck()
     remote = np.asarray(remote_ids, dtype=np.int64)
     local = np.asarray(local_ids, dtype=np.int64)
@@ -463,7 +477,8 @@ def check_blocks(kv: KVCache, local_ids: np.ndarray | list[int], remote_ids: np.
         got = _join([kv.read_all(local, h * local_half + local_offset, n, first, last) for h in range(halves)], 2)
         reg = np.repeat(np.arange(first, last, dtype=np.int64), k)
         blk = np.tile(remote, last - first)
-        exp = _join([pattern(tag, p_rank, reg, blk, remote_offset + h * remote_half, n, view)
+        gen = 0 if gens is None else np.tile(np.asarray(gens, dtype=np.int64), last - first)
+        exp = _join([pattern(tag, p_rank, reg, blk, remote_offset + h * remote_half, n, view, gen)
                      for h in range(halves)], 1).reshape(got.shape)
         return got, exp
 

@@ -4,7 +4,7 @@ per-rank results. msgspec msgpack over the launcher's pipes, never pickle."""
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -319,8 +319,95 @@ class FrameworkFinal(msgspec.Struct, tag=True):
     body: bytes
 
 
+# ------------------------------------------------------------------ `pdcheck requests` (pdcheck.requests.rank)
+class ReqSpec(msgspec.Struct, frozen=True):
+    role: str  # "P" or "D"
+    engine_id: str
+    geometry: Geometry
+    num_blocks: int
+    tp_rank: int = 0
+
+
+class ReqReady(msgspec.Struct, tag=True):
+    tp_rank: int
+    engine_id: str
+    agent: str
+    metadata: bytes
+    base_addrs: list[int]
+    num_blocks: int
+    setup_ms: float
+
+
+class ReqBegin(msgspec.Struct, tag=True):
+    """A release line's run starts: P empties its blocks and takes this lease; D learns P (first time)."""
+
+    line: str
+    lease_s: float | None  # None: the line's default (or no expiry)
+    blocks_per_request: int
+    peer: ReqReady | None = None
+    failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
+
+
+class ReqPrefill(msgspec.Struct, tag=True):
+    request: int
+
+
+class ReqPrefilled(msgspec.Struct, tag=True):
+    request: int
+    request_id: str  # P's id for it (unique across the lines a run plays: late notifications match nothing)
+    blocks: list[int]
+    gens: list[int]
+    params: dict[str, Any]
+    t: float  # time.time() at allocation
+
+
+class ReqDecode(msgspec.Struct, tag=True):
+    """The router hands D a request: the params as forwarded (None: dropped) and the oracle's expectation."""
+
+    request: int
+    request_id: str  # the proxy's id (D notifies with it where the release has no remote_request_id)
+    params: dict[str, Any] | None
+    expect_blocks: list[int]
+    expect_gens: list[int]
+    drop_notif: bool = False
+    notif_delay_s: float = 0.0
+
+
+class ReqDecoded(msgspec.Struct, tag=True):
+    request: int
+    status: str  # "refused" | "failed" | "read"
+    verdict: str = ""  # refused/failed: the release's verdict
+    detail: str = ""
+    t_read: float = 0.0
+    checked: int = 0
+    wrong: int = 0
+    found_block: int = -1  # the first wrong block's first cell, decoded
+    found_gen: int = -1
+    found_valid: bool = False
+
+
+class ReqFreed(msgspec.Struct, tag=True):
+    request: int
+    how: str  # "notif" | "expired"
+    t: float
+    log: str = ""
+
+
+class ReqEnd(msgspec.Struct, tag=True):
+    pass
+
+
+class ReqAccount(msgspec.Struct, tag=True):
+    holding: list[int]  # requests still holding blocks
+    waiting: list[int]  # requests still waiting for blocks
+    late_notifs: int
+    heartbeats: int
+    notif_errors: list[str]
+
+
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
-       | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye)
+       | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
+       | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount)
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Msg)

@@ -226,6 +226,9 @@ def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> 
 BUNDLED = Path(__file__).parent / "scenarios"
 
 
+BUNDLED_SUBDIRS = ("sglang", "requests")
+
+
 def bundled() -> list[Path]:
     """The bundled scenario files, by name."""
     return sorted(BUNDLED.glob("*.toml"))
@@ -240,10 +243,12 @@ def locate(path: Path) -> Path:
     except (OSError, ValueError):  # a name too long, a NUL byte: read_scenario_text says what is wrong
         return path
     name = path.name if path.suffix == ".toml" else f"{path.name}.toml"
-    for found in (BUNDLED / name, BUNDLED / "sglang" / name):  # vLLM's at the top, SGLang's in sglang/
+    # vLLM's handshake scenarios at the top; SGLang's in sglang/, `pdcheck requests`' in requests/
+    for found in (BUNDLED / name, *(BUNDLED / sub / name for sub in BUNDLED_SUBDIRS)):
         if found.is_file():
             return found
-    names = ", ".join(p.stem for p in [*bundled(), *sorted((BUNDLED / "sglang").glob("*.toml"))])
+    names = ", ".join(p.stem for p in [*bundled(), *(f for sub in BUNDLED_SUBDIRS
+                                                     for f in sorted((BUNDLED / sub).glob("*.toml")))])
     raise BadInput(f"{path}: no such scenario file, and no bundled scenario of that name (bundled: {names})")
 
 

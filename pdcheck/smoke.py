@@ -42,6 +42,47 @@ class SmokeReport(msgspec.Struct):
 
 
 MAX_SCENARIOS = 1000
+REQUESTS_PREFIX = "requests-"  # scenarios of `pdcheck requests` (pdcheck.requests.plan's format)
+REQUESTS_DIR = "requests"  # ... and every scenario of this subdirectory (the bundled ones live in scenarios/requests)
+
+
+def requests_files(directory: Path) -> list[Path]:
+    """`pdcheck requests` scenarios: requests-*.toml here, and every *.toml of ./requests (or of this directory
+    when it is a requests/ directory)."""
+    try:
+        if directory.name == REQUESTS_DIR:
+            return sorted(directory.glob("*.toml"))
+        sub = directory / REQUESTS_DIR
+        return sorted({*directory.glob(f"{REQUESTS_PREFIX}*.toml"), *(sub.glob("*.toml") if sub.is_dir() else [])})
+    except OSError:
+        return []
+
+
+def requests_plans(directory: Path) -> list[object]:
+    """Every requests-*.toml's plan, checked before anything runs; each must have an [expect] table."""
+    from pdcheck.requests.command import build_plan
+
+    plans = []
+    for f in requests_files(directory)[:MAX_SCENARIOS]:
+        plan = build_plan(f, None, {}, [])
+        if not plan.expect:
+            raise BadInput(f"{f}: expect: no expected outcomes (add an [expect] table)")
+        plans.append(plan)
+    return plans
+
+
+def run_requests(plan: object) -> list[Case]:
+    """One request-path scenario: a case per [expect] release (verdict per request)."""
+    from pdcheck.requests.command import execute
+
+    t0 = time.perf_counter()
+    rep = execute(plan)
+    secs = time.perf_counter() - t0
+    return [Case(rep.scenario, plan.source, e.release, e.passed, e.expected, e.got, secs,  # type: ignore[attr-defined]
+                 "" if e.passed else ", ".join(f"request {i}: {g} (expected {w})" for i, (g, w) in
+                                               enumerate(zip(e.got, e.expected, strict=False)) if g != w)
+                 or f"{len(e.got)} requests reported, {len(e.expected)} expected")
+            for e in rep.expectations]
 
 
 def discover(directory: Path, opts: RunOptions) -> list[Any]:
@@ -54,7 +95,9 @@ def discover(directory: Path, opts: RunOptions) -> list[Any]:
         files = sorted(directory.glob("*.toml")) + sorted(directory.glob("sglang/*.toml"))
     except OSError as exc:
         raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
-    if not files:
+    req = set(requests_files(directory))
+    files = [f for f in files if f not in req]  # `pdcheck requests` scenarios: run_requests
+    if not files and not requests_files(directory):
         raise BadInput(f"{directory}: no *.toml scenarios")
     if len(files) > MAX_SCENARIOS:
         raise BadInput(f"{directory}: {len(files)} scenarios; at most {MAX_SCENARIOS}")
@@ -99,8 +142,10 @@ def _run_sglang(plan: Any) -> list[Case]:
 
 def run(directory: Path, opts: RunOptions) -> SmokeReport:
     plans = discover(directory, opts)
+    req_plans = requests_plans(directory)
     t0 = time.perf_counter()
     cases = [c for plan in plans for c in (run_one(plan) if isinstance(plan, Plan) else _run_sglang(plan))]
+    cases += [c for plan in req_plans for c in run_requests(plan)]
     failed = sum(not c.passed for c in cases)
     return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
                        EXIT_OK if not failed else EXIT_HAZARD)

@@ -186,8 +186,7 @@ def command(endpoint: str, p_release: str, decode_releases: str | None, scenario
     """The `probe --sglang` command body; returns the exit code."""
     import sys
 
-    from rich.console import Console
-
+    from pdcheck.console import console
     from pdcheck.sglang.releases import resolve_many
     from pdcheck.sglang.scenario import load
 
@@ -203,5 +202,5 @@ def command(endpoint: str, p_release: str, decode_releases: str | None, scenario
     if json_out:
         sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
     else:
-        render(rep, Console())
+        render(rep, console())
     return rep.exit_code

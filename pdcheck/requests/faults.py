@@ -1,0 +1,109 @@
+"""Request-path faults as data: `--fault NAME[:ARGS]` (repeatable) and a scenario's [faults] list, parsed and
+checked here before anything runs (one line naming what and where, exit 2)."""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import msgspec
+
+from pdcheck.errors import BadInput
+
+BAD_KINDS = ("out-of-range", "reused-ids", "wrong-engine", "missing-request-id")
+MAX_SECONDS = 600.0
+
+# name -> (takes seconds, takes a kind, usage)
+_SPECS: dict[str, tuple[bool, bool, str]] = {
+    "slow-decode": (True, False, "slow-decode:SECONDS[:REQ|:p=SHARE] (D gets the params SECONDS late)"),
+    "drop-notif": (False, False, "drop-notif[:REQ|:p=SHARE] (D's done notification never reaches P)"),
+    "delay-notif": (True, False, "delay-notif:SECONDS[:REQ|:p=SHARE]"),
+    "bad-params": (False, True, f"bad-params:{'|'.join(BAD_KINDS)}[:REQ|:p=SHARE]"),
+    "drop-params": (False, False, "drop-params[:REQ|:p=SHARE] (the router forwards without kv_transfer_params)"),
+}
+NAMES = tuple(_SPECS)
+
+
+class Fault(msgspec.Struct, frozen=True):
+    name: str
+    seconds: float = 0.0
+    kind: str = ""
+    request: int | None = None  # None: every request (or the `share` of them)
+    share: float = 1.0  # p=SHARE: this fraction of the requests, picked by a hash of (seed, fault, request)
+    seed: int = 0
+
+    def hits(self, req: int) -> bool:
+        if self.request is not None:
+            return self.request == req
+        if self.share >= 1.0:
+            return True
+        # Deterministic and seeded: the same requests every run, independent of timing and of other faults.
+        return zlib.crc32(f"{self.seed}:{self.name}:{req}".encode()) / 2**32 < self.share
+
+    def text(self) -> str:
+        parts = [self.name]
+        if self.seconds:
+            parts.append(f"{self.seconds:g}")
+        if self.kind:
+            parts.append(self.kind)
+        if self.request is not None:
+            parts.append(str(self.request))
+        elif self.share < 1.0:
+            parts.append(f"p={self.share:g}")
+        return ":".join(parts)
+
+
+def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fault:
+    name, _, rest = text.strip().partition(":")
+    if name not in _SPECS:
+        raise BadInput(f"{where}: unknown fault {name!r} (known: {', '.join(NAMES)})")
+    takes_s, takes_kind, usage = _SPECS[name]
+    args = rest.split(":") if rest else []
+    seconds, kind, req, share = 0.0, "", None, 1.0
+    if takes_s:
+        if not args:
+            raise BadInput(f"{where}: {text!r}: give the seconds: {usage}")
+        try:
+            seconds = float(args.pop(0))
+        except ValueError:
+            raise BadInput(f"{where}: {text!r}: seconds must be a number: {usage}") from None
+        if not math.isfinite(seconds) or not 0 < seconds <= MAX_SECONDS:
+            raise BadInput(f"{where}: {text!r}: seconds must be in (0, {MAX_SECONDS:g}]")
+    if takes_kind:
+        if not args or args[0] not in BAD_KINDS:
+            raise BadInput(f"{where}: {text!r}: name the kind: {usage}")
+        kind = args.pop(0)
+    if args and args[0].startswith("p="):
+        try:
+            share = float(args.pop(0)[2:])
+        except ValueError:
+            share = -1.0
+        if not 0 < share <= 1:
+            raise BadInput(f"{where}: {text!r}: p= takes a fraction in (0, 1]")
+    elif args:
+        try:
+            req = int(args.pop(0))
+        except ValueError:
+            raise BadInput(f"{where}: {text!r}: the request must be an integer: {usage}") from None
+        if not 0 <= req < requests:
+            raise BadInput(f"{where}: {text!r}: request {req} does not exist (requests 0..{requests - 1})")
+        if name == "bad-params" and kind == "reused-ids" and req == 0:
+            raise BadInput(f"{where}: {text!r}: request 0 has no earlier request whose block ids it could reuse")
+    if args:
+        raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
+    return Fault(name, seconds, kind, req, share, seed)
+
+
+def parse_all(items: list[str], requests: int, where: str = "--fault", seed: int = 0) -> tuple[Fault, ...]:
+    if len(items) > 64:
+        raise BadInput(f"{where}: {len(items)} faults; at most 64")
+    return tuple(parse(t, requests, where, seed) for t in items)
+
+
+def pick(faults: tuple[Fault, ...], name: str, req: int) -> Fault | None:
+    """The last fault of that name that hits request req (a later --fault overrides an earlier one)."""
+    found = None
+    for f in faults:
+        if f.name == name and f.hits(req):
+            found = f
+    return found

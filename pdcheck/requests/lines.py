@@ -1,0 +1,126 @@
+"""The request lifecycle of each vLLM release line, as data: what P hands out, how D says it is done, when P
+frees the blocks, and what a failed load does.
+
+Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and from the 0.13.0 and 0.34.0 wheels
+(nixl_connector.py; nixl/pull_scheduler.py, base_scheduler.py, base_worker.py, pull_worker.py; config/kv_transfer.py):
+* kv_transfer_params keys: 0.9.0 six keys; 0.9.2 + tp_size; 0.13 + remote_request_id; by 0.28 + remote_num_tokens,
+  remote_blocks_expiry_time, transfer_mode; 0.34 + dcp_size, pp_size, remote_registration_generation.
+* done notification: 0.9.0 "{req}"; 0.9.1-0.12 "{req}:{tp_ratio}"; 0.13 "{remote_request_id}:{tp_ratio}";
+  0.14 "{remote_request_id}:{world}"; 0.34 "{remote_request_id}:{expected_consumers}" (and "HB:<ids>" heartbeats).
+* freeing without a notification: never before 0.10 (a leak); VLLM_NIXL_ABORT_REQUEST_TIMEOUT 120 s in 0.10.x
+  and 0.11.0, 480 s from 0.11.1 ("Releasing expired KV blocks for request %s which were retrieved by %d decode
+  worker(s) within %d seconds."); from 0.24 a lease, kv_lease_duration (30 s), renewed by D's heartbeats every
+  lease // 6 s for requests D's scheduler tracks ("... retrieved by %d remote worker(s) before lease expired.").
+* a failed load: before 0.11.1 the worker raises (engine crash); 0.11.1 marks the blocks invalid and recomputes
+  (#26171); 0.13 kv_load_failure_policy exists (default recompute); 0.34 default fail; 0.14+ logs
+  "NIXL transfer failure: <failure_type>".
+* params without remote_request_id: 0.13 `kv_transfer_params["remote_request_id"]` raises KeyError in the
+  scheduler; 0.34 checks every key first and treats the request as a local prefill (recompute).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+BASE_KEYS = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_host",
+             "remote_port")
+FAILURE_TYPES = ("handshake_setup_failed", "handshake_failed", "transfer_setup_failed", "transfer_failed",
+                 "transfer_exception", "transfer_release_failed", "notification_failed")
+
+
+class Lifecycle(msgspec.Struct, frozen=True):
+    """One release line's request path (pull mode)."""
+
+    line: str  # first release of the line, e.g. "0.11.1"
+    first: tuple[int, int, int]
+    keys: tuple[str, ...]  # kv_transfer_params P returns from request_finished
+    notif: str  # D's done notification; {req} {n}
+    expiry: str  # "none" | "abort-timeout" | "lease"
+    expiry_s: float | None  # the release's default (None: never freed without a notification)
+    expiry_knob: str  # the env var or config key that sets it
+    expiry_log: str  # P's warning when it frees unread blocks
+    heartbeat: bool  # D renews the lease of requests its scheduler tracks
+    on_failure: str  # "crash" | "recompute" | "fail": what a failed READ does to the request
+    failure_log: str  # what the release logs for a failed READ
+    missing_request_id: str  # "n/a" | "crash" | "recompute"
+    engine_id_checked: bool  # 0.10+: the handshake refuses metadata of another engine id
+
+    @property
+    def notif_key(self) -> str:
+        return "remote_request_id" if "remote_request_id" in self.keys else "request_id"
+
+    def notification(self, req: str, consumers: int = 1) -> bytes:
+        return self.notif.format(req=req, n=consumers).encode()
+
+    def parse_notification(self, raw: bytes) -> tuple[str, int]:
+        """P's side: (request id, consumers) as the release unpacks it (rsplit(":", 1) from 0.9.1)."""
+        text = raw.decode(errors="replace")
+        if "{n}" not in self.notif:
+            return text, 1
+        req, n = text.rsplit(":", 1)  # a bare id raises ValueError, as vLLM's P does (0.9.0 D, 0.9.1+ P)
+        return req, int(n)
+
+
+_NOTIF_N = "{req}:{n}"
+_ABORT_LOG = ("Releasing expired KV blocks for request {req} which were retrieved by {n} decode worker(s) within "
+              "{s:g} seconds.")
+_LEASE_LOG = "Releasing expired KV blocks for request {req} which were retrieved by {n} remote worker(s) before " \
+             "lease expired."
+_CRASH = "KeyError in _read_blocks: the worker raises and the engine dies"
+_RECOMPUTE = "Handshake/transfer failed for request {req}, marking blocks as invalid (recomputed)"
+_FAILURE = "NIXL transfer failure: transfer_failed | Context: {{'request_id': '{req}'}}"
+
+_K092 = (*BASE_KEYS, "tp_size")
+_K013 = (*_K092, "remote_request_id")
+_K028 = (*_K013, "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode")
+_K034 = (*_K028, "dcp_size", "pp_size", "remote_registration_generation")
+
+LINES: tuple[Lifecycle, ...] = (
+    Lifecycle("0.9.0", (0, 9, 0), BASE_KEYS, "{req}", "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
+    Lifecycle("0.9.1", (0, 9, 1), BASE_KEYS, _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
+    Lifecycle("0.9.2", (0, 9, 2), _K092, _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
+    Lifecycle("0.10.0", (0, 10, 0), _K092, _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "crash", _CRASH, "n/a", True),
+    Lifecycle("0.11.1", (0, 11, 1), _K092, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "recompute", _RECOMPUTE, "n/a", True),
+    Lifecycle("0.13.0", (0, 13, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "recompute", _RECOMPUTE, "crash", True),
+    Lifecycle("0.14.0", (0, 14, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "recompute", _FAILURE, "crash", True),
+    Lifecycle("0.24.0", (0, 24, 0), _K013, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "recompute", _FAILURE, "recompute", True),
+    Lifecycle("0.28.0", (0, 28, 0), _K028, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "recompute", _FAILURE, "recompute", True),
+    Lifecycle("0.34.0", (0, 34, 0), _K034, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "fail", _FAILURE, "recompute", True),
+)
+
+# The corrected request path: a lease renewed by D's heartbeats from the moment the router hands D the params,
+# an expiry time and a per-block generation in the params (D refuses blocks P may have freed and recomputes),
+# every key checked before a READ, a clear failure_type, and P frees unread blocks only at the lease.
+CORRECTED = Lifecycle("corrected", (99, 0, 0), (*_K034, "block_generations"), _NOTIF_N, "lease", 30.0,
+                      "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE, "recompute", True)
+
+
+POLICIES = ("fail", "recompute")
+POLICY_SINCE = (0, 13, 0)  # kv_load_failure_policy exists from here (config/kv_transfer.py)
+
+
+def with_policy(line: Lifecycle, policy: str | None) -> Lifecycle:
+    """The line as deployed with kv_load_failure_policy set (lines before 0.13 and corrected have none)."""
+    if policy is None or line is CORRECTED or line.first < POLICY_SINCE:
+        return line
+    return msgspec.structs.replace(line, on_failure=policy)
+
+
+def line_of(version: str) -> Lifecycle:
+    """The lifecycle line of a release ('0.14.1', 'corrected')."""
+    if version == "corrected":
+        return CORRECTED
+    parts = tuple(int(x) for x in version.split(".")[:3])
+    v = (*parts, 0, 0)[:3]
+    found = LINES[0]
+    for line in LINES:
+        if line.first <= v:
+            found = line
+    return found

@@ -1,0 +1,258 @@
+"""The request path's rules in one place, pure: what D does with the params a router hands it (decide), what a
+failed READ becomes (on_failure), and a simulator of P's block accounting that gives each request's expected
+verdict for a release line and a fault list (simulate). The real run (pdcheck.requests.run) uses decide and
+on_failure in its D rank and compares its outcomes with simulate's.
+
+Verdicts: delivered (every block verified), wrong (another request's KV arrived: named), freed-early (P freed the
+blocks before D read them; the bytes were not yet overwritten), hang (named timeout), error (the release's
+exception or failure log), recomputed (failure policy, refused or missing params).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Any
+
+import msgspec
+
+from pdcheck.requests.faults import Fault, pick
+from pdcheck.requests.lines import CORRECTED, Lifecycle
+
+VERDICTS = ("delivered", "wrong", "freed-early", "hang", "error", "recomputed")
+GEN_WRAP = 255  # generation word: 1..255 (0: never allocated, the handshake's pattern)
+
+
+class Outcome(msgspec.Struct):
+    request: int
+    verdict: str
+    detail: str = ""
+    found_request: int | None = None  # wrong: whose KV arrived
+
+
+class Accounting(msgspec.Struct):
+    """P's blocks at the end of a run."""
+
+    allocated: int = 0  # block allocations
+    freed: int = 0  # requests freed on D's notification
+    expired: int = 0  # requests freed at the abort timeout / lease
+    reused: int = 0  # allocations of a block an earlier request held
+    leaked: int = 0  # requests still holding blocks that nothing will free (no expiry)
+    held: int = 0  # requests still holding blocks with an expiry still to come
+    late_notifs: int = 0  # notifications for requests P had already freed
+    heartbeats: int = 0  # lease renewals P received (0.24+, corrected)
+
+
+def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
+               expiry_at: float | None, gens: list[int], request_id: str = "") -> dict[str, Any]:
+    """The kv_transfer_params P returns from request_finished, with the release's keys only."""
+    every: dict[str, Any] = {
+        "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(blocks),
+        "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
+        "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks), "remote_blocks_expiry_time":
+            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": 0,
+        "block_generations": list(gens),
+    }
+    return {k: every[k] for k in line.keys}
+
+
+def apply_bad(params: dict[str, Any], kind: str, p_blocks: int, earlier: list[int] | None) -> dict[str, Any]:
+    """A router (or a hand-made request) that corrupts one field (bad-params:KIND)."""
+    out = dict(params)
+    if kind == "out-of-range":
+        out["remote_block_ids"] = [p_blocks + 7 + i for i in range(len(params["remote_block_ids"]))]
+    elif kind == "reused-ids" and earlier:
+        out["remote_block_ids"] = list(earlier)
+    elif kind == "wrong-engine":
+        out["remote_engine_id"] = f"{params['remote_engine_id']}-other"
+    elif kind == "missing-request-id":
+        out.pop("remote_request_id", None)
+    return out
+
+
+def on_failure(line: Lifecycle, req: int, failure_type: str, error: str) -> tuple[str, str]:
+    """A failed handshake or READ under the release's policy: (verdict, detail)."""
+    if line.on_failure == "recompute":
+        return "recomputed", f"{failure_type}: {error} -> kv_load_failure_policy recompute"
+    if line.on_failure == "fail":
+        return "error", f"NIXL transfer failure: {failure_type} | {error} (kv_load_failure_policy fail: request " \
+                        "aborted)"
+    return "error", f"{error} (engine crash: {line.failure_log})"
+
+
+def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: str, p_blocks: int,
+           now: float) -> tuple[str, str] | None:
+    """What D does with the params before any READ: None (read), or (verdict, detail)."""
+    if params is None:
+        return "recomputed", "no kv_transfer_params: D prefills the prompt itself"
+    if "remote_request_id" in line.keys and "remote_request_id" not in params:
+        if line.missing_request_id == "crash":
+            return "error", "KeyError: 'remote_request_id' (scheduler; engine crash)"
+        return "recomputed", "kv_transfer_params lack remote_request_id: treated as a local prefill"
+    if params.get("remote_engine_id") != p_engine and line.engine_id_checked:
+        return on_failure(line, req, "handshake_failed", f"RuntimeError: Remote NIXL agent engine ID mismatch. "
+                          f"Expected {params.get('remote_engine_id')}, received {p_engine}.")
+    if line is CORRECTED:
+        expiry = params.get("remote_blocks_expiry_time")
+        if expiry is not None and now >= expiry:
+            return "recomputed", "lease passed before D got the params: blocks not read, prefill recomputed"
+        bad = [b for b in params["remote_block_ids"] if not 0 <= b < p_blocks]
+        if bad:
+            return "recomputed", f"remote block id {bad[0]} out of range (P has {p_blocks} blocks): refused, " \
+                                 "recomputed"
+    return None
+
+
+SETTLE_S = 0.5
+
+
+def hang_detail(line: Lifecycle, pool: int) -> str:
+    """Why a request never got blocks, and until when it would wait."""
+    until = ("forever: nothing frees unread blocks before 0.10 (no VLLM_NIXL_ABORT_REQUEST_TIMEOUT)"
+             if line.expiry == "none" else f"until {line.expiry_knob} frees them")
+    return f"P's {pool} KV blocks stayed held by earlier requests: the request waits for free blocks {until}"
+
+
+def run_end(requests: int, rate: float, faults: tuple[Fault, ...], settle: float = SETTLE_S) -> float:
+    """When a run stops: the last request's params reach D and its notification reaches P, plus settle."""
+    last = 0.0
+    for i in range(requests):
+        slow, delay = pick(faults, "slow-decode", i), pick(faults, "delay-notif", i)
+        last = max(last, i / rate + (slow.seconds if slow else 0.0) + (delay.seconds if delay else 0.0))
+    return last + settle
+
+
+class _Req:
+    __slots__ = ("blocks", "deadline", "gens", "holding")
+
+    def __init__(self, blocks: list[int], gens: list[int], deadline: float) -> None:
+        self.blocks, self.gens, self.deadline = blocks, gens, deadline
+        self.holding = True
+
+
+def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
+             lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
+             settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
+    """Each request's expected verdict and P's accounting. P frees on notification or at the expiry (lease
+    overrides the release's default; a release without one never frees unread blocks); freed blocks go to the
+    tail of P's free list and later requests take them from its head (vLLM's free block queue). The run ends
+    `settle` seconds after the last request's notification: expiries still to come count as held."""
+    expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
+    free = list(range(pool))
+    owner: dict[int, int] = {}
+    gen = [0] * pool
+    last_gen_owner: dict[tuple[int, int], int] = {}
+    acc = Accounting()
+    reqs: dict[int, _Req] = {}
+    out: dict[int, Outcome] = {}
+    heap: list[tuple[float, int, str, int]] = []
+    waiting: list[int] = []
+    seq = 0
+
+    def push(t: float, kind: str, i: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, i))
+        seq += 1
+
+    def release(i: int, t: float) -> None:
+        r = reqs[i]
+        r.holding = False
+        for b in r.blocks:
+            owner.pop(b, None)
+            free.append(b)
+        admit(t)
+
+    def admit(t: float) -> None:
+        """Waiting requests take free blocks in arrival order (vLLM's scheduler waits for free blocks)."""
+        while waiting and len(free) >= blocks_per_request and t <= horizon:
+            i = waiting.pop(0)
+            blocks = [free.pop(0) for _ in range(blocks_per_request)]
+            for b in blocks:
+                if gen[b]:
+                    acc.reused += 1
+                gen[b] = gen[b] % GEN_WRAP + 1
+                owner[b] = i
+                last_gen_owner[(b, gen[b])] = i
+            acc.allocated += len(blocks)
+            deadline = t + expiry if expiry is not None else math.inf
+            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline)
+            if deadline < math.inf:
+                push(deadline, "expire", i)
+            slow = pick(faults, "slow-decode", i)
+            push(t + (slow.seconds if slow else 0.0), "recv", i)
+
+    for i in range(requests):
+        push(i / rate, "arrive", i)
+    horizon = run_end(requests, rate, faults, settle)
+    while heap:
+        t, _s, kind, i = heapq.heappop(heap)
+        if kind == "arrive":
+            waiting.append(i)
+            admit(t)
+        elif kind == "recv":
+            r = reqs[i]
+            params: dict[str, Any] | None = params_for(line, i, r.blocks, engine_id, 5600, 1,
+                                                        r.deadline if r.deadline < math.inf else None, r.gens)
+            bad = pick(faults, "bad-params", i)
+            if bad is not None and params is not None:
+                earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+                params = apply_bad(params, bad.kind, pool, earlier)
+            if pick(faults, "drop-params", i):
+                params = None
+            refused = decide(line, i, params, engine_id, pool, t)
+            if refused is not None:
+                out[i] = Outcome(i, *refused)
+                continue
+            assert params is not None
+            if line.heartbeat and expiry is not None:
+                acc.heartbeats += 1  # D's scheduler tracks it from here: heartbeats renew the lease until the read
+                if r.holding:
+                    r.deadline = t + expiry
+                    push(r.deadline, "expire", i)
+            ids = params["remote_block_ids"]
+            if any(not 0 <= b < pool for b in ids):
+                out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "
+                                                "of range -> NIXL_ERR_INVALID_PARAM"))
+                continue
+            # Whose KV each block read holds: the request that wrote the block's current generation.
+            found = [(b, gen[b], last_gen_owner.get((b, gen[b])))
+                     for b, mine in zip(ids, r.blocks, strict=True) if b != mine or owner.get(b) not in (i, None)
+                     or last_gen_owner.get((b, gen[b])) != i]
+            if found:
+                b, g, j = found[0]
+                whose = f"request {j}'s KV (generation {g})" if j is not None else "untagged bytes"
+                if line is CORRECTED:
+                    out[i] = Outcome(i, "recomputed", f"generation check: block {b} holds {whose}: refused, "
+                                                      "recomputed")
+                else:
+                    out[i] = Outcome(i, "wrong", f"block {b} holds {whose}", j)
+            elif not r.holding:
+                out[i] = Outcome(i, "freed-early", f"P freed the blocks at {r.deadline:.2f} s ({line.expiry}), D "
+                                                   f"read at {t:.2f} s")
+            else:
+                out[i] = Outcome(i, "delivered")
+            if not pick(faults, "drop-notif", i):
+                delay = pick(faults, "delay-notif", i)
+                push(t + (delay.seconds if delay else 0.0), "notif", i)
+        elif kind == "notif":
+            if reqs[i].holding:
+                release(i, t)
+                acc.freed += 1
+            else:
+                acc.late_notifs += 1
+        elif kind == "expire":
+            r = reqs[i]
+            if t > horizon:
+                continue  # the run ended first: P still holds them
+            if r.holding and t >= r.deadline:
+                release(i, t)
+                acc.expired += 1
+    for i in waiting:
+        out[i] = Outcome(i, "hang", hang_detail(line, pool))
+    for r in reqs.values():
+        if r.holding:
+            if r.deadline < math.inf:
+                acc.held += 1
+            else:
+                acc.leaked += 1
+    return [out[i] for i in range(requests)], acc

@@ -1,0 +1,134 @@
+"""A request-path run's typed plan: a scenarios/requests/requests-*.toml file and/or flags, checked before anything starts
+(bad input: one line naming what and where, exit 2).
+
+File format (every key optional; flags win):
+
+    [requests]
+    issue = "vLLM PR #50754"          # what the scenario reproduces (shown, not checked)
+    requests = 8                      # how many
+    rate = 10.0                       # arrivals per second
+    lease = 0.5                       # seconds: the abort timeout / lease of every release that has one
+    blocks_per_request = 2
+    pool = 8                          # P's KV blocks
+    seed = 0                          # which requests a fault's p=SHARE picks
+    failure_policy = "recompute"      # kv_load_failure_policy of 0.13+ (default: each release's own)
+
+    [faults]                          # NAME = true | "ARGS" | ["ARGS", ...]  (as --fault NAME:ARGS)
+    slow-decode = "1.5"
+
+    [expect]                          # per release: one verdict for every request, or one per request
+    "0.9.1" = "delivered"
+    corrected = "recomputed"
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from pdcheck.errors import BadInput
+from pdcheck.requests import faults as fl
+from pdcheck.requests.lines import POLICIES, Lifecycle, line_of, with_policy
+from pdcheck.requests.model import VERDICTS
+from pdcheck.requests.run import Options
+
+MAX_REQUESTS = 5000
+MAX_RATE = 10_000.0
+MAX_POOL = 4096
+MAX_BLOCKS_PER_REQUEST = 64
+MAX_LEASE_S = 600.0
+_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed", "failure_policy"}
+
+
+class RequestsPlan(msgspec.Struct, frozen=True):
+    source: str  # the scenario file, or "flags"
+    name: str
+    issue: str
+    releases: list[tuple[str, Lifecycle]]
+    options: Options
+    expect: dict[str, list[str]]  # release -> a verdict per request (from [expect])
+
+
+def _number(where: str, key: str, value: Any, lo: float, hi: float, integer: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or (integer and not isinstance(value, int)):
+        raise BadInput(f"{where}: {key} must be {'an integer' if integer else 'a number'}, not {value!r}")
+    if not math.isfinite(value) or not lo <= value <= hi or (lo == 0 and value == 0):
+        raise BadInput(f"{where}: {key} = {value!r} is out of range ({'>' if lo == 0 else '>='} {lo:g}, <= {hi:g})")
+    return value
+
+
+def _fault_items(where: str, table: Any) -> list[str]:
+    if not isinstance(table, dict):
+        raise BadInput(f"{where}: [faults] must be a table of NAME = true | \"ARGS\" | [\"ARGS\", ...]")
+    out: list[str] = []
+    for name, val in table.items():
+        vals = val if isinstance(val, list) else [val]
+        for v in vals:
+            if v is True:
+                out.append(name)
+            elif isinstance(v, str):
+                out.append(f"{name}:{v}" if v else name)
+            else:
+                raise BadInput(f"{where}: [faults] {name} = {v!r}: give true or an argument string")
+    return out
+
+
+def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: dict[str, Any],
+          fault_flags: list[str]) -> RequestsPlan:
+    """doc: the scenario's TOML ({} without one); flags: the numeric flags given (None: not given)."""
+    from pdcheck.releases import CORRECTED, resolve_many
+
+    where = str(scenario) if scenario is not None else "command line"
+    unknown = set(doc) - {"requests", "faults", "expect"}
+    if unknown:
+        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: requests, faults, expect)")
+    req = doc.get("requests", {})
+    if not isinstance(req, dict):
+        raise BadInput(f"{where}: [requests] must be a table")
+    bad = set(req) - _KEYS
+    if bad:
+        raise BadInput(f"{where}: [requests] unknown key(s) {', '.join(sorted(bad))} (known: "
+                       f"{', '.join(sorted(_KEYS))})")
+    vals = {k: v for k, v in req.items() if k != "issue"}
+    policy = flags.get("failure_policy") if flags.get("failure_policy") is not None else req.get("failure_policy")
+    if policy is not None and policy not in POLICIES:
+        origin = "--failure-policy" if flags.get("failure_policy") is not None else f"{where}: [requests]"
+        raise BadInput(f"{origin}: failure_policy must be fail or recompute, not {policy!r}")
+    vals.update({k: v for k, v in flags.items() if v is not None})
+
+    def src(key: str) -> str:
+        return f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{where}: [requests]"
+
+    n = int(_number(src("requests"), "requests", vals.get("requests", 8), 1, MAX_REQUESTS, True))
+    rate = float(_number(src("rate"), "rate", vals.get("rate", 10.0), 0, MAX_RATE, False))
+    lease = vals.get("lease")
+    if lease is not None:
+        lease = float(_number(src("lease"), "lease", lease, 0, MAX_LEASE_S, False))
+    per = int(_number(src("blocks_per_request"), "blocks_per_request", vals.get("blocks_per_request", 2), 1,
+                      MAX_BLOCKS_PER_REQUEST, True))
+    pool = int(_number(src("pool"), "pool", vals.get("pool", 8), per, MAX_POOL, True))
+    seed = int(_number(src("seed"), "seed", vals.get("seed", 0), -(2**31), 2**31, True))
+    items = [*_fault_items(where, doc.get("faults", {})), *fault_flags]
+    faults = fl.parse_all(items, n, "--fault" if fault_flags and not doc.get("faults") else f"{where}: faults", seed)
+    expect_doc = doc.get("expect", {})
+    if not isinstance(expect_doc, dict):
+        raise BadInput(f"{where}: [expect] must be a table of release = verdict | [verdicts]")
+    expect: dict[str, list[str]] = {}
+    for rel, want in expect_doc.items():
+        wants = want if isinstance(want, list) else [want] * n
+        if len(wants) != n or any(w not in VERDICTS for w in wants):
+            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}")
+        expect[rel] = list(wants)
+    if vllm is None:
+        named = [r for r in expect if r != CORRECTED.name]
+        if not named:
+            raise BadInput(f"{where}: name the releases (--vllm, or an [expect] table)")
+        vllm = ",".join(named)
+    models = resolve_many(vllm)
+    releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
+    name = scenario.stem if scenario is not None else "flags"
+    return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,
+                        Options(n, rate, lease, per, pool, faults, policy), expect)

@@ -1,0 +1,163 @@
+"""`pdcheck requests`' report: a verdict per request per release with the corrected path's beside it, P's block
+accounting, the model's expectation where the real run disagrees with it. One msgspec struct: --json encodes
+it, the tables render it, so the two never disagree. Exit codes follow pdcheck.verdict's rule."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from pdcheck.requests.model import VERDICTS, Accounting
+from pdcheck.requests.plan import RequestsPlan
+from pdcheck.requests.run import LineRun
+from pdcheck.verdict import exit_code, survives
+
+LAG_NOTE_S = 0.05  # a router this late changes which blocks a timing-bound fault meets
+OK = ("delivered", "recomputed")  # the answer is right (recomputed: slower)
+
+
+class RequestRow(msgspec.Struct):
+    request: int
+    verdict: str
+    detail: str
+    corrected: str
+    corrected_detail: str
+    found_request: int | None = None
+    model: str = ""  # the model's verdict where it differs from the real run's ("" when they agree)
+
+
+class ReleaseReport(msgspec.Struct):
+    release: str
+    line: str
+    survived: bool
+    counts: dict[str, int]
+    served_from_freed: float  # fraction of requests that read blocks P had freed (wrong + freed-early)
+    expiry: str
+    expiry_s: float | None
+    expiry_knob: str
+    notification: str
+    rows: list[RequestRow]
+    accounting: Accounting
+    expiry_log: list[str]
+    notif_errors: list[str]
+    model_agrees: bool
+    seconds: float
+    router_lag_s: float  # how late the parent (the router) got a request to P or D at worst
+
+
+class Expectation(msgspec.Struct):
+    release: str
+    passed: bool
+    expected: list[str]
+    got: list[str]
+
+
+class RequestsReport(msgspec.Struct):
+    scenario: str
+    issue: str
+    requests: int
+    rate: float
+    lease_s: float | None
+    blocks_per_request: int
+    pool: int
+    faults: list[str]
+    releases: list[ReleaseReport]
+    corrected: ReleaseReport
+    expectations: list[Expectation]
+    exit_code: int
+
+
+def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
+    n = len(run.outcomes)
+    rows = [RequestRow(o.request, o.verdict, o.detail, c.verdict, c.detail, o.found_request,
+                       "" if e.verdict == o.verdict else e.verdict)
+            for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
+    counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
+    statuses = ["ok" if o.verdict in OK else o.verdict for o in run.outcomes]
+    from pdcheck.requests.lines import line_of
+
+    line = line_of(run.line)
+    return ReleaseReport(
+        run.release, run.line, survives(statuses, n) and run.accounting.leaked == 0,
+        {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
+        line.expiry, run.expiry_s, line.expiry_knob, line.notif.replace("{req}", "<request id>").replace(
+            "{n}", "<consumers>"), rows, run.accounting, run.expiry_log[:3], run.notif_errors[:3],
+        all(not r.model for r in rows), run.seconds, run.router_lag_s)
+
+
+def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
+    corrected = runs[-1]
+    rels = [_release(r, corrected) for r in runs[:-1]]
+    corr = _release(corrected, corrected)
+    got = {r.release: [row.verdict for row in r.rows] for r in rels}
+    got["corrected"] = [row.verdict for row in corr.rows]
+    # Releases that did not run (--vllm named others) have nothing to compare.
+    expectations = [Expectation(rel, got[_name(rel)] == want, want, got[_name(rel)])
+                    for rel, want in plan.expect.items() if _name(rel) in got]
+    code = exit_code([r.survived for r in rels])
+    o = plan.options
+    return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
+                          [f.text() for f in o.faults], rels, corr, expectations, code)
+
+
+def _name(release: str) -> str:
+    from pdcheck.releases import resolve
+
+    return release if release == "corrected" else resolve(release).name
+
+
+_STYLE = {"delivered": "green", "recomputed": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
+          "error": "red"}
+
+
+def _v(verdict: str) -> str:
+    return f"[{_STYLE.get(verdict, 'white')}]{verdict}[/]"
+
+
+def render(rep: RequestsReport, console: Any) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    head = f"pdcheck requests: {escape(rep.scenario)}"
+    if rep.issue:
+        head += f" ({escape(rep.issue)})"
+    console.print(f"[bold]{head}[/]: {rep.requests} requests at {rep.rate:g}/s, {rep.blocks_per_request} blocks "
+                  f"each from P's {rep.pool}; lease {rep.lease_s if rep.lease_s is not None else 'default'}"
+                  f"{'; faults ' + escape(', '.join(rep.faults)) if rep.faults else ''}")
+    for r in rep.releases:
+        t = Table(title=f"vLLM {r.release} (line {r.line}): {r.expiry}"
+                        f"{f' {r.expiry_s:g} s' if r.expiry_s is not None else ''}; notification "
+                        f"{escape(r.notification)}")
+        for col in ("req", "verdict", "what happened", "corrected", "corrected: what happens"):
+            t.add_column(col, overflow="fold")
+        for row in r.rows:
+            model = f" [dim](model: {row.model})[/]" if row.model else ""
+            t.add_row(str(row.request), _v(row.verdict) + model, escape(row.detail), _v(row.corrected),
+                      escape(row.corrected_detail))
+        console.print(t)
+    a = Table(title="P's blocks: requests freed on notification / expired / still held / leaked; blocks reused")
+    for col in ("release", "verdicts", "from freed", "freed", "expired", "held", "leaked", "reused", "late"):
+        a.add_column(col, overflow="fold")
+    for r in [*rep.releases, rep.corrected]:
+        acc = r.accounting
+        counts = ", ".join(f"{k} {v}" for k, v in r.counts.items())
+        a.add_row(r.release, counts, f"{r.served_from_freed:.0%}", str(acc.freed), str(acc.expired), str(acc.held),
+                  ("[red]" if acc.leaked else "") + str(acc.leaked) + ("[/]" if acc.leaked else ""), str(acc.reused),
+                  str(acc.late_notifs))
+    console.print(a)
+    for r in [*rep.releases, rep.corrected]:
+        for line in r.expiry_log[:1] + r.notif_errors[:1]:
+            console.print(f"[dim]{escape(r.release)} P:[/] {escape(line)}")
+    for e in rep.expectations:
+        mark = "[green]pass[/]" if e.passed else "[bold red]FAIL[/]"
+        console.print(f"expect {escape(e.release)}: {mark}" + ("" if e.passed else f" (expected {e.expected}, got "
+                                                                                      f"{e.got})"))
+    for r in [*rep.releases, rep.corrected]:
+        if r.router_lag_s > LAG_NOTE_S:
+            console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: this machine did not keep {rep.rate:g} "
+                          f"requests/s: the router handed a request on up to {r.router_lag_s:.2f} s late")
+        if not r.model_agrees:
+            console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: the real run differs from the model on "
+                          f"{sum(bool(x.model) for x in r.rows)} request(s) (the model assumes the rate is kept)")
+    console.print(f"[dim]exit {rep.exit_code}[/]")

@@ -1,0 +1,264 @@
+"""`pdcheck requests`' runtime: one real P rank and one real D rank (pdcheck.requests.rank, on the one launcher
+and rank skeleton), driven by the parent, which is the router: it sends P each request at its arrival time, takes
+the kv_transfer_params P hands out, applies the router's faults and forwards them to D (late under slow-decode),
+and collects what each side reports. Each release line runs in turn on the same two ranks (P empties its blocks
+between lines), the corrected request path last. The parent names each request's verdict from real outcomes:
+D's check of every block by coordinate and generation, P's frees, the order of the two.
+"""
+
+from __future__ import annotations
+
+import heapq
+import queue
+import threading
+import time
+from typing import Any
+
+import msgspec
+
+from pdcheck import messages as m
+from pdcheck import orchestrate as orc
+from pdcheck.errors import HarnessError
+from pdcheck.geometry import Geometry
+from pdcheck.launcher import launcher, warm_up
+from pdcheck.requests.faults import Fault, pick
+from pdcheck.requests.lines import CORRECTED, Lifecycle
+from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, run_end, simulate
+
+P_ENGINE = "pdcheck-req-P"
+D_ENGINE = "pdcheck-req-D"
+GEOMETRY = Geometry(tp_size=1, block_size=16, layers=2, total_kv_heads=2, head_dim=64, dtype="bfloat16",
+                    attn_backend="FLASH_ATTN", use_mla=False)
+
+
+class Options(msgspec.Struct, frozen=True):
+    requests: int = 8
+    rate: float = 10.0
+    lease_s: float | None = None
+    blocks_per_request: int = 2
+    pool: int = 8
+    faults: tuple[Fault, ...] = ()
+    failure_policy: str | None = None  # kv_load_failure_policy (0.13+); None: each release's default
+    settle_s: float = 0.5
+    start_timeout_s: float = 60.0
+
+
+class LineRun(msgspec.Struct):
+    """One release line's run: real outcomes, the model's expectation, P's accounting."""
+
+    release: str
+    line: str
+    outcomes: list[Outcome]
+    expected: list[Outcome]
+    accounting: Accounting
+    expected_accounting: Accounting
+    expiry_s: float | None
+    expiry_log: list[str]
+    notif_errors: list[str]
+    seconds: float
+    router_lag_s: float  # the most any request reached P or D after its time (the rate not kept)
+
+
+def _stage(what: str, timeout_s: float) -> orc.Stage:
+    return orc.Stage(f"{{rank}} failed during {what}: {{error}}", f"{{rank}} died during {what}: it {{ended}}",
+                     f"{{ranks}} silent after {{timeout:g}} s during {what}", timeout_s)
+
+
+def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
+    """Every (release name, lifecycle line) in turn, then the corrected path, on one real P and one real D."""
+    warm_up()
+    out: list[LineRun] = []
+    with launcher() as lau:
+        p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool)))
+        d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, opts.pool)))
+        got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
+        p_ready = got[p.id][1]
+        peer: m.ReqReady | None = p_ready
+        boxes = _Outbox(p), _Outbox(d)
+        try:
+            for name, line in [*releases, ("corrected", CORRECTED)]:
+                out.append(_one_line(lau, p, d, boxes, name, line, opts, peer))
+                peer = None
+        finally:
+            for box in boxes:
+                box.send(m.Stop())
+                box.close()
+    return out
+
+
+class _Outbox:
+    """Sends to one rank from a thread of its own, in order. The parent's loop then never blocks on a full pipe
+    while that rank blocks sending its answers to the parent (at a few hundred requests a second both pipes
+    fill: a deadlock)."""
+
+    def __init__(self, rank: Any) -> None:
+        self.rank, self.id = rank, rank.id
+        self._q: queue.Queue[m.Msg | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self._t = threading.Thread(target=self._drain, name=f"pdcheck-send-{rank.id}", daemon=True)
+        self._t.start()
+
+    def _drain(self) -> None:
+        while (msg := self._q.get()) is not None:
+            try:
+                self.rank.send(msg)
+            except (OSError, EOFError, ValueError) as exc:  # the rank is gone: the event loop reports how
+                self.error = exc
+                return
+
+    def send(self, msg: m.Msg) -> None:
+        self._q.put(msg)
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._q.put(None)
+        self._t.join(timeout_s)
+
+
+def _target() -> Any:
+    from pdcheck.requests.rank import requests_main
+
+    return requests_main
+
+
+def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: str, line: Lifecycle,
+              opts: Options, peer: m.ReqReady | None) -> LineRun:
+    t0 = time.time()
+    to_p, to_d = boxes
+    begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy)
+    to_p.send(begin)
+    to_d.send(msgspec.structs.replace(begin, peer=peer))
+    n = opts.requests
+    # (when, seq, action, request): "prefill" to P, "decode" to D
+    due: list[tuple[float, int, str, int]] = [(t0 + i / opts.rate, i, "prefill", i) for i in range(n)]
+    heapq.heapify(due)
+    seq = n
+    prefilled: dict[int, m.ReqPrefilled] = {}
+    decoded: dict[int, m.ReqDecoded] = {}
+    freed: dict[int, m.ReqFreed] = {}
+    logs: list[str] = []
+    owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P allocated it to
+    end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s)
+    last_answer = t0
+    lag = 0.0
+    hard = end + 30.0  # a rank that stops answering ends the run as a harness error, never a hang
+    faults = _stage(f"vLLM {name}'s requests", hard - time.time())
+    while True:
+        now = time.time()
+        while due and due[0][0] <= now:
+            when, _s, action, i = heapq.heappop(due)
+            lag = max(lag, now - when)
+            if action == "prefill":
+                to_p.send(m.ReqPrefill(i))
+            else:
+                to_d.send(_route(prefilled, i, opts))
+        # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
+        if now >= max(end, last_answer + opts.settle_s) and len(decoded) >= len(prefilled) and not due:
+            break
+        if now > hard:
+            raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
+        stop = max(end, last_answer + opts.settle_s)
+        wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
+        for rank, msg in lau.events([p, d], time.monotonic() + max(0.001, wake - time.time())):
+            if msg is None:
+                raise faults.died(rank)
+            if isinstance(msg, m.Failed):
+                raise faults.failed(rank, msg)
+            if isinstance(msg, m.ReqPrefilled):
+                prefilled[msg.request] = msg
+                for b, g in zip(msg.blocks, msg.gens, strict=True):
+                    owner[(b, g)] = msg.request
+                slow = pick(opts.faults, "slow-decode", msg.request)
+                heapq.heappush(due, (msg.t + (slow.seconds if slow else 0.0), seq, "decode", msg.request))
+                seq += 1
+            elif isinstance(msg, m.ReqDecoded):
+                decoded[msg.request] = msg
+                last_answer = time.time()
+            elif isinstance(msg, m.ReqFreed):
+                freed.setdefault(msg.request, msg)
+                if msg.log:
+                    logs.append(msg.log)
+            break  # back to the schedule after every message
+    to_p.send(m.ReqEnd())
+    acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
+    outcomes = [_verdict(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
+    acc = _accounting(prefilled, freed, acct, line, opts)
+    exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
+                            P_ENGINE, opts.settle_s)
+    expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
+    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
+                   lag)
+
+
+class _Closing(orc.Stage):
+    """The wait for P's accounting: a block P freed after the parent's last look still counts."""
+
+    def __init__(self, what: str, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
+        base = _stage(what, 30.0)
+        super().__init__(base.failed_text, base.died_text, base.late_text, base.timeout_s)
+        object.__setattr__(self, "_freed", freed)
+        object.__setattr__(self, "_logs", logs)
+
+    def stray(self, rank: Any, msg: m.Msg) -> Exception | None:
+        if isinstance(msg, m.ReqFreed):
+            self._freed.setdefault(msg.request, msg)  # type: ignore[attr-defined]
+            if msg.log:
+                self._logs.append(msg.log)  # type: ignore[attr-defined]
+        return None
+
+
+def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.ReqDecode:
+    """The router: forward P's params to D, as the faults say."""
+    pf = prefilled[i]
+    params: dict[str, Any] | None = dict(pf.params)
+    bad = pick(opts.faults, "bad-params", i)
+    if bad is not None and params is not None:
+        earlier = prefilled[i - 1].blocks if i - 1 in prefilled else None
+        params = apply_bad(params, bad.kind, opts.pool, earlier)
+    if pick(opts.faults, "drop-params", i):
+        params = None
+    delay = pick(opts.faults, "delay-notif", i)
+    return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
+                       delay.seconds if delay else 0.0)
+
+
+def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
+             freed: dict[int, m.ReqFreed], owner: dict[tuple[int, int], int]) -> Outcome:
+    if i not in prefilled:
+        return Outcome(i, "hang", hang_detail(line, pool))
+    dec = decoded.get(i)
+    if dec is None:
+        return Outcome(i, "hang", "D never answered for this request")
+    if dec.status in ("refused", "failed"):
+        return Outcome(i, dec.verdict, dec.detail)
+    if dec.wrong:
+        j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
+        whose = f"request {j}'s KV (generation {dec.found_gen})" if j is not None else "untagged bytes"
+        if line is CORRECTED:
+            return Outcome(i, "recomputed", f"generation check: block {dec.found_block} holds {whose}: refused, "
+                                            "recomputed")
+        return Outcome(i, "wrong", f"block {dec.found_block} holds {whose}", j)
+    f = freed.get(i)
+    if f is not None and f.t <= dec.t_read:
+        return Outcome(i, "freed-early", f"P freed the blocks ({f.how}) {dec.t_read - f.t:.2f} s before D read "
+                                         "them")
+    return Outcome(i, "delivered")
+
+
+def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed], acct: m.ReqAccount,
+                line: Lifecycle, opts: Options) -> Accounting:
+    seen: set[int] = set()
+    reused = 0
+    for i in sorted(prefilled, key=lambda k: prefilled[k].t):
+        for b in prefilled[i].blocks:
+            reused += b in seen
+            seen.add(b)
+    expires = line.expiry != "none"
+    return Accounting(
+        allocated=sum(len(pf.blocks) for pf in prefilled.values()),
+        freed=sum(f.how == "notif" for f in freed.values()),
+        expired=sum(f.how == "expired" for f in freed.values()),
+        reused=reused,
+        leaked=0 if expires else len(acct.holding),
+        held=len(acct.holding) if expires else 0,
+        late_notifs=acct.late_notifs,
+        heartbeats=acct.heartbeats)

@@ -1,0 +1,102 @@
+"""`pdcheck requests` on real ranks: real P and D processes, real NIXL READs and notifications, verdicts per
+request per release against the model, the bundled scenarios' expectations, --json vs table, bad input."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import SCENARIOS
+
+
+def test_freed_early_scenario_real_outcomes_match_expectations(pdcheck):
+    run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-freed-early.toml"), "--json", timeout=120)
+    assert run.code == 1, run.err  # 0.11.1 and 0.34.0 serve requests from freed blocks
+    doc = run.json()
+    assert [e["passed"] for e in doc["expectations"]] == [True] * 4, doc["expectations"]
+    by = {r["release"]: r for r in doc["releases"]}
+    assert by["0.9.1"]["survived"] and not by["0.34.0"]["survived"]
+    wrong = [row for row in by["0.34.0"]["rows"] if row["verdict"] == "wrong"]
+    # D's block check decoded the generation word; the parent named the request that owns it now
+    assert len(wrong) == 1 and wrong[0]["found_request"] is not None and "'s KV (generation" in wrong[0]["detail"]
+    assert by["0.34.0"]["served_from_freed"] == pytest.approx(3 / 12)
+    assert by["0.34.0"]["accounting"]["expired"] == 3 and by["0.34.0"]["accounting"]["reused"] > 0
+    assert any("before lease expired" in x for x in by["0.34.0"]["expiry_log"])
+    assert any("within 0.5 seconds" in x for x in by["0.11.1"]["expiry_log"])
+    assert doc["corrected"]["survived"] and doc["corrected"]["counts"] == {"delivered": 9, "recomputed": 3}
+
+
+def test_lost_notification_leaks_before_0_10_and_table_agrees_with_json(pdcheck):
+    args = ("requests", "--vllm", "0.9.1,0.14.0", "--requests", "6", "--rate", "20", "--lease", "0.4",
+            "--pool", "6", "--fault", "drop-notif")
+    doc = pdcheck(*args, "--json", timeout=120).json()
+    by = {r["release"]: r for r in doc["releases"]}
+    assert [x["verdict"] for x in by["0.9.1"]["rows"]] == ["delivered"] * 3 + ["hang"] * 3
+    assert by["0.9.1"]["accounting"]["leaked"] == 3 and by["0.9.1"]["accounting"]["freed"] == 0
+    assert {x["verdict"] for x in by["0.14.0"]["rows"]} == {"delivered"}
+    assert by["0.14.0"]["accounting"]["leaked"] == 0 and by["0.14.0"]["accounting"]["expired"] >= 5
+    assert all(r["model_agrees"] for r in doc["releases"])
+    table = pdcheck(*args, timeout=120)
+    assert table.code == doc["exit_code"] == 1
+    rows = [ln for ln in table.out.splitlines() if ln.startswith("│ ") and ln.split("│")[1].strip().isdigit()]
+    verdicts = [ln.split("│")[2].strip() for ln in rows]  # the table's verdict column, every release in order
+    assert verdicts == [x["verdict"] for r in doc["releases"] for x in r["rows"]]
+    assert "exit 1" in table.out
+
+
+@pytest.mark.parametrize(("policy", "third"), [(None, "error"), ("recompute", "recomputed")])
+def test_bad_params_real_nixl_error_and_reused_ids(pdcheck, policy, third):
+    extra = ["--failure-policy", policy] if policy else []
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--requests", "4", "--fault", "bad-params:reused-ids:1",
+                  "--fault", "bad-params:out-of-range:2", *extra, "--json", timeout=120).json()
+    rows = doc["releases"][0]["rows"]
+    assert [r["verdict"] for r in rows] == ["delivered", "wrong", third, "delivered"]
+    assert rows[1]["found_request"] == 0 and "block" in rows[1]["detail"]
+    assert "NIXL_ERR_INVALID_PARAM" in rows[2]["detail"]
+    assert f"kv_load_failure_policy {policy or 'fail'}" in rows[2]["detail"]
+    assert [r["corrected"] for r in rows] == ["delivered", "recomputed", "recomputed", "delivered"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--fault", "nope"], "unknown fault 'nope'"),
+    (["--lease", "0"], "lease = 0"),
+    (["--fault", "drop-notif:99"], "request 99 does not exist"),
+    (["--rate", "-1"], "rate"),
+    (["--pool", "1"], "pool"),
+    (["--vllm", "0.1.0"], "not modelled"),
+    (["--failure-policy", "maybe"], "fail or recompute"),
+])
+def test_bad_input_exit_2_one_line(pdcheck, args, needle):
+    run = pdcheck("requests", *(["--vllm", "0.34.0"] if "--vllm" not in args else []), *args)
+    assert run.code == 2, (run.out, run.err)
+    assert needle in run.err and "Traceback" not in run.err
+
+
+def test_bad_scenario_file_exit_2(pdcheck, tmp_path):
+    f = tmp_path / "requests-x.toml"
+    f.write_text('[requests]\nlease = 0.5\nbogus = 1\n[expect]\n"0.34.0" = "delivered"\n')
+    run = pdcheck("requests", str(f))
+    assert run.code == 2 and "bogus" in run.err
+    f.write_text('[faults]\nslow-decode = 3\n[expect]\n"0.34.0" = "delivered"\n')
+    run = pdcheck("requests", str(f))
+    assert run.code == 2 and "slow-decode" in run.err
+
+
+def test_smoke_runs_request_scenarios(pdcheck, tmp_path):
+    import shutil
+
+    d = tmp_path / "sc"
+    d.mkdir()
+    shutil.copy(SCENARIOS / "requests" / "requests-params-dropped.toml", d)
+    run = pdcheck("smoke", str(d), "--json", timeout=120)
+    assert run.code == 0, run.err
+    doc = run.json()
+    assert doc["failed"] == 0 and {c["release"] for c in doc["cases"]} == {"0.9.1", "0.34.0", "corrected"}
+
+
+def test_delayed_notification_and_real_heartbeats(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--requests", "4", "--lease", "0.3", "--fault", "delay-notif:0.8",
+                  "--json", timeout=120).json()
+    rel = doc["releases"][0]
+    assert rel["counts"] == {"delivered": 4} and rel["model_agrees"]
+    acc = rel["accounting"]
+    # P received D's real "HB:<id>" notifications, then expired the blocks before the late done notification
+    assert (acc["heartbeats"], acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 4, 0)
