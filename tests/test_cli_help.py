@@ -46,7 +46,7 @@ def test_handshake_help_panels_and_examples(pdcheck) -> None:
     assert "<str>" not in run.out and "--from-logs" in run.out
 
 
-@pytest.mark.parametrize("path", [(), ("handshake",), ("smoke",), ("probe",), ("serve",), ("transfer-bench",),
+@pytest.mark.parametrize("path", [(), ("handshake",), ("smoke",), ("probe",), ("serve",), ("transfer-bench",), ("requests",),
                                   ("scenario",), ("scenario", "from-logs")], ids=lambda p: " ".join(p) or "pdcheck")
 def test_no_help_shows_a_type_label_for_an_option(pdcheck, path: tuple[str, ...]) -> None:
     """On/off flags (--help and the completion flags included) take no value: no `<bool>` column; every other

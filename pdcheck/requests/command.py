@@ -31,14 +31,16 @@ Exit codes: 0 every request of every release delivered or recomputed and no bloc
 
 
 def register(app: Any) -> None:
-    @app.command(epilog=EPILOG)
+    from pdcheck.cliopts import Command
+
+    @app.command(cls=Command, epilog=EPILOG)
     def requests(
         scenario: Annotated[Path | None, typer.Argument(help="A requests-*.toml scenario (flags override it).",
                                                         metavar="[SCENARIO.toml]", show_default=False)] = None,
         *,
         vllm: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=RUN, show_default=False,
                                         help="Release(s): 0.9.1, '0.9.1,0.34.0' or 'all' (default: the "
-                                             "scenario's [expect] releases).")] = None,
+                                             "scenario's \\[expect] releases).")] = None,
         n_requests: Annotated[int | None, Opt("--requests", metavar="N", rich_help_panel=LOAD, show_default=False,
                                               help="Requests per release (default 8).")] = None,
         rate: Annotated[float | None, Opt(metavar="QPS", rich_help_panel=LOAD, show_default=False,
