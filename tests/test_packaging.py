@@ -73,7 +73,7 @@ def test_the_wheel_ships_every_bundled_scenario(tmp_path) -> None:
     (wheel,) = tmp_path.glob("pdcheck-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     shipped = sorted(n.removeprefix("pdcheck/scenarios/") for n in names if n.startswith("pdcheck/scenarios/"))
-    assert shipped == sorted(p.name for p in SCENARIOS.glob("*.toml"))
+    assert shipped == sorted(str(p.relative_to(SCENARIOS)) for p in SCENARIOS.rglob("*.toml"))
 
 
 def test_one_nixl_build_is_declared() -> None:
