@@ -19,7 +19,7 @@ from pdcheck import kvsplit, ports
 from pdcheck.geometry import Geometry
 from pdcheck.releases import registered_geometry, shapes
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D
+from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D, msg_engine_id
 from pdcheck.scenario import Instance, Scenario
 
 CATALOGUE: dict[str, str] = {
@@ -718,8 +718,7 @@ def _h18(f: Facts, rels: Rels) -> Hazard:
     effects: dict[str, str] = {}
     for rel in rels:
         if _has(rel, "engine_id_matches"):
-            effects[rel.name] = (f"RuntimeError: Remote NIXL agent engine ID mismatch. Expected {exp},"
-                                 f"received {f.p.engine_id}.")
+            effects[rel.name] = f"RuntimeError: {msg_engine_id(exp, f.p.engine_id)}"
         else:
             # _remote_agents gets the expected id, but _tp_size/dst_num_blocks/handles the id P sent, so the
             # first _read_blocks looks up self._tp_size[<expected>] and fails (reference §3.8, H22).
@@ -884,8 +883,7 @@ def _h20(f: Facts, rels: Rels) -> Hazard:
     effects: dict[str, str] = {}
     for rel in rels:
         if _has(rel, "engine_id_matches"):
-            effects[rel.name] = (f"decode DP rank {rt.d_dp}: RuntimeError: Remote NIXL agent engine ID mismatch. "
-                                 f"Expected {exp},received {got}.")
+            effects[rel.name] = f"decode DP rank {rt.d_dp}: RuntimeError: {msg_engine_id(exp, got)}"
         else:
             effects[rel.name] = (f"decode DP rank {rt.d_dp}: no engine-id check: {got!r}'s agent is registered as "
                                  f"{exp!r}; the first read raises KeyError")

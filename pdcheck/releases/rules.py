@@ -157,13 +157,16 @@ def already_added(ctx: Ctx) -> bool:
     return ctx.remote_tp_rank in ctx.state.remote_agents.get(ctx.engine_id, {})
 
 
+def msg_engine_id(expected: str, received: str) -> str:
+    """The RuntimeError text of vLLM's engine-id check (0.10+), as the release writes it (no space after ',')."""
+    return f"Remote NIXL agent engine ID mismatch. Expected {expected},received {received}."
+
+
 def engine_id_matches(exc_message: str = "0.10") -> Check:
     return Check(
         "engine_id_matches", "metadata.engine_id == expected_engine_id",
         lambda c: c.meta.engine_id == c.expected_engine_id,
-        message=lambda c: (
-            f"Remote NIXL agent engine ID mismatch. Expected {c.expected_engine_id},received {c.meta.engine_id}."
-        ),
+        message=lambda c: msg_engine_id(c.expected_engine_id, c.meta.engine_id),
         exc="RuntimeError", hazard="H18",
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 
@@ -90,8 +91,8 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
             return "error", "KeyError: 'remote_request_id' (scheduler; engine crash)"
         return "recomputed", "kv_transfer_params lack remote_request_id: treated as a local prefill"
     if params.get("remote_engine_id") != p_engine and line.engine_id_checked:
-        return on_failure(line, req, "handshake_failed", f"RuntimeError: Remote NIXL agent engine ID mismatch. "
-                          f"Expected {params.get('remote_engine_id')}, received {p_engine}.")
+        return on_failure(line, req, "handshake_failed", "RuntimeError: "
+                          + msg_engine_id(str(params.get("remote_engine_id")), p_engine))
     if line is CORRECTED:
         expiry = params.get("remote_blocks_expiry_time")
         if expiry is not None and now >= expiry:
