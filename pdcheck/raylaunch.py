@@ -91,11 +91,15 @@ class RankActor:
             pass  # the rank ended; its recv reports that
 
     def log(self, tail: int = _LOG_TAIL) -> str:
+        """The last `tail` bytes of the rank's log; the file is removed, since the run ends after this call
+        (ray.kill runs no clean-up in the actor, and every Ray run would leave one file per rank in /tmp)."""
         sys.stdout.flush()
         sys.stderr.flush()
         with open(self.log_path, "rb") as f:
             f.seek(max(0, os.path.getsize(self.log_path) - tail))
-            return f.read().decode(errors="replace")
+            text = f.read().decode(errors="replace")
+        os.unlink(self.log_path)  # fd 1 and 2 stay open on the unlinked file until the actor is killed
+        return text
 
 
 @dataclass(eq=False)

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -184,11 +185,14 @@ def _two_nodes(head_ip: str, worker_ip: str, ns: tuple[str, str] | None = None,
 def test_seed_on_two_ray_nodes_equals_the_local_run(pdcheck):
     """P ranks on the pdcheck_prefill node, D ranks on the pdcheck_decode node, one host."""
     local = pdcheck("handshake", SEED, "--json")
+    actor_logs = set(Path(tempfile.gettempdir()).glob("pdcheck-[PD]rank*.log"))
     t0 = time.monotonic()
     # D's node logs NIXL at INFO: its ranks' C-level lines must come back to the CLI's stderr, not stdout.
     with _two_nodes("127.0.0.1", "127.0.0.1", envs=(_env(), _env(NIXL_LOG_LEVEL="INFO"))) as addr:
         placed = _cli(["handshake", SEED, "--json", "--ray", addr])
     doc = _check(local, placed)
+    left = set(Path(tempfile.gettempdir()).glob("pdcheck-[PD]rank*.log")) - actor_logs
+    assert not left, f"rank actors left their log files behind: {sorted(map(str, left))[:3]}"
     for r in range(8):
         # The header names the node as Ray knows it (its NodeManagerAddress may be this host's routable
         # address even for a node started on 127.0.0.1): only the form is fixed.
