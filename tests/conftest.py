@@ -22,6 +22,16 @@ class Run:
         return json.loads(self.out)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _rank_logs_removed():
+    """In-process runs (the runner tests) share one temporary rank-log directory, which the CLI removes at
+    exit; the test session removes it at its end."""
+    yield
+    from pdcheck import lifecycle
+
+    lifecycle.finish_rank_logs(0)
+
+
 @pytest.fixture
 def pdcheck():
     """Run the real CLI in a fresh interpreter, as a user would."""

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import msgspec
@@ -30,18 +31,26 @@ SMALL = ["--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--
          "--requests", "4", "--iters", "40", "--min-time", "0.05"]
 
 
+# Every pdcheck this module starts carries this mark in its environment, which its ranks and forkserver inherit:
+# how rank_pids tells this run's processes from those of another test run on the same machine.
+RUN_MARK = f"PDCHECK_TEST_RUN={uuid.uuid4().hex}".encode()
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(ROOT), PDCHECK_TEST_RUN=RUN_MARK.decode().partition("=")[2], **extra)
+
+
 def bench(*args: str, timeout: float = 120, **env_extra: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), **env_extra)
+    env = _env(**env_extra)
     return subprocess.run([sys.executable, "-m", "pdcheck", "transfer-bench", *args], capture_output=True,
                           text=True, timeout=timeout, cwd=ROOT, env=env)
 
 
 def rank_pids(forkserver: bool = False) -> list[int]:
-    """Live transfer-bench processes started from this tree, from /proc (zombies excluded): ranks name
-    themselves pdcheck-P0, pdcheck-D1 (/proc/PID/comm); with forkserver, their forkserver too. Another
-    checkout's test run on the same machine has another PYTHONPATH and is not ours to count."""
+    """Live transfer-bench processes this module started, from /proc (zombies excluded): ranks name
+    themselves pdcheck-P0, pdcheck-D1 (/proc/PID/comm); with forkserver, their forkserver too. Another test
+    run's processes on the same machine lack this module's RUN_MARK and are not ours to count."""
     out = []
-    mine = str(ROOT).encode()
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
@@ -53,7 +62,7 @@ def rank_pids(forkserver: bool = False) -> list[int]:
             env = (d / "environ").read_bytes() if ours else b""
         except OSError:
             continue
-        if ours and state != "Z" and mine in env:
+        if ours and state != "Z" and RUN_MARK + b"\0" in env + b"\0":
             out.append(int(d.name))
     return out
 
@@ -222,7 +231,7 @@ def test_help_has_panels_examples_and_metavars() -> None:
         assert p.help and p.rich_help_panel and p.metavar is not None, p.opts
     assert cmd.epilog and "Examples" in cmd.epilog
     run = subprocess.run([sys.executable, "-m", "pdcheck", "transfer-bench", "--help"], capture_output=True,
-                         text=True, timeout=60, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="120"))
+                         text=True, timeout=60, cwd=ROOT, env=_env(COLUMNS="120"))
     assert run.returncode == 0
     for panel in ("Model and TP", "Sweep", "Transport", "Run", "Output", "CI floors"):
         assert f"─ {panel} " in run.stdout
@@ -238,7 +247,7 @@ def _default_sigint() -> None:
 
 
 def test_ctrl_c_reaps_every_rank() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = _env()
     # Long enough to be interrupted mid-sweep.
     proc = subprocess.Popen([sys.executable, "-m", "pdcheck.bench", "transfer-bench", *SMALL, "--block-size",
                              "16,16,16,16,16,16", "--min-time", "1", "--iters", "0"],
@@ -264,7 +273,7 @@ def test_ctrl_c_reaps_every_rank() -> None:
 
 
 def test_a_dead_rank_is_reported_at_once_and_logs_are_kept(tmp_path: Path) -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = _env()
     proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "transfer-bench", *SMALL, "--block-size",
                              "16,16,16,16,16,16", "--min-time", "1", "--iters", "0", "--log-dir", str(tmp_path)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
