@@ -59,8 +59,7 @@ _KEYS_026 = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remot
 _SUFFIX = re.compile(r"-[0-9a-f]{8}$", re.IGNORECASE)
 WATCHDOG = "push_registration_timeout (default decoder_kv_blocks_ttl, 480 s)"
 HANG_NOTIF = ("P's WRITE completed and P freed its blocks, but its completion notification never reached D: D "
-              f"waits; its only deadline, {WATCHDOG}, drops the registration and the request keeps waiting "
-              "(vLLM PR #50754)")
+              f"waits ({WATCHDOG} only drops the registration; vLLM PR #50754)")
 HANG_UNMATCHED = ("P freed the blocks at the lease before D's PUSH_REG arrived: the registration stays unmatched, "
                   f"P never WRITEs and D waits ({WATCHDOG} only drops the registration)")
 
