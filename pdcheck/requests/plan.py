@@ -137,11 +137,16 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         vllm = ",".join(named)
     models = resolve_many(vllm)
     if mode == "push":
+        def has_push(r: Any) -> bool:
+            return push_available(tuple(int(x) for x in (r.version or r.name).split(".")[:3]))
+
+        if vllm.strip() == "all":  # every modelled release that has push mode
+            models = [r for r in models if has_push(r)]
         for r in models:
-            version = tuple(int(x) for x in (r.version or r.name).split(".")[:3])
-            if not push_available(version):
-                raise BadInput(f"{mode_origin}: mode push: vLLM {r.name} has no push mode (NixlPushConnector "
-                               f"arrived in {'.'.join(map(str, PUSH_SINCE))}); name 0.26+ releases")
+            if not has_push(r):
+                origin = "--mode push" if flags.get("mode") is not None else f'{where}: [requests] mode = "push"'
+                raise BadInput(f"{origin}: vLLM {r.name} has no push mode (NixlPushConnector arrived in "
+                               f"{'.'.join(map(str, PUSH_SINCE))}); name 0.26+ releases")
     releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
     name = scenario.stem if scenario is not None else "flags"
     return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,
