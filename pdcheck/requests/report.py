@@ -56,7 +56,6 @@ class Expectation(msgspec.Struct):
 class RequestsReport(msgspec.Struct):
     scenario: str
     issue: str
-    mode: str  # "pull" | "push"
     requests: int
     rate: float
     lease_s: float | None
@@ -67,6 +66,7 @@ class RequestsReport(msgspec.Struct):
     corrected: ReleaseReport
     expectations: list[Expectation]
     exit_code: int
+    mode: str = "pull"  # "push": NixlPushConnector (pdcheck.requests.push)
 
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
@@ -103,8 +103,8 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
                     for rel, want in plan.expect.items() if _name(rel) in got]
     code = exit_code([r.survived for r in rels])
     o = plan.options
-    return RequestsReport(plan.name, plan.issue, o.mode, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
-                          [f.text() for f in o.faults], rels, corr, expectations, code)
+    return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
+                          [f.text() for f in o.faults], rels, corr, expectations, code, mode=o.mode)
 
 
 def _name(release: str) -> str:
