@@ -292,3 +292,14 @@ def test_push_mode_plan_refuses_releases_before_0_26() -> None:
     plan = build(None, {}, "all", {"mode": "push"}, [])  # 'all': every release that has push mode
     assert plan.options.mode == "push" and plan.releases[0][0] == "0.26.0"
     assert build(None, {}, "0.34.0", {}, []).options.mode == "pull"
+
+
+def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdcheck.requests import push
+
+    monkeypatch.setattr(push, "D_POOL_MAX", 4)  # D gets max(pool 8, 4) = 8 blocks: four requests' worth
+    out, _ = push.simulate(line_of("0.34.0"), 6, 1.0, 2, 8, 0.5, parse_all(["drop-notif"], 6))
+    assert [o.verdict for o in out] == ["hang"] * 6
+    assert "PR #50754" in out[3].detail and "D's 8 KV blocks" in out[4].detail  # then D has none to register
+    out, _ = push.simulate(CORRECTED, 6, 1.0, 2, 8, 0.5, parse_all(["drop-notif"], 6))
+    assert {o.verdict for o in out} == {"recomputed"}  # the corrected D gives its blocks back at the lease
