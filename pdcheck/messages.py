@@ -346,10 +346,13 @@ class ReqBegin(msgspec.Struct, tag=True):
     blocks_per_request: int
     peer: ReqReady | None = None
     failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
+    mode: str = "pull"  # "push": D registers (PUSH_REG), P WRITEs into D's blocks and notifies D
 
 
 class ReqPrefill(msgspec.Struct, tag=True):
     request: int
+    drop_notif: bool = False  # push mode: P's WRITE goes without its completion notification
+    notif_delay_s: float = 0.0  # push mode: ... which P sends this late
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):
@@ -375,7 +378,7 @@ class ReqDecode(msgspec.Struct, tag=True):
 
 class ReqDecoded(msgspec.Struct, tag=True):
     request: int
-    status: str  # "refused" | "failed" | "read"
+    status: str  # "refused" | "failed" | "read"; push mode: "registered" first (PUSH_REG sent), then the outcome
     verdict: str = ""  # refused/failed: the release's verdict
     detail: str = ""
     t_read: float = 0.0
@@ -388,7 +391,7 @@ class ReqDecoded(msgspec.Struct, tag=True):
 
 class ReqFreed(msgspec.Struct, tag=True):
     request: int
-    how: str  # "notif" | "expired"
+    how: str  # "notif" | "expired" | "written" (push: P's WRITE into D's blocks completed)
     t: float
     log: str = ""
 

@@ -63,6 +63,8 @@ def test_bad_params_real_nixl_error_and_reused_ids(pdcheck, policy, third):
     (["--pool", "1"], "pool"),
     (["--vllm", "0.1.0"], "not modelled"),
     (["--failure-policy", "maybe"], "fail or recompute"),
+    (["--mode", "push", "--vllm", "0.14.0,0.34.0"], "vLLM 0.14.0 has no push mode"),
+    (["--mode", "sideways"], "mode must be pull or push"),
 ])
 def test_bad_input_exit_2_one_line(pdcheck, args, needle):
     run = pdcheck("requests", *(["--vllm", "0.34.0"] if "--vllm" not in args else []), *args)
@@ -100,3 +102,37 @@ def test_delayed_notification_and_real_heartbeats(pdcheck):
     acc = rel["accounting"]
     # P received D's real "HB:<id>" notifications, then expired the blocks before the late done notification
     assert (acc["heartbeats"], acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 4, 0)
+
+
+def test_push_lost_completion_scenario_real_writes_and_table_agrees_with_json(pdcheck):
+    path = str(SCENARIOS / "requests" / "requests-push-lost-completion.toml")
+    run = pdcheck("requests", path, "--json", timeout=120)
+    assert run.code == 1, run.err  # D hangs on requests 2 and 5
+    doc = run.json()
+    assert doc["mode"] == "push" and [e["passed"] for e in doc["expectations"]] == [True] * 3, doc["expectations"]
+    for rel in doc["releases"]:
+        assert rel["model_agrees"] and "PUSH_REG" in rel["notification"]
+        # P frees on its own WRITE (D's real PUSH_REG matched, real NIXL WRITE done), never at the lease
+        assert (rel["accounting"]["freed"], rel["accounting"]["expired"], rel["accounting"]["leaked"]) == (8, 0, 0)
+        assert "PR #50754" in rel["rows"][2]["detail"] and rel["rows"][2]["corrected"] == "recomputed"
+    table = pdcheck("requests", path, timeout=120)
+    rows = [ln for ln in table.out.splitlines() if ln.startswith("│ ") and ln.split("│")[1].strip().isdigit()]
+    assert [ln.split("│")[2].strip() for ln in rows] == [x["verdict"] for r in doc["releases"] for x in r["rows"]]
+    assert "push mode" in table.out and "freed on P's WRITE done" in table.out and table.code == 1
+
+
+def test_push_faults_on_real_ranks_match_the_model(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--mode", "push", "--requests", "6", "--lease", "0.4",
+                  "--fault", "slow-decode:1.2:1", "--fault", "bad-params:reused-ids:2", "--fault",
+                  "bad-params:wrong-engine:3", "--fault", "delay-notif:0.3:4", "--json", timeout=120).json()
+    rel = doc["releases"][0]
+    # 1: the lease freed P's blocks before D's PUSH_REG (unmatched: hang, not wrong KV); 2: D never reads P's
+    # block ids; 3: D's handshake refuses P's engine id; 4: the completion notification arrives late
+    assert [r["verdict"] for r in rel["rows"]] == ["delivered", "hang", "delivered", "error", "delivered",
+                                                  "delivered"]
+    assert rel["model_agrees"] and "push_reg_handshake_failed" in rel["rows"][3]["detail"]
+    acc = rel["accounting"]
+    assert (acc["freed"], acc["expired"], acc["late_notifs"]) == (4, 2, 1)
+    assert any("before lease expired" in x for x in rel["expiry_log"])
+    assert [r["verdict"] for r in doc["corrected"]["rows"]] == ["delivered", "recomputed", "delivered",
+                                                                "recomputed", "delivered", "delivered"]

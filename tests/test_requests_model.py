@@ -163,7 +163,8 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
     scenarios = Path(__file__).resolve().parent.parent / "scenarios"
     files = smoke.requests_files(scenarios)
     assert {f.name for f in files} == {"requests-freed-early.toml", "requests-lost-notification.toml",
-                                       "requests-bad-params.toml", "requests-params-dropped.toml"}
+                                       "requests-bad-params.toml", "requests-params-dropped.toml",
+                                       "requests-push-lost-completion.toml", "requests-push-slow-decode.toml"}
     assert smoke.requests_files(scenarios / "requests") == files
     plans = smoke.requests_plans(scenarios)
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
@@ -187,3 +188,118 @@ def test_failure_policy_applies_from_0_13() -> None:
         out, _ = simulate(with_policy(line_of(version), policy), 3, 10.0, 2, 8, 0.5, faults)
         assert out[1].verdict == want, (version, policy)
     assert with_policy(CORRECTED, "fail") is CORRECTED
+
+
+# Push mode (NixlPushConnector, 0.26+): pdcheck.requests.push
+
+
+def push_verdicts(version: str, faults: list[str], n: int = 8, lease: float | None = 0.5) -> list[str]:
+    from pdcheck.requests import push
+
+    out, _acc = push.simulate(line_of(version), n, 10.0, 2, 8, lease, parse_all(faults, n))
+    return [o.verdict for o in out]
+
+
+def test_push_registration_and_completion_formats() -> None:
+    import msgspec
+
+    from pdcheck.requests import push
+
+    p = push.params(line_of("0.34.0"), 0, [4, 5], "P", 5600, 1, None, [1, 1], "req-1.0")
+    raw = push.registration(push.d_request_id("req-1.0"), "D", [7, 9], p)
+    assert raw.startswith(b"PUSH_REG:")
+    reg = msgspec.msgpack.decode(raw[len(b"PUSH_REG:"):])
+    assert set(reg) == {"request_id", "decode_engine_id", "decode_host", "decode_port", "decode_tp_size",
+                        "local_block_ids", "remote_engine_id", "remote_host", "remote_port", "remote_tp_size",
+                        "remote_pp_size"}
+    assert reg["local_block_ids"] == [[7, 9]] and reg["remote_engine_id"] == "P"
+    rid, blocks = push.parse_registration(raw)
+    assert blocks == [7, 9] and rid != "req-1.0" and push.base_id(rid) == "req-1.0"  # vLLM's -<8 hex> suffix
+    assert push.base_id("req-1.0") == "req-1.0"
+    assert push.parse_registration(b"PUSH_REG:" + msgspec.msgpack.encode({"request_id": "r", "local_block_ids":
+                                                                          [1, 2]})) == ("r", [1, 2])  # flat: 1 group
+    assert "decode" in push.parse_registration(b"PUSH_REG:\xc1")  # not msgpack: dropped, with vLLM's log line
+    assert "missing request_id" in push.parse_registration(b"PUSH_REG:" + msgspec.msgpack.encode([1]))
+    assert push.completion("req-1.0-0a1b2c3d") == b"req-1.0-0a1b2c3d:1"
+    assert push.expected_notifs(p_tp=4, d_world=2, pp_size=2) == 4  # PP prefill (#45880): one per stage
+
+
+def test_push_params_per_line() -> None:
+    from pdcheck.requests import push
+
+    p26 = push.params(line_of("0.26.0"), 0, [1], "P", 5600, 1, 3.0, [1])
+    assert "transfer_mode" not in p26 and "remote_blocks_expiry_time" not in p26 and p26["pp_size"] == 1
+    p34 = push.params(line_of("0.34.0"), 0, [1], "P", 5600, 1, 3.0, [1])
+    assert p34["transfer_mode"] == "push" and "dcp_size" in p34 and "remote_blocks_expiry_time" not in p34
+    pc = push.params(CORRECTED, 0, [1], "P", 5600, 1, 3.0, [1])
+    assert pc["remote_blocks_expiry_time"] == 3.0 and pc["block_generations"] == [1]
+    assert not push.available((0, 24, 0)) and push.available((0, 26, 0))
+
+
+def test_push_no_fault_delivered_and_p_frees_on_its_write() -> None:
+    from pdcheck.requests import push
+
+    for version in ("0.26.0", "0.34.0", "corrected"):
+        out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, ())
+        assert {o.verdict for o in out} == {"delivered"}
+        assert (acc.freed, acc.expired, acc.late_notifs) == (8, 0, 0)
+
+
+def test_push_lost_completion_hangs_d_not_p() -> None:
+    from pdcheck.requests import push
+
+    v = push_verdicts("0.34.0", ["drop-notif:2"])
+    assert v == ["delivered"] * 2 + ["hang"] + ["delivered"] * 5
+    out, acc = push.simulate(line_of("0.26.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-notif"], 8))
+    assert {o.verdict for o in out} == {"hang"} and "PR #50754" in out[0].detail
+    assert (acc.freed, acc.expired, acc.leaked, acc.held) == (8, 0, 0, 0)  # P freed on its WRITE: clean
+    assert push_verdicts("corrected", ["drop-notif:2"])[2] == "recomputed"
+    assert set(push_verdicts("0.34.0", ["delay-notif:0.8"])) == {"delivered"}  # late, but P does not wait
+
+
+def test_push_slow_decode_hangs_instead_of_wrong_kv() -> None:
+    from pdcheck.requests import push
+
+    assert verdicts("0.34.0", ["slow-decode:1.5:2"])[2] in ("wrong", "freed-early")  # pull
+    v = push_verdicts("0.34.0", ["slow-decode:1.5:2"])
+    assert v[2] == "hang" and v.count("delivered") == 7
+    out, acc = push.simulate(line_of("0.34.0"), 8, 10.0, 2, 8, 0.5, parse_all(["slow-decode:1.5:2"], 8))
+    assert "before D's PUSH_REG" in out[2].detail and (acc.expired, acc.late_notifs) == (1, 1)
+    assert push_verdicts("corrected", ["slow-decode:1.5:2"])[2] == "recomputed"
+    assert set(push_verdicts("0.34.0", ["slow-decode:0.2"])) == {"delivered"}  # within the lease
+
+
+def test_push_bad_and_dropped_params() -> None:
+    # D never reads P's blocks in push mode: P's block ids in the params do not matter
+    assert push_verdicts("0.34.0", ["bad-params:reused-ids:1", "bad-params:out-of-range:2"])[1:3] == \
+        ["delivered", "delivered"]
+    assert push_verdicts("0.26.0", ["bad-params:missing-request-id:1"])[1] == "delivered"  # no heartbeat only
+    assert push_verdicts("corrected", ["bad-params:missing-request-id:1"])[1] == "recomputed"
+    assert push_verdicts("0.34.0", ["bad-params:wrong-engine:1"])[1] == "error"  # push_reg_handshake_failed
+    from pdcheck.requests import push
+
+    out, acc = push.simulate(line_of("0.34.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-params"], 8))
+    assert {o.verdict for o in out} == {"recomputed"} and acc.freed == 0 and acc.expired + acc.held == 8
+
+
+def test_push_mode_plan_refuses_releases_before_0_26() -> None:
+    from pdcheck.requests.plan import build
+
+    with pytest.raises(BadInput, match="vLLM 0.24.0 has no push mode"):
+        build(None, {}, "0.24.0,0.34.0", {"mode": "push"}, [])
+    with pytest.raises(BadInput, match="mode must be pull or push"):
+        build(None, {"requests": {"mode": "both"}}, "0.34.0", {}, [])
+    plan = build(None, {}, "all", {"mode": "push"}, [])  # 'all': every release that has push mode
+    assert plan.options.mode == "push" and plan.releases[0][0] == "0.26.0"
+    assert build(None, {}, "0.34.0", {}, []).options.mode == "pull"
+
+
+def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pdcheck.requests import push
+
+    monkeypatch.setattr(push, "D_POOL_MAX", 4)  # D gets max(pool 8, 4) = 8 blocks: four requests' worth
+    out, _ = push.simulate(line_of("0.34.0"), 6, 1.0, 2, 8, 0.5, parse_all(["drop-notif"], 6))
+    assert [o.verdict for o in out] == ["hang"] * 6
+    assert "PR #50754" in out[3].detail and "D's 8 KV blocks" in out[4].detail  # then D has none to register
+    out, _ = push.simulate(CORRECTED, 6, 1.0, 2, 8, 0.5, parse_all(["drop-notif"], 6))
+    assert {o.verdict for o in out} == {"recomputed"}  # the corrected D gives its blocks back at the lease

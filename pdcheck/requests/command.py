@@ -21,10 +21,13 @@ EPILOG = """[bold]Examples[/]
   pdcheck requests scenarios/requests/requests-freed-early.toml --vllm 0.9.1,0.11.1,0.34.0
   [dim]# no file: flags only[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 --fault slow-decode:1 --fault drop-notif:3
+  [dim]# push mode (0.26+): D registers (PUSH_REG), P WRITEs; P's completion notification lost for request 2[/]
+  pdcheck requests --vllm 0.26.0,0.34.0 --mode push --lease 0.5 --fault drop-notif:2
 
 Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request, p=SHARE: that fraction of them picked
 by --seed, default every one): slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
-bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params.
+bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params. In push mode drop-notif and
+delay-notif hit P's completion notification to D.
 
 Exit codes: 0 every request of every release delivered or recomputed and no block leaked, 1 otherwise,
 2 bad input, 3 harness failure."""
@@ -55,6 +58,9 @@ def register(app: Any) -> None:
         failure_policy: Annotated[str | None, Opt(metavar="fail|recompute", rich_help_panel=LOAD, show_default=False,
                                                   help="kv_load_failure_policy of 0.13+ releases (default: each "
                                                        "release's own: recompute, fail from 0.34).")] = None,
+        mode: Annotated[str | None, Opt(metavar="pull|push", rich_help_panel=LOAD, show_default=False,
+                                        help="pull (default): D READs; push: D registers and P WRITEs "
+                                             "(NixlPushConnector, 0.26+ only).")] = None,
         seed: Annotated[int | None, Opt(metavar="N", rich_help_panel=LOAD, show_default=False,
                                         help="Which requests a fault's p=SHARE picks (default 0).")] = None,
         fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,
@@ -66,7 +72,7 @@ def register(app: Any) -> None:
         verdict per request per release, the corrected path beside it, P's block accounting."""
         plan = build_plan(scenario, vllm, {"requests": n_requests, "rate": rate, "lease": lease,
                                            "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
-                                           "failure_policy": failure_policy}, fault or [])
+                                           "failure_policy": failure_policy, "mode": mode}, fault or [])
         rep = execute(plan)
         if json_out:
             import msgspec

@@ -12,6 +12,7 @@ File format (every key optional; flags win):
     pool = 8                          # P's KV blocks
     seed = 0                          # which requests a fault's p=SHARE picks
     failure_policy = "recompute"      # kv_load_failure_policy of 0.13+ (default: each release's own)
+    mode = "push"                     # pull (default) | push: NixlPushConnector, 0.26+ releases only
 
     [faults]                          # NAME = true | "ARGS" | ["ARGS", ...]  (as --fault NAME:ARGS)
     slow-decode = "1.5"
@@ -33,6 +34,8 @@ from pdcheck.errors import BadInput
 from pdcheck.requests import faults as fl
 from pdcheck.requests.lines import POLICIES, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import VERDICTS
+from pdcheck.requests.push import MODES, PUSH_SINCE
+from pdcheck.requests.push import available as push_available
 from pdcheck.requests.run import Options
 
 MAX_REQUESTS = 5000
@@ -40,7 +43,7 @@ MAX_RATE = 10_000.0
 MAX_POOL = 4096
 MAX_BLOCKS_PER_REQUEST = 64
 MAX_LEASE_S = 600.0
-_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed", "failure_policy"}
+_KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed", "failure_policy", "mode"}
 
 
 class RequestsPlan(msgspec.Struct, frozen=True):
@@ -97,7 +100,12 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     if policy is not None and policy not in POLICIES:
         origin = "--failure-policy" if flags.get("failure_policy") is not None else f"{where}: [requests]"
         raise BadInput(f"{origin}: failure_policy must be fail or recompute, not {policy!r}")
-    vals.update({k: v for k, v in flags.items() if v is not None})
+    mode_origin = "--mode" if flags.get("mode") is not None else f"{where}: [requests]"
+    mode = flags.get("mode") if flags.get("mode") is not None else req.get("mode", "pull")
+    if mode not in MODES:
+        raise BadInput(f"{mode_origin}: mode must be pull or push, not {mode!r}")
+    vals.pop("mode", None)
+    vals.update({k: v for k, v in flags.items() if v is not None and k != "mode"})
 
     def src(key: str) -> str:
         return f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{where}: [requests]"
@@ -128,7 +136,18 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
             raise BadInput(f"{where}: name the releases (--vllm, or an [expect] table)")
         vllm = ",".join(named)
     models = resolve_many(vllm)
+    if mode == "push":
+        def has_push(r: Any) -> bool:
+            return push_available(tuple(int(x) for x in (r.version or r.name).split(".")[:3]))
+
+        if vllm.strip() == "all":  # every modelled release that has push mode
+            models = [r for r in models if has_push(r)]
+        for r in models:
+            if not has_push(r):
+                origin = "--mode push" if flags.get("mode") is not None else f'{where}: [requests] mode = "push"'
+                raise BadInput(f"{origin}: vLLM {r.name} has no push mode (NixlPushConnector arrived in "
+                               f"{'.'.join(map(str, PUSH_SINCE))}); name 0.26+ releases")
     releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
     name = scenario.stem if scenario is not None else "flags"
     return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,
-                        Options(n, rate, lease, per, pool, faults, policy), expect)
+                        Options(n, rate, lease, per, pool, faults, policy, mode=mode), expect)

@@ -20,6 +20,7 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
+from pdcheck.requests import push
 from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import GEN_WRAP, decide, on_failure, params_for
 
@@ -85,6 +86,10 @@ class RequestsP(RequestsRole):
         errors: list[str] = []
         by_id: dict[str, int] = {}
         epoch = 0  # which line of the run: request ids differ between lines
+        mode = "pull"
+        d_side: _PushTarget | None = None  # push mode: D's agent and blocks, loaded once (the P->D handshake)
+        notif_faults: dict[int, tuple[bool, float]] = {}  # push mode: the router's drop-notif / delay-notif
+        pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
 
         def admit() -> None:
             while waiting and len(free) >= per_req:
@@ -102,8 +107,9 @@ class RequestsP(RequestsRole):
                 held[i] = _Held(blocks, gens, deadline)
                 rid = f"req-{epoch}.{i}"
                 by_id[rid] = i
-                params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
-                                    deadline if expiry is not None else None, gens, rid)
+                make = push.params if mode == "push" else params_for
+                params = make(line, i, blocks, self.spec.engine_id, 5600, 1, deadline if expiry is not None else None,
+                              gens, rid)
                 m.send(self.conn, m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
@@ -112,8 +118,13 @@ class RequestsP(RequestsRole):
             m.send(self.conn, m.ReqFreed(i, how, time.time(), log))
 
         def handle(msg: m.Msg | None) -> None:
-            nonlocal line, expiry, per_req, free, late, beats, errors, epoch
+            nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side
             if isinstance(msg, m.ReqBegin):
+                mode = msg.mode
+                if msg.peer is not None and d_side is None:
+                    d_side = _PushTarget(self, msg.peer)
+                notif_faults.clear()
+                pending.clear()
                 line = line_of(msg.line)
                 expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
                                                              else line.expiry_s)
@@ -128,6 +139,7 @@ class RequestsP(RequestsRole):
                 errors = []
                 kv.clear_all(np.arange(n))
             elif isinstance(msg, m.ReqPrefill):
+                notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s)
                 waiting.append(msg.request)
                 admit()
             elif isinstance(msg, m.ReqEnd):
@@ -145,6 +157,16 @@ class RequestsP(RequestsRole):
                 handle(msg)
             for _peer, got in self.agent.notifs().items():
                 for raw in got:
+                    if raw.startswith(push.PUSH_REG_PREFIX):  # push mode: D registered its blocks
+                        if d_side is None:
+                            errors.append("PUSH_REG before P knows D's agent; dropping")
+                            continue
+                        done = d_side.write(raw, held, by_id, notif_faults, pending, errors)
+                        if done is None:
+                            late += 1  # no held request matches it: the lease freed the blocks first
+                        elif done >= 0:
+                            release(done, "written")
+                        continue
                     if raw.startswith(b"HB:"):  # 0.24+: D's heartbeat renews the lease of each id it names
                         beats += 1
                         for rid in raw[3:].decode(errors="replace").split(","):
@@ -163,6 +185,9 @@ class RequestsP(RequestsRole):
                     else:
                         late += 1
             now = time.time()
+            for when, agent, note in [x for x in pending if x[0] <= now]:
+                pending.remove((when, agent, note))
+                self.agent.send_notif(agent, note)
             for i in [i for i, h in held.items() if now >= h.deadline]:
                 rid = next((k for k, v in by_id.items() if v == i), str(i))
                 release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
@@ -181,8 +206,11 @@ class RequestsD(RequestsRole):
         local: Any = None
         expiry_s: float | None = None
         pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
+        waiter = _PushWaiter(self)
         while True:
-            msg = self.wait(POLL_S if pending else 0.05)
+            msg = self.wait(POLL_S if pending or waiter.busy else 0.05)
+            for final in waiter.poll(line):
+                m.send(self.conn, final)
             now = time.time()
             for when, note in [p for p in pending if p[0] <= now]:
                 pending.remove((when, note))
@@ -193,6 +221,7 @@ class RequestsD(RequestsRole):
             if isinstance(msg, m.ReqBegin):
                 line = with_policy(line_of(msg.line), msg.failure_policy)
                 pending.clear()  # a delayed notification of the last line is never sent into this one
+                waiter.reset(msg.mode, msg.lease_s if msg.lease_s is not None else line.expiry_s)
                 expiry_s = msg.lease_s if msg.lease_s is not None else line.expiry_s
                 if msg.peer is not None and peer is None:
                     peer = msg.peer
@@ -203,7 +232,10 @@ class RequestsD(RequestsRole):
                     local = agent.prep(LOCAL, kv.descs(bl, 0), kv.mem_type, "local")
             elif isinstance(msg, m.ReqDecode):
                 assert peer is not None
-                m.send(self.conn, self.decode(msg, line, peer, remote, local, expiry_s, pending))
+                if waiter.mode == "push":
+                    m.send(self.conn, waiter.register(msg, line, peer))
+                else:
+                    m.send(self.conn, self.decode(msg, line, peer, remote, local, expiry_s, pending))
 
     def decode(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady, remote: Any, local: Any,
                expiry_s: float | None, pending: list[tuple[float, bytes]]) -> m.ReqDecoded:
@@ -242,3 +274,127 @@ class RequestsD(RequestsRole):
                 agent.send_notif(peer.agent, note)
         return out
 
+
+
+class _PushTarget:
+    """P's side of push mode (push_worker.py): D's agent and prepped blocks, matching D's PUSH_REG with a held
+    request, the WRITE of its coordinate/generation-tagged blocks with the completion notification attached."""
+
+    def __init__(self, role: RequestsP, d: m.ReqReady) -> None:
+        self.role, self.agent = role, role.agent
+        self.d_agent = self.agent.add_remote(d.metadata)
+        bl = role.kv.block_len
+        self.d_blocks = d.num_blocks
+        self.remote = self.agent.prep(self.d_agent, block_descs(d.base_addrs, d.num_blocks, bl, bl, 0),
+                                      role.kv.mem_type, "D's blocks")
+        self.local = self.agent.prep(LOCAL, role.kv.descs(bl, 0), role.kv.mem_type, "local")
+
+    def write(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
+              faults: dict[int, tuple[bool, float]], pending: list[tuple[float, str, bytes]],
+              errors: list[str]) -> int | None:
+        """The request written (its blocks can be freed), None (no held request matches), -1 (dropped/failed)."""
+        got = push.parse_registration(raw)
+        if isinstance(got, str):
+            errors.append(got)
+            return -1
+        d_rid, d_blocks = got
+        # _pop_matching_finished_blocks: the exact id, then the id without vLLM's random suffix
+        i = by_id.get(d_rid, by_id.get(push.base_id(d_rid), -1))
+        if i not in held:
+            return None
+        h = held[i]
+        drop, delay = faults.get(i, (False, 0.0))
+        note = push.completion(d_rid)
+        kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
+        regions = kv.geometry.num_regions
+        try:
+            self.agent.read(self.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), self.remote,
+                            desc_ids(regions, self.d_blocks, np.asarray(d_blocks[:n])),
+                            b"" if drop or delay > 0 else note, op="WRITE", context=f"push {d_rid}")
+        except (NixlCallError, OverflowError, ValueError) as exc:
+            # transfer_setup_failed on P: D is not told; the lease frees P's blocks
+            errors.append(f"NIXL transfer failure: transfer_setup_failed | push WRITE for {d_rid}: {exc}")
+            return -1
+        if delay > 0 and not drop:
+            pending.append((time.time() + delay, self.d_agent, note))
+        return i
+
+
+class _PushWaiter:
+    """D's side of push mode (push_scheduler.py / push_worker.py): decide, take D's own blocks, heartbeat, send
+    PUSH_REG to P; on P's completion notification check every block by coordinate and generation. A release's D
+    waits without a deadline; the corrected D gives up at the lease and recomputes."""
+
+    def __init__(self, role: RequestsD) -> None:
+        self.role = role
+        self.mode = "pull"
+        self.expiry_s: float | None = None
+        self.free: deque[int] = deque()
+        self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
+        self.counts: dict[str, int] = {}
+        self.p_engine = ""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting)
+
+    def reset(self, mode: str, expiry_s: float | None) -> None:
+        self.mode, self.expiry_s = mode, expiry_s
+        self.free = deque(range(self.role.kv.num_blocks))
+        self.waiting.clear()  # requests of the last line that never completed stay hung there
+        self.counts.clear()
+        self.role.kv.clear_all(np.arange(self.role.kv.num_blocks))
+
+    def register(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded:
+        agent, i = self.role.agent, msg.request
+        refused = push.decide(line, msg.params, peer.engine_id, time.time())
+        if refused is not None:
+            return m.ReqDecoded(i, "refused", *refused)
+        assert msg.params is not None
+        k = len(msg.expect_blocks)
+        if len(self.free) < k:
+            return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
+        blocks = [self.free.popleft() for _ in range(k)]
+        d_rid = push.d_request_id(msg.request_id)
+        self.p_engine = peer.engine_id
+        rid = msg.params.get("remote_request_id")
+        if line.heartbeat and self.expiry_s is not None and rid is not None:
+            agent.send_notif(peer.agent, f"HB:{rid}".encode())  # on_new_request: the lease is renewed
+        deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
+        self.waiting[d_rid] = (msg, blocks, deadline)
+        agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, blocks, msg.params))
+        return m.ReqDecoded(i, "registered", t_read=time.time())
+
+    def poll(self, line: Lifecycle) -> list[m.ReqDecoded]:
+        if self.mode != "push":
+            return []
+        out: list[m.ReqDecoded] = []
+        for _peer, got in self.role.agent.notifs().items():
+            for raw in got:
+                d_rid, _, _world = raw.decode(errors="replace").rpartition(":")
+                if d_rid not in self.waiting:
+                    continue  # "Unrecognized request %s notif (may have expired)."
+                self.counts[d_rid] = self.counts.get(d_rid, 0) + 1
+                if self.counts[d_rid] < push.expected_notifs():
+                    continue
+                out.append(self._check(d_rid))
+        now = time.time()
+        for d_rid in [r for r, w in self.waiting.items() if now >= w[2]]:
+            msg, blocks, _ = self.waiting.pop(d_rid)
+            self.free.extend(blocks)
+            assert self.expiry_s is not None
+            out.append(m.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
+        return out
+
+    def _check(self, d_rid: str) -> m.ReqDecoded:
+        msg, blocks, _ = self.waiting.pop(d_rid)
+        self.counts.pop(d_rid, None)
+        kv = self.role.kv
+        chk = check_blocks(kv, np.asarray(blocks), msg.expect_blocks, engine_tag(self.p_engine), 0,
+                           read_len=kv.block_len, view=kv.view, gens=msg.expect_gens)
+        self.free.extend(blocks)
+        out = m.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
+        if chk.first is not None:
+            f = chk.first.found
+            out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
+        return out

@@ -66,6 +66,7 @@ class RequestsReport(msgspec.Struct):
     corrected: ReleaseReport
     expectations: list[Expectation]
     exit_code: int
+    mode: str = "pull"  # "push": NixlPushConnector (pdcheck.requests.push)
 
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
@@ -81,9 +82,14 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
     return ReleaseReport(
         run.release, run.line, survives(statuses, n) and run.accounting.leaked == 0,
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
-        line.expiry, run.expiry_s, line.expiry_knob, line.notif.replace("{req}", "<request id>").replace(
-            "{n}", "<consumers>"), rows, run.accounting, run.expiry_log[:3], run.notif_errors[:3],
+        line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting, run.expiry_log[:3], run.notif_errors[:3],
         all(not r.model for r in rows), run.seconds, run.router_lag_s)
+
+
+def _notification(line: Any, mode: str) -> str:
+    if mode == "push":
+        return "D: PUSH_REG:<msgpack registration>; P's WRITE: <D request id>:<P world size>"
+    return str(line.notif).replace("{req}", "<request id>").replace("{n}", "<consumers>")
 
 
 def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
@@ -98,7 +104,7 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
     code = exit_code([r.survived for r in rels])
     o = plan.options
     return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
-                          [f.text() for f in o.faults], rels, corr, expectations, code)
+                          [f.text() for f in o.faults], rels, corr, expectations, code, mode=o.mode)
 
 
 def _name(release: str) -> str:
@@ -122,7 +128,7 @@ def render(rep: RequestsReport, console: Any) -> None:
     head = f"pdcheck requests: {escape(rep.scenario)}"
     if rep.issue:
         head += f" ({escape(rep.issue)})"
-    console.print(f"[bold]{head}[/]: {rep.requests} requests at {rep.rate:g}/s, {rep.blocks_per_request} blocks "
+    console.print(f"[bold]{head}[/]: {rep.mode} mode, {rep.requests} requests at {rep.rate:g}/s, {rep.blocks_per_request} blocks "
                   f"each from P's {rep.pool}; lease {rep.lease_s if rep.lease_s is not None else 'default'}"
                   f"{'; faults ' + escape(', '.join(rep.faults)) if rep.faults else ''}")
     for r in rep.releases:
@@ -136,7 +142,8 @@ def render(rep: RequestsReport, console: Any) -> None:
             t.add_row(str(row.request), _v(row.verdict) + model, escape(row.detail), _v(row.corrected),
                       escape(row.corrected_detail))
         console.print(t)
-    a = Table(title="P's blocks: requests freed on notification / expired / still held / leaked; blocks reused")
+    on = "P's WRITE done" if rep.mode == "push" else "notification"
+    a = Table(title=f"P's blocks: requests freed on {on} / expired / still held / leaked; blocks reused")
     for col in ("release", "verdicts", "from freed", "freed", "expired", "held", "leaked", "reused", "late"):
         a.add_column(col, overflow="fold")
     for r in [*rep.releases, rep.corrected]:

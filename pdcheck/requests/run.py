@@ -24,6 +24,8 @@ from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, run_end, simulate
+from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, d_pool
+from pdcheck.requests.push import simulate as push_simulate
 
 P_ENGINE = "pdcheck-req-P"
 D_ENGINE = "pdcheck-req-D"
@@ -41,6 +43,7 @@ class Options(msgspec.Struct, frozen=True):
     failure_policy: str | None = None  # kv_load_failure_policy (0.13+); None: each release's default
     settle_s: float = 0.5
     start_timeout_s: float = 60.0
+    mode: str = "pull"  # "push": NixlPushConnector (0.26+), pdcheck.requests.push
 
 
 class LineRun(msgspec.Struct):
@@ -57,6 +60,7 @@ class LineRun(msgspec.Struct):
     notif_errors: list[str]
     seconds: float
     router_lag_s: float  # the most any request reached P or D after its time (the rate not kept)
+    mode: str = "pull"
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -70,15 +74,17 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
     out: list[LineRun] = []
     with launcher() as lau:
         p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool)))
-        d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, opts.pool)))
+        d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
+        d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, d_blocks)))
         got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
         p_ready = got[p.id][1]
         peer: m.ReqReady | None = p_ready
+        d_ready: m.ReqReady | None = got[d.id][1] if opts.mode == "push" else None  # push: P handshakes with D
         boxes = _Outbox(p), _Outbox(d)
         try:
             for name, line in [*releases, ("corrected", CORRECTED)]:
-                out.append(_one_line(lau, p, d, boxes, name, line, opts, peer))
-                peer = None
+                out.append(_one_line(lau, p, d, boxes, name, line, opts, peer, d_ready))
+                peer = d_ready = None
         finally:
             for box in boxes:
                 box.send(m.Stop())
@@ -121,11 +127,13 @@ def _target() -> Any:
 
 
 def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: str, line: Lifecycle,
-              opts: Options, peer: m.ReqReady | None) -> LineRun:
+              opts: Options, peer: m.ReqReady | None, d_ready: m.ReqReady | None = None) -> LineRun:
     t0 = time.time()
     to_p, to_d = boxes
-    begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy)
-    to_p.send(begin)
+    push = opts.mode == "push"
+    begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
+                       mode=opts.mode)
+    to_p.send(msgspec.structs.replace(begin, peer=d_ready))
     to_d.send(msgspec.structs.replace(begin, peer=peer))
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
@@ -137,7 +145,10 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
     freed: dict[int, m.ReqFreed] = {}
     logs: list[str] = []
     owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P allocated it to
-    end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s)
+    expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
+    # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
+    end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s) + ((expiry or 0.0) if push else 0.0)
+    registered: set[int] = set()  # push: D sent PUSH_REG (its outcome comes later, or never: a hang)
     last_answer = t0
     lag = 0.0
     hard = end + 30.0  # a rank that stops answering ends the run as a harness error, never a hang
@@ -148,11 +159,12 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
             if action == "prefill":
-                to_p.send(m.ReqPrefill(i))
+                to_p.send(_prefill(i, opts))
             else:
                 to_d.send(_route(prefilled, i, opts))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
-        if now >= max(end, last_answer + opts.settle_s) and len(decoded) >= len(prefilled) and not due:
+        if now >= max(end, last_answer + opts.settle_s) and len(decoded.keys() | registered) >= len(prefilled) \
+                and not due:
             break
         if now > hard:
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
@@ -170,6 +182,9 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
                 slow = pick(opts.faults, "slow-decode", msg.request)
                 heapq.heappush(due, (msg.t + (slow.seconds if slow else 0.0), seq, "decode", msg.request))
                 seq += 1
+            elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
+                registered.add(msg.request)
+                last_answer = time.time()
             elif isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
                 last_answer = time.time()
@@ -180,13 +195,14 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
             break  # back to the schedule after every message
     to_p.send(m.ReqEnd())
     acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
-    outcomes = [_verdict(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
+    judge = _push_verdict if push else _verdict
+    outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
-    exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
-                            P_ENGINE, opts.settle_s)
-    expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
+    model = push_simulate if push else simulate
+    exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
+                         opts.settle_s)
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
-                   lag)
+                   lag, opts.mode)
 
 
 class _Closing(orc.Stage):
@@ -216,9 +232,19 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
         params = apply_bad(params, bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
+    if opts.mode == "push":  # the notification faults hit P's WRITE notification instead (_prefill)
+        return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens)
     delay = pick(opts.faults, "delay-notif", i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
                        delay.seconds if delay else 0.0)
+
+
+def _prefill(i: int, opts: Options) -> m.ReqPrefill:
+    """A request to P; in push mode with the faults on the completion notification P attaches to its WRITE."""
+    if opts.mode != "push":
+        return m.ReqPrefill(i)
+    delay = pick(opts.faults, "delay-notif", i)
+    return m.ReqPrefill(i, pick(opts.faults, "drop-notif", i) is not None, delay.seconds if delay else 0.0)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
@@ -255,10 +281,33 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
     expires = line.expiry != "none"
     return Accounting(
         allocated=sum(len(pf.blocks) for pf in prefilled.values()),
-        freed=sum(f.how == "notif" for f in freed.values()),
+        freed=sum(f.how in ("notif", "written") for f in freed.values()),
         expired=sum(f.how == "expired" for f in freed.values()),
         reused=reused,
         leaked=0 if expires else len(acct.holding),
         held=len(acct.holding) if expires else 0,
         late_notifs=acct.late_notifs,
         heartbeats=acct.heartbeats)
+
+
+def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled],
+                  decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed],
+                  owner: dict[tuple[int, int], int]) -> Outcome:
+    """Push mode: P frees its blocks once its WRITE is done, before D hears of it, so freed-early does not apply;
+    a request D registered that never completed waits for P's notification (hang), named by what P did."""
+    if i not in prefilled:
+        return Outcome(i, "hang", hang_detail(line, pool))
+    dec = decoded.get(i)
+    if dec is None:
+        f = freed.get(i)
+        return Outcome(i, "hang", HANG_NOTIF if f is not None and f.how == "written" else HANG_UNMATCHED)
+    if dec.status in ("refused", "failed"):
+        return Outcome(i, dec.verdict, dec.detail)
+    if dec.wrong:
+        j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
+        whose = f"request {j}'s KV (generation {dec.found_gen})" if j is not None else "untagged bytes"
+        if line is CORRECTED:
+            return Outcome(i, "recomputed", f"generation check: block {dec.found_block} holds {whose}: refused, "
+                                            "recomputed")
+        return Outcome(i, "wrong", f"block {dec.found_block} holds {whose}", j)
+    return Outcome(i, "delivered")

@@ -1,0 +1,290 @@
+"""Push mode (NixlPushConnector, vLLM 0.26+) of the request path, pure: its params, D's PUSH_REG registration,
+P's completion notification, the request-id matching, and a simulator of P's and D's blocks that gives each
+request's expected verdict (simulate), as pdcheck.requests.model does for pull.
+
+Facts from the 0.26.0 and 0.34.0 wheels (nixl/push_scheduler.py, push_worker.py, metadata.py, utils.py):
+* D's scheduler (update_state_after_alloc) allocates its blocks and stages a registration; D's writer thread
+  handshakes with P and sends `b"PUSH_REG:" + msgpack(reg)` to every P agent (PP prefill, PR #45880: one per
+  pipeline stage), reg = {request_id (D's), decode_engine_id, decode_host, decode_port, decode_tp_size,
+  local_block_ids (D's, per group), remote_engine_id, remote_host, remote_port, remote_tp_size, remote_pp_size}.
+  D ignores `remote_block_ids` (it seeds them to ()) and never reads P's memory.
+* P's writer matches a registration with a finished request by id: exact, then with the `-<8 hex>` suffix
+  stripped from both (get_base_request_id). It WRITEs its blocks into D's with notif_msg
+  `"{D request id}:{P world_size}"` and frees its blocks when its own WRITE handles are done (no notification
+  from D). Unmatched finished blocks are freed at the lease (kv_lease_duration, renewed by D's `HB:` heartbeats);
+  a registration that arrives after that is kept unmatched and never answered.
+* D counts `pp_size * max(1, P_tp // D_world)` completion notifications, then the request is done. D's only
+  deadline is the registration watchdog (`push_registration_timeout`, default `decoder_kv_blocks_ttl` = 480 s):
+  it drops the registration and logs a warning, and the request keeps waiting (the lost-notification class of
+  vLLM PR #50754).
+* params: 0.26 {do_remote_prefill, do_remote_decode, remote_block_ids, remote_engine_id, remote_request_id,
+  remote_host, remote_port, tp_size, pp_size, remote_num_tokens}; 0.34 + dcp_size, transfer_mode ("push").
+  No remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
+  on_new_request); the push scheduler never reads it.
+* Before 0.26 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+import zlib
+from typing import Any
+
+import msgspec
+
+from pdcheck.releases.rules import msg_engine_id
+from pdcheck.requests.faults import Fault, pick
+from pdcheck.requests.lines import CORRECTED, Lifecycle
+from pdcheck.requests.model import (
+    GEN_WRAP,
+    SETTLE_S,
+    Accounting,
+    Outcome,
+    apply_bad,
+    hang_detail,
+    on_failure,
+    params_for,
+    run_end,
+)
+
+MODES = ("pull", "push")
+PUSH_SINCE = (0, 26, 0)
+PUSH_REG_PREFIX = b"PUSH_REG:"
+D_POOL_MAX = 4096  # D's blocks in push mode: one request's blocks stay held while it waits for P's WRITE
+
+_KEYS_026 = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+             "remote_host", "remote_port", "tp_size", "pp_size", "remote_num_tokens")
+_SUFFIX = re.compile(r"-[0-9a-f]{8}$", re.IGNORECASE)
+WATCHDOG = "push_registration_timeout (default decoder_kv_blocks_ttl, 480 s)"
+HANG_NOTIF = ("P's WRITE completed and P freed its blocks, but its completion notification never reached D: D "
+              f"waits ({WATCHDOG} only drops the registration; vLLM PR #50754)")
+HANG_UNMATCHED = ("P freed the blocks at the lease before D's PUSH_REG arrived: the registration stays unmatched, "
+                  f"P never WRITEs and D waits ({WATCHDOG} only drops the registration)")
+
+
+def available(version: tuple[int, ...]) -> bool:
+    return version >= PUSH_SINCE
+
+
+def d_pool(requests: int, blocks_per_request: int, pool: int) -> int:
+    """D's KV blocks in push mode: enough for every request to hold its own (a hung one never gives them back)."""
+    return max(pool, min(requests * blocks_per_request, D_POOL_MAX))
+
+
+def keys(line: Lifecycle) -> tuple[str, ...]:
+    """The params P's push scheduler returns (transfer_mode and dcp_size where the line's pull params have them;
+    the corrected path adds the expiry time and the block generations)."""
+    extra = ("dcp_size", "transfer_mode") if line is not CORRECTED else ("transfer_mode", "remote_blocks_expiry_time",
+                                                                          "block_generations")
+    return (*_KEYS_026, *(k for k in extra if k in line.keys))
+
+
+def params(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
+           expiry_at: float | None, gens: list[int], request_id: str = "") -> dict[str, Any]:
+    out = params_for(msgspec.structs.replace(line, keys=keys(line)), req, blocks, engine_id, port, tp_size,
+                     expiry_at, gens, request_id)
+    if "transfer_mode" in out:
+        out["transfer_mode"] = "push"
+    return out
+
+
+def d_request_id(base: str) -> str:
+    """D's own id for the request: the proxy's id plus vLLM's random `-<8 hex>` suffix (deterministic here)."""
+    return f"{base}-{zlib.crc32(base.encode()):08x}"
+
+
+def base_id(request_id: str) -> str:
+    """get_base_request_id: the id without its `-<8 hex>` suffix."""
+    return _SUFFIX.sub("", request_id)
+
+
+def registration(d_rid: str, d_engine: str, d_blocks: list[int], p_params: dict[str, Any]) -> bytes:
+    """D's PUSH_REG notification, as its scheduler stages it and its writer sends it."""
+    reg = {"request_id": d_rid, "decode_engine_id": d_engine, "decode_host": "127.0.0.1", "decode_port": 0,
+           "decode_tp_size": 1, "local_block_ids": [list(d_blocks)],
+           "remote_engine_id": p_params.get("remote_engine_id"), "remote_host": p_params.get("remote_host"),
+           "remote_port": p_params.get("remote_port"), "remote_tp_size": p_params.get("tp_size", 1),
+           "remote_pp_size": p_params.get("pp_size", 1)}
+    return PUSH_REG_PREFIX + msgspec.msgpack.encode(reg)
+
+
+def parse_registration(raw: bytes) -> tuple[str, list[int]] | str:
+    """P's side: (D's request id, D's blocks), or why P drops it (its log line). msgpack only, never pickle."""
+    try:
+        reg = msgspec.msgpack.decode(raw[len(PUSH_REG_PREFIX):])
+    except msgspec.DecodeError:
+        return "Failed to decode PUSH_REG notification payload"
+    rid = reg.get("request_id") if isinstance(reg, dict) else None
+    if not isinstance(rid, str):
+        return "PUSH_REG notif missing request_id; dropping"
+    groups = reg.get("local_block_ids")
+    if groups and not isinstance(groups[0], list | tuple):  # _as_grouped_block_ids: a flat list is one group
+        groups = [groups]
+    blocks = groups[0] if groups else []
+    if not all(isinstance(b, int) and not isinstance(b, bool) for b in blocks):
+        return f"PUSH_REG for {rid}: block ids are not integers; dropping"
+    return rid, [int(b) for b in blocks]
+
+
+def completion(d_rid: str, p_world: int = 1) -> bytes:
+    """The notif_msg P attaches to its WRITE."""
+    return f"{d_rid}:{p_world}".encode()
+
+
+def expected_notifs(p_tp: int = 1, d_world: int = 1, pp_size: int = 1) -> int:
+    """How many completion notifications D waits for: one per producer rank writing into it."""
+    return pp_size * max(1, p_tp // d_world)
+
+
+def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: float) -> tuple[str, str] | None:
+    """What D does with the params before it registers: None (register), or (verdict, detail). The block ids do not
+    matter (D never reads P's memory); a missing remote_request_id only stops the heartbeats, except on the
+    corrected path, which checks every key."""
+    if params is None:
+        return "recomputed", "no kv_transfer_params: D prefills the prompt itself (no PUSH_REG)"
+    if line is CORRECTED:
+        if "remote_request_id" not in params:
+            return "recomputed", "kv_transfer_params lack remote_request_id: refused, recomputed"
+        expiry = params.get("remote_blocks_expiry_time")
+        if expiry is not None and now >= expiry:
+            return "recomputed", "lease passed before D got the params: no PUSH_REG, prefill recomputed"
+    if params.get("remote_engine_id") != p_engine:
+        return on_failure(line, 0, "push_reg_handshake_failed", "RuntimeError: "
+                          + msg_engine_id(str(params.get("remote_engine_id")), p_engine))
+    return None
+
+
+def watchdog_detail(expiry_s: float) -> str:
+    return f"no completion notification {expiry_s:g} s (the lease) after PUSH_REG: D gives up and recomputes"
+
+
+def d_pool_hang(pool: int) -> str:
+    return f"D's {pool} KV blocks stayed held by requests waiting for P's WRITE: no blocks to register"
+
+
+class _Req:
+    __slots__ = ("blocks", "d_blocks", "deadline", "gens", "holding", "written")
+
+    def __init__(self, blocks: list[int], gens: list[int], deadline: float) -> None:
+        self.blocks, self.gens, self.deadline = blocks, gens, deadline
+        self.holding, self.written = True, False
+        self.d_blocks: list[int] = []
+
+
+def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
+             lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
+             settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
+    """Each request's expected verdict and P's accounting in push mode. P allocates as in pull (model.simulate);
+    D registers when the router hands it the params (late under slow-decode) and its heartbeat renews P's lease;
+    P WRITEs if it still holds the blocks and frees them when the WRITE is done; the completion notification
+    (dropped or delayed by drop-notif / delay-notif) tells D. The corrected path's D gives up at the lease after
+    its registration and recomputes."""
+    expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
+    free, d_free = list(range(pool)), list(range(d_pool(requests, blocks_per_request, pool)))
+    gen = [0] * pool
+    reqs: dict[int, _Req] = {}
+    out: dict[int, Outcome] = {}
+    acc = Accounting()
+    heap: list[tuple[float, int, str, int]] = []
+    waiting: list[int] = []
+    seq = 0
+
+    def push(t: float, kind: str, i: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, i))
+        seq += 1
+
+    def release(i: int, t: float) -> None:
+        reqs[i].holding = False
+        free.extend(reqs[i].blocks)
+        admit(t)
+
+    def admit(t: float) -> None:
+        while waiting and len(free) >= blocks_per_request and t <= horizon:
+            i = waiting.pop(0)
+            blocks = [free.pop(0) for _ in range(blocks_per_request)]
+            for b in blocks:
+                acc.reused += gen[b] > 0
+                gen[b] = gen[b] % GEN_WRAP + 1
+            acc.allocated += len(blocks)
+            deadline = t + expiry if expiry is not None else math.inf
+            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline)
+            if deadline < math.inf:
+                push(deadline, "expire", i)
+            slow = pick(faults, "slow-decode", i)
+            push(t + (slow.seconds if slow else 0.0), "recv", i)
+
+    for i in range(requests):
+        push(i / rate, "arrive", i)
+    horizon = run_end(requests, rate, faults, settle) + (expiry or 0.0)
+    while heap:
+        t, _s, kind, i = heapq.heappop(heap)
+        r = reqs.get(i)
+        if kind == "arrive":
+            waiting.append(i)
+            admit(t)
+        elif kind == "recv":
+            assert r is not None
+            prm: dict[str, Any] | None = params(line, i, r.blocks, engine_id, 5600, 1,
+                                                r.deadline if r.deadline < math.inf else None, r.gens)
+            bad = pick(faults, "bad-params", i)
+            if bad is not None:
+                earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+                prm = apply_bad(prm, bad.kind, pool, earlier)
+            if pick(faults, "drop-params", i):
+                prm = None
+            refused = decide(line, prm, engine_id, t)
+            if refused is not None:
+                out[i] = Outcome(i, *refused)
+                continue
+            assert prm is not None
+            if len(d_free) < blocks_per_request:
+                out[i] = Outcome(i, "hang", d_pool_hang(len(d_free) + sum(len(x.d_blocks) for x in reqs.values())))
+                continue
+            r.d_blocks = [d_free.pop(0) for _ in range(blocks_per_request)]
+            if line.heartbeat and expiry is not None and "remote_request_id" in prm:
+                acc.heartbeats += 1  # D's scheduler tracks it from here: the lease is renewed
+                if r.holding:
+                    r.deadline = t + expiry
+                    push(r.deadline, "expire", i)
+            if line is CORRECTED and expiry is not None:
+                push(t + expiry, "watchdog", i)
+            if not r.holding:  # the registration reaches P after the lease freed the blocks
+                acc.late_notifs += 1
+                continue
+            r.written = True
+            release(i, t)
+            acc.freed += 1
+            if not pick(faults, "drop-notif", i):
+                delay = pick(faults, "delay-notif", i)
+                push(t + (delay.seconds if delay else 0.0), "notif", i)
+        elif kind == "notif":
+            assert r is not None
+            if i not in out and t <= horizon:
+                out[i] = Outcome(i, "delivered")
+                d_free.extend(r.d_blocks)
+                r.d_blocks = []
+        elif kind == "watchdog":
+            assert r is not None
+            if i not in out and expiry is not None:
+                out[i] = Outcome(i, "recomputed", watchdog_detail(expiry))
+                d_free.extend(r.d_blocks)
+                r.d_blocks = []
+        elif kind == "expire":
+            assert r is not None
+            if t <= horizon and r.holding and t >= r.deadline:
+                release(i, t)
+                acc.expired += 1
+    for i in waiting:
+        out[i] = Outcome(i, "hang", hang_detail(line, pool))
+    for i, r in reqs.items():
+        if i not in out:
+            out[i] = Outcome(i, "hang", HANG_NOTIF if r.written else HANG_UNMATCHED)
+        if r.holding:
+            if r.deadline < math.inf:
+                acc.held += 1
+            else:
+                acc.leaked += 1
+    return [out[i] for i in range(requests)], acc
