@@ -102,6 +102,16 @@ CORRECTED = Lifecycle("corrected", (99, 0, 0), (*_K034, "block_generations"), _N
                       "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE, "recompute", True)
 
 
+# abort-d: the 0.26.0 scheduler's finish_requests keeps the blocks of a request aborted in WAITING_FOR_REMOTE_KVS
+# until its READ is done (delay_free_blocks); 0.14.0's frees them at once, under the READ. Between the two no
+# wheel was read: pdcheck puts the change at the 0.24 line.
+ABORT_WAITS_READ_SINCE = (0, 24, 0)
+
+
+def abort_waits_read(line: Lifecycle) -> bool:
+    return line is CORRECTED or line.first >= ABORT_WAITS_READ_SINCE
+
+
 POLICIES = ("fail", "recompute")
 POLICY_SINCE = (0, 13, 0)  # kv_load_failure_policy exists from here (config/kv_transfer.py)
 
