@@ -337,6 +337,7 @@ class ReqReady(msgspec.Struct, tag=True):
     base_addrs: list[int]
     num_blocks: int
     setup_ms: float
+    incarnation: int = 0  # restart-p: which process of this P rank (its registration generation - 1)
 
 
 class ReqBegin(msgspec.Struct, tag=True):

@@ -66,7 +66,7 @@ _ABORT_LOG = ("Releasing expired KV blocks for request {req} which were retrieve
               "{s:g} seconds.")
 _LEASE_LOG = "Releasing expired KV blocks for request {req} which were retrieved by {n} remote worker(s) before " \
              "lease expired."
-_CRASH = "KeyError in _read_blocks: the worker raises and the engine dies"
+_CRASH = "_read_blocks does not catch it: the worker raises and the engine dies"
 _RECOMPUTE = "Handshake/transfer failed for request {req}, marking blocks as invalid (recomputed)"
 _FAILURE = "NIXL transfer failure: transfer_failed | Context: {{'request_id': '{req}'}}"
 

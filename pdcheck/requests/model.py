@@ -49,13 +49,13 @@ class Accounting(msgspec.Struct):
 
 
 def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
-               expiry_at: float | None, gens: list[int], request_id: str = "") -> dict[str, Any]:
+               expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1) -> dict[str, Any]:
     """The kv_transfer_params P returns from request_finished, with the release's keys only."""
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(blocks),
         "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
         "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks), "remote_blocks_expiry_time":
-            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": 0,
+            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": generation,
         "block_generations": list(gens),
     }
     return {k: every[k] for k in line.keys}

@@ -23,7 +23,7 @@ from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
-from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, run_end, simulate
+from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, held_for, run_end, simulate
 
 P_ENGINE = "pdcheck-req-P"
 D_ENGINE = "pdcheck-req-D"
@@ -72,18 +72,82 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool)))
         d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, opts.pool)))
         got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
-        p_ready = got[p.id][1]
-        peer: m.ReqReady | None = p_ready
-        boxes = _Outbox(p), _Outbox(d)
+        slot = _PSlot(p, _Outbox(p), got[p.id][1])
+        dbox = _Outbox(d)
         try:
             for name, line in [*releases, ("corrected", CORRECTED)]:
-                out.append(_one_line(lau, p, d, boxes, name, line, opts, peer))
-                peer = None
+                # Every line begins with D loading the P that runs now (after a restart-p: the replacement).
+                out.append(_one_line(lau, slot, d, dbox, name, line, opts, slot.ready))
         finally:
-            for box in boxes:
+            for box in (slot.box, dbox):
                 box.send(m.Stop())
                 box.close()
     return out
+
+
+class _PSlot:
+    """The P rank now serving (restart-p replaces it: a new process, a new agent, the same engine id)."""
+
+    def __init__(self, rank: Any, box: _Outbox, ready: m.ReqReady) -> None:
+        self.rank, self.box, self.ready = rank, box, ready
+        self.incarnation = 0
+
+
+def _restart_p(lau: Any, slot: _PSlot, dbox: _Outbox, begin: m.ReqBegin, opts: Options) -> float:
+    """Kill P's process and start its replacement on the one launcher: the same engine id and blocks, a new agent.
+    The new P takes the line (begin); D learns what the side channel now serves (the new P's metadata) but loads
+    it only where the release re-handshakes. Returns the seconds it took (the router holds requests meanwhile)."""
+    import os
+    import signal
+
+    t0 = time.time()
+    old = slot.rank
+    slot.box.close()
+    if old.pid is not None:
+        os.kill(old.pid, signal.SIGKILL)
+    old.reap(5.0)
+    old.done = True
+    slot.incarnation += 1
+    log = getattr(lau, "log_dir", None)
+    p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool,
+                                                                      incarnation=slot.incarnation)),
+                  **({"log": f"{log}/P0.r{slot.incarnation}.log"} if log else {}))
+    ready = orc.gather(lau, [p], m.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
+    slot.rank, slot.box, slot.ready = p, _Outbox(p), ready[p.id][1]
+    slot.box.send(begin)
+    dbox.send(slot.ready)
+    return time.time() - t0
+
+
+def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[int, m.ReqPrefilled],
+                           decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
+                           opts: Options, timeout_s: float = 10.0) -> None:
+    """Before P is killed, the requests before `req` finish as the model has them: D answered each, and P freed
+    each one D read and notified at once (a restart is deterministic: it never races an earlier READ)."""
+    def settled() -> bool:
+        for j in prefilled:
+            if j >= req:
+                continue
+            dec = decoded.get(j)
+            if dec is None:
+                return False
+            notified = not (pick(opts.faults, "drop-notif", j) or pick(opts.faults, "delay-notif", j))
+            if dec.status == "read" and notified and j not in freed:
+                return False
+        return True
+
+    deadline = time.monotonic() + timeout_s
+    while not settled() and time.monotonic() < deadline:
+        for _rank, msg in lau.events([p, d], min(deadline, time.monotonic() + 0.05)):
+            if isinstance(msg, m.ReqDecoded):
+                decoded[msg.request] = msg
+            elif isinstance(msg, m.ReqFreed):
+                freed.setdefault(msg.request, msg)
+                if msg.log:
+                    logs.append(msg.log)
+            elif msg is None or isinstance(msg, m.Failed):
+                return  # the main loop reports it
+            break
 
 
 class _Outbox:
@@ -120,13 +184,15 @@ def _target() -> Any:
     return requests_main
 
 
-def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: str, line: Lifecycle,
+def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Lifecycle,
               opts: Options, peer: m.ReqReady | None) -> LineRun:
     t0 = time.time()
-    to_p, to_d = boxes
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy)
-    to_p.send(begin)
+    slot.box.send(begin)
     to_d.send(msgspec.structs.replace(begin, peer=peer))
+    restarts = 0
+    lost = 0
+    gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
     due: list[tuple[float, int, str, int]] = [(t0 + i / opts.rate, i, "prefill", i) for i in range(n)]
@@ -148,7 +214,7 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
             if action == "prefill":
-                to_p.send(m.ReqPrefill(i))
+                slot.box.send(m.ReqPrefill(i))
             else:
                 to_d.send(_route(prefilled, i, opts))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
@@ -158,7 +224,7 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
         wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
-        for rank, msg in lau.events([p, d], time.monotonic() + max(0.001, wake - time.time())):
+        for rank, msg in lau.events([slot.rank, d], time.monotonic() + max(0.001, wake - time.time())):
             if msg is None:
                 raise faults.died(rank)
             if isinstance(msg, m.Failed):
@@ -168,7 +234,19 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
                 for b, g in zip(msg.blocks, msg.gens, strict=True):
                     owner[(b, g)] = msg.request
                 slow = pick(opts.faults, "slow-decode", msg.request)
-                heapq.heappush(due, (msg.t + (slow.seconds if slow else 0.0), seq, "decode", msg.request))
+                t_decode = msg.t + (slow.seconds if slow else 0.0)
+                if pick(opts.faults, "restart-p", msg.request):
+                    # Between handshake and transfer: P is replaced after handing out these params. Whatever it
+                    # still held dies with it; the schedule pauses while the new P starts.
+                    _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts)
+                    lost += sum(1 for j in prefilled if j not in freed and j not in gone)
+                    gone.update(prefilled)
+                    restarts += 1
+                    down = _restart_p(lau, slot, to_d, begin, opts)
+                    due = [(w + down, s_, a, j) for w, s_, a, j in due]
+                    heapq.heapify(due)
+                    end, hard, t_decode = end + down, hard + down, t_decode + down
+                heapq.heappush(due, (t_decode, seq, "decode", msg.request))
                 seq += 1
             elif isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
@@ -178,10 +256,13 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
                 if msg.log:
                     logs.append(msg.log)
             break  # back to the schedule after every message
-    to_p.send(m.ReqEnd())
-    acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
+    slot.box.send(m.ReqEnd())
+    acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
+                      _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
     outcomes = [_verdict(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
+    acc.restarts, acc.lost = restarts, lost
+    acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
     exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
                             P_ENGINE, opts.settle_s)
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
@@ -217,8 +298,10 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
     if pick(opts.faults, "drop-params", i):
         params = None
     delay = pick(opts.faults, "delay-notif", i)
+    hold_s, lost = held_for(opts.faults, i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
-                       delay.seconds if delay else 0.0)
+                       delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
+                       pick(opts.faults, "abort-d", i) is not None)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
@@ -228,7 +311,7 @@ def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefi
     dec = decoded.get(i)
     if dec is None:
         return Outcome(i, "hang", "D never answered for this request")
-    if dec.status in ("refused", "failed"):
+    if dec.status in ("refused", "failed", "aborted"):
         return Outcome(i, dec.verdict, dec.detail)
     if dec.wrong:
         j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
