@@ -342,7 +342,7 @@ class RequestsD(RequestsRole):
         h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
                             desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {msg.request}")
         try:
-            state = agent.post(h)
+            state = at_abort = agent.post(h)
             freed_under = not abort_waits_read(self.line)  # the abort: freed now, whatever the READ's state
             deadline = time.time() + 30.0
             while state == "PROC" and time.time() < deadline:
@@ -350,8 +350,7 @@ class RequestsD(RequestsRole):
         finally:
             agent.release(h)
         self.done(msg, rid)
-        detail = abort_detail(self.line) + f" (the READ {'was still in flight' if state == 'PROC' else 'ended'} " \
-                                           f"{state})"
+        detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
         return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
 
 

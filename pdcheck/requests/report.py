@@ -74,12 +74,14 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
                        "" if e.verdict == o.verdict else e.verdict)
             for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
     counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
-    statuses = ["ok" if o.verdict in OK else o.verdict for o in run.outcomes]
+    # An aborted request has no answer to judge: it fails the release only where D freed blocks under its READ.
+    statuses = ["ok" if o.verdict in OK or o.verdict == "aborted" else o.verdict for o in run.outcomes]
     from pdcheck.requests.lines import line_of
 
     line = line_of(run.line)
     return ReleaseReport(
-        run.release, run.line, survives(statuses, n) and run.accounting.leaked == 0,
+        run.release, run.line,
+        survives(statuses, n) and run.accounting.leaked == 0 and run.accounting.d_freed_in_flight == 0,
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
         line.expiry, run.expiry_s, line.expiry_knob, line.notif.replace("{req}", "<request id>").replace(
             "{n}", "<consumers>"), rows, run.accounting, run.expiry_log[:3], run.notif_errors[:3],
@@ -107,7 +109,7 @@ def _name(release: str) -> str:
     return release if release == "corrected" else resolve(release).name
 
 
-_STYLE = {"delivered": "green", "recomputed": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
+_STYLE = {"delivered": "green", "recomputed": "yellow", "aborted": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
           "error": "red"}
 
 
@@ -149,6 +151,14 @@ def render(rep: RequestsReport, console: Any) -> None:
     for r in [*rep.releases, rep.corrected]:
         for line in r.expiry_log[:1] + r.notif_errors[:1]:
             console.print(f"[dim]{escape(r.release)} P:[/] {escape(line)}")
+    for r in [*rep.releases, rep.corrected]:
+        acc = r.accounting
+        if acc.restarts:
+            console.print(f"[dim]{escape(r.release)}:[/] P replaced {acc.restarts} time(s) (new process, new agent, "
+                          f"same engine id); {acc.lost} request(s)' blocks died with it")
+        if acc.d_freed_in_flight:
+            console.print(f"[dim]{escape(r.release)}:[/] [red]D freed its blocks under an in-flight READ[/] for "
+                          f"{acc.d_freed_in_flight} aborted request(s)")
     for e in rep.expectations:
         mark = "[green]pass[/]" if e.passed else "[bold red]FAIL[/]"
         console.print(f"expect {escape(e.release)}: {mark}" + ("" if e.passed else f" (expected {e.expected}, got "
