@@ -44,6 +44,8 @@ class ReleaseReport(msgspec.Struct):
     model_agrees: bool
     seconds: float
     router_lag_s: float  # how late the parent (the router) got a request to P or D at worst
+    timeline: list[tuple[float, int]] = []  # (seconds into the run, P's blocks held): what --plot draws
+    latency_s: list[float | None] = []  # per request: P's allocation to D's answer (None: never answered)
 
 
 class Expectation(msgspec.Struct):
@@ -85,7 +87,7 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
         line.expiry, run.expiry_s, line.expiry_knob, line.notif.replace("{req}", "<request id>").replace(
             "{n}", "<consumers>"), rows, run.accounting, run.expiry_log[:3], run.notif_errors[:3],
-        all(not r.model for r in rows), run.seconds, run.router_lag_s)
+        all(not r.model for r in rows), run.seconds, run.router_lag_s, run.timeline, run.latency_s)
 
 
 def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:

@@ -57,6 +57,8 @@ class LineRun(msgspec.Struct):
     notif_errors: list[str]
     seconds: float
     router_lag_s: float  # the most any request reached P or D after its time (the rate not kept)
+    timeline: list[tuple[float, int]] = []  # (seconds into the line, P's blocks held from then on)
+    latency_s: list[float | None] = []  # per request: arrival to D's answer (None: never answered)
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -193,6 +195,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     restarts = 0
     lost = 0
     gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
+    lost_at: dict[int, float] = {}  # request -> when its blocks died with a replaced P
+    answered: dict[int, float] = {}
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
     due: list[tuple[float, int, str, int]] = [(t0 + i / opts.rate, i, "prefill", i) for i in range(n)]
@@ -239,7 +243,9 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                     # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                     # still held dies with it; the schedule pauses while the new P starts.
                     _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts)
-                    lost += sum(1 for j in prefilled if j not in freed and j not in gone)
+                    dying = [j for j in prefilled if j not in freed and j not in gone]
+                    lost += len(dying)
+                    lost_at.update(dict.fromkeys(dying, time.time()))
                     gone.update(prefilled)
                     restarts += 1
                     down = _restart_p(lau, slot, to_d, begin, opts)
@@ -250,7 +256,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                 seq += 1
             elif isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
-                last_answer = time.time()
+                last_answer = answered[msg.request] = time.time()
             elif isinstance(msg, m.ReqFreed):
                 freed.setdefault(msg.request, msg)
                 if msg.log:
@@ -266,8 +272,30 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     exp, exp_acc = simulate(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
                             P_ENGINE, opts.settle_s)
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
+    # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
+    arrived = {i: pf.t for i, pf in prefilled.items()}
+    latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
-                   lag)
+                   lag, _timeline(t0, prefilled, freed, lost_at), latency)
+
+
+def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],
+              lost_at: dict[int, float]) -> list[tuple[float, int]]:
+    """P's blocks held over the line, from its real allocations, frees and restarts."""
+    steps: list[tuple[float, int]] = []
+    for i, pf in prefilled.items():
+        k = len(pf.blocks)
+        steps.append((pf.t, k))
+        end = freed[i].t if i in freed else lost_at.get(i)
+        if end is not None:
+            steps.append((end, -k))
+    steps.sort()
+    out: list[tuple[float, int]] = [(0.0, 0)]
+    held = 0
+    for t, dk in steps:
+        held += dk
+        out.append((round(t - t0, 4), held))
+    return out
 
 
 class _Closing(orc.Stage):
