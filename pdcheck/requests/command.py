@@ -67,7 +67,7 @@ def register(app: Any) -> None:
         plot: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
                                          help="Also draw P's blocks held over time and each request's latency "
                                               "per release (.png/.svg/.pdf; needs matplotlib: "
-                                              "pdcheck[plot]).")] = None,
+                                              "pdcheck\\[plot]).")] = None,
     ) -> None:
         """The request lifecycle after the handshake: real P and D ranks, real NIXL READs and notifications; a
         verdict per request per release, the corrected path beside it, P's block accounting."""
