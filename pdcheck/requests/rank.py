@@ -206,6 +206,7 @@ class RequestsD(RequestsRole):
                     self.side = msg.peer
                     if self.peer is None or msg.peer.agent != self.peer.agent:
                         self.load(msg.peer)  # a new line is a fresh deployment: D handshakes with the P running now
+                m.send(self.conn, m.Ack())  # D is ready for the line (restart-p waits for this handshake)
             elif isinstance(msg, m.ReqReady):
                 self.side = msg  # P was replaced: its side channel now serves the new agent
             elif isinstance(msg, m.ReqDecode):

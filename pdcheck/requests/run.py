@@ -123,10 +123,13 @@ def _restart_p(lau: Any, slot: _PSlot, dbox: _Outbox, begin: m.ReqBegin, opts: O
 
 def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[int, m.ReqPrefilled],
                            decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
-                           opts: Options, timeout_s: float = 10.0) -> None:
-    """Before P is killed, the requests before `req` finish as the model has them: D answered each, and P freed
-    each one D read and notified at once (a restart is deterministic: it never races an earlier READ)."""
+                           opts: Options, d_began: list[bool], timeout_s: float = 10.0) -> None:
+    """Before P is killed: D finished its handshake with it (answered the line's ReqBegin), and the requests
+    before `req` finish as the model has them: D answered each, and P freed each one D read and notified at once
+    (a restart is deterministic: it never races the handshake or an earlier READ)."""
     def settled() -> bool:
+        if not d_began[0]:
+            return False
         for j in prefilled:
             if j >= req:
                 continue
@@ -143,6 +146,8 @@ def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[i
         for _rank, msg in lau.events([p, d], min(deadline, time.monotonic() + 0.05)):
             if isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
+            elif isinstance(msg, m.Ack):
+                d_began[0] = True
             elif isinstance(msg, m.ReqFreed):
                 freed.setdefault(msg.request, msg)
                 if msg.log:
@@ -196,6 +201,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     lost = 0
     gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
     lost_at: dict[int, float] = {}  # request -> when its blocks died with a replaced P
+    d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
     answered: dict[int, float] = {}
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
@@ -242,7 +248,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                 if pick(opts.faults, "restart-p", msg.request):
                     # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                     # still held dies with it; the schedule pauses while the new P starts.
-                    _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts)
+                    _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
+                                           d_began)
                     dying = [j for j in prefilled if j not in freed and j not in gone]
                     lost += len(dying)
                     lost_at.update(dict.fromkeys(dying, time.time()))
@@ -257,6 +264,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
             elif isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
                 last_answer = answered[msg.request] = time.time()
+            elif isinstance(msg, m.Ack):
+                d_began[0] = True
             elif isinstance(msg, m.ReqFreed):
                 freed.setdefault(msg.request, msg)
                 if msg.log:
