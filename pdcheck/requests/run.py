@@ -202,6 +202,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
     lost_at: dict[int, float] = {}  # request -> when its blocks died with a replaced P
     d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
+    restarts_due = sorted(f.request for f in opts.faults if f.name == "restart-p" and f.request is not None)
+    parked: list[tuple[float, int]] = []  # prefills held back until P's restart
     answered: dict[int, float] = {}
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
@@ -223,7 +225,9 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
         while due and due[0][0] <= now:
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
-            if action == "prefill":
+            if action == "prefill" and any(r < i for r in restarts_due):
+                parked.append((when, i))  # P restarts after an earlier request: this one goes to the new P
+            elif action == "prefill":
                 slot.box.send(m.ReqPrefill(i))
             else:
                 to_d.send(_route(prefilled, i, opts))
@@ -256,7 +260,11 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                     gone.update(prefilled)
                     restarts += 1
                     down = _restart_p(lau, slot, to_d, begin, opts)
+                    if msg.request in restarts_due:
+                        restarts_due.remove(msg.request)
                     due = [(w + down, s_, a, j) for w, s_, a, j in due]
+                    due += [(w + down, j, "prefill", j) for w, j in parked]
+                    parked.clear()
                     heapq.heapify(due)
                     end, hard, t_decode = end + down, hard + down, t_decode + down
                 heapq.heappush(due, (t_decode, seq, "decode", msg.request))
