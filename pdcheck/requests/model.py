@@ -189,6 +189,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     waiting: list[int] = []
     seq = 0
     inc = d_inc = 0  # restart-p: P's incarnation, and the one whose agent D loaded
+    last_answer = 0.0
     ever: set[int] = set()
 
     def push(t: float, kind: str, i: int) -> None:
@@ -206,7 +207,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
 
     def admit(t: float) -> None:
         """Waiting requests take free blocks in arrival order (vLLM's scheduler waits for free blocks)."""
-        while waiting and len(free) >= blocks_per_request and t <= horizon:
+        while waiting and len(free) >= blocks_per_request and running(t):
             i = waiting.pop(0)
             blocks = [free.pop(0) for _ in range(blocks_per_request)]
             for b in blocks:
@@ -242,7 +243,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
 
     def read(i: int, t: float) -> None:
         """D's READ of request i at t, and what it finds."""
-        nonlocal d_inc
+        nonlocal d_inc, last_answer
+        last_answer = t  # every READ ends in an outcome D answers with
         r, params = reqs[i], reqs[i].params
         if inc > d_inc or r.inc < inc:
             refused = restart_detail(line, r.inc, inc)
@@ -294,6 +296,12 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     for i in range(requests):
         push(i / rate, "arrive", i)
     horizon = run_end(requests, rate, faults, settle)
+
+    def running(t: float) -> bool:
+        """The real router runs until its schedule's end and `settle` past D's last answer, and never stops
+        while a request P handed out is still unanswered (a hold or a queue can push answers past the end)."""
+        return t <= max(horizon, last_answer + settle) or any(i not in out for i in reqs)
+
     while heap:
         t, _s, kind, i = heapq.heappop(heap)
         if kind == "arrive":
@@ -312,6 +320,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             refused = decide(line, i, params, engine_id, pool, t)
             if refused is not None:
                 out[i] = Outcome(i, *refused)
+                last_answer = t
                 continue
             assert params is not None
             r.params = params
@@ -336,7 +345,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 acc.late_notifs += 1
         elif kind == "expire":
             r = reqs[i]
-            if t > horizon:
+            if not running(t):
                 continue  # the run ended first: P still holds them
             if r.holding and t >= r.deadline:
                 release(i, t)
