@@ -326,6 +326,7 @@ class ReqSpec(msgspec.Struct, frozen=True):
     geometry: Geometry
     num_blocks: int
     tp_rank: int = 0
+    incarnation: int = 0  # restart-p: how many times this P rank was replaced (a new process and agent)
 
 
 class ReqReady(msgspec.Struct, tag=True):
@@ -336,6 +337,7 @@ class ReqReady(msgspec.Struct, tag=True):
     base_addrs: list[int]
     num_blocks: int
     setup_ms: float
+    incarnation: int = 0  # restart-p: which process of this P rank (its registration generation - 1)
 
 
 class ReqBegin(msgspec.Struct, tag=True):
@@ -374,6 +376,10 @@ class ReqDecode(msgspec.Struct, tag=True):
     expect_gens: list[int]
     drop_notif: bool = False
     notif_delay_s: float = 0.0
+    hold_s: float = 0.0  # hold / heartbeat-loss: D reads this long after its scheduler takes the request
+    heartbeats_lost: bool = False
+    read_fail: bool = False
+    abort: bool = False  # abort-d: the client aborts while the READ is in flight
 
 
 class ReqDecoded(msgspec.Struct, tag=True):
@@ -387,6 +393,7 @@ class ReqDecoded(msgspec.Struct, tag=True):
     found_block: int = -1  # the first wrong block's first cell, decoded
     found_gen: int = -1
     found_valid: bool = False
+    d_freed_in_flight: bool = False  # abort-d: D freed its blocks while its READ was in flight
 
 
 class ReqFreed(msgspec.Struct, tag=True):

@@ -105,6 +105,17 @@ class Agent:
         name = nixl_call("add_remote_agent", self.name, self._a.add_remote_agent, blob)
         return name.decode() if isinstance(name, bytes) else str(name)
 
+    def remove_remote(self, agent: str) -> None:
+        """Forget a peer's metadata (a re-handshake: its process was replaced)."""
+        nixl_call("remove_remote_agent", self.name, self._a.remove_remote_agent, agent)
+
+    def post(self, h: Any) -> str:
+        """Post handle h without waiting: its state right after ("PROC", "DONE" or "ERR")."""
+        return str(nixl_call("transfer", self.name, self._a.transfer, h))
+
+    def state(self, h: Any) -> str:
+        return str(nixl_call("check_xfer_state", self.name, self._a.check_xfer_state, h))
+
     def prep(self, agent: str, descs: np.ndarray, mem_type: str, context: str = "") -> Any:
         xd = nixl_call("get_xfer_descs", context or self.name, self._a.get_xfer_descs, descs, mem_type)
         return nixl_call("prep_xfer_dlist", context or agent, self._a.prep_xfer_dlist, agent, xd)

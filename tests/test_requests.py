@@ -65,6 +65,12 @@ def test_bad_params_real_nixl_error_and_reused_ids(pdcheck, policy, third):
     (["--failure-policy", "maybe"], "fail or recompute"),
     (["--mode", "push", "--vllm", "0.14.0,0.34.0"], "vLLM 0.14.0 has no push mode"),
     (["--mode", "sideways"], "mode must be pull or push"),
+    (["--mode", "push", "--vllm", "0.34.0", "--fault", "restart-p:1"], "apply to pull mode only"),
+    (["--fault", "restart-p:1:rank=2"], "P rank 2 does not exist"),
+    (["--fault", "restart-p"], "name the request"),
+    (["--fault", "heartbeat-loss:0"], "seconds must be"),
+    (["--plot", "x.txt"], "name a .png"),
+    (["--plot", "/nonexistent-dir/x.png"], "does not exist"),
 ])
 def test_bad_input_exit_2_one_line(pdcheck, args, needle):
     run = pdcheck("requests", *(["--vllm", "0.34.0"] if "--vllm" not in args else []), *args)
@@ -136,3 +142,50 @@ def test_push_faults_on_real_ranks_match_the_model(pdcheck):
     assert any("before lease expired" in x for x in rel["expiry_log"])
     assert [r["verdict"] for r in doc["corrected"]["rows"]] == ["delivered", "recomputed", "delivered",
                                                                 "recomputed", "delivered", "delivered"]
+
+
+def test_prefill_restart_real_new_process_and_agent(pdcheck):
+    run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-prefill-restart.toml"), "--json", timeout=180)
+    assert run.code == 1, run.err  # 0.9.1 crashes and leaks, 0.34.0 fails requests
+    doc = run.json()
+    assert [e["passed"] for e in doc["expectations"]] == [True] * 4, doc["expectations"]
+    by = {r["release"]: r for r in [*doc["releases"], doc["corrected"]]}
+    for r in by.values():
+        assert r["accounting"]["restarts"] == 1 and r["accounting"]["lost"] == 1 and r["model_agrees"]
+    # D's READs went to the killed process's agent: NIXL's own answer, through each release's policy
+    assert "NIXL_ERR_REMOTE_DISCONNECT" in by["0.34.0"]["rows"][3]["detail"]
+    assert "kv_load_failure_policy fail" in by["0.34.0"]["rows"][3]["detail"]
+    assert "engine crash" in by["0.9.1"]["rows"][2]["detail"] and by["0.9.1"]["accounting"]["leaked"] == 2
+    # corrected: the new P's side channel served a new agent (a later registration generation); D loaded it
+    assert "re-handshook (registration generation" in by["corrected"]["rows"][2]["detail"]
+    assert by["corrected"]["accounting"]["freed"] == 4
+
+
+def test_heartbeat_loss_frees_blocks_a_held_request_has_and_the_plot(pdcheck, tmp_path):
+    png = tmp_path / "hb.png"
+    run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-heartbeat-loss.toml"), "--json", "--plot",
+                  str(png), timeout=180)
+    doc = run.json()
+    assert [e["passed"] for e in doc["expectations"]] == [True] * 4, doc["expectations"]
+    by = {r["release"]: r for r in doc["releases"]}
+    # real "HB:<id>" notifications every lease/6 kept request 1's blocks; none for 0.14.0
+    assert by["0.34.0"]["accounting"]["heartbeats"] > 6 and by["0.14.0"]["accounting"]["heartbeats"] == 0
+    assert by["0.34.0"]["accounting"]["expired"] == 1 and by["0.14.0"]["accounting"]["expired"] == 2
+    assert all(x is not None for x in by["0.34.0"]["latency_s"]) and by["0.34.0"]["latency_s"][1] > 1.1
+    assert max(h for _t, h in by["0.34.0"]["timeline"]) >= 4 and by["0.34.0"]["timeline"][-1][1] == 0
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_read_fail_and_abort_mid_transfer(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.14.0,0.34.0", "--requests", "4", "--lease", "0.5", "--fault",
+                  "read-fail:1", "--fault", "abort-d:2", "--json", timeout=180).json()
+    by = {r["release"]: r for r in doc["releases"]}
+    assert [x["verdict"] for x in by["0.14.0"]["rows"]] == ["delivered", "recomputed", "aborted", "delivered"]
+    assert [x["verdict"] for x in by["0.34.0"]["rows"]] == ["delivered", "error", "aborted", "delivered"]
+    assert "NIXL_ERR_NOT_FOUND" in by["0.34.0"]["rows"][1]["detail"]
+    assert "NIXL transfer failure: transfer_setup_failed" in by["0.34.0"]["rows"][1]["detail"]
+    # 0.14.0 frees D's blocks under the READ it posted; the 0.24+ lines wait for it: only 0.14.0 fails on it
+    assert by["0.14.0"]["accounting"]["d_freed_in_flight"] == 1 and by["0.34.0"]["accounting"]["d_freed_in_flight"] == 0
+    assert all(r["model_agrees"] for r in doc["releases"])
+    # the failed READ never notified P (vLLM's notification rides on the READ): its blocks expired at the lease
+    assert by["0.34.0"]["accounting"]["expired"] == 1 and by["0.34.0"]["accounting"]["freed"] == 3

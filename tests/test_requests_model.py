@@ -164,7 +164,9 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
     files = smoke.requests_files(scenarios)
     assert {f.name for f in files} == {"requests-freed-early.toml", "requests-lost-notification.toml",
                                        "requests-bad-params.toml", "requests-params-dropped.toml",
-                                       "requests-push-lost-completion.toml", "requests-push-slow-decode.toml"}
+                                       "requests-push-lost-completion.toml", "requests-push-slow-decode.toml",
+                                       "requests-prefill-restart.toml", "requests-heartbeat-loss.toml",
+                                       "requests-read-failure.toml", "requests-abort-mid-transfer.toml"}
     assert smoke.requests_files(scenarios / "requests") == files
     plans = smoke.requests_plans(scenarios)
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
@@ -303,3 +305,70 @@ def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> No
     assert "PR #50754" in out[3].detail and "D's 8 KV blocks" in out[4].detail  # then D has none to register
     out, _ = push.simulate(CORRECTED, 6, 1.0, 2, 8, 0.5, parse_all(["drop-notif"], 6))
     assert {o.verdict for o in out} == {"recomputed"}  # the corrected D gives its blocks back at the lease
+@pytest.mark.parametrize(("text", "needle"), [
+    ("restart-p", "name the request"), ("restart-p:p=0.5", "name the request"), ("restart-p:7", "does not exist"),
+    ("restart-p:1:rank=1", "P rank 1 does not exist"), ("restart-p:1:rank=x", "rank= takes an integer"),
+    ("restart-p:1:2", "too many"), ("hold", "give the seconds"), ("heartbeat-loss:0", "seconds must be"),
+    ("read-fail:x", "must be an integer"), ("abort-d:9", "request 9 does not exist"),
+])
+def test_bad_new_faults_are_one_line(text: str, needle: str) -> None:
+    with pytest.raises(BadInput, match=needle):
+        parse(text, 4)
+
+
+def test_restart_p_every_release_reads_from_the_dead_agent_corrected_rehandshakes() -> None:
+    f = parse("restart-p:2:rank=0", 5)
+    assert (f.request, f.rank, f.text()) == (2, 0, "restart-p:2")
+    want = {"0.9.1": ["delivered"] * 2 + ["error"] * 3, "0.11.1": ["delivered"] * 2 + ["recomputed"] * 3,
+            "0.34.0": ["delivered"] * 2 + ["error"] * 3, "corrected": ["delivered"] * 2 + ["recomputed"]
+            + ["delivered"] * 2}
+    for version, verdicts_ in want.items():
+        out, acc = simulate(line_of(version), 5, 10.0, 2, 8, None, parse_all(["restart-p:2"], 5))
+        assert [o.verdict for o in out] == verdicts_, version
+        assert (acc.restarts, acc.lost) == (1, 1)  # request 2's blocks died with the old P
+    _, acc = simulate(line_of("0.9.1"), 5, 10.0, 2, 8, None, parse_all(["restart-p:2"], 5))
+    assert acc.leaked == 2 and acc.freed == 2  # the new P's requests are never read or notified: a leak
+    out, _ = simulate(line_of("0.34.0"), 5, 10.0, 2, 8, None, parse_all(["restart-p:2"], 5))
+    assert "NIXL_ERR_REMOTE_DISCONNECT" in out[3].detail and "kv_load_failure_policy fail" in out[3].detail
+
+
+def test_hold_renews_the_lease_from_0_24_heartbeat_loss_frees_under_it() -> None:
+    faults = ["hold:1.2:1", "heartbeat-loss:1.2:3"]
+    assert verdicts("0.14.0", faults, 6) == ["delivered", "freed-early", "delivered", "freed-early", "delivered",
+                                              "delivered"]
+    for version in ("0.24.0", "0.34.0"):
+        assert verdicts(version, faults, 6) == ["delivered"] * 3 + ["freed-early"] + ["delivered"] * 2
+    assert verdicts("corrected", faults, 6) == ["delivered"] * 3 + ["recomputed"] + ["delivered"] * 2
+    assert verdicts("0.9.1", faults, 6) == ["delivered"] * 6
+    _, acc = simulate(line_of("0.34.0"), 6, 10.0, 2, 8, 0.6, parse_all(["hold:1.2:1"], 6))
+    assert acc.heartbeats == 6 + 12  # one per request, plus one every lease/6 while request 1 is held
+
+
+def test_read_fail_per_release_policy_and_p_never_told() -> None:
+    assert verdicts("0.9.1", ["read-fail:1"], 4) == ["delivered", "error", "delivered", "delivered"]
+    assert verdicts("0.11.1", ["read-fail:1"], 4)[1] == "recomputed"
+    assert verdicts("0.34.0", ["read-fail:1"], 4)[1] == "error"
+    assert verdicts("corrected", ["read-fail:1"], 4)[1] == "recomputed"
+    _, acc = simulate(line_of("0.9.1"), 4, 10.0, 2, 8, 0.5, parse_all(["read-fail:1"], 4))
+    assert acc.leaked == 1  # the notification rides on the READ: nothing frees its blocks before 0.10
+
+
+def test_abort_d_frees_under_the_read_before_the_0_24_line() -> None:
+    from pdcheck.requests.lines import abort_waits_read
+
+    for version, under in (("0.14.0", 1), ("0.24.0", 0), ("0.34.0", 0), ("corrected", 0)):
+        out, acc = simulate(line_of(version), 4, 10.0, 2, 8, None, parse_all(["abort-d:1"], 4))
+        assert [o.verdict for o in out] == ["delivered", "aborted", "delivered", "delivered"]
+        assert acc.d_freed_in_flight == under and acc.freed == 4, version  # P is notified either way
+        assert abort_waits_read(line_of(version)) == (not under)
+
+
+def test_plot_without_matplotlib_is_one_line(monkeypatch, tmp_path) -> None:
+    import importlib.util
+
+    from pdcheck.requests import plot
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
+    with pytest.raises(BadInput, match="needs matplotlib"):
+        plot.check(tmp_path / "x.png")

@@ -23,11 +23,14 @@ EPILOG = """[bold]Examples[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 --fault slow-decode:1 --fault drop-notif:3
   [dim]# push mode (0.26+): D registers (PUSH_REG), P WRITEs; P's completion notification lost for request 2[/]
   pdcheck requests --vllm 0.26.0,0.34.0 --mode push --lease 0.5 --fault drop-notif:2
+  [dim]# P replaced after handing out request 2's params; the timeline as a picture[/]
+  pdcheck requests --vllm 0.11.1,0.34.0 --requests 5 --fault restart-p:2 --plot restart.png
 
 Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request, p=SHARE: that fraction of them picked
 by --seed, default every one): slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
-bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params. In push mode drop-notif and
-delay-notif hit P's completion notification to D.
+bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params, restart-p:REQ[:rank=R],
+read-fail, hold:SECONDS, heartbeat-loss:SECONDS, abort-d. In push mode drop-notif and delay-notif hit P's
+completion notification to D.
 
 Exit codes: 0 every request of every release delivered or recomputed and no block leaked, 1 otherwise,
 2 bad input, 3 harness failure."""
@@ -67,13 +70,23 @@ def register(app: Any) -> None:
                                                help=f"A fault ({', '.join(NAMES)}); repeatable.")] = None,
         json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                       help="One JSON document on stdout instead of tables.")] = False,
+        plot: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
+                                         help="Also draw P's blocks held over time and each request's latency "
+                                              "per release (.png/.svg/.pdf; needs matplotlib: "
+                                              "pdcheck\\[plot]).")] = None,
     ) -> None:
         """The request lifecycle after the handshake: real P and D ranks, real NIXL READs and notifications; a
         verdict per request per release, the corrected path beside it, P's block accounting."""
         plan = build_plan(scenario, vllm, {"requests": n_requests, "rate": rate, "lease": lease,
                                            "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
                                            "failure_policy": failure_policy, "mode": mode}, fault or [])
+        if plot is not None:
+            from pdcheck.requests import plot as plotting
+
+            plotting.check(plot)  # before anything runs
         rep = execute(plan)
+        if plot is not None:
+            plotting.write(rep, plot)
         if json_out:
             import msgspec
 

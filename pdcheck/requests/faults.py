@@ -20,8 +20,21 @@ _SPECS: dict[str, tuple[bool, bool, str]] = {
     "delay-notif": (True, False, "delay-notif:SECONDS[:REQ|:p=SHARE]"),
     "bad-params": (False, True, f"bad-params:{'|'.join(BAD_KINDS)}[:REQ|:p=SHARE]"),
     "drop-params": (False, False, "drop-params[:REQ|:p=SHARE] (the router forwards without kv_transfer_params)"),
+    "restart-p": (False, False, "restart-p:REQ[:rank=R] (P's process is replaced after it hands out REQ's params: "
+                                "same engine id, new agent)"),
+    "read-fail": (False, False, "read-fail[:REQ|:p=SHARE] (D's READ fails: a real NIXL error)"),
+    "hold": (True, False, "hold:SECONDS[:REQ|:p=SHARE] (D's scheduler has the request, reads SECONDS later; "
+                          "heartbeats renew the lease)"),
+    "heartbeat-loss": (True, False, "heartbeat-loss:SECONDS[:REQ|:p=SHARE] (as hold, but D's heartbeats never "
+                                    "reach P)"),
+    "abort-d": (False, False, "abort-d[:REQ|:p=SHARE] (D's client aborts the request while its READ is in "
+                              "flight)"),
 }
+P_RANKS = 1  # the request path runs one P rank (tp_rank 0)
 NAMES = tuple(_SPECS)
+# Faults of the pull path only: push mode (NixlPushConnector) has no READ on D to fail, abort or hold, and its
+# P restart would need P to handshake with D again, which pdcheck does not model.
+PULL_ONLY = ("restart-p", "read-fail", "hold", "heartbeat-loss", "abort-d")
 
 
 class Fault(msgspec.Struct, frozen=True):
@@ -31,6 +44,7 @@ class Fault(msgspec.Struct, frozen=True):
     request: int | None = None  # None: every request (or the `share` of them)
     share: float = 1.0  # p=SHARE: this fraction of the requests, picked by a hash of (seed, fault, request)
     seed: int = 0
+    rank: int = 0  # restart-p: which P rank
 
     def hits(self, req: int) -> bool:
         if self.request is not None:
@@ -50,6 +64,8 @@ class Fault(msgspec.Struct, frozen=True):
             parts.append(str(self.request))
         elif self.share < 1.0:
             parts.append(f"p={self.share:g}")
+        if self.rank:
+            parts.append(f"rank={self.rank}")
         return ":".join(parts)
 
 
@@ -73,6 +89,8 @@ def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fa
         if not args or args[0] not in BAD_KINDS:
             raise BadInput(f"{where}: {text!r}: name the kind: {usage}")
         kind = args.pop(0)
+    if name == "restart-p":
+        return _restart(text, args, requests, where, usage, seed)
     if args and args[0].startswith("p="):
         try:
             share = float(args.pop(0)[2:])
@@ -92,6 +110,31 @@ def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fa
     if args:
         raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
     return Fault(name, seconds, kind, req, share, seed)
+
+
+def _restart(text: str, args: list[str], requests: int, where: str, usage: str, seed: int) -> Fault:
+    """restart-p:REQ[:rank=R]: one request (a restart is a real new process, never a share of them)."""
+    if not args or args[0].startswith(("p=", "rank=")):
+        raise BadInput(f"{where}: {text!r}: name the request after whose params P restarts: {usage}")
+    try:
+        req = int(args.pop(0))
+    except ValueError:
+        raise BadInput(f"{where}: {text!r}: the request must be an integer: {usage}") from None
+    if not 0 <= req < requests:
+        raise BadInput(f"{where}: {text!r}: request {req} does not exist (requests 0..{requests - 1})")
+    rank = 0
+    if args and args[0].startswith("rank="):
+        raw = args.pop(0)[5:]
+        try:
+            rank = int(raw)
+        except ValueError:
+            raise BadInput(f"{where}: {text!r}: rank= takes an integer: {usage}") from None
+        if not 0 <= rank < P_RANKS:
+            raise BadInput(f"{where}: {text!r}: P rank {rank} does not exist (the request path runs {P_RANKS} P "
+                           "rank: 0)")
+    if args:
+        raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
+    return Fault("restart-p", 0.0, "", req, 1.0, seed, rank)
 
 
 def parse_all(items: list[str], requests: int, where: str = "--fault", seed: int = 0) -> tuple[Fault, ...]:

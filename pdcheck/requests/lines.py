@@ -66,7 +66,7 @@ _ABORT_LOG = ("Releasing expired KV blocks for request {req} which were retrieve
               "{s:g} seconds.")
 _LEASE_LOG = "Releasing expired KV blocks for request {req} which were retrieved by {n} remote worker(s) before " \
              "lease expired."
-_CRASH = "KeyError in _read_blocks: the worker raises and the engine dies"
+_CRASH = "_read_blocks does not catch it: the worker raises and the engine dies"
 _RECOMPUTE = "Handshake/transfer failed for request {req}, marking blocks as invalid (recomputed)"
 _FAILURE = "NIXL transfer failure: transfer_failed | Context: {{'request_id': '{req}'}}"
 
@@ -100,6 +100,16 @@ LINES: tuple[Lifecycle, ...] = (
 # every key checked before a READ, a clear failure_type, and P frees unread blocks only at the lease.
 CORRECTED = Lifecycle("corrected", (99, 0, 0), (*_K034, "block_generations"), _NOTIF_N, "lease", 30.0,
                       "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE, "recompute", True)
+
+
+# abort-d: the 0.26.0 scheduler's finish_requests keeps the blocks of a request aborted in WAITING_FOR_REMOTE_KVS
+# until its READ is done (delay_free_blocks); 0.14.0's frees them at once, under the READ. Between the two no
+# wheel was read: pdcheck puts the change at the 0.24 line.
+ABORT_WAITS_READ_SINCE = (0, 24, 0)
+
+
+def abort_waits_read(line: Lifecycle) -> bool:
+    return line is CORRECTED or line.first >= ABORT_WAITS_READ_SINCE
 
 
 POLICIES = ("fail", "recompute")

@@ -5,7 +5,8 @@ on_failure in its D rank and compares its outcomes with simulate's.
 
 Verdicts: delivered (every block verified), wrong (another request's KV arrived: named), freed-early (P freed the
 blocks before D read them; the bytes were not yet overwritten), hang (named timeout), error (the release's
-exception or failure log), recomputed (failure policy, refused or missing params).
+exception or failure log), recomputed (failure policy, refused or missing params), aborted (D's client went away
+mid-transfer: no answer to judge; what matters is whether D freed its blocks under the READ).
 """
 
 from __future__ import annotations
@@ -18,9 +19,9 @@ import msgspec
 
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests.faults import Fault, pick
-from pdcheck.requests.lines import CORRECTED, Lifecycle
+from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read
 
-VERDICTS = ("delivered", "wrong", "freed-early", "hang", "error", "recomputed")
+VERDICTS = ("delivered", "wrong", "freed-early", "hang", "error", "recomputed", "aborted")
 GEN_WRAP = 255  # generation word: 1..255 (0: never allocated, the handshake's pattern)
 
 
@@ -42,16 +43,19 @@ class Accounting(msgspec.Struct):
     held: int = 0  # requests still holding blocks with an expiry still to come
     late_notifs: int = 0  # notifications for requests P had already freed
     heartbeats: int = 0  # lease renewals P received (0.24+, corrected)
+    restarts: int = 0  # restart-p: P processes replaced
+    lost: int = 0  # requests whose blocks died with a replaced P (neither freed nor expired)
+    d_freed_in_flight: int = 0  # abort-d: requests whose D blocks were freed under their in-flight READ
 
 
 def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
-               expiry_at: float | None, gens: list[int], request_id: str = "") -> dict[str, Any]:
+               expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1) -> dict[str, Any]:
     """The kv_transfer_params P returns from request_finished, with the release's keys only."""
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(blocks),
         "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
         "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks), "remote_blocks_expiry_time":
-            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": 0,
+            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": generation,
         "block_generations": list(gens),
     }
     return {k: every[k] for k in line.keys}
@@ -106,6 +110,39 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
 
 SETTLE_S = 0.5
 
+# What NIXL answers, measured on real agents: a READ to an agent whose process is gone, and a READ over memory
+# the peer never registered (read-fail).
+DISCONNECT = "postXferReq: remote agent was disconnected -> NIXL_ERR_REMOTE_DISCONNECT"
+NOT_REGISTERED = "prepXferDlist: remote memory not registered -> NIXL_ERR_NOT_FOUND"
+
+
+def restart_detail(line: Lifecycle, own: int, now: int) -> tuple[str, str] | None:
+    """D reads after P was replaced (own: the incarnation that handed out the params, now: the one running; D's
+    loaded agent is the dead one). None: read (the corrected path re-handshook first and the params are
+    current)."""
+    if line is CORRECTED:
+        if own < now:
+            return "recomputed", f"P restarted after handing out these params (registration generation {own + 1} < " \
+                                 f"{now + 1}): its blocks died with it; D re-handshook and recomputes"
+        return None
+    return on_failure(line, 0, "transfer_setup_failed", f"{DISCONNECT} (D still reads from the dead agent: "
+                                                        "the same engine id never re-handshakes)")
+
+
+def abort_detail(line: Lifecycle) -> str:
+    if abort_waits_read(line):
+        return "client aborted mid-transfer: D kept its blocks until the READ finished (delay_free_blocks)"
+    return "client aborted mid-transfer: D freed its blocks under the in-flight READ (finish_requests frees at " \
+           "once); its bytes may land in the next request's blocks"
+
+
+def held_for(faults: tuple[Fault, ...], req: int) -> tuple[float, bool]:
+    """hold / heartbeat-loss: (seconds D holds the request before its READ, whether its heartbeats are lost)."""
+    lost, hold = pick(faults, "heartbeat-loss", req), pick(faults, "hold", req)
+    if lost is not None:
+        return lost.seconds, True
+    return (hold.seconds if hold else 0.0), False
+
 
 def hang_detail(line: Lifecycle, pool: int) -> str:
     """Why a request never got blocks, and until when it would wait."""
@@ -119,16 +156,18 @@ def run_end(requests: int, rate: float, faults: tuple[Fault, ...], settle: float
     last = 0.0
     for i in range(requests):
         slow, delay = pick(faults, "slow-decode", i), pick(faults, "delay-notif", i)
-        last = max(last, i / rate + (slow.seconds if slow else 0.0) + (delay.seconds if delay else 0.0))
+        last = max(last, i / rate + (slow.seconds if slow else 0.0) + (delay.seconds if delay else 0.0)
+                   + held_for(faults, i)[0])
     return last + settle
 
 
 class _Req:
-    __slots__ = ("blocks", "deadline", "gens", "holding")
+    __slots__ = ("blocks", "deadline", "gens", "holding", "inc", "params")
 
-    def __init__(self, blocks: list[int], gens: list[int], deadline: float) -> None:
-        self.blocks, self.gens, self.deadline = blocks, gens, deadline
+    def __init__(self, blocks: list[int], gens: list[int], deadline: float, inc: int = 0) -> None:
+        self.blocks, self.gens, self.deadline, self.inc = blocks, gens, deadline, inc
         self.holding = True
+        self.params: dict[str, Any] = {}
 
 
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
@@ -149,6 +188,9 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     heap: list[tuple[float, int, str, int]] = []
     waiting: list[int] = []
     seq = 0
+    inc = d_inc = 0  # restart-p: P's incarnation, and the one whose agent D loaded
+    last_answer = 0.0
+    ever: set[int] = set()
 
     def push(t: float, kind: str, i: int) -> None:
         nonlocal seq
@@ -165,26 +207,101 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
 
     def admit(t: float) -> None:
         """Waiting requests take free blocks in arrival order (vLLM's scheduler waits for free blocks)."""
-        while waiting and len(free) >= blocks_per_request and t <= horizon:
+        while waiting and len(free) >= blocks_per_request and running(t):
             i = waiting.pop(0)
             blocks = [free.pop(0) for _ in range(blocks_per_request)]
             for b in blocks:
-                if gen[b]:
+                if b in ever:
                     acc.reused += 1
+                ever.add(b)
                 gen[b] = gen[b] % GEN_WRAP + 1
                 owner[b] = i
                 last_gen_owner[(b, gen[b])] = i
             acc.allocated += len(blocks)
             deadline = t + expiry if expiry is not None else math.inf
-            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline)
+            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline, inc)
             if deadline < math.inf:
                 push(deadline, "expire", i)
             slow = pick(faults, "slow-decode", i)
             push(t + (slow.seconds if slow else 0.0), "recv", i)
+            if pick(faults, "restart-p", i):
+                restart()
+
+    def restart() -> None:
+        """P's process is replaced: its blocks (and every request holding them) die with it; the new P starts
+        with every block free and every generation 0."""
+        nonlocal inc
+        inc += 1
+        acc.restarts += 1
+        for r in reqs.values():
+            if r.holding:
+                r.holding, r.deadline = False, math.inf
+                acc.lost += 1
+        free[:] = range(pool)
+        owner.clear()
+        gen[:] = [0] * pool
+
+    def read(i: int, t: float) -> None:
+        """D's READ of request i at t, and what it finds."""
+        nonlocal d_inc, last_answer
+        last_answer = t  # every READ ends in an outcome D answers with
+        r, params = reqs[i], reqs[i].params
+        if inc > d_inc or r.inc < inc:
+            refused = restart_detail(line, r.inc, inc)
+            if line is CORRECTED:
+                d_inc = inc
+            if refused is not None:
+                out[i] = Outcome(i, *refused)
+                return
+        hold_s, lost = held_for(faults, i)
+        if line is CORRECTED and lost:
+            exp = params.get("remote_blocks_expiry_time")
+            if exp is not None and t >= exp:
+                out[i] = Outcome(i, "recomputed", "lease passed while D held the request (its heartbeats never "
+                                                  "renewed it): blocks not read, recomputed")
+                return
+        if pick(faults, "read-fail", i):
+            out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", NOT_REGISTERED))
+            return
+        ids = params["remote_block_ids"]
+        if any(not 0 <= b < pool for b in ids):
+            out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "
+                                            "of range -> NIXL_ERR_INVALID_PARAM"))
+            return
+        if pick(faults, "abort-d", i):
+            out[i] = Outcome(i, "aborted", abort_detail(line))
+            acc.d_freed_in_flight += not abort_waits_read(line)
+        else:
+            # Whose KV each block read holds: the request that wrote the block's current generation.
+            found = [(b, gen[b], last_gen_owner.get((b, gen[b])))
+                     for b, mine in zip(ids, r.blocks, strict=True) if b != mine or owner.get(b) not in (i, None)
+                     or last_gen_owner.get((b, gen[b])) != i]
+            if found:
+                b, g, j = found[0]
+                whose = f"request {j}'s KV (generation {g})" if j is not None else "untagged bytes"
+                if line is CORRECTED:
+                    out[i] = Outcome(i, "recomputed", f"generation check: block {b} holds {whose}: refused, "
+                                                      "recomputed")
+                else:
+                    out[i] = Outcome(i, "wrong", f"block {b} holds {whose}", j)
+            elif not r.holding:
+                out[i] = Outcome(i, "freed-early", f"P freed the blocks at {r.deadline:.2f} s ({line.expiry}), D "
+                                                   f"read at {t:.2f} s")
+            else:
+                out[i] = Outcome(i, "delivered")
+        if not pick(faults, "drop-notif", i):
+            delay = pick(faults, "delay-notif", i)
+            push(t + (delay.seconds if delay else 0.0), "notif", i)
 
     for i in range(requests):
         push(i / rate, "arrive", i)
     horizon = run_end(requests, rate, faults, settle)
+
+    def running(t: float) -> bool:
+        """The real router runs until its schedule's end and `settle` past D's last answer, and never stops
+        while a request P handed out is still unanswered (a hold or a queue can push answers past the end)."""
+        return t <= max(horizon, last_answer + settle) or any(i not in out for i in reqs)
+
     while heap:
         t, _s, kind, i = heapq.heappop(heap)
         if kind == "arrive":
@@ -203,38 +320,23 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             refused = decide(line, i, params, engine_id, pool, t)
             if refused is not None:
                 out[i] = Outcome(i, *refused)
+                last_answer = t
                 continue
             assert params is not None
-            if line.heartbeat and expiry is not None:
-                acc.heartbeats += 1  # D's scheduler tracks it from here: heartbeats renew the lease until the read
+            r.params = params
+            hold_s, lost = held_for(faults, i)
+            if line.heartbeat and expiry is not None and not lost:
+                # D's scheduler tracks it from here: heartbeats (every lease/6) renew the lease until the read
+                acc.heartbeats += 1 + int(hold_s // (expiry / 6))
                 if r.holding:
-                    r.deadline = t + expiry
+                    r.deadline = t + hold_s + expiry
                     push(r.deadline, "expire", i)
-            ids = params["remote_block_ids"]
-            if any(not 0 <= b < pool for b in ids):
-                out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "
-                                                "of range -> NIXL_ERR_INVALID_PARAM"))
-                continue
-            # Whose KV each block read holds: the request that wrote the block's current generation.
-            found = [(b, gen[b], last_gen_owner.get((b, gen[b])))
-                     for b, mine in zip(ids, r.blocks, strict=True) if b != mine or owner.get(b) not in (i, None)
-                     or last_gen_owner.get((b, gen[b])) != i]
-            if found:
-                b, g, j = found[0]
-                whose = f"request {j}'s KV (generation {g})" if j is not None else "untagged bytes"
-                if line is CORRECTED:
-                    out[i] = Outcome(i, "recomputed", f"generation check: block {b} holds {whose}: refused, "
-                                                      "recomputed")
-                else:
-                    out[i] = Outcome(i, "wrong", f"block {b} holds {whose}", j)
-            elif not r.holding:
-                out[i] = Outcome(i, "freed-early", f"P freed the blocks at {r.deadline:.2f} s ({line.expiry}), D "
-                                                   f"read at {t:.2f} s")
+            if hold_s > 0:
+                push(t + hold_s, "read", i)
             else:
-                out[i] = Outcome(i, "delivered")
-            if not pick(faults, "drop-notif", i):
-                delay = pick(faults, "delay-notif", i)
-                push(t + (delay.seconds if delay else 0.0), "notif", i)
+                read(i, t)
+        elif kind == "read":
+            read(i, t)
         elif kind == "notif":
             if reqs[i].holding:
                 release(i, t)
@@ -243,7 +345,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 acc.late_notifs += 1
         elif kind == "expire":
             r = reqs[i]
-            if t > horizon:
+            if not running(t):
                 continue  # the run ended first: P still holds them
             if r.holding and t >= r.deadline:
                 release(i, t)

@@ -21,8 +21,8 @@ from pdcheck.kvcache import KVCache, block_descs, check_blocks, desc_ids, engine
 from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
 from pdcheck.requests import push
-from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of, with_policy
-from pdcheck.requests.model import GEN_WRAP, decide, on_failure, params_for
+from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
+from pdcheck.requests.model import GEN_WRAP, abort_detail, decide, on_failure, params_for
 
 POLL_S = 0.002
 
@@ -44,7 +44,9 @@ class RequestsRole(Role):
 
     @property
     def agent_name(self) -> str:
-        return f"{self.spec.engine_id}-{self.spec.role.lower()}{self.spec.tp_rank}"
+        # A replaced P is a new agent under the same engine id (vLLM names each worker's agent by a uuid).
+        inc = f".r{self.spec.incarnation}" if self.spec.incarnation else ""
+        return f"{self.spec.engine_id}-{self.spec.role.lower()}{self.spec.tp_rank}{inc}"
 
     def environment(self) -> None:
         no_memory_hooks("cpu")
@@ -55,7 +57,7 @@ class RequestsRole(Role):
 
     def ready(self) -> m.Msg:
         return m.ReqReady(self.spec.tp_rank, self.spec.engine_id, self.agent.name, self.agent.metadata(), self.kv.base_addrs,
-                          self.spec.num_blocks, self.setup_ms())
+                          self.spec.num_blocks, self.setup_ms(), self.spec.incarnation)
 
     def wait(self, timeout_s: float) -> m.Msg | None:
         return m.recv(self.conn) if self.conn.poll(timeout_s) else None
@@ -105,11 +107,18 @@ class RequestsP(RequestsRole):
                 now = time.time()
                 deadline = now + expiry if expiry is not None else float("inf")
                 held[i] = _Held(blocks, gens, deadline)
-                rid = f"req-{epoch}.{i}"
+                inc = self.spec.incarnation
+                rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
                 by_id[rid] = i
-                make = push.params if mode == "push" else params_for
-                params = make(line, i, blocks, self.spec.engine_id, 5600, 1, deadline if expiry is not None else None,
-                              gens, rid)
+                if mode == "push":
+                    params = push.params(line, i, blocks, self.spec.engine_id, 5600, 1,
+                                         deadline if expiry is not None else None, gens, rid)
+                else:
+                    # vLLM's registration generation is 1 in every P process (one registration at start-up), so
+                    # a replaced P hands out the same one; the corrected path counts incarnations.
+                    params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
+                                        deadline if expiry is not None else None, gens, rid,
+                                        inc + 1 if line is CORRECTED else 1)
                 m.send(self.conn, m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
@@ -199,62 +208,144 @@ class RequestsD(RequestsRole):
     """D's scheduler and worker: decide on the forwarded params, heartbeat, READ, check, notify."""
 
     def run(self) -> None:
-        kv, agent = self.kv, self.agent
-        line: Lifecycle = CORRECTED
-        peer: m.ReqReady | None = None
-        remote: Any = None
-        local: Any = None
-        expiry_s: float | None = None
-        pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
+        self.line: Lifecycle = CORRECTED
+        self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
+        self.side: m.ReqReady | None = None  # what P's side channel serves now (a replaced P: the new one)
+        self.remote: Any = None
+        self.local: Any = None
+        self.expiry_s: float | None = None
+        self.pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
+        self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
         waiter = _PushWaiter(self)
         while True:
-            msg = self.wait(POLL_S if pending or waiter.busy else 0.05)
-            for final in waiter.poll(line):
+            msg = self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)
+            for final in waiter.poll(self.line):
                 m.send(self.conn, final)
             now = time.time()
-            for when, note in [p for p in pending if p[0] <= now]:
-                pending.remove((when, note))
-                assert peer is not None
-                agent.send_notif(peer.agent, note)
+            for when, note in [p for p in self.pending if p[0] <= now]:
+                self.pending.remove((when, note))
+                self.notify(note)
+            self.tick(now)
             if isinstance(msg, m.Stop):
                 return
             if isinstance(msg, m.ReqBegin):
-                line = with_policy(line_of(msg.line), msg.failure_policy)
-                pending.clear()  # a delayed notification of the last line is never sent into this one
-                waiter.reset(msg.mode, msg.lease_s if msg.lease_s is not None else line.expiry_s)
-                expiry_s = msg.lease_s if msg.lease_s is not None else line.expiry_s
-                if msg.peer is not None and peer is None:
-                    peer = msg.peer
-                    agent.add_remote(peer.metadata)
-                    bl = kv.block_len
-                    remote = agent.prep(peer.agent, block_descs(peer.base_addrs, peer.num_blocks, bl, bl, 0),
-                                        kv.mem_type, "P's blocks")
-                    local = agent.prep(LOCAL, kv.descs(bl, 0), kv.mem_type, "local")
+                self.line = with_policy(line_of(msg.line), msg.failure_policy)
+                self.pending.clear()  # a delayed notification of the last line is never sent into this one
+                self.held.clear()
+                self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
+                waiter.reset(msg.mode, self.expiry_s)
+                if msg.peer is not None:
+                    self.side = msg.peer
+                    if self.peer is None or msg.peer.agent != self.peer.agent:
+                        self.load(msg.peer)  # a new line is a fresh deployment: D handshakes with the P running now
+                m.send(self.conn, m.Ack())  # D is ready for the line (restart-p waits for this handshake)
+            elif isinstance(msg, m.ReqReady):
+                self.side = msg  # P was replaced: its side channel now serves the new agent
+            elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
+                assert self.peer is not None
+                m.send(self.conn, waiter.register(msg, self.line, self.peer))
             elif isinstance(msg, m.ReqDecode):
-                assert peer is not None
-                if waiter.mode == "push":
-                    m.send(self.conn, waiter.register(msg, line, peer))
-                else:
-                    m.send(self.conn, self.decode(msg, line, peer, remote, local, expiry_s, pending))
+                out = self.decode(msg)
+                if out is not None:
+                    m.send(self.conn, out)
 
-    def decode(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady, remote: Any, local: Any,
-               expiry_s: float | None, pending: list[tuple[float, bytes]]) -> m.ReqDecoded:
-        kv, agent, i = self.kv, self.agent, msg.request
-        refused = decide(line, i, msg.params, peer.engine_id, peer.num_blocks, time.time())
+    def load(self, peer: m.ReqReady) -> None:
+        """The handshake's end: load P's agent and prep its blocks (dropping a replaced agent first)."""
+        agent, kv = self.agent, self.kv
+        if self.peer is not None:
+            agent.release_dlist(self.remote)
+            try:
+                agent.remove_remote(self.peer.agent)
+            except NixlCallError:
+                pass  # its process is gone; forgetting it is all that is left to do
+        if self.local is None:
+            self.local = agent.prep(LOCAL, kv.descs(kv.block_len, 0), kv.mem_type, "local")
+        agent.add_remote(peer.metadata)
+        bl = kv.block_len
+        self.remote = agent.prep(peer.agent, block_descs(peer.base_addrs, peer.num_blocks, bl, bl, 0), kv.mem_type,
+                                 "P's blocks")
+        self.peer = peer
+
+    def notify(self, note: bytes) -> bool:
+        """A notification to P; a dead P's agent answers NIXL_ERR_REMOTE_DISCONNECT (vLLM logs it and goes on)."""
+        assert self.peer is not None
+        try:
+            self.agent.send_notif(self.peer.agent, note)
+            return True
+        except NixlCallError:
+            return False
+
+    def tick(self, now: float) -> None:
+        """Held requests: heartbeats every lease/6 (unless lost), and the READ once the hold is over."""
+        interval = (self.expiry_s or 0.0) / 6
+        for h in list(self.held):
+            if now >= h.read_at:
+                self.held.remove(h)
+                m.send(self.conn, self.read(h.msg, h.rid))
+            elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
+                self.notify(f"HB:{h.rid}".encode())
+                h.next_hb = now + interval
+
+    def decode(self, msg: m.ReqDecode) -> m.ReqDecoded | None:
+        """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
+        line, peer = self.line, self.peer
+        assert peer is not None
+        refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time())
         if refused is not None:
-            return m.ReqDecoded(i, "refused", *refused)
+            return m.ReqDecoded(msg.request, "refused", *refused)
         assert msg.params is not None
-        ids = [int(b) for b in msg.params["remote_block_ids"]]
         rid = str(msg.params.get("remote_request_id", msg.request_id))
-        if line.heartbeat and expiry_s is not None:
-            agent.send_notif(peer.agent, f"HB:{rid}".encode())  # the scheduler now tracks it: lease renewed
+        if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
+            self.notify(f"HB:{rid}".encode())  # the scheduler now tracks it: lease renewed
+        if msg.hold_s > 0:
+            now = time.time()
+            self.held.append(_Hold(msg, rid, now + msg.hold_s, now + (self.expiry_s or 0.0) / 6))
+            return None
+        return self.read(msg, rid)
+
+    def rehandshake(self) -> str:
+        """The corrected path: load what P's side channel serves now."""
+        if self.side is not None and (self.peer is None or self.side.agent != self.peer.agent):
+            self.load(self.side)
+            return f"D re-handshook (registration generation {self.side.incarnation + 1})"
+        return "no newer P to re-handshake with"
+
+    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded:
+        kv, agent, i, line = self.kv, self.agent, msg.request, self.line
+        peer = self.peer
+        assert peer is not None and msg.params is not None
+        if line is CORRECTED:
+            gen = int(msg.params.get("remote_registration_generation", 1))
+            if gen > peer.incarnation + 1:
+                self.rehandshake()  # P was replaced since D's handshake: load the new one before reading
+                peer = self.peer
+                assert peer is not None
+            elif gen < peer.incarnation + 1:
+                return m.ReqDecoded(i, "refused", "recomputed", f"P restarted after handing out these params "
+                                    f"(registration generation {gen} < {peer.incarnation + 1}): its blocks died "
+                                    "with it; recomputed")
+            expiry = msg.params.get("remote_blocks_expiry_time")
+            if msg.heartbeats_lost and expiry is not None and time.time() >= expiry:
+                return m.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
+                                    "acknowledged: its heartbeats were lost): blocks not read, recomputed")
+        ids = [int(b) for b in msg.params["remote_block_ids"]]
         regions = kv.geometry.num_regions
         mine = np.arange(len(ids))  # D's own blocks for this request: the first len(ids) of its cache
         t_read = time.time()
         try:
-            agent.read(local, desc_ids(regions, kv.num_blocks, mine), remote,
+            if msg.read_fail:
+                # A READ over memory P never registered: NIXL itself refuses it.
+                bad = agent.prep(peer.agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64), kv.mem_type,
+                                 f"request {i}: P's memory (read-fail)")
+                agent.release_dlist(bad)
+            if msg.abort:
+                return self.aborted(msg, rid, mine, ids, t_read)
+            agent.read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
                        desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}")
         except NixlCallError as exc:
+            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+                return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
+                                    "recomputed", t_read)
             verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
@@ -266,14 +357,44 @@ class RequestsD(RequestsRole):
         if chk.first is not None:
             f = chk.first.found
             out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
-        if not msg.drop_notif:
-            note = line.notification(rid, 1)
-            if msg.notif_delay_s > 0:
-                pending.append((time.time() + msg.notif_delay_s, note))
-            else:
-                agent.send_notif(peer.agent, note)
+        self.done(msg, rid)
         return out
 
+    def done(self, msg: m.ReqDecode, rid: str) -> None:
+        if not msg.drop_notif:
+            note = self.line.notification(rid, 1)
+            if msg.notif_delay_s > 0:
+                self.pending.append((time.time() + msg.notif_delay_s, note))
+            else:
+                self.notify(note)
+
+    def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
+        """abort-d: the READ is posted, then the client aborts. Before the 0.24 line D's scheduler frees the
+        request's blocks at once, under the READ; from it, only once the READ is done. The READ completes
+        either way and P is notified (vLLM's notification rides on the READ)."""
+        kv, agent, peer = self.kv, self.agent, self.peer
+        assert peer is not None
+        regions = kv.geometry.num_regions
+        h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
+                            desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {msg.request}")
+        try:
+            state = at_abort = agent.post(h)
+            freed_under = not abort_waits_read(self.line)  # the abort: freed now, whatever the READ's state
+            deadline = time.time() + 30.0
+            while state == "PROC" and time.time() < deadline:
+                state = agent.state(h)
+        finally:
+            agent.release(h)
+        self.done(msg, rid)
+        detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
+        return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
+
+
+class _Hold:
+    __slots__ = ("msg", "next_hb", "read_at", "rid")
+
+    def __init__(self, msg: m.ReqDecode, rid: str, read_at: float, next_hb: float) -> None:
+        self.msg, self.rid, self.read_at, self.next_hb = msg, rid, read_at, next_hb
 
 
 class _PushTarget:

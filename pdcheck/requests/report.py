@@ -44,6 +44,8 @@ class ReleaseReport(msgspec.Struct):
     model_agrees: bool
     seconds: float
     router_lag_s: float  # how late the parent (the router) got a request to P or D at worst
+    timeline: list[tuple[float, int]] = []  # (seconds into the run, P's blocks held): what --plot draws
+    latency_s: list[float | None] = []  # per request: P's allocation to D's answer (None: never answered)
 
 
 class Expectation(msgspec.Struct):
@@ -75,15 +77,18 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
                        "" if e.verdict == o.verdict else e.verdict)
             for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
     counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
-    statuses = ["ok" if o.verdict in OK else o.verdict for o in run.outcomes]
+    # An aborted request has no answer to judge: it fails the release only where D freed blocks under its READ.
+    statuses = ["ok" if o.verdict in OK or o.verdict == "aborted" else o.verdict for o in run.outcomes]
     from pdcheck.requests.lines import line_of
 
     line = line_of(run.line)
     return ReleaseReport(
-        run.release, run.line, survives(statuses, n) and run.accounting.leaked == 0,
+        run.release, run.line,
+        survives(statuses, n) and run.accounting.leaked == 0 and run.accounting.d_freed_in_flight == 0,
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
-        line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting, run.expiry_log[:3], run.notif_errors[:3],
-        all(not r.model for r in rows), run.seconds, run.router_lag_s)
+        line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting,
+        run.expiry_log[:3], run.notif_errors[:3], all(not r.model for r in rows), run.seconds, run.router_lag_s,
+        run.timeline, run.latency_s)
 
 
 def _notification(line: Any, mode: str) -> str:
@@ -113,7 +118,7 @@ def _name(release: str) -> str:
     return release if release == "corrected" else resolve(release).name
 
 
-_STYLE = {"delivered": "green", "recomputed": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
+_STYLE = {"delivered": "green", "recomputed": "yellow", "aborted": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
           "error": "red"}
 
 
@@ -156,6 +161,14 @@ def render(rep: RequestsReport, console: Any) -> None:
     for r in [*rep.releases, rep.corrected]:
         for line in r.expiry_log[:1] + r.notif_errors[:1]:
             console.print(f"[dim]{escape(r.release)} P:[/] {escape(line)}")
+    for r in [*rep.releases, rep.corrected]:
+        acc = r.accounting
+        if acc.restarts:
+            console.print(f"[dim]{escape(r.release)}:[/] P replaced {acc.restarts} time(s) (new process, new agent, "
+                          f"same engine id); {acc.lost} request(s)' blocks died with it")
+        if acc.d_freed_in_flight:
+            console.print(f"[dim]{escape(r.release)}:[/] [red]D freed its blocks under an in-flight READ[/] for "
+                          f"{acc.d_freed_in_flight} aborted request(s)")
     for e in rep.expectations:
         mark = "[green]pass[/]" if e.passed else "[bold red]FAIL[/]"
         console.print(f"expect {escape(e.release)}: {mark}" + ("" if e.passed else f" (expected {e.expected}, got "

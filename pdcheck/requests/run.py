@@ -23,7 +23,7 @@ from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
-from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, run_end, simulate
+from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, held_for, run_end, simulate
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, d_pool
 from pdcheck.requests.push import simulate as push_simulate
 
@@ -60,6 +60,8 @@ class LineRun(msgspec.Struct):
     notif_errors: list[str]
     seconds: float
     router_lag_s: float  # the most any request reached P or D after its time (the rate not kept)
+    timeline: list[tuple[float, int]] = []  # (seconds into the line, P's blocks held from then on)
+    latency_s: list[float | None] = []  # per request: arrival to D's answer (None: never answered)
     mode: str = "pull"
 
 
@@ -77,19 +79,89 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
         d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, d_blocks)))
         got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
-        p_ready = got[p.id][1]
-        peer: m.ReqReady | None = p_ready
+        slot = _PSlot(p, _Outbox(p), got[p.id][1])
         d_ready: m.ReqReady | None = got[d.id][1] if opts.mode == "push" else None  # push: P handshakes with D
-        boxes = _Outbox(p), _Outbox(d)
+        dbox = _Outbox(d)
         try:
             for name, line in [*releases, ("corrected", CORRECTED)]:
-                out.append(_one_line(lau, p, d, boxes, name, line, opts, peer, d_ready))
-                peer = d_ready = None
+                # Every line begins with D loading the P that runs now (after a restart-p: the replacement).
+                out.append(_one_line(lau, slot, d, dbox, name, line, opts, slot.ready, d_ready))
+                d_ready = None
         finally:
-            for box in boxes:
+            for box in (slot.box, dbox):
                 box.send(m.Stop())
                 box.close()
     return out
+
+
+class _PSlot:
+    """The P rank now serving (restart-p replaces it: a new process, a new agent, the same engine id)."""
+
+    def __init__(self, rank: Any, box: _Outbox, ready: m.ReqReady) -> None:
+        self.rank, self.box, self.ready = rank, box, ready
+        self.incarnation = 0
+
+
+def _restart_p(lau: Any, slot: _PSlot, dbox: _Outbox, begin: m.ReqBegin, opts: Options) -> float:
+    """Kill P's process and start its replacement on the one launcher: the same engine id and blocks, a new agent.
+    The new P takes the line (begin); D learns what the side channel now serves (the new P's metadata) but loads
+    it only where the release re-handshakes. Returns the seconds it took (the router holds requests meanwhile)."""
+    import os
+    import signal
+
+    t0 = time.time()
+    old = slot.rank
+    slot.box.close()
+    if old.pid is not None:
+        os.kill(old.pid, signal.SIGKILL)
+    old.reap(5.0)
+    old.done = True
+    slot.incarnation += 1
+    log = getattr(lau, "log_dir", None)
+    p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool,
+                                                                      incarnation=slot.incarnation)),
+                  **({"log": f"{log}/P0.r{slot.incarnation}.log"} if log else {}))
+    ready = orc.gather(lau, [p], m.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
+    slot.rank, slot.box, slot.ready = p, _Outbox(p), ready[p.id][1]
+    slot.box.send(begin)
+    dbox.send(slot.ready)
+    return time.time() - t0
+
+
+def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[int, m.ReqPrefilled],
+                           decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
+                           opts: Options, d_began: list[bool], timeout_s: float = 10.0) -> None:
+    """Before P is killed: D finished its handshake with it (answered the line's ReqBegin), and the requests
+    before `req` finish as the model has them: D answered each, and P freed each one D read and notified at once
+    (a restart is deterministic: it never races the handshake or an earlier READ)."""
+    def settled() -> bool:
+        if not d_began[0]:
+            return False
+        for j in prefilled:
+            if j >= req:
+                continue
+            dec = decoded.get(j)
+            if dec is None:
+                return False
+            notified = not (pick(opts.faults, "drop-notif", j) or pick(opts.faults, "delay-notif", j))
+            if dec.status == "read" and notified and j not in freed:
+                return False
+        return True
+
+    deadline = time.monotonic() + timeout_s
+    while not settled() and time.monotonic() < deadline:
+        for _rank, msg in lau.events([p, d], min(deadline, time.monotonic() + 0.05)):
+            if isinstance(msg, m.ReqDecoded):
+                decoded[msg.request] = msg
+            elif isinstance(msg, m.Ack):
+                d_began[0] = True
+            elif isinstance(msg, m.ReqFreed):
+                freed.setdefault(msg.request, msg)
+                if msg.log:
+                    logs.append(msg.log)
+            elif msg is None or isinstance(msg, m.Failed):
+                return  # the main loop reports it
+            break
 
 
 class _Outbox:
@@ -126,15 +198,22 @@ def _target() -> Any:
     return requests_main
 
 
-def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: str, line: Lifecycle,
+def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Lifecycle,
               opts: Options, peer: m.ReqReady | None, d_ready: m.ReqReady | None = None) -> LineRun:
     t0 = time.time()
-    to_p, to_d = boxes
     push = opts.mode == "push"
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
                        mode=opts.mode)
-    to_p.send(msgspec.structs.replace(begin, peer=d_ready))
+    slot.box.send(msgspec.structs.replace(begin, peer=d_ready))
     to_d.send(msgspec.structs.replace(begin, peer=peer))
+    restarts = 0
+    lost = 0
+    gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
+    lost_at: dict[int, float] = {}  # request -> when its blocks died with a replaced P
+    d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
+    restarts_due = sorted(f.request for f in opts.faults if f.name == "restart-p" and f.request is not None)
+    parked: list[tuple[float, int]] = []  # prefills held back until P's restart
+    answered: dict[int, float] = {}
     n = opts.requests
     # (when, seq, action, request): "prefill" to P, "decode" to D
     due: list[tuple[float, int, str, int]] = [(t0 + i / opts.rate, i, "prefill", i) for i in range(n)]
@@ -158,8 +237,10 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
         while due and due[0][0] <= now:
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
-            if action == "prefill":
-                to_p.send(_prefill(i, opts))
+            if action == "prefill" and any(r < i for r in restarts_due):
+                parked.append((when, i))  # P restarts after an earlier request: this one goes to the new P
+            elif action == "prefill":
+                slot.box.send(_prefill(i, opts))
             else:
                 to_d.send(_route(prefilled, i, opts))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
@@ -170,7 +251,7 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
         wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
-        for rank, msg in lau.events([p, d], time.monotonic() + max(0.001, wake - time.time())):
+        for rank, msg in lau.events([slot.rank, d], time.monotonic() + max(0.001, wake - time.time())):
             if msg is None:
                 raise faults.died(rank)
             if isinstance(msg, m.Failed):
@@ -180,29 +261,75 @@ def _one_line(lau: Any, p: Any, d: Any, boxes: tuple[_Outbox, _Outbox], name: st
                 for b, g in zip(msg.blocks, msg.gens, strict=True):
                     owner[(b, g)] = msg.request
                 slow = pick(opts.faults, "slow-decode", msg.request)
-                heapq.heappush(due, (msg.t + (slow.seconds if slow else 0.0), seq, "decode", msg.request))
+                t_decode = msg.t + (slow.seconds if slow else 0.0)
+                if pick(opts.faults, "restart-p", msg.request):
+                    # Between handshake and transfer: P is replaced after handing out these params. Whatever it
+                    # still held dies with it; the schedule pauses while the new P starts.
+                    _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
+                                           d_began)
+                    dying = [j for j in prefilled if j not in freed and j not in gone]
+                    lost += len(dying)
+                    lost_at.update(dict.fromkeys(dying, time.time()))
+                    gone.update(prefilled)
+                    restarts += 1
+                    down = _restart_p(lau, slot, to_d, begin, opts)
+                    if msg.request in restarts_due:
+                        restarts_due.remove(msg.request)
+                    due = [(w + down, s_, a, j) for w, s_, a, j in due]
+                    due += [(w + down, j, "prefill", j) for w, j in parked]
+                    parked.clear()
+                    heapq.heapify(due)
+                    end, hard, t_decode = end + down, hard + down, t_decode + down
+                heapq.heappush(due, (t_decode, seq, "decode", msg.request))
                 seq += 1
             elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
                 registered.add(msg.request)
                 last_answer = time.time()
             elif isinstance(msg, m.ReqDecoded):
                 decoded[msg.request] = msg
-                last_answer = time.time()
+                last_answer = answered[msg.request] = time.time()
+            elif isinstance(msg, m.Ack):
+                d_began[0] = True
             elif isinstance(msg, m.ReqFreed):
                 freed.setdefault(msg.request, msg)
                 if msg.log:
                     logs.append(msg.log)
             break  # back to the schedule after every message
-    to_p.send(m.ReqEnd())
-    acct = orc.gather(lau, [p], m.ReqAccount, 30.0, _Closing(f"vLLM {name}'s accounting", freed, logs))[p.id][1]
+    slot.box.send(m.ReqEnd())
+    acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
+                      _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
     judge = _push_verdict if push else _verdict
     outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
+    acc.restarts, acc.lost = restarts, lost
+    acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
     model = push_simulate if push else simulate
     exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
                          opts.settle_s)
+    # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
+    arrived = {i: pf.t for i, pf in prefilled.items()}
+    latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
-                   lag, opts.mode)
+                   lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode)
+
+
+def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],
+              lost_at: dict[int, float]) -> list[tuple[float, int]]:
+    """P's blocks held over the line, from its real allocations, frees and restarts."""
+    steps: list[tuple[float, int]] = []
+    for i, pf in prefilled.items():
+        k = len(pf.blocks)
+        steps.append((pf.t, k))
+        end = freed[i].t if i in freed else lost_at.get(i)
+        if end is not None:
+            steps.append((end, -k))
+    steps.sort()
+    out: list[tuple[float, int]] = [(0.0, 0)]
+    held = 0
+    for t, dk in steps:
+        held += dk
+        out.append((round(t - t0, 4), held))
+    return out
 
 
 class _Closing(orc.Stage):
@@ -235,8 +362,10 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
     if opts.mode == "push":  # the notification faults hit P's WRITE notification instead (_prefill)
         return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens)
     delay = pick(opts.faults, "delay-notif", i)
+    hold_s, lost = held_for(opts.faults, i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
-                       delay.seconds if delay else 0.0)
+                       delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
+                       pick(opts.faults, "abort-d", i) is not None)
 
 
 def _prefill(i: int, opts: Options) -> m.ReqPrefill:
@@ -254,7 +383,7 @@ def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefi
     dec = decoded.get(i)
     if dec is None:
         return Outcome(i, "hang", "D never answered for this request")
-    if dec.status in ("refused", "failed"):
+    if dec.status in ("refused", "failed", "aborted"):
         return Outcome(i, dec.verdict, dec.detail)
     if dec.wrong:
         j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None

@@ -1,0 +1,68 @@
+"""`pdcheck requests --plot FILE`: P's blocks held over time and each request's latency, one line per release
+and the corrected path, drawn from the report (the same struct --json encodes). matplotlib is optional
+(pdcheck[plot]) and imported only here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pdcheck.errors import BadInput
+from pdcheck.requests.report import OK, RequestsReport
+
+SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def check(path: Path) -> None:
+    """Before anything runs: matplotlib is there, and the file can be written where it is named."""
+    from pdcheck.bench.output import check_plot_available
+
+    if path.suffix.lower() not in SUFFIXES:
+        raise BadInput(f"--plot {path}: name a {', '.join(SUFFIXES)} file")
+    if not path.parent.is_dir():
+        raise BadInput(f"--plot {path}: directory {path.parent} does not exist")
+    check_plot_available()
+
+
+def write(rep: RequestsReport, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    fig, (held, lat) = plt.subplots(2, 1, figsize=(10, 6.5))
+    for r in [*rep.releases, rep.corrected]:
+        if r.timeline:
+            xs, ys = zip(*r.timeline, strict=True)
+            (line,) = held.step(xs, ys, where="post", label=r.release if r.release == r.line else f"{r.release} ({r.line})")
+        else:
+            line = None
+        color = line.get_color() if line is not None else None
+        arrivals = [i / rep.rate for i in range(len(r.latency_s))]
+        ok = [(x, y) for x, y, row in zip(arrivals, r.latency_s, r.rows, strict=True)
+              if y is not None and row.verdict in (*OK, "aborted")]
+        bad = [(x, y) for x, y, row in zip(arrivals, r.latency_s, r.rows, strict=True)
+               if y is not None and row.verdict not in (*OK, "aborted")]
+        if ok:
+            lat.plot(*zip(*ok, strict=True), "o", ms=3, color=color, label=f"{r.release}")
+        if bad:
+            lat.plot(*zip(*bad, strict=True), "x", ms=6, color=color,
+                     label=f"{r.release}: wrong / freed-early / error")
+    held.axhline(rep.pool, ls="--", color="grey", lw=0.8, label=f"P's pool ({rep.pool})")
+    held.set_xlabel("seconds into the release's run")
+    held.set_ylabel("P's KV blocks held")
+    held.set_ylim(bottom=0)
+    lat.set_xlabel("request arrival (s)")
+    lat.set_ylabel("P's prefill to D's answer (s)")
+    for ax in (held, lat):
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+    faults = f"; faults {', '.join(rep.faults)}" if rep.faults else ""
+    fig.suptitle(f"pdcheck requests {rep.scenario}: {rep.requests} requests at {rep.rate:g}/s, lease "
+                 f"{rep.lease_s if rep.lease_s is not None else 'default'}{faults}", fontsize=9)
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as exc:
+        raise BadInput(f"--plot {path}: cannot write: {exc.strerror}") from exc
+    finally:
+        plt.close(fig)
