@@ -50,8 +50,10 @@ def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, por
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(blocks),
         "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
-        "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks), "remote_blocks_expiry_time":
-            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": 0,
+        "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks),
+        # vLLM's P returns None here (it stamps an expiry only on D's turn-2 blocks); the corrected path sends it
+        "remote_blocks_expiry_time": expiry_at if line is CORRECTED else None, "transfer_mode": "pull",
+        "dcp_size": 1, "pp_size": 1, "remote_registration_generation": 0,
         "block_generations": list(gens),
     }
     return {k: every[k] for k in line.keys}
