@@ -209,8 +209,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             assert params is not None
             if line.heartbeat and expiry is not None:
                 acc.heartbeats += 1  # D's scheduler tracks it from here: heartbeats renew the lease until the read
-                if r.holding:
-                    r.deadline = t + expiry
+                if r.holding and t + line.lease_extension(expiry) > r.deadline:
+                    r.deadline = t + line.lease_extension(expiry)
                     push(r.deadline, "expire", i)
             ids = params["remote_block_ids"]
             if any(not 0 <= b < pool for b in ids):

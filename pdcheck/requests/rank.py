@@ -150,7 +150,7 @@ class RequestsP(RequestsRole):
                         for rid in raw[3:].decode(errors="replace").split(","):
                             i = by_id.get(rid, -1)
                             if i in held and expiry is not None:
-                                held[i].deadline = time.time() + expiry
+                                held[i].deadline = max(held[i].deadline, time.time() + line.lease_extension(expiry))
                         continue
                     try:
                         rid, _consumers = line.parse_notification(raw)
