@@ -26,6 +26,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from pdcheck.kvcache import KVCache, block_descs, desc_ids  # noqa: E402
 from pdcheck.nixlagent import confine_ucx, no_memory_hooks  # noqa: E402
+from pdcheck.requests.lines import line_of  # noqa: E402
 from pdcheck.requests.run import GEOMETRY  # noqa: E402
 
 PER_REQUEST = 2  # blocks per request, as Options' default
@@ -66,20 +68,24 @@ def raw_p(connect: str, pool: int) -> int:
     sock.send_multipart([bytes(a.get_agent_metadata()), json.dumps(kv.base_addrs).encode()])
     want = int(sock.recv())  # D starts; P counts notifications as vLLM's _get_new_notifs does (rsplit, int)
     got, counts = 0, {}
+    c0 = time.process_time()
     while got < want:
+        os.sched_yield()  # spin, but let a loaded host's other processes run (D among them)
         for notifs in a.get_new_notifs().values():
             for raw in notifs:
+                if raw.startswith(b"HB:"):  # a heartbeat: P renews a lease (a dict write)
+                    continue
                 rid, n = raw.decode().rsplit(":", 1)
                 counts[rid] = counts.get(rid, 0) + 1
                 if counts[rid] == int(n):
                     del counts[rid]
                     got += 1
-    sock.send(str(time.perf_counter()).encode())
+    sock.send(json.dumps([time.perf_counter(), time.process_time() - c0]).encode())
     sock.recv()
     return 0
 
 
-def raw_d(requests: int, pool: int) -> dict[str, float]:
+def raw_d(requests: int, pool: int, heartbeat: bool) -> dict[str, float]:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REP)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -97,20 +103,25 @@ def raw_d(requests: int, pool: int) -> dict[str, float]:
         theirs = [desc_ids(regions, pool, (np.arange(PER_REQUEST) + PER_REQUEST * i) % pool)
                   for i in range(requests)]
         sock.send(str(requests).encode())
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(requests):
+            if heartbeat:  # 0.24+: D's scheduler heartbeats the request before its READ, as pdcheck's D does
+                a.send_notif(peer, f"HB:req-{i}".encode())
             h = a.make_prepped_xfer("READ", local, mine, remote, theirs[i], b"")
             st = a.transfer(h)
             while st not in ("DONE", "ERR"):
+                os.sched_yield()
                 st = a.check_xfer_state(h)
             if st == "ERR":
                 raise SystemExit(f"raw READ {i} failed")
             a.release_xfer_handle(h)
             a.send_notif(peer, f"req-{i}:1".encode())
-        t_p = float(sock.recv())  # P has every notification (both processes: one host, one perf_counter clock)
+        cpu_d = time.process_time() - c0
+        t_p, cpu_p = json.loads(sock.recv())  # P has every notification (one host, one perf_counter clock)
         sock.send(b"stop")
         child.wait(10)
-        return {"seconds": t_p - t0, "requests_per_s": requests / (t_p - t0)}
+        return {"seconds": t_p - t0, "requests_per_s": requests / (t_p - t0),
+                "cpu_ms": {"P": 1e3 * cpu_p / requests, "D": 1e3 * cpu_d / requests}}
     finally:
         if child.poll() is None:
             child.kill()
@@ -120,20 +131,63 @@ def raw_d(requests: int, pool: int) -> dict[str, float]:
 
 
 def pdcheck_run(requests: int, pool: int, line: str) -> dict[str, float]:
-    from pdcheck.requests.lines import line_of
     from pdcheck.requests.run import Options, run
 
     settle = Options().settle_s  # the run stops when no answer came for `settle` s: shorter cuts P's first answers
     opts = Options(requests=requests, rate=1e9, pool=pool, settle_s=settle, start_timeout_s=120.0)
-    out = run([(line, line_of(line))], opts)
+    cpu = _RankCpu()
+    c0 = time.process_time()
+    try:
+        out = run([(line, line_of(line))], opts)
+    finally:
+        cpu.stop()
+    parent = time.process_time() - c0
     rel, cor = out
     for lr in out:
         bad = [o for o in lr.outcomes if o.verdict != "delivered"]
         if bad:
             raise SystemExit(f"pdcheck {lr.release}: {len(bad)} requests not delivered, first {bad[0]}")
     # a line's seconds end `settle` after the last answer (its notification must reach P): not request work
+    both = 2 * requests  # the line and the corrected path: CPU is counted over both
+    ranks = cpu.by_role()
     return {"seconds": rel.seconds - settle, "requests_per_s": requests / (rel.seconds - settle),
-            "corrected_requests_per_s": requests / (cor.seconds - settle), "router_lag_s": rel.router_lag_s}
+            "corrected_requests_per_s": requests / (cor.seconds - settle), "router_lag_s": rel.router_lag_s,
+            "cpu_ms": {"parent": 1e3 * parent / both, **{k: 1e3 * v / both for k, v in ranks.items()}}}
+
+
+class _RankCpu:
+    """CPU seconds of pdcheck's rank processes (children of the launcher's forkserver), sampled from /proc while
+    they live: the largest utime + stime seen per process, named P or D by the order they started."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._loop, daemon=True)
+        self._t.start()
+
+    def _loop(self) -> None:
+        me, tick = os.getpid(), os.sysconf("SC_CLK_TCK")
+        while not self._stop.wait(0.2):
+            stats = {}
+            for d in Path("/proc").iterdir():
+                if d.name.isdigit():
+                    try:
+                        f = (d / "stat").read_text().rsplit(")", 1)[1].split()
+                    except OSError:
+                        continue
+                    stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)
+            servers = {pid for pid, (ppid, _c) in stats.items() if ppid == me}
+            for pid, (ppid, c) in stats.items():
+                if ppid in servers:
+                    self.seen[pid] = max(self.seen.get(pid, 0.0), c)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._t.join()
+
+    def by_role(self) -> dict[str, float]:
+        pids = sorted(self.seen)
+        return {"P" if k == 0 else "D" if k == 1 else f"rank{k}": self.seen[p] for k, p in enumerate(pids)}
 
 
 def main() -> int:
@@ -150,12 +204,15 @@ def main() -> int:
         return raw_p(args.connect, args.pool)
     raws, mine = [], []
     for rep in range(args.reps):
-        r = raw_d(args.requests, args.pool)
+        r = raw_d(args.requests, args.pool, line_of(args.line).heartbeat)
         p = pdcheck_run(args.requests, args.pool, args.line)
         raws.append(r["requests_per_s"])
         mine.append(p["requests_per_s"])
-        print(f"rep {rep}: raw {r['requests_per_s']:8.0f} req/s  pdcheck {args.line} {p['requests_per_s']:8.0f} "
-              f"req/s (corrected path {p['corrected_requests_per_s']:.0f})", flush=True)
+        print(f"rep {rep}: raw {r['requests_per_s']:6.0f} req/s  pdcheck {args.line} {p['requests_per_s']:6.0f} "
+              f"req/s (corrected path {p['corrected_requests_per_s']:.0f});  CPU ms/request: raw "
+              + " ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms"].items()) + ", pdcheck "
+              + " ".join(f"{k} {v:.2f}" for k, v in p["cpu_ms"].items())
+              + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
     raw_m, mine_m = statistics.median(raws), statistics.median(mine)
     ratio = raw_m / mine_m
     print(json.dumps({"requests": args.requests, "line": args.line, "raw_requests_per_s": round(raw_m),
