@@ -24,6 +24,7 @@ from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import GEN_WRAP, decide, on_failure, params_for
 
 POLL_S = 0.002
+HELD_POLL_S = 0.0002
 
 
 def requests_main(conn: Connection, spec_bytes: bytes) -> None:
@@ -136,7 +137,9 @@ class RequestsP(RequestsRole):
                 waiting.clear()
 
         while True:
-            msgs = [self.wait(POLL_S)]
+            # D's READs complete only as this loop drives P's UCX worker (agent.notifs(); no progress thread, which
+            # would spin a core): while blocks are held a READ may be under way, so look often.
+            msgs = [self.wait(HELD_POLL_S if held else POLL_S)]
             while msgs[-1] is not None and self.conn.poll(0):  # every queued message before the next sweep
                 msgs.append(m.recv(self.conn))
             for msg in msgs:
@@ -221,7 +224,7 @@ class RequestsD(RequestsRole):
         t_read = time.time()
         try:
             agent.read(local, desc_ids(regions, kv.num_blocks, mine), remote,
-                       desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}")
+                       desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}", yield_cpu=True)
         except NixlCallError as exc:
             verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
