@@ -202,7 +202,7 @@ class Wheel:
         self.worker_cls = self._cls("Worker", self.worker_src, ("_get_new_notifs", "_handle_heartbeat",
                                                                 "_reap_expired_send_leases", "_pop_done_transfers",
                                                                 "_handle_failed_transfer", "_log_failure",
-                                                                "_try_release_xfer_handle"))
+                                                                "_try_release_xfer_handle", "_send_heartbeats"))
         self._expire_fn = self._expiry_sweep()
 
     # ---- facts the release states as literals
@@ -318,6 +318,19 @@ class Wheel:
             transfer_topo=NS(tp_ratio=_tp_ratio), kv_topo=NS(tp_ratio=_tp_ratio), _recv_failures=set(),
             _xfer_handles_to_release={}, _pending_recv_notifs={}, use_mla=False, _is_hma_required=False)
         return w
+
+    def heartbeats(self, params: dict[str, Any], lease: float | None = None) -> list[bytes]:
+        """What D sends P for a request with these params while its scheduler tracks it (0.24+): on_new_request,
+        then the worker's _send_heartbeats on the scheduler's heartbeat_by_engine (the handshake done)."""
+        s, wk = self.scheduler(lease), self.worker(lease)
+        if not hasattr(s, "on_new_request") or not hasattr(wk, "_send_heartbeats"):
+            return []
+        s.on_new_request(request("d-0", dict(params), RequestStatus.WAITING))
+        wk.__dict__.update(_ensure_handshake=lambda *a, **k: None, _engine_last_active={},
+                           _hb_handshake_notif_only=False,
+                           _remote_agents={e: {0: f"{e}-agent"} for e in s._heartbeat_by_engine})
+        wk._send_heartbeats(NS(heartbeat_by_engine=s._heartbeat_by_engine))
+        return [msg for _agent, msg in wk.nixl_wrapper.sent]
 
     def expire(self, w: Any) -> set[str]:
         done: set[str] = set()

@@ -131,7 +131,7 @@ def _release_trace(w: Wheel, line: Lifecycle, faults: tuple[Fault, ...]) -> tupl
     w.envs.VLLM_NIXL_ABORT_REQUEST_TIMEOUT = int(LEASE)
     s, wk = w.scheduler(lease=LEASE), w.worker(lease=LEASE)
     t0, rid = w.clock.now, "req-0"
-    s.request_finished(request(rid, {"do_remote_decode": True}), ([0, 1],) if grouped(w) else [0, 1])
+    _delay, params = s.request_finished(request(rid, {"do_remote_decode": True}), ([0, 1],) if grouped(w) else [0, 1])
     # start_load_kv's bookkeeping of the scheduler's metadata (reqs_in_batch, reqs_to_send)
     wk._reqs_to_process.add(rid)
     wk._reqs_to_send.update(getattr(s, "_reqs_need_send", {}))
@@ -166,8 +166,10 @@ def _release_trace(w: Wheel, line: Lifecycle, faults: tuple[Fault, ...]) -> tupl
 
     step(slow)  # D gets the params; blocks still there?
     verdict = "freed-early" if gone else "delivered"
-    if line.heartbeat:  # D's scheduler now tracks it: one heartbeat before the read
-        wk.nixl_wrapper.inbox.append(f"HB:{rid}".encode())
+    beats = w.heartbeats(params, LEASE)  # D's scheduler now tracks it: its heartbeat, before the read
+    assert bool(beats) == line.heartbeat
+    if beats:
+        wk.nixl_wrapper.inbox.extend(beats)
         step(slow)
     if not dropped:
         wk.nixl_wrapper.inbox.append(line.notification(rid, 1))
@@ -193,6 +195,14 @@ def test_fault_grid_p_side(release: str, case: str) -> None:
     if line.heartbeat:  # what a heartbeat extends the lease by
         assert w.lease_extension(LEASE) == line.lease_extension(LEASE)
     assert _release_trace(w, line, GRID[case]) == _model(line, GRID[case])
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_heartbeat_message(release: str) -> None:
+    """0.24+: D's heartbeat names P's request ids after "HB:", as pdcheck's D sends it (f"HB:{rid}")."""
+    w, line = wheel(release), line_of(release)
+    params = params_for(line, 7, [3, 4], "P", 5600, 1, None, [1, 1], request_id="req-7")
+    assert w.heartbeats(params) == ([b"HB:req-7"] if line.heartbeat else [])
 
 
 # ---- D's side: the params a router forwards
