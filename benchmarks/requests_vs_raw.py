@@ -93,6 +93,8 @@ def raw_d(requests: int, pool: int, heartbeat: bool) -> dict[str, float]:
                               "--pool", str(pool)])
     try:
         a, kv = _setup("raw-req-D", pool)
+        if not sock.poll(60_000):
+            raise SystemExit("raw P did not start within 60 s")
         md, addrs = sock.recv_multipart()
         peer = a.add_remote_agent(md)
         bl = kv.block_len
@@ -117,6 +119,8 @@ def raw_d(requests: int, pool: int, heartbeat: bool) -> dict[str, float]:
             a.release_xfer_handle(h)
             a.send_notif(peer, f"req-{i}:1".encode())
         cpu_d = time.process_time() - c0
+        if not sock.poll(60_000):  # never a hang: a lost notification ends the run here
+            raise SystemExit(f"raw P did not report all {requests} notifications within 60 s")
         t_p, cpu_p = json.loads(sock.recv())  # P has every notification (one host, one perf_counter clock)
         sock.send(b"stop")
         child.wait(10)
