@@ -19,7 +19,6 @@ import ast
 import dataclasses
 import enum
 import functools
-import itertools
 import logging
 import queue
 import re
@@ -368,5 +367,3 @@ def grouped(w: Wheel) -> bool:
     """0.2x+: block ids are per KV cache group (a tuple of lists)."""
     return "get_unhashed_block_ids_all_groups" in w.sched_text or "block_ids: \"BlockIds\"" in w.sched_text
 
-
-_ids = itertools.count()
