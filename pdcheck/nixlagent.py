@@ -137,8 +137,9 @@ class Agent:
         for h in handles:
             nixl_call("release_xfer_handle", self.name, self._a.release_xfer_handle, h)
 
-    def complete(self, h: Any, context: str = "", timeout_s: float | None = None) -> None:
-        """Post handle h and busy-poll it to completion. Raises NixlCallError (a NIXL error, or TIMEOUT)."""
+    def complete(self, h: Any, context: str = "", timeout_s: float | None = None, yield_cpu: bool = False) -> None:
+        """Post handle h and busy-poll it to completion. Raises NixlCallError (a NIXL error, or TIMEOUT).
+        yield_cpu: give up the core between polls, for a READ that needs the target's loop to progress."""
         post, status, busy, ok = self._fast
         try:
             hh = h._handle
@@ -149,6 +150,8 @@ class Agent:
             else:
                 deadline, spins = time.perf_counter() + timeout_s, 0
                 while st == busy:
+                    if yield_cpu:
+                        os.sched_yield()
                     st = status(hh)
                     spins += 1
                     if not spins & 1023 and time.perf_counter() > deadline:  # a clock read costs a poll
@@ -203,13 +206,14 @@ class Agent:
         timeout_s: float = 30.0,
         context: str = "",
         op: str = "READ",
+        yield_cpu: bool = False,
     ) -> float:
         """One prepped READ (op="WRITE": a WRITE), posted and busy-polled to completion: seconds. Raises
         NixlCallError."""
         t0 = time.perf_counter()
         h = self.make_read(local, local_ids, remote, remote_ids, notif, context, op)
         try:
-            self.complete(h, context, timeout_s)
+            self.complete(h, context, timeout_s, yield_cpu)
             return time.perf_counter() - t0
         finally:
             self._a.release_xfer_handle(h)  # not release(): a failed release must not hide the READ's error

@@ -35,7 +35,8 @@ def test_params_carry_the_release_keys_only() -> None:
     assert set(p) == {"do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id",
                       "remote_host", "remote_port"}
     p34 = params_for(line_of("0.34.0"), 3, [4, 5], "P", 5600, 2, 12.0, [1, 1])
-    assert p34["remote_request_id"] == "req-3" and p34["remote_blocks_expiry_time"] == 12.0
+    assert p34["remote_request_id"] == "req-3" and p34["remote_blocks_expiry_time"] is None  # vLLM's P: None
+    assert params_for(CORRECTED, 3, [4, 5], "P", 5600, 2, 12.0, [1, 1])["remote_blocks_expiry_time"] == 12.0
 
 
 @pytest.mark.parametrize(("text", "needle"), [

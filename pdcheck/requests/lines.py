@@ -3,8 +3,9 @@ frees the blocks, and what a failed load does.
 
 Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and from the 0.13.0 and 0.34.0 wheels
 (nixl_connector.py; nixl/pull_scheduler.py, base_scheduler.py, base_worker.py, pull_worker.py; config/kv_transfer.py):
-* kv_transfer_params keys: 0.9.0 six keys; 0.9.2 + tp_size; 0.13 + remote_request_id; by 0.28 + remote_num_tokens,
-  remote_blocks_expiry_time, transfer_mode; 0.34 + dcp_size, pp_size, remote_registration_generation.
+* kv_transfer_params keys: 0.9.0 six keys; 0.9.2 + tp_size; 0.13 + remote_request_id; 0.24 + remote_num_tokens;
+  0.26 + remote_blocks_expiry_time (None in what P returns); 0.28 + transfer_mode; 0.34 + dcp_size, pp_size,
+  remote_registration_generation (0.24.0, 0.25.0, 0.26.0 wheels: pull_scheduler.request_finished).
 * done notification: 0.9.0 "{req}"; 0.9.1-0.12 "{req}:{tp_ratio}"; 0.13 "{remote_request_id}:{tp_ratio}";
   0.14 "{remote_request_id}:{world}"; 0.34 "{remote_request_id}:{expected_consumers}" (and "HB:<ids>" heartbeats).
 * freeing without a notification: never before 0.10 (a leak); VLLM_NIXL_ABORT_REQUEST_TIMEOUT 120 s in 0.10.x
@@ -12,7 +13,8 @@ Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and 
   worker(s) within %d seconds."); from 0.24 a lease, kv_lease_duration (30 s), renewed by D's heartbeats every
   lease // 6 s for requests D's scheduler tracks ("... retrieved by %d remote worker(s) before lease expired.").
 * a failed load: before 0.11.1 the worker raises (engine crash); 0.11.1 marks the blocks invalid and recomputes
-  (#26171); 0.13 kv_load_failure_policy exists (default recompute); 0.34 default fail; 0.14+ logs
+  (#26171); 0.13 kv_load_failure_policy exists (default recompute; still in 0.14); default fail by 0.24
+  (0.24.0, 0.25.0, 0.26.0 and 0.34.0 config/kv_transfer.py); 0.14+ logs
   "NIXL transfer failure: <failure_type>".
 * params without remote_request_id: 0.13 `kv_transfer_params["remote_request_id"]` raises KeyError in the
   scheduler; 0.34 checks every key first and treats the request as a local prefill (recompute).
@@ -49,6 +51,14 @@ class Lifecycle(msgspec.Struct, frozen=True):
     def notif_key(self) -> str:
         return "remote_request_id" if "remote_request_id" in self.keys else "request_id"
 
+    def lease_extension(self, lease: float) -> float:
+        """How far past now a heartbeat pushes the lease (never shortening it): vLLM's `_lease_extension =
+        kv_lease_duration * 2 // 3` (0.24+ base_worker; whole seconds, so a 1 s lease is never extended); a
+        sub-second --lease (time scaled down for a test) keeps the 2/3; the corrected path renews the whole lease."""
+        if self.line == "corrected":
+            return lease
+        return lease * 2 // 3 if lease >= 1 else lease * 2 / 3
+
     def notification(self, req: str, consumers: int = 1) -> bytes:
         return self.notif.format(req=req, n=consumers).encode()
 
@@ -72,7 +82,9 @@ _FAILURE = "NIXL transfer failure: transfer_failed | Context: {{'request_id': '{
 
 _K092 = (*BASE_KEYS, "tp_size")
 _K013 = (*_K092, "remote_request_id")
-_K028 = (*_K013, "remote_num_tokens", "remote_blocks_expiry_time", "transfer_mode")
+_K024 = (*_K013, "remote_num_tokens")
+_K026 = (*_K024, "remote_blocks_expiry_time")  # None from P: only D's turn-2 readback stamps it
+_K028 = (*_K026, "transfer_mode")
 _K034 = (*_K028, "dcp_size", "pp_size", "remote_registration_generation")
 
 LINES: tuple[Lifecycle, ...] = (
@@ -87,10 +99,12 @@ LINES: tuple[Lifecycle, ...] = (
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "crash", True),
     Lifecycle("0.14.0", (0, 14, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _FAILURE, "crash", True),
-    Lifecycle("0.24.0", (0, 24, 0), _K013, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "recompute", _FAILURE, "recompute", True),
+    Lifecycle("0.24.0", (0, 24, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "fail", _FAILURE, "recompute", True),
+    Lifecycle("0.26.0", (0, 26, 0), _K026, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "fail", _FAILURE, "recompute", True),
     Lifecycle("0.28.0", (0, 28, 0), _K028, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "recompute", _FAILURE, "recompute", True),
+              "fail", _FAILURE, "recompute", True),
     Lifecycle("0.34.0", (0, 34, 0), _K034, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "recompute", True),
 )

@@ -54,8 +54,10 @@ def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, por
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(blocks),
         "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
-        "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks), "remote_blocks_expiry_time":
-            expiry_at, "transfer_mode": "pull", "dcp_size": 1, "pp_size": 1, "remote_registration_generation": generation,
+        "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks),
+        # vLLM's P returns None here (it stamps an expiry only on D's turn-2 blocks); the corrected path sends it
+        "remote_blocks_expiry_time": expiry_at if line is CORRECTED else None, "transfer_mode": "pull",
+        "dcp_size": 1, "pp_size": 1, "remote_registration_generation": generation,
         "block_generations": list(gens),
     }
     return {k: every[k] for k in line.keys}
@@ -326,10 +328,13 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             r.params = params
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and not lost:
-                # D's scheduler tracks it from here: heartbeats (every lease/6) renew the lease until the read
-                acc.heartbeats += 1 + int(hold_s // (expiry / 6))
-                if r.holding:
-                    r.deadline = t + hold_s + expiry
+                # D's scheduler tracks it from here: heartbeats every lease/6 until the read, each pushing the
+                # lease to at least its time + the release's extension
+                beats = int(hold_s // (expiry / 6))
+                acc.heartbeats += 1 + beats
+                renewed = t + beats * (expiry / 6) + line.lease_extension(expiry)
+                if r.holding and renewed > r.deadline:
+                    r.deadline = renewed
                     push(r.deadline, "expire", i)
             if hold_s > 0:
                 push(t + hold_s, "read", i)

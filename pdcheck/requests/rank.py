@@ -25,6 +25,7 @@ from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_
 from pdcheck.requests.model import GEN_WRAP, abort_detail, decide, on_failure, params_for
 
 POLL_S = 0.002
+HELD_POLL_S = 0.0002
 
 
 def requests_main(conn: Connection, spec_bytes: bytes) -> None:
@@ -157,7 +158,9 @@ class RequestsP(RequestsRole):
                 waiting.clear()
 
         while True:
-            msgs = [self.wait(POLL_S)]
+            # D's READs complete only as this loop drives P's UCX worker (agent.notifs(); no progress thread, which
+            # would spin a core): while blocks are held a READ may be under way, so look often.
+            msgs = [self.wait(HELD_POLL_S if held else POLL_S)]
             while msgs[-1] is not None and self.conn.poll(0):  # every queued message before the next sweep
                 msgs.append(m.recv(self.conn))
             for msg in msgs:
@@ -181,7 +184,7 @@ class RequestsP(RequestsRole):
                         for rid in raw[3:].decode(errors="replace").split(","):
                             i = by_id.get(rid, -1)
                             if i in held and expiry is not None:
-                                held[i].deadline = time.time() + expiry
+                                held[i].deadline = max(held[i].deadline, time.time() + line.lease_extension(expiry))
                         continue
                     try:
                         rid, _consumers = line.parse_notification(raw)
@@ -341,7 +344,7 @@ class RequestsD(RequestsRole):
             if msg.abort:
                 return self.aborted(msg, rid, mine, ids, t_read)
             agent.read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
-                       desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}")
+                       desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}", yield_cpu=True)
         except NixlCallError as exc:
             if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
