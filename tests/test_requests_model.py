@@ -193,6 +193,15 @@ def test_failure_policy_applies_from_0_13() -> None:
     assert with_policy(CORRECTED, "fail") is CORRECTED
 
 
+def test_failure_policy_default_turns_fail_at_0_17() -> None:
+    # config/kv_transfer.py: "recompute" in 0.14.0, 0.15.0, 0.15.1, 0.16.0; "fail" in 0.17.0, 0.20.0, 0.24.0, 0.26.0
+    faults = parse_all(["bad-params:out-of-range:1"], 3)
+    for version, want in (("0.14.0", "recomputed"), ("0.16.0", "recomputed"), ("0.17.0", "error"),
+                          ("0.23.0", "error"), ("0.26.0", "error")):
+        out, _ = simulate(line_of(version), 3, 10.0, 2, 8, 0.5, faults)
+        assert out[1].verdict == want, version
+
+
 # Push mode (NixlPushConnector, 0.26+): pdcheck.requests.push
 
 

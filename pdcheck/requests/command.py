@@ -60,7 +60,7 @@ def register(app: Any) -> None:
                                         help="P's KV blocks (default 8).")] = None,
         failure_policy: Annotated[str | None, Opt(metavar="fail|recompute", rich_help_panel=LOAD, show_default=False,
                                                   help="kv_load_failure_policy of 0.13+ releases (default: each "
-                                                       "release's own: recompute, fail from 0.34).")] = None,
+                                                       "release's own: recompute, fail from 0.17).")] = None,
         mode: Annotated[str | None, Opt(metavar="pull|push", rich_help_panel=LOAD, show_default=False,
                                         help="pull (default): D READs; push: D registers and P WRITEs "
                                              "(NixlPushConnector, 0.26+ only).")] = None,

@@ -13,8 +13,8 @@ Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and 
   worker(s) within %d seconds."); from 0.24 a lease, kv_lease_duration (30 s), renewed by D's heartbeats every
   lease // 6 s for requests D's scheduler tracks ("... retrieved by %d remote worker(s) before lease expired.").
 * a failed load: before 0.11.1 the worker raises (engine crash); 0.11.1 marks the blocks invalid and recomputes
-  (#26171); 0.13 kv_load_failure_policy exists (default recompute; still in 0.14); default fail by 0.24
-  (0.24.0, 0.25.0, 0.26.0 and 0.34.0 config/kv_transfer.py); 0.14+ logs
+  (#26171); 0.13 kv_load_failure_policy exists (default recompute, still in 0.14.0, 0.15.0, 0.15.1 and
+  0.16.0); default fail from 0.17.0 (config/kv_transfer.py of each of those wheels); 0.14+ logs
   "NIXL transfer failure: <failure_type>".
 * params without remote_request_id: 0.13 `kv_transfer_params["remote_request_id"]` raises KeyError in the
   scheduler; 0.34 checks every key first and treats the request as a local prefill (recompute).
@@ -99,6 +99,8 @@ LINES: tuple[Lifecycle, ...] = (
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "crash", True),
     Lifecycle("0.14.0", (0, 14, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _FAILURE, "crash", True),
+    Lifecycle("0.17.0", (0, 17, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "fail", _FAILURE, "crash", True),
     Lifecycle("0.24.0", (0, 24, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "recompute", True),
     Lifecycle("0.26.0", (0, 26, 0), _K026, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,

@@ -56,7 +56,7 @@ def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, por
         "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
         "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks),
         # vLLM's P returns None here (it stamps an expiry only on D's turn-2 blocks); the corrected path sends it
-        "remote_blocks_expiry_time": expiry_at if line is CORRECTED else None, "transfer_mode": "pull",
+        "remote_blocks_expiry_time": expiry_at if line.line == CORRECTED.line else None, "transfer_mode": "pull",
         "dcp_size": 1, "pp_size": 1, "remote_registration_generation": generation,
         "block_generations": list(gens),
     }

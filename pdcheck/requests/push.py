@@ -246,8 +246,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             r.d_blocks = [d_free.pop(0) for _ in range(blocks_per_request)]
             if line.heartbeat and expiry is not None and "remote_request_id" in prm:
                 acc.heartbeats += 1  # D's scheduler tracks it from here: the lease is renewed
-                if r.holding:
-                    r.deadline = t + expiry
+                if r.holding and t + line.lease_extension(expiry) > r.deadline:
+                    r.deadline = t + line.lease_extension(expiry)
                     push(r.deadline, "expire", i)
             if line is CORRECTED and expiry is not None:
                 push(t + expiry, "watchdog", i)
