@@ -187,12 +187,14 @@ def test_bad_groups_exit_2_from_the_cli(pdcheck, tmp_path: Path) -> None:
 
 
 # ---- real ranks: the transfer proof reads each group as the release does -------------------------------------
-@pytest.mark.parametrize(("release", "per_request"), [
-    ("0.14.0", 12 * 32),  # HMA off: 12 regions x 32 blocks
-    # 0.26 packs K|V: one region per layer; the full group every block, the sliding-window group its window's 5
-    ("0.26.0", 2 * 32 + 4 * 5),
+@pytest.mark.parametrize(("release", "per_request", "corrected"), [
+    # HMA off: 12 regions (split K, V) x 32 blocks; corrected (HMA on) the full group's 4 regions every block,
+    # the sliding-window group's 8 its window's cdiv(64, 16) + 1 = 5 blocks
+    ("0.14.0", 12 * 32, 4 * 32 + 8 * 5),
+    # 0.26 packs K|V: one region per layer (corrected registers the release's layout in a one-release run)
+    ("0.26.0", 2 * 32 + 4 * 5, 2 * 32 + 4 * 5),
 ])
-def test_real_transfer_reads_each_group(pdcheck, release: str, per_request: int) -> None:
+def test_real_transfer_reads_each_group(pdcheck, release: str, per_request: int, corrected: int) -> None:
     run = pdcheck("handshake", "scenarios/hybrid-sliding-window.toml", "--vllm", release, "--json")
     assert run.code == 0, run.err
     doc = run.json()
@@ -201,7 +203,7 @@ def test_real_transfer_reads_each_group(pdcheck, release: str, per_request: int)
             t = d["transfer"][name]
             assert t["status"] == "ok" and t["wrong"] == 0
         assert d["transfer"][release]["blocks"] == 2 * per_request  # 2 requests
-        assert d["transfer"]["corrected"]["blocks"] == 2 * (4 * 32 + 8 * 5)
+        assert d["transfer"]["corrected"]["blocks"] == 2 * corrected
 
 
 def test_real_mamba_state_travels_whole_and_10741_refuses(pdcheck) -> None:
