@@ -492,6 +492,9 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
         got = _expected(rel, f)
         exp = got[0] if got else None
         on_wire = shapes.block_size_effect(rel, f.p.block_size, f.d.block_size)  # era F+: block_size advertised
+        if on_wire is not None and on_wire.startswith("supported") and (
+                hma := hybrid.handshake_refusal(rel, f.dg, f.p.block_size)):
+            on_wire = shapes.PER_REQUEST.format(what=f"asserts '{hma}' (a hybrid model with HMA on)")
         if on_wire is not None:
             effects[rel.name] = on_wire
         elif rel.flow == "same_rank":

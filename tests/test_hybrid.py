@@ -216,3 +216,19 @@ def test_real_mamba_state_travels_whole_and_10741_refuses(pdcheck) -> None:
         t = d["transfer"]["corrected"]
         # full group: 2 regions x 32 blocks; Mamba group: 3 regions x 1 whole state page; 2 requests
         assert t["status"] == "ok" and t["wrong"] == 0 and t["blocks"] == 2 * (2 * 32 + 3)
+
+
+# ---- the pure engine: where each refusal stops a D rank ------------------------------------------------------
+def test_engine_stops_where_the_release_does() -> None:
+    from releasekit import run_all, side, statuses
+
+    sw = {"layers": 6, "groups": SW, "kv_heads": 4, "head_dim": 64}
+    p, d = side("P", 2, 64, block_size=16, **sw), side("D", 2, 64, block_size=32, **sw)
+    outs = run_all(resolve("0.26.0"), p, d)
+    assert statuses(outs) == ["assert", "assert"] and outs[0].message == h.MSG_HMA_BLOCK_SIZE
+    assert outs[0].handshake == 1  # at the handshake (the first request), not at start-up
+    mamba = {"layers": 4, "groups": MAMBA, "kv_heads": 4, "head_dim": 64}
+    p, d = side("P", 2, 64, **mamba), side("D", 2, 64, **mamba)
+    outs = run_all(resolve("0.14.0"), p, d)
+    assert statuses(outs) == ["error", "error"] and outs[0].exception == "ValueError"
+    assert outs[0].check == h.START_UP and outs[0].contacted == []  # nothing sent: the worker never started
