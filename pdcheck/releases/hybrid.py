@@ -123,12 +123,12 @@ def effects(rel: ReleaseModel, p: Geometry, d: Geometry) -> list[str]:
     if not (p.groups or d.groups or p.hma is not None or d.hma is not None):
         return []
     out: list[str] = []
-    for side, g in (("prefill", p), ("decode", d)):
-        why = startup_refusal(rel, g)
-        if why:
-            out.append(f"{side} refuses at start-up: {why}")
-    if out:
-        return out
+    why = {side: w for side, g in (("prefill", p), ("decode", d)) if (w := startup_refusal(rel, g))}
+    if why:
+        if len(set(why.values())) == 1:
+            return [f"{' and '.join(why)} refuse{'s' if len(why) == 1 else ''} at start-up: "
+                    f"{next(iter(why.values()))}"]
+        return [f"{side} refuses at start-up: {w}" for side, w in why.items()]
     if "is_hma_enabled" in rel.hash_factors and hma_enabled(rel, p) != hma_enabled(rel, d):
         out.append(f"is_hma_enabled {hma_enabled(rel, p)} (prefill) vs {hma_enabled(rel, d)} (decode) is a hash "
                    "factor: 'RuntimeError: NIXL compatibility hash mismatch' at the handshake (first request)")
