@@ -148,7 +148,7 @@ def _validate_groups(sc: Scenario, where: str) -> None:
     for side in ("prefill", "decode"):
         inst: Instance = getattr(sc, side)
         groups = inst.kv_groups or []
-        context = inst.max_model_len or min(inst.blocks()) * inst.block_size
+        context = inst.max_model_len or min(inst.blocks(), default=0) * inst.block_size
         for i, gr in enumerate(groups):
             at = f"{where}: {side}.kv_groups[{i}]"
             if gr.layers < 1:
@@ -175,8 +175,6 @@ def _validate_groups(sc: Scenario, where: str) -> None:
 
 def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
     from pdcheck.releases import CORRECTED, resolve
-
-    _validate_groups(sc, where)
 
     for side in ("prefill", "decode"):
         inst: Instance = getattr(sc, side)
@@ -246,6 +244,7 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
             raise BadInput(
                 f"{where}: expect.{release}: expected {n} entries (one per decode rank), got {len(exp)}"
             )
+    _validate_groups(sc, where)  # last: it reads num_blocks, checked above
 
 
 def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> Scenario:
