@@ -172,7 +172,12 @@ class Geometry(msgspec.Struct, frozen=True):
 
     def region_layers(self) -> list[str]:
         """The layer each registered region belongs to, in registration order (region_names on the wire)."""
-        return [self.layer_name(self._region_layer(r)[1]) for r in range(self.num_regions)]
+        out = []
+        for r in range(self.num_regions):
+            gi, layer, _part = self._region_layer(r)
+            mamba = bool(self.groups) and self.groups[gi].kind == "mamba"
+            out.append(f"model.layers.{layer}.mixer" if mamba else self.layer_name(layer))  # a Mamba block's mixer
+        return out
 
     def region_name(self, region: int) -> str:
         if self.groups:

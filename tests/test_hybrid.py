@@ -55,6 +55,7 @@ def test_group_regions_ids_and_names() -> None:
     m = _g(MAMBA)
     assert m.num_regions == 5 and m.group_regions() == [(0, 2), (2, 5)]
     assert m.region_name(4) == "group 1 (Mamba/SSM state) layer 3 (conv|ssm state)"
+    assert m.region_layers()[1:3] == ["model.layers.0.self_attn.attn", "model.layers.1.mixer"]
     conv, ssm = m.ssm_sizes
     assert conv + ssm == m.block_len and conv % 16 == 0 and conv > 0
     assert _g(SW).ssm_sizes == (0, 0)
