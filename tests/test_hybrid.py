@@ -233,3 +233,42 @@ def test_engine_stops_where_the_release_does() -> None:
     outs = run_all(resolve("0.14.0"), p, d)
     assert statuses(outs) == ["error", "error"] and outs[0].exception == "ValueError"
     assert outs[0].check == h.START_UP and outs[0].contacted == []  # nothing sent: the worker never started
+
+
+def _request_blocks(release: str) -> list[int]:
+    from pdcheck.plan import RunOptions, build
+
+    sc = load(Path("scenarios/hybrid-sliding-window.toml"), {"vllm": [release]})
+    return build(sc, None, RunOptions()).requests[0].remote_block_ids
+
+
+@pytest.mark.parametrize(("release", "region", "position", "named"), [
+    # 0.26 packs K|V: regions 2-5 are the sliding-window group's layers 2-5; its window is the last 5 blocks
+    ("0.26.0", 3, -1, "group 1 (sliding window 64) layer 3 (K|V per head) (region 3)"),
+    # 0.14 unifies the window group to full attention (split K, V: regions 4-11), so it reads the first block too
+    ("0.14.0", 9, 0, "group 1 (sliding window 64) layer 4 V (region 9)"),
+])
+def test_real_wrong_block_is_named_by_group_layer_region_block(pdcheck, release: str, region: int, position: int,
+                                                               named: str) -> None:
+    block = _request_blocks(release)[position]
+    run = pdcheck("handshake", "scenarios/hybrid-sliding-window.toml", "--vllm", release, "--json",
+                  "--inject", f"corrupt:P0:{region}:{block}")
+    assert run.code == 1, run.err
+    d0 = run.json()["decode_ranks"][0]
+    t = d0["transfer"][release]
+    assert t["status"] == "wrong" and t["wrong"] == 1 and t["wrong_regions"] == [region]
+    mm = t["first_mismatch"]
+    assert (mm["region"], mm["remote_block"], mm["p_rank"]) == (region, block, 0)
+    assert mm["expected"].startswith(f"P rank 0 {named} block {block}")
+    assert d0["verdicts"][release]["status"] == "silent"
+
+
+def test_real_block_outside_the_window_is_not_read(pdcheck) -> None:
+    """0.26: the first block of a request is outside the 64-token window, so the window group never reads it."""
+    block = _request_blocks("0.26.0")[0]
+    run = pdcheck("handshake", "scenarios/hybrid-sliding-window.toml", "--vllm", "0.26.0", "--json",
+                  "--inject", f"corrupt:P0:3:{block}", "--inject", f"corrupt:P0:1:{block}")
+    assert run.code == 1, run.err
+    t = run.json()["decode_ranks"][0]["transfer"]["0.26.0"]
+    # region 1 (full attention, layer 1) reads it and finds the corruption; region 3 (the window group) does not
+    assert t["wrong"] == 1 and t["wrong_regions"] == [1]
