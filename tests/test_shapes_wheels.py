@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -139,3 +140,57 @@ def test_hybrid_metadata_fields(release: str) -> None:
     ours = field_names(FORMATS[rel.wire].schema_type)
     for name in ("ssm_sizes", "region_group_ids"):
         assert (re.search(rf"^\s+{name}:", body, re.M) is not None) == (name in ours), name
+
+
+def _function(release: str, rel_path: str, name: str) -> Any:
+    """One function (or method) of the wheel, compiled on its own from its source text (no vLLM import)."""
+    import ast
+    import textwrap
+
+    path = SRC / release / "vllm" / rel_path
+    tree = ast.parse(path.read_text())
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name)
+    src = textwrap.dedent(ast.get_source_segment(path.read_text(), node) or "")
+    ns: dict[str, Any] = {"BlockIds": Any, "Any": Any}
+    exec(compile("from __future__ import annotations\n" + src, str(path), "exec"), ns)  # noqa: S102
+    return ns[name]
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_hybrid_clipping_runs_as_the_wheel_does(release: str) -> None:
+    """The wheel's own get_sw_clipped_blocks (0.34: get_exchange_clipped_blocks; P's scheduler) on a full + sliding-window + Mamba
+    request: the blocks it keeps per group are the ones releases.hybrid.group_reads says D reads (plus D's one
+    state page for Mamba, which 0.26 trims on D in _apply_prefix_caching)."""
+    from types import SimpleNamespace as NS
+
+    from pdcheck.geometry import Geometry, KVGroup
+
+    rel = resolve(release)
+    conn = _conn(release)
+    name = next((n for n in ("get_sw_clipped_blocks", "get_exchange_clipped_blocks") if f"def {n}(" in conn), None)
+    if not hybrid.supports_hma(rel):
+        assert name is None
+        return
+    assert name is not None
+    clip = _function(release, "distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py", name)
+    g = Geometry(tp_size=1, block_size=16, layers=3, total_kv_heads=1, head_dim=64, dtype="bfloat16",
+                 attn_backend="FLASH_ATTN", use_mla=False, ssm_conv_layout="DS",
+                 groups=(KVGroup(kind="full", layers=1), KVGroup(kind="sliding_window", layers=1, window=64),
+                         KVGroup(kind="mamba", layers=1)))
+    n_sw = hybrid.sw_blocks(64, 16)
+    me = NS(_is_hma_required=True, blocks_per_sw=[0, n_sw, 0], _ssm_spec_blocks=[None, None, 0],
+            kv_cache_config=NS(select_transfer_block_ids=lambda b: b))
+    clip.__globals__["clip_ssm_state_blocks"] = _function(
+        release, "distributed/kv_transfer/kv_connector/utils.py", "clip_ssm_state_blocks") \
+        if "def clip_ssm_state_blocks" in _text(release, "distributed/kv_transfer/kv_connector/utils.py") else None
+    blocks = (list(range(100, 132)), list(range(200, 232)), list(range(300, 332)))
+    kept = clip(me, blocks)
+    reads = hybrid.group_reads(rel, g)
+    assert [r.count for r in reads] == [None, n_sw, 1]
+    for r, got, whole in zip(reads, kept, blocks, strict=True):
+        if r.count is None:
+            assert list(got) == whole
+        elif g.groups[r.group].kind == "sliding_window":
+            assert list(got) == whole[-r.count:]
+        else:  # Mamba: 0.34 keeps the running-state slot, 0.26 sends all and D keeps the last
+            assert list(got)[-1:] == whole[-1:] and len(got) in (1, len(whole))
