@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
 from pdcheck.kvsplit import corrected_reads, release_targets
+from pdcheck.releases import hybrid
 from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
 from pdcheck.releases.rules import already_added
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
@@ -115,11 +116,18 @@ class Handshaker:
         _run_steps(self.release.pre_add, ctx)
         if already_added(ctx):
             return ctx  # vLLM returns early for a rank it already added
+        refused = hybrid.handshake_refusal(self.release, self.local.geometry, meta.block_size)
+        if refused and not self.bypass:
+            raise _Stop("assert", "AssertionError", refused, expr="block_size_ratio == 1")
         _run_steps(self.release.add_remote, ctx)
         return ctx
 
     def flow(self) -> None:
         flow, local, params = self.release.flow, self.local, self.params
+        refused = hybrid.startup_refusal(self.release, local.geometry)
+        if refused:  # the worker never starts: nothing is sent
+            exc, _, msg = refused.partition(": ")
+            raise _Stop("assert" if exc == "AssertionError" else "error", exc, msg, expr=hybrid.START_UP)
         if self.release.pre_flow:
             # Checks the release makes before sending anything: they see only local facts and params.
             empty = AnyMeta(engine_id=params.remote_engine_id, agent_metadata=b"", kv_caches_base_addr=[], num_blocks=0)
@@ -154,6 +162,8 @@ class Handshaker:
             out.assert_expr = stop.expr if out.exception == "AssertionError" else None
             if out.exception != "AssertionError" and stop.expr:
                 out.check = out.check or stop.expr
+            if stop.expr == hybrid.START_UP:  # a start-up refusal: no handshake, no expression to show
+                out.check, out.assert_expr = hybrid.START_UP, None
             out.handshake, out.remote_rank = self.n, self.state.contacted[-1] if self.state.contacted else None
         except NixlCallError as exc:
             out.status, out.exception, out.message = "error", exc.status, str(exc)

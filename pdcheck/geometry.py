@@ -20,6 +20,19 @@ import msgspec
 from pdcheck.kvsplit import corrected_reads
 
 KVRegions = Literal["split", "blocks_first", "packed"]
+GroupKind = Literal["full", "sliding_window", "mamba"]
+
+
+class KVGroup(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One KV-cache group of a hybrid model (vLLM's KVCacheGroupSpec): its kind, how many layers it holds and,
+    for sliding-window attention, its window in tokens. A group's layers follow the previous group's, so its
+    regions are one contiguous run of the cache (Geometry.group_regions). A Mamba/SSM layer is one region of
+    whole-state pages: the hybrid manager pads every group's page to one size, so its state (conv | ssm) is one
+    block of block_len bytes, read whole."""
+
+    kind: GroupKind
+    layers: int
+    window: int = 0  # tokens; sliding_window only
 
 DTYPE_BYTES: dict[str, int] = {
     "float32": 4, "float16": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "uint8": 1,
@@ -38,6 +51,10 @@ class Geometry(msgspec.Struct, frozen=True):
     attn_backend: str
     use_mla: bool
     kv_regions: KVRegions = "split"  # FlashAttention's per-release cache layout (module docstring)
+    groups: tuple[KVGroup, ...] = ()  # hybrid models: KV-cache groups in layer order; () is one full group
+    # --[no-]disable-hybrid-kv-cache-manager as deployed: None leaves it to vLLM (releases.hybrid.hma_enabled)
+    hma: bool | None = None
+    ssm_conv_layout: str = "SD"  # VLLM_SSM_CONV_STATE_LAYOUT (unset: SD); 0.26+ NIXL needs DS for Mamba
 
     @property
     def elem_size(self) -> int:
@@ -75,8 +92,62 @@ class Geometry(msgspec.Struct, frozen=True):
         return 2 * per if self.joint_kv else per
 
     @property
+    def attn_regions_per_layer(self) -> int:
+        return 1 if (self.use_mla or self.joint_kv) else 2
+
+    def _regions_of(self, group: KVGroup) -> int:
+        return group.layers if group.kind == "mamba" else group.layers * self.attn_regions_per_layer
+
+    @property
     def num_regions(self) -> int:
-        return self.layers if (self.use_mla or self.joint_kv) else 2 * self.layers
+        if self.groups:
+            return sum(self._regions_of(gr) for gr in self.groups)
+        return self.layers * self.attn_regions_per_layer
+
+    @property
+    def hybrid(self) -> bool:
+        """More than one kind of KV-cache group, or any group that is not full attention."""
+        return any(gr.kind != "full" for gr in self.groups)
+
+    @property
+    def has_mamba(self) -> bool:
+        return any(gr.kind == "mamba" for gr in self.groups)
+
+    def group_regions(self) -> list[tuple[int, int]]:
+        """[first, last) region of each group (one group of every region when there are no groups)."""
+        if not self.groups:
+            return [(0, self.num_regions)]
+        out, first = [], 0
+        for gr in self.groups:
+            out.append((first, first + self._regions_of(gr)))
+            first = out[-1][1]
+        return out
+
+    def region_group_ids(self) -> list[int]:
+        """The group each region belongs to, in registration order (region_group_ids on the 0.31+ wire)."""
+        return [i for i, (a, z) in enumerate(self.group_regions()) for _ in range(a, z)]
+
+    def _region_layer(self, region: int) -> tuple[int, int, int]:
+        """(group, layer, region index inside the layer) of a region; layers count across groups."""
+        if not self.groups:
+            per = self.attn_regions_per_layer
+            return 0, region // per, region % per
+        layer0 = 0
+        for i, ((a, z), gr) in enumerate(zip(self.group_regions(), self.groups, strict=True)):
+            if a <= region < z:
+                per = 1 if gr.kind == "mamba" else self.attn_regions_per_layer
+                return i, layer0 + (region - a) // per, (region - a) % per
+            layer0 += gr.layers
+        raise IndexError(region)
+
+    @property
+    def ssm_sizes(self) -> tuple[int, int]:
+        """(conv, ssm) state bytes of one Mamba page, as the 0.18+ wire carries them; (0, 0) without Mamba. One
+        page of block_len bytes holds both: pdcheck gives the conv state the first quarter (16-byte cells)."""
+        if not self.has_mamba:
+            return (0, 0)
+        conv = max(16, self.block_len // 4 // 16 * 16)
+        return (conv, self.block_len - conv)
 
     @property
     def kv_halves(self) -> int:
@@ -101,10 +172,25 @@ class Geometry(msgspec.Struct, frozen=True):
 
     def region_layers(self) -> list[str]:
         """The layer each registered region belongs to, in registration order (region_names on the wire)."""
-        per = 1 if (self.use_mla or self.joint_kv) else 2
-        return [self.layer_name(r // per) for r in range(self.num_regions)]
+        out = []
+        for r in range(self.num_regions):
+            gi, layer, _part = self._region_layer(r)
+            mamba = bool(self.groups) and self.groups[gi].kind == "mamba"
+            out.append(f"model.layers.{layer}.mixer" if mamba else self.layer_name(layer))  # a Mamba block's mixer
+        return out
 
     def region_name(self, region: int) -> str:
+        if self.groups:
+            gi, layer, part = self._region_layer(region)
+            gr = self.groups[gi]
+            what = {"full": "full attention", "sliding_window": f"sliding window {gr.window}",
+                    "mamba": "Mamba/SSM state"}[gr.kind]
+            if gr.kind == "mamba":
+                return f"group {gi} ({what}) layer {layer} (conv|ssm state)"
+            inner = Geometry(tp_size=self.tp_size, block_size=self.block_size, layers=1,
+                             total_kv_heads=self.total_kv_heads, head_dim=self.head_dim, dtype=self.dtype,
+                             attn_backend=self.attn_backend, use_mla=self.use_mla, kv_regions=self.kv_regions)
+            return f"group {gi} ({what}) {inner.region_name(part).replace('layer 0', f'layer {layer}')}"
         if self.use_mla:
             return f"layer {region} (MLA)"
         if self.packed:

@@ -17,7 +17,8 @@ import msgspec
 
 from pdcheck import kvsplit, ports
 from pdcheck.geometry import Geometry
-from pdcheck.releases import registered_geometry, shapes
+from pdcheck.releases import CORRECTED as CORRECTED_MODEL
+from pdcheck.releases import hybrid, registered_geometry, shapes
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D, msg_engine_id
 from pdcheck.scenario import Instance, Scenario
@@ -56,6 +57,7 @@ CATALOGUE: dict[str, str] = {
 # Shapes beyond one TP group (issue #17) that reference §11 has no row for; listed only when they apply.
 SHAPE_CATALOGUE: dict[str, str] = {
     "X01": "pipeline parallel stages",
+    "X10": "hybrid KV-cache groups (sliding window, Mamba/SSM)",
 }
 
 CORRECTED = "corrected"
@@ -490,6 +492,9 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
         got = _expected(rel, f)
         exp = got[0] if got else None
         on_wire = shapes.block_size_effect(rel, f.p.block_size, f.d.block_size)  # era F+: block_size advertised
+        if on_wire is not None and on_wire.startswith("supported") and (
+                hma := hybrid.handshake_refusal(rel, f.dg, f.p.block_size)):
+            on_wire = shapes.PER_REQUEST.format(what=f"asserts '{hma}' (a hybrid model with HMA on)")
         if on_wire is not None:
             effects[rel.name] = on_wire
         elif rel.flow == "same_rank":
@@ -910,6 +915,18 @@ def _x01(f: Facts, rels: Rels) -> Hazard:
     return _yes("X01", f"pipeline parallel: prefill pp_size {p}, decode pp_size {d}", effects)
 
 
+def _x10(f: Facts, rels: Rels) -> Hazard:
+    """Hybrid models: which releases refuse them at start-up, hash is_hma_enabled apart, or read which blocks of
+    each group (releases.hybrid, the one home of these facts)."""
+    g = f.dg.groups
+    kinds = ", ".join(f"{gr.kind}{f' {gr.window}' if gr.window else ''} x{gr.layers}" for gr in g) or "full attention"
+    hma = {side: i.hma for side, i in (("prefill", f.p), ("decode", f.d)) if i.hma is not None}
+    detail = f"KV-cache groups: {kinds}" + "".join(f"; {side} hma = {str(v).lower()}" for side, v in hma.items())
+    effects = {rel.name: "; ".join(hybrid.effects(rel, f.pg, f.dg)) or "no hybrid effect" for rel in rels}
+    effects[CORRECTED] = "; ".join(hybrid.effects(CORRECTED_MODEL, f.pg, f.dg)) or "no hybrid effect"
+    return _yes("X10", detail, effects)
+
+
 def _name(hid: str) -> str:
     return CATALOGUE.get(hid) or SHAPE_CATALOGUE[hid]
 
@@ -937,4 +954,6 @@ def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
     out = [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]
     if sc.prefill.pp_size > 1 or sc.decode.pp_size > 1:
         out.append(_x01(f, rels))
+    if any(i.kv_groups or i.hma is not None for i in (sc.prefill, sc.decode)):
+        out.append(_x10(f, rels))
     return out

@@ -142,12 +142,13 @@ def block_descs(base_addrs: list[int], num_blocks: int, block_len: int, read_len
     return out
 
 
-def desc_ids(regions: int, stride: int, blocks: np.ndarray | list[int]) -> np.ndarray:
+def desc_ids(regions: int, stride: int, blocks: np.ndarray | list[int], first: int = 0) -> np.ndarray:
     """vLLM's descriptor ids of the given blocks in every region, region-major: region * stride + block_id
     (int64). stride: the dlist's blocks per region, a release's recorded count or the cache's own. The ids
-    index block_descs' rows (halves=2: each K or V half counts as a region)."""
+    index block_descs' rows (halves=2: each K or V half counts as a region). first: start at that region (one
+    KV-cache group of a hybrid model: regions first .. first + regions - 1)."""
     b = np.asarray(blocks, dtype=np.int64).reshape(-1)
-    return (np.arange(regions, dtype=np.int64)[:, None] * stride + b[None, :]).reshape(-1)
+    return (np.arange(first, first + regions, dtype=np.int64)[:, None] * stride + b[None, :]).reshape(-1)
 
 
 def unique(a: np.ndarray | list[int]) -> np.ndarray:
@@ -459,16 +460,19 @@ def _rows_differ(got: np.ndarray, exp: np.ndarray) -> np.ndarray:
 def check_blocks(kv: KVCache, local_ids: np.ndarray | list[int], remote_ids: np.ndarray | list[int], tag: int,
                  p_rank: int, *, read_len: int, local_offset: int = 0, remote_offset: int = 0, halves: int = 1,
                  remote_half: int = 0, view: BlockView = PLAIN, out: BlockCheck | None = None,
-                 gens: np.ndarray | list[int] | None = None) -> BlockCheck:
+                 gens: np.ndarray | list[int] | None = None, region_span: tuple[int, int] | None = None
+                 ) -> BlockCheck:
     """The one block check of the transfer proof and transfer-bench: local block local_ids[i] of every region
     must hold bytes [remote_offset, remote_offset + read_len) of P rank p_rank's block remote_ids[i] of the same
     region (coordinate pattern `tag`, laid out by `view`). halves=2: K and V halves are read separately, the
     local half `kv.block_len // 2` holding its slice of the P half at remote_half. gens: the generation each
-    remote block must hold (the request path; None: 0, every other command)."""
+    remote block must hold (the request path; None: 0, every other command). region_span: check regions
+    [first, last) only (one KV-cache group of a hybrid model, read with its own blocks)."""
     out = out or BlockCheck()
     remote = np.asarray(remote_ids, dtype=np.int64)
     local = np.asarray(local_ids, dtype=np.int64)
-    regions, k, n = kv.geometry.num_regions, len(local), read_len
+    r0, regions = region_span or (0, kv.geometry.num_regions)
+    k, n = len(local), read_len
     local_half = kv.block_len // halves
 
     def got_exp(first: int, last: int) -> tuple[np.ndarray, np.ndarray]:
@@ -484,18 +488,19 @@ def check_blocks(kv: KVCache, local_ids: np.ndarray | list[int], remote_ids: np.
 
     # A few regions per pass (CHUNK_BYTES): the pattern and the bytes read stay in cache.
     step = max(1, CHUNK_BYTES // max(1, k * n * halves))
-    bad = np.zeros((regions, k), dtype=bool)
-    for first in range(0, regions, step):
+    bad = np.zeros((regions - r0, k), dtype=bool)
+    for first in range(r0, regions, step):
         last = min(regions, first + step)
-        bad[first:last] = _rows_differ(*got_exp(first, last))
-    out.checked += regions * k
-    out.bytes += regions * k * n * halves
+        bad[first - r0:last - r0] = _rows_differ(*got_exp(first, last))
+    out.checked += (regions - r0) * k
+    out.bytes += (regions - r0) * k * n * halves
     out.wrong += int(bad.sum())
     if not bad.any():
         return out
-    out.wrong_regions.update(int(r) for r in np.flatnonzero(bad.any(axis=1)))
+    out.wrong_regions.update(r0 + int(r) for r in np.flatnonzero(bad.any(axis=1)))
     if out.first is None:
         region, i = (int(x) for x in np.argwhere(bad)[0])  # region-major, like reading region by region
+        region += r0
         got, exp = got_exp(region, region + 1)
         byte = int(np.flatnonzero(got[0, i] != exp[0, i])[0])
         cell = byte // CELL * CELL

@@ -189,10 +189,11 @@ class PrefillRole(_HandshakeRole):
             num_blocks=spec.num_blocks, tp_size=spec.tp_size, block_len=g.block_len,
             block_lens=[g.block_len] * g.num_regions, block_strides=[g.block_len] * g.num_regions,
             attn_backend_name=g.attn_backend, kv_cache_layout=spec.kv_cache_layout,
-            device_id=spec.device_id, block_size=g.block_size, ssm_sizes=(0, 0),
+            device_id=spec.device_id, block_size=g.block_size, ssm_sizes=g.ssm_sizes,
             physical_blocks_per_logical_kv_block=1,
             # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
             region_names=g.region_layers(), region_members=[[n] for n in g.region_layers()],
+            region_group_ids=g.region_group_ids() if g.groups else None,
         )
         return m.Ready(spec.tp_rank, agent.name, self.setup_ms(), values)
 
@@ -384,7 +385,7 @@ class DecodeRole(_HandshakeRole):
                     transfers[name] = prove(
                         agent, kv, local, out, corrected=model is CORRECTED, remote_handles=io.handles,
                         lists=lists, requests=spec.requests, p_tag=spec.p_engine_tag, notif=model.notif,
-                        tp_ratio=tp_ratio, tag=tag, live=spec.live)
+                        tp_ratio=tp_ratio, tag=tag, live=spec.live, release=model)
                 else:
                     transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
         finally:

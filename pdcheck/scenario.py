@@ -15,7 +15,7 @@ import msgspec
 
 from pdcheck import bounds as b
 from pdcheck.errors import BadInput
-from pdcheck.geometry import DTYPE_BYTES, Geometry
+from pdcheck.geometry import DTYPE_BYTES, Geometry, KVGroup
 
 Port = Annotated[int, msgspec.Meta(ge=b.MIN_BASE_PORT, le=65535)]
 Status = Literal["ok", "assert", "silent", "error", "hang"]
@@ -65,6 +65,11 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     device_ids: Annotated[list[DeviceId], msgspec.Meta(max_length=b.HARD_MAX_TP)] | None = None
     model: Text = "pdcheck/fake-model"
     vllm: Word | None = None  # this instance's own release, for cross-release pairs
+    # Hybrid models (docs/deployment-shapes.md): KV-cache groups in layer order, their layers adding up to `layers`
+    kv_groups: Annotated[list[KVGroup], msgspec.Meta(max_length=b.MAX_LAYERS)] | None = None
+    hma: bool | None = None  # --[no-]disable-hybrid-kv-cache-manager; None: the release decides
+    max_model_len: Annotated[int, msgspec.Meta(ge=1, le=1 << 24)] | None = None  # default: one rank's whole cache
+    ssm_conv_layout: Literal["SD", "DS"] | None = None  # VLLM_SSM_CONV_STATE_LAYOUT; None: unset (SD)
 
     def blocks(self) -> list[int]:
         nb = self.num_blocks
@@ -78,6 +83,7 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             tp_size=self.tp_size, block_size=self.block_size, layers=self.layers,
             total_kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
             attn_backend=self.attn_backend, use_mla=self.use_mla,
+            groups=tuple(self.kv_groups or ()), hma=self.hma, ssm_conv_layout=self.ssm_conv_layout or "SD",
         )
 
 
@@ -135,6 +141,36 @@ def _friendly(exc: msgspec.ValidationError) -> tuple[str, str]:
     msg = m.group("msg").replace("`", "")
     msg = msg[0].lower() + msg[1:] if msg else msg
     return path, msg
+
+
+def _validate_groups(sc: Scenario, where: str) -> None:
+    """KV-cache groups: they add up to the model's layers, windows fit the context, both sides run one model."""
+    for side in ("prefill", "decode"):
+        inst: Instance = getattr(sc, side)
+        groups = inst.kv_groups or []
+        context = inst.max_model_len or min(inst.blocks(), default=0) * inst.block_size
+        for i, gr in enumerate(groups):
+            at = f"{where}: {side}.kv_groups[{i}]"
+            if gr.layers < 1:
+                raise BadInput(f"{at}.layers: {gr.layers}; a group holds at least one layer")
+            if gr.kind == "sliding_window" and gr.window < 1:
+                raise BadInput(f"{at}.window: a sliding_window group needs its window in tokens (>= 1)")
+            if gr.kind != "sliding_window" and gr.window:
+                raise BadInput(f"{at}.window: only a sliding_window group has a window ({gr.kind} group)")
+            if gr.window > context:
+                raise BadInput(f"{at}.window: {gr.window} tokens is larger than the context of {context} tokens "
+                               f"({'max_model_len' if inst.max_model_len else 'num_blocks x block_size'})")
+            if gr.kind == "mamba" and inst.use_mla:
+                raise BadInput(f"{at}: Mamba groups beside MLA are not modelled (use_mla = true)")
+        if groups and sum(gr.layers for gr in groups) != inst.layers:
+            raise BadInput(f"{where}: {side}.kv_groups: the groups hold {sum(gr.layers for gr in groups)} layers, "
+                           f"the model has layers = {inst.layers}: they must add up")
+    p, d = sc.prefill, sc.decode
+    if (p.kv_groups or []) != (d.kv_groups or []):
+        raise BadInput(f"{where}: prefill.kv_groups and decode.kv_groups differ: both sides serve one model")
+    if any(gr.kind == "mamba" for gr in p.kv_groups or []) and p.tp_size != d.tp_size:
+        raise BadInput(f"{where}: kv_groups with a mamba group need equal tp_size on both sides (pdcheck moves SSM "
+                       f"state whole per rank; prefill {p.tp_size}, decode {d.tp_size})")
 
 
 def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
@@ -208,6 +244,7 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
             raise BadInput(
                 f"{where}: expect.{release}: expected {n} entries (one per decode rank), got {len(exp)}"
             )
+    _validate_groups(sc, where)  # last: it reads num_blocks, checked above
 
 
 def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> Scenario:

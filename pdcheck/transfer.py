@@ -19,7 +19,8 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import CELL, BlockView, KVCache, check_blocks, decode_cell, desc_ids
 from pdcheck.messages import Mismatch, Req, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
-from pdcheck.releases.base import Local, Prepared
+from pdcheck.releases import hybrid
+from pdcheck.releases.base import Local, Prepared, ReleaseModel
 
 TagFn = Callable[[int, dict[int, list[int]]], None]
 
@@ -42,21 +43,29 @@ class LocalLists:
 
 def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, corrected: bool, remote_handles: dict[int, Any],
           lists: LocalLists, requests: list[Req], p_tag: int, notif: str, tp_ratio: int, tag: TagFn,
-          live: bool = False) -> TransferResult:
+          live: bool = False, release: ReleaseModel | None = None) -> TransferResult:
     """READ every request's blocks and verify them by coordinate. live: P is an instance pdcheck does not
     drive (--prefill-endpoint); its blocks are verified only where they carry pdcheck's tags (pdcheck serve),
-    otherwise the result says that the bytes arrived and that their content cannot be checked."""
+    otherwise the result says that the bytes arrived and that their content cannot be checked. release: a
+    hybrid model's groups are read as that release reads them (releases.hybrid.group_reads: a sliding-window
+    group its window's blocks, a Mamba group its one state page); None: every block of every region."""
     if not outcome.prepared:
         return TransferResult("skipped", message="no remote descriptor list was prepared")
     res = TransferResult("ok", stride=None if corrected else outcome.stride)
     wrong_regions: set[int] = set()
     unchecked = 0
+    reads = (hybrid.group_reads(release, kv.geometry) if release is not None
+             else [hybrid.GroupRead(0, 0, kv.geometry.num_regions, None)])
     for req in requests:
         for prep in outcome.prepared:
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
-            regions = kv.geometry.num_regions * prep.halves  # virtual regions: K and V halves when split
-            lids = desc_ids(regions, kv.num_blocks, req.local_block_ids)
-            rids = desc_ids(regions, stride, req.remote_block_ids)
+            # One READ per request over every group's descriptors (as vLLM's one transfer per request): each
+            # group its own run of (virtual: K and V halves when split) regions and its own blocks.
+            parts = [(g, _clip(req, g.count)) for g in reads]
+            lids = np.concatenate([desc_ids((g.last - g.first) * prep.halves, kv.num_blocks, r.local_block_ids,
+                                            g.first * prep.halves) for g, r in parts])
+            rids = np.concatenate([desc_ids((g.last - g.first) * prep.halves, stride, r.remote_block_ids,
+                                            g.first * prep.halves) for g, r in parts])
             limit = len(prep.base_addrs) * prep.halves * prep.dlist_blocks  # the remote list's real size
             phys: dict[int, list[int]] = {}
             for rid in rids[rids < limit]:
@@ -79,7 +88,8 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
                 res.blocks += len(lids)
                 res.bytes += len(lids) * prep.block_len
                 continue
-            _verify(kv, prep, req, p_tag, res, wrong_regions)
+            for g, r in parts:
+                _verify(kv, prep, r, p_tag, res, wrong_regions, (g.first, g.last))
     res.wrong_regions = sorted(wrong_regions)
     if unchecked and not res.wrong:
         res.status = "arrived"
@@ -93,6 +103,13 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
     return res
 
 
+def _clip(req: Req, count: int | None) -> Req:
+    """The last `count` blocks of a request (a sliding-window group's window, a Mamba group's state page)."""
+    if count is None or count >= len(req.local_block_ids):
+        return req
+    return Req(req.req_id, req.remote_block_ids[-count:], req.local_block_ids[-count:])
+
+
 def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
     """Whether the first block read holds a pdcheck coordinate cell of the expected engine (pdcheck serve)."""
     if not req.local_block_ids:
@@ -102,7 +119,8 @@ def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
     return found.valid and found.tag == p_tag
 
 
-def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int]) -> None:
+def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResult, wrong_regions: set[int],
+            span: tuple[int, int] | None = None) -> None:
     # D reads the P block as if it had D's own layout (vLLM assumes equal layouts): check it that way.
     g = kv.geometry
     p_heads = max(1, prep.remote_block_len // max(1, g.block_size * g.head_cell_bytes))
@@ -110,7 +128,7 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
                         plain=not g.per_head_view)
     chk = check_blocks(kv, req.local_block_ids, req.remote_block_ids, p_tag, prep.p_rank, read_len=prep.block_len,
                        local_offset=prep.local_offset, remote_offset=prep.rank_offset, halves=prep.halves,
-                       remote_half=prep.remote_block_len // prep.halves, view=view)
+                       remote_half=prep.remote_block_len // prep.halves, view=view, region_span=span)
     res.blocks += chk.checked
     res.bytes += chk.bytes
     res.wrong += chk.wrong

@@ -27,11 +27,13 @@ class Side:
     layout: str = "HND"
     layers: int = 1
     model: str = "pdcheck/fake-model"
+    groups: tuple[Any, ...] = ()  # hybrid models: geometry.KVGroup per group
 
     @property
     def geometry(self) -> Geometry:
         return Geometry(tp_size=self.tp, block_size=self.block_size, layers=self.layers, total_kv_heads=self.kv_heads,
-                        head_dim=self.head_dim, dtype=self.dtype, attn_backend=self.backend, use_mla=self.mla)
+                        head_dim=self.head_dim, dtype=self.dtype, attn_backend=self.backend, use_mla=self.mla,
+                        groups=self.groups)
 
 
 def side(engine_id: str, tp: int, blocks: int | list[int], **kw: Any) -> Side:

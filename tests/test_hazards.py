@@ -103,6 +103,8 @@ APPLIES = {
     "pp2-pull-52913": {"X01"},
     "block-size-per-request-42895": {"H07", "H08"},
     "fp8-dynamic-scales-42179": {"H28"},
+    "hybrid-mamba-10741": {"X10"},
+    "hybrid-sliding-window": {"X10"},
 }
 
 

@@ -342,7 +342,7 @@ class TestOthers:
 def scenario_io(sc: Scenario) -> MemIO:
     pi = sc.prefill
     p = Side(pi.engine_id, pi.tp_size, pi.blocks(), pi.kv_heads, pi.head_dim, pi.block_size, pi.dtype,
-             pi.attn_backend, pi.use_mla, pi.kv_cache_layout)
+             pi.attn_backend, pi.use_mla, pi.kv_cache_layout, layers=pi.layers, groups=tuple(pi.kv_groups or ()))
     return MemIO(p)
 
 

@@ -171,6 +171,7 @@ def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdc
     """The NIXL compatibility hash an instance of `release` computes (§3.5), or None before 0.13 (no hash).
 
     D uses its Local's geometry and model for Params.local_hash; a fake P uses its own for encode_reply."""
+    from pdcheck.releases import hybrid
     from pdcheck.wire.compat import compat_hash, factors
 
     if not release.hash_factors or release.connector_version is None:
@@ -179,5 +180,6 @@ def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdc
                 connector_version=release.connector_version, model=model, dtype=geometry.dtype,
                 num_kv_heads=geometry.total_kv_heads, head_size=geometry.head_dim,
                 num_hidden_layers=geometry.layers, attn_backend_name=geometry.attn_backend,
-                cache_dtype=cache_dtype, extra={"is_hma_enabled": release.is_hma_enabled, **(extra or {})})
+                cache_dtype=cache_dtype, extra={"is_hma_enabled": hybrid.hma_enabled(release, geometry),
+                                                   **(extra or {})})
     return compat_hash(f)

@@ -85,7 +85,7 @@ def fp8_effects(rel: ReleaseModel, p_dtype: str, d_dtype: str, dynamic: bool) ->
     return out
 
 
-START_UP_CHECKS = {"pp_decode"}  # raised while the worker starts, before it serves anything
+START_UP_CHECKS = {"pp_decode", "hybrid_startup"}  # raised while the worker starts, before it serves anything
 
 
 def when_raised(rel: ReleaseModel, status: str, check: str | None) -> str | None:

@@ -159,6 +159,7 @@ class AnyMeta(msgspec.Struct):
     physical_blocks_per_logical_kv_block: int | None = None
     region_names: list[str] | None = None  # 0.30+
     region_members: list[list[str]] | None = None  # 0.31+ (0.34 requires one entry per region)
+    region_group_ids: list[int] | None = None  # 0.31+: the KV-cache group of each region (hybrid models)
 
 
 class AnyPayload(msgspec.Struct):
