@@ -92,8 +92,9 @@ def test_bad_params() -> None:
     assert verdicts("0.34.0", ["bad-params:out-of-range:1"])[1] == "error"  # kv_load_failure_policy fail
     assert verdicts("0.9.2", ["bad-params:wrong-engine:1"])[1] == "delivered"  # not checked before 0.10
     assert verdicts("0.10.0", ["bad-params:wrong-engine:1"])[1] == "error"
-    assert verdicts("0.13.0", ["bad-params:missing-request-id:1"])[1] == "error"
-    assert verdicts("0.34.0", ["bad-params:missing-request-id:1"])[1] == "recomputed"
+    assert verdicts("0.13.0", ["bad-params:missing-request-id:1"])[1] == "hang"  # WAITING_FOR_REMOTE_KVS
+    assert verdicts("0.34.0", ["bad-params:missing-request-id:1"])[1] == "hang"
+    assert verdicts("corrected", ["bad-params:missing-request-id:1"])[1] == "recomputed"
     assert verdicts("0.9.1", ["bad-params:missing-request-id:1"])[1] == "delivered"  # no such key yet
 
 

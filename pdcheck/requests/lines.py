@@ -16,8 +16,10 @@ Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and 
   (#26171); 0.13 kv_load_failure_policy exists (default recompute, still in 0.14.0, 0.15.0, 0.15.1 and
   0.16.0); default fail from 0.17.0 (config/kv_transfer.py of each of those wheels); 0.14+ logs
   "NIXL transfer failure: <failure_type>".
-* params without remote_request_id: 0.13 `kv_transfer_params["remote_request_id"]` raises KeyError in the
-  scheduler; 0.34 checks every key first and treats the request as a local prefill (recompute).
+* params without remote_request_id, 0.13 to 0.34: get_num_new_matched_tokens asks for an async load (it looks
+  at do_remote_prefill only), then update_state_after_alloc checks every key, logs "Got invalid KVTransferParams:
+  ... This request will not utilize KVTransfer" and schedules no receive, so the request waits in
+  WAITING_FOR_REMOTE_KVS for a receive that never comes (a hang; P's blocks wait for the timeout or lease).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ class Lifecycle(msgspec.Struct, frozen=True):
     heartbeat: bool  # D renews the lease of requests its scheduler tracks
     on_failure: str  # "crash" | "recompute" | "fail": what a failed READ does to the request
     failure_log: str  # what the release logs for a failed READ
-    missing_request_id: str  # "n/a" | "crash" | "recompute"
+    missing_request_id: str  # "n/a" | "hang" | "recompute": params without remote_request_id
     engine_id_checked: bool  # 0.10+: the handshake refuses metadata of another engine id
 
     @property
@@ -96,19 +98,19 @@ LINES: tuple[Lifecycle, ...] = (
     Lifecycle("0.11.1", (0, 11, 1), _K092, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "n/a", True),
     Lifecycle("0.13.0", (0, 13, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
-              _ABORT_LOG, False, "recompute", _RECOMPUTE, "crash", True),
+              _ABORT_LOG, False, "recompute", _RECOMPUTE, "hang", True),
     Lifecycle("0.14.0", (0, 14, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
-              _ABORT_LOG, False, "recompute", _FAILURE, "crash", True),
+              _ABORT_LOG, False, "recompute", _FAILURE, "hang", True),
     Lifecycle("0.17.0", (0, 17, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
-              _ABORT_LOG, False, "fail", _FAILURE, "crash", True),
+              _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
     Lifecycle("0.24.0", (0, 24, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "fail", _FAILURE, "recompute", True),
+              "fail", _FAILURE, "hang", True),
     Lifecycle("0.26.0", (0, 26, 0), _K026, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "fail", _FAILURE, "recompute", True),
+              "fail", _FAILURE, "hang", True),
     Lifecycle("0.28.0", (0, 28, 0), _K028, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "fail", _FAILURE, "recompute", True),
+              "fail", _FAILURE, "hang", True),
     Lifecycle("0.34.0", (0, 34, 0), _K034, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "fail", _FAILURE, "recompute", True),
+              "fail", _FAILURE, "hang", True),
 )
 
 # The corrected request path: a lease renewed by D's heartbeats from the moment the router hands D the params,

@@ -93,9 +93,11 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
     if params is None:
         return "recomputed", "no kv_transfer_params: D prefills the prompt itself"
     if "remote_request_id" in line.keys and "remote_request_id" not in params:
-        if line.missing_request_id == "crash":
-            return "error", "KeyError: 'remote_request_id' (scheduler; engine crash)"
-        return "recomputed", "kv_transfer_params lack remote_request_id: treated as a local prefill"
+        if line.missing_request_id == "hang":
+            return "hang", ("Got invalid KVTransferParams: ... This request will not utilize KVTransfer (no "
+                            "remote_request_id): no receive scheduled after the async load was asked for; the "
+                            "request waits in WAITING_FOR_REMOTE_KVS")
+        return "recomputed", "kv_transfer_params lack remote_request_id: refused, prefill recomputed"
     if params.get("remote_engine_id") != p_engine and line.engine_id_checked:
         return on_failure(line, req, "handshake_failed", "RuntimeError: "
                           + msg_engine_id(str(params.get("remote_engine_id")), p_engine))
