@@ -53,7 +53,10 @@ def make_requests(sc: SgScenario) -> list[SgReq]:
     k = max(1, min(sc.transfer.pages_per_request, sc.prefill.num_pages // n, sc.decode.num_pages // n))
     p = rng.choice(sc.prefill.num_pages, n * k, replace=False).tolist()
     d = rng.choice(sc.decode.num_pages, n * k, replace=False).tolist()
-    return [SgReq(1000 + i, sorted(p[i * k:(i + 1) * k]), sorted(d[i * k:(i + 1) * k])) for i in range(n)]
+    # duplicate_room: the second request reuses the first one's room (a client-supplied bootstrap_room, #40125)
+    dup = sc.transfer.fault == "duplicate_room"
+    return [SgReq(1000 + (0 if dup and i == 1 else i), sorted(p[i * k:(i + 1) * k]), sorted(d[i * k:(i + 1) * k]))
+            for i in range(n)]
 
 
 def build(sc: SgScenario, sglang: str | None, options: SgOptions, live: LiveBootstrap | None = None) -> SgPlan:

@@ -13,6 +13,7 @@ would have put there.
 from __future__ import annotations
 
 import time
+import urllib.request
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -27,7 +28,7 @@ from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
-from pdcheck.sglang.engine import SgVerdict, Side, wait_text
+from pdcheck.sglang.engine import SgVerdict, Side, node_failure, wait_text
 from pdcheck.sglang.releases import resolve
 
 
@@ -48,6 +49,7 @@ class SgPrefillSpec(msgspec.Struct, frozen=True):
     host: str = "127.0.0.1"
     serve: bool = False  # `serve --sglang`: a room P never planned is served from the same page ids as D's
     pp_rank: int = 0  # every PP stage registers; each fake stage holds (and writes) every layer
+    fault: str = "none"  # scenario.Fault
 
 
 SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
@@ -64,6 +66,8 @@ class SgDecodeSpec(msgspec.Struct, frozen=True):
     hang_s: float  # pdcheck's stand-in for the release's timeout (300 s or forever)
     host: str = "127.0.0.1"
     bootstrap_host: str = ""  # a live P's bootstrap server (--prefill-endpoint); "": host
+    fault: str = "none"  # scenario.Fault
+    heartbeat_s: float = 0.3  # pdcheck's stand-in for the release's GET /health interval (5 s)
 
 
 class PFinal(msgspec.Struct):
@@ -73,6 +77,8 @@ class PFinal(msgspec.Struct):
     writes: int = 0  # NIXL WRITE requests completed
     errors: list[str] = []  # transfer errors P's release keeps to itself (or reports by KV_STATUS, 0.5.23)
     put_status: int = 0
+    logs: list[str] = []  # what P's release logs without failing (0.5.23's aux buffer count skew)
+    bootstrapping: list[int] = []  # planned rooms whose TransferInfo never came (still in KVPoll.Bootstrapping)
 
 
 class DFinal(msgspec.Struct):
@@ -99,6 +105,24 @@ def _cache(side: Side) -> KVCache:
     return KVCache(side.geometry(), side.num_pages, "cpu", 0, "HND")
 
 
+# Metadata (aux) buffers: AUX_SLOTS request slots of AUX_ITEM bytes each, in one DRAM region after the KV cache.
+# Slot s of buffer b holds the pattern of region AUX_REGION + b, block s, P rank 0 (every TP rank holds the same
+# metadata), so D can tell which buffer and slot landed where.
+AUX_SLOTS, AUX_ITEM, AUX_REGION = 16, 64, 4000
+
+
+def _aux(side: Side) -> np.ndarray:
+    return np.zeros((side.aux_buffers, AUX_SLOTS, AUX_ITEM), dtype=np.uint8)
+
+
+def aux_ptrs(aux: np.ndarray) -> list[int]:
+    return [aux.ctypes.data + b * AUX_SLOTS * AUX_ITEM for b in range(aux.shape[0])]
+
+
+def aux_pattern(tag: int, buffer: int, slots: list[int]) -> np.ndarray:
+    return pattern(tag, 0, AUX_REGION + buffer, np.asarray(slots), 0, AUX_ITEM)
+
+
 # ---------------------------------------------------------------------------------------------- prefill
 class SgPrefillRole(Role):
     spec_type = SgPrefillSpec
@@ -112,14 +136,20 @@ class SgPrefillRole(Role):
         return f"sglang-p{self.spec.tp_rank}" + (f"-pp{self.spec.pp_rank}" if self.spec.pp_rank else "")
 
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
-        self.kv = _cache(self.spec.side)
-        return self.kv.regions(0), self.kv.mem_type
+        self.kv, self.aux = _cache(self.spec.side), _aux(self.spec.side)
+        return [*self.kv.regions(0), (self.aux.ctypes.data, self.aux.nbytes, 0)], self.kv.mem_type
 
     def ready(self) -> m.Msg:
         spec, side = self.spec, self.spec.side
         self.rel = resolve(spec.release)
         pages = sorted({p for r in spec.requests for p in r.p_pages})
         self.kv.tag_many(spec.tag, spec.tp_rank, {r: pages for r in range(side.num_ptrs)})
+        for b in range(side.aux_buffers):
+            self.aux[b] = aux_pattern(spec.tag, b, list(range(AUX_SLOTS)))
+        self.infos: dict[int, dict[str, tuple[wire.Transfer, wire.Registration, str]]] = {}  # transfer_infos
+        self.received: set[int] = set()  # rooms whose TransferInfo came
+        self.n_infos = 0  # TransferInfo messages (two requests of one room: two messages)
+        self.frozen = False  # kill_prefill: waiting to be killed after a partial WRITE
         self.zctx = zmq.Context()
         self.sock = self.zctx.socket(zmq.PULL)
         self.sock.setsockopt(zmq.LINGER, 0)
@@ -144,7 +174,7 @@ class SgPrefillRole(Role):
                 events = dict(poller.poll(50))
                 if self.sock in events:
                     frames = self.sock.recv_multipart()
-                    if self.final.listener_dead is None:  # a dead bootstrap thread reads nothing more
+                    if self.final.listener_dead is None and not self.frozen:  # a dead thread reads no more
                         self._on_frames(frames, regs, push)
                 if self.conn.fileno() in events and isinstance(m.recv(self.conn), m.Stop):
                     break
@@ -153,6 +183,7 @@ class SgPrefillRole(Role):
                 s.close(0)
             self.sock.close(0)
             self.zctx.term()
+        self.final.bootstrapping = sorted({r.room for r in self.spec.requests} - self.received)
         m.send(self.conn, m.FrameworkFinal(self.spec.tp_rank, msgspec.msgpack.encode(self.final)))
 
     def _on_frames(self, frames: list[bytes], regs: dict[str, tuple[wire.Registration, str]],
@@ -180,14 +211,59 @@ class SgPrefillRole(Role):
                                      f"({got.agent_name!r})")
             return
         reg, peer = regs[key]
-        req = next((r for r in self.spec.requests if r.room == got.room), None)
+        self.received.add(got.room)
+        self.n_infos += 1
+        if self.rel.aux_skew_log and len(reg.aux_ptrs) != self.spec.side.aux_buffers and not self.final.logs:
+            n, p = len(reg.aux_ptrs), self.spec.side.aux_buffers
+            self.final.logs.append(self.rel.aux_skew_log.format(peer=reg.agent_name, d=n, p=p, n=min(n, p)))
+        if self.spec.fault == "duplicate_room":
+            # transfer_infos[room][agent]: a later TransferInfo for the same room replaces the earlier one; P's
+            # forward finishes after every request bootstrapped, then sends request by request
+            self.infos.setdefault(got.room, {})[key] = (got, reg, peer)
+            if self.n_infos == len(self.spec.requests):
+                self._serve_in_order(push)
+            return
+        slot, req = next(((i, r) for i, r in enumerate(self.spec.requests) if r.room == got.room), (0, None))
         if req is None and self.spec.serve and got.pages:
             # A live decode's room: P "prefilled" the same page ids (tagged now, with serve's own tag).
             req = SgReq(got.room, list(got.pages), list(got.pages))
             self.kv.tag_many(self.spec.tag, self.spec.tp_rank, {r: req.p_pages for r in range(self.spec.side.num_ptrs)})
         if req is None or not got.pages:
             return  # a dummy request (empty indices), or a room this P never prefilled
-        reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room)
+        if self.spec.fault == "kill_prefill":
+            # chunk 0 of 2 (not last: no aux, no completion), then the parent SIGKILLs every P rank
+            half = max(1, len(got.pages) // 2)
+            self._write(reg, peer, req.p_pages[:half], got.pages[:half], got.room, slot, got.aux_index, last=False)
+            self.frozen = True
+            m.send(self.conn, m.Armed())
+            return
+        self._serve(got, reg, peer, req, slot, push)
+
+    def _serve_in_order(self, push: dict[str, Any]) -> None:
+        """duplicate_room: P's scheduler sends each planned request in order; the room's entry after its
+        first request's last chunk is the release's (RoomReuse)."""
+        done: set[int] = set()
+        for slot, req in enumerate(self.spec.requests):
+            if req.room in done and self.rel.room_reuse != "kept":
+                room = req.room
+                if self.rel.room_reuse == "keyerror":
+                    self._err(f"KeyError: {room} (add_transfer_request: transfer_infos[{room}] was deleted after "
+                              "the room's last chunk; P's scheduler raises)")
+                    return
+                if self.rel.room_reuse == "assert":
+                    self._err(f"AssertionError: assert room in self.transfer_infos (transfer worker: room {room} "
+                              "marked Failed on P; D is not told)")
+                else:
+                    self.final.logs.append(f"room {room}: add_transfer_request returned None (transfer_infos "
+                                           "already cleared): nothing sent")
+                continue
+            for got, reg, peer in self.infos.get(req.room, {}).values():
+                self._serve(got, reg, peer, req, slot, push)
+            done.add(req.room)
+
+    def _serve(self, got: wire.Transfer, reg: wire.Registration, peer: str, req: SgReq, slot: int,
+               push: dict[str, Any]) -> None:
+        reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room, slot, got.aux_index)
         if self.rel.completion == "kv_status":
             s = push.get(got.endpoint + str(got.port))
             if s is None:
@@ -197,10 +273,10 @@ class SgPrefillRole(Role):
             s.send_multipart(wire.kv_status(got.room, "Failed" if reason else "Success", self.spec.tp_rank,
                                             reason or ""))
 
-    def _write(self, reg: wire.Registration, peer: str, p_pages: list[int], d_pages: list[int], room: int
-               ) -> str | None:
-        """One request's WRITEs as P's release lays them out; the error text when it fails (D is told only by
-        0.5.23's KV_STATUS)."""
+    def _write(self, reg: wire.Registration, peer: str, p_pages: list[int], d_pages: list[int], room: int,
+               slot: int, d_slot: int, *, last: bool = True) -> str | None:
+        """One request's WRITEs as P's release lays them out (KV, then with the last chunk the metadata
+        buffers); the error text when it fails (D is told only by 0.5.23's KV_STATUS)."""
         side, rel = self.spec.side, self.rel
         src_ptrs, item = sglang_order(self.kv), self.kv.block_len
         hb = side.head_dim * side.geometry().elem_size
@@ -236,18 +312,37 @@ class SgPrefillRole(Role):
         notif = b""
         if rel.completion != "kv_status":
             key = 0 if rel.completion in ("notif", "notif_pp") else self.spec.tp_rank
-            notif = wire.kv_notif(rel, room, 0, True, key).encode()
-        ids = np.arange(len(local))
+            notif = wire.kv_notif(rel, room, 0, last, key).encode()
         try:
-            lh = self.agent.prep(LOCAL, _descs(local), "DRAM", "P's source pages")
-            rh = self.agent.prep(peer, _descs(remote), "DRAM", f"D's pages ({peer})")
-            self.agent.read(lh, ids, rh, ids, notif, op="WRITE", timeout_s=10.0, context=f"room {room}")
+            self._post(local, remote, peer, notif, room)
         except NixlCallError as exc:
             return self._err(f"NIXL transfer encountered ERR room={room}: {exc.status}")
+        self.final.writes += 1
+        if not last:
+            return None
+        if not self.spec.serve:  # a live decode's metadata buffers are its own size: only the notification
+            src = aux_ptrs(self.aux)
+            n = {"first": 1, "decode_count": len(reg.aux_ptrs), "shorter": min(len(src), len(reg.aux_ptrs))}[
+                rel.aux_pairing]
+            if n > len(src):  # send_aux: prefill_aux_item_lens[i] for each of D's pointers
+                where = "transfer worker" if rel.records_reason else "add_transfer_request (P's scheduler)"
+                return self._err(f"IndexError: list index out of range (send_aux in P's {where}: D registered "
+                                 f"{len(reg.aux_ptrs)} metadata buffers, P has {len(src)})")
+            try:
+                self._post([(src[b] + slot * AUX_ITEM, AUX_ITEM) for b in range(n)],
+                           [(reg.aux_ptrs[b] + d_slot * AUX_ITEM, AUX_ITEM) for b in range(n)], peer, b"", room)
+            except NixlCallError as exc:
+                return self._err(f"NIXL transfer encountered ERR room={room}: {exc.status}")
         if rel.completion != "kv_status":
             self.agent.send_notif(peer, wire.aux_notif(room).encode())
-        self.final.writes += 1
         return None
+
+    def _post(self, local: list[tuple[int, int]], remote: list[tuple[int, int]], peer: str, notif: bytes,
+              room: int) -> None:
+        ids = np.arange(len(local))
+        lh = self.agent.prep(LOCAL, _descs(local), "DRAM", "P's source pages")
+        rh = self.agent.prep(peer, _descs(remote), "DRAM", f"D's pages ({peer})")
+        self.agent.read(lh, ids, rh, ids, notif, op="WRITE", timeout_s=10.0, context=f"room {room}")
 
     def _err(self, text: str) -> str:
         self.final.errors.append(text)
@@ -278,8 +373,8 @@ class SgDecodeRole(Role):
         return f"sglang-d{self.spec.tp_rank}"
 
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
-        self.kv = _cache(self.spec.side)
-        return self.kv.regions(0), self.kv.mem_type
+        self.kv, self.aux = _cache(self.spec.side), _aux(self.spec.side)
+        return [*self.kv.regions(0), (self.aux.ctypes.data, self.aux.nbytes, 0)], self.kv.mem_type
 
     def ready(self) -> m.Msg:
         return m.Ready(self.spec.tp_rank, self.agent.name, self.setup_ms())
@@ -325,19 +420,37 @@ class SgDecodeRole(Role):
         pull.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
         port = pull.bind_to_random_port(f"tcp://{spec.host}")
         ptrs = sglang_order(self.kv)
-        facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs, [ptrs[0]], 0,
+        facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs, aux_ptrs(self.aux), 0,
                             side.tp_size, spec.tp_rank, self.kv.block_len)
         targets = [t[0] for t in found.targets]
-        trackers = {r.room: wire.Tracker(rel, found.required) for r in spec.requests}
+        trackers = {r.room: wire.Tracker(rel, found.required) for r in spec.requests}  # one status per room
         for _rank, ip, p_port in found.targets:
             s = zctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 1000)
             s.connect(f"tcp://{ip}:{p_port}")
             for i, r in enumerate(spec.requests):
-                for frames in wire.encode(rel, facts, wire.Request(r.room, r.d_pages, 0), register=i == 0):
+                msgs = wire.encode(rel, facts, wire.Request(r.room, r.d_pages, i), register=i == 0)
+                if spec.fault == "no_transfer_info":  # D stops after its registration (0.4.9+), or sends nothing
+                    msgs = msgs[:-1]
+                for frames in msgs:
                     s.send_multipart(frames)
             s.close()
+        if spec.fault == "no_transfer_info":
+            time.sleep(min(spec.hang_s, 1.0))  # D stays up (P adds its agent); the request never proceeds
+            pull.close(0)
+            return SgVerdict(status="hang", stage="bootstrap", p_ranks=targets,
+                             message="D sent no TransferInfo"), None
+        addr = f"{bhost}:{spec.bootstrap_port}"
+        beat, misses = time.monotonic() + spec.heartbeat_s, 0
         while not all(t.done() for t in trackers.values()) and time.monotonic() < deadline:
+            if rel.heartbeat_s is not None and time.monotonic() >= beat:
+                # the release's heartbeat thread, at pdcheck's interval: GET /health, timeout (2, 3) in SGLang
+                beat = time.monotonic() + spec.heartbeat_s
+                misses = 0 if _healthy(addr, min(2.0, 3 * spec.heartbeat_s)) else misses + 1
+                if misses >= rel.heartbeat_failures:
+                    pull.close(0)
+                    pending = sum(not t.done() for t in trackers.values())
+                    return node_failure(rel, addr, spec.requests[0].room, pending, p_ranks=targets), None
             if pull.poll(20):
                 frames = pull.recv_multipart()
                 room = int(frames[1]) if len(frames) > 1 and frames[1].isdigit() else -1
@@ -358,11 +471,14 @@ class SgDecodeRole(Role):
             t, text = wait_text(rel)
             return SgVerdict(status="hang", stage="completion", timeout_s=t, p_ranks=targets, warning=found.warning,
                              message=f"no completion within pdcheck's {spec.hang_s:g} s; {text}"), None
+        if spec.fault == "duplicate_room":  # D decodes a moment later: P's writes for the second request land
+            time.sleep(min(spec.hang_s, 0.5))
         transfer = self._verify(targets)
         if transfer.status != "ok":
             return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=found.warning,
-                             message=f"completed, but {transfer.wrong} of {transfer.blocks} pages hold wrong bytes: "
-                             f"{transfer.message}"), transfer
+                             message=(f"completed, but {transfer.wrong} of {transfer.blocks} pages hold wrong bytes: "
+                                      if transfer.wrong else f"completed, {transfer.blocks} KV pages right, but ")
+                             + f"{transfer.message}"), transfer
         return SgVerdict(status="ok", p_ranks=targets, warning=found.warning), transfer
 
     def _verify(self, targets: list[int]) -> m.TransferResult:
@@ -408,12 +524,38 @@ class SgDecodeRole(Role):
                         first = m.Mismatch(region, r.d_pages[b], r.p_pages[b], targets[0],
                                            decode_cell(want[b, cell:cell + 16]).describe(g),
                                            decode_cell(got[b, cell:cell + 16]).describe(g))
-        if not wrong:
+        aux_bad = self._verify_aux() if not spec.bootstrap_host else []
+        if not wrong and not aux_bad:
             return m.TransferResult("ok", blocks=checked)
         msg = (f"D page {first.local_block} {g.region_name(first.region)} +cell: expected {first.expected}, "
                f"found {first.found}") if first else None
+        if aux_bad:
+            msg = "; ".join(x for x in (msg, f"{len(aux_bad)} metadata slot(s) wrong, first {aux_bad[0]}") if x)
         return m.TransferResult("wrong", blocks=checked, wrong=wrong, first_mismatch=first,
                                 wrong_regions=sorted(wrong_regions), message=msg)
+
+
+    def _verify_aux(self) -> list[str]:
+        """Slot i of each of D's metadata buffers against P's slot i of the same buffer (P has none: wrong)."""
+        spec, bad = self.spec, []
+        for i, _r in enumerate(spec.requests):
+            for b in range(spec.side.aux_buffers):
+                got = self.aux[b, i]
+                if b >= spec.p_side.aux_buffers or (got != aux_pattern(spec.tag, b, [i])[0]).any():
+                    cell = decode_cell(got[:16])
+                    held = (f"P buffer {cell.region - AUX_REGION} slot {cell.block}" if cell.valid and
+                            cell.region >= AUX_REGION else cell.describe())
+                    bad.append(f"D buffer {b} slot {i}: " + (f"P has no buffer {b}; " if b >= spec.p_side.aux_buffers
+                                                            else "") + f"holds {held}")
+        return bad
+
+
+def _healthy(addr: str, timeout_s: float) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{addr}/health", timeout=timeout_s) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def sglang_decode_main(conn: Connection, spec_bytes: bytes) -> None:
