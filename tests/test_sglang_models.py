@@ -244,7 +244,8 @@ def test_bundled_sglang_scenario_matches_the_engine(path: Path) -> None:
     for pair in plan.pairs:
         want = sc.expect[pair.name]
         want = list(want) if isinstance(want, list) else [want] * d.tp_size
-        got = [v.status for v in decide_all(pair.p, pair.d, p, d, registered=reg, no_bootstrap=sc.decode.no_bootstrap)]
+        got = [v.status for v in decide_all(pair.p, pair.d, p, d, registered=reg, no_bootstrap=sc.decode.no_bootstrap,
+                                            fault=sc.transfer.fault)]
         assert got == want, f"{path.name} {pair.name}: {got} != {want}"
 
 
@@ -278,3 +279,64 @@ def test_server_args_line(tmp_path: Path) -> None:
     (tmp_path / "x.log").write_text("vLLM log\n")
     with pytest.raises(BadInput, match="no 'server_args=ServerArgs"):
         fromlogs.parse(tmp_path / "x.log", "prefill")
+
+
+# ---- failure classes beyond the handshake (reference §11): duplicate room, missing TransferInfo, prefill killed,
+# aux buffer skew; each per release next to the corrected behaviour
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_duplicate_room(rel) -> None:
+    v = decide(rel, rel, Side(), Side(), 0, fault="duplicate_room")
+    assert v.status == "silent" and "A's pages are never written" in v.message
+    then = {"R1": "again", "R2": "again", "R3": "KeyError: 7", "R4": "KeyError: 7", "R5": "KeyError: 7",
+            "R6": "assert room in self.transfer_infos", "R7": "returns None"}[rel.tag]
+    assert then in v.message
+    assert corrected(Side(), Side(), "duplicate_room").status == "error"
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_no_transfer_info_leaves_p_bootstrapping(rel) -> None:
+    v = decide(rel, rel, Side(), Side(), 0, fault="no_transfer_info")
+    assert (v.status, v.stage) == ("hang", "bootstrap")
+    if rel.tag in ("R6", "R7"):
+        assert v.timeout_s == 300.0 and "Request 7 timed out after 300s in KVPoll.Bootstrapping" in v.message
+    else:
+        assert v.timeout_s is None and "forever" in v.message
+    assert ("P's scheduler blocks" in v.message) == (rel.tag == "R1")
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_prefill_killed_mid_transfer(rel) -> None:
+    v = decide(rel, rel, Side(), Side(), 0, fault="kill_prefill")
+    if rel.tag in ("R1", "R2", "R3"):  # no heartbeat, no waiting timeout
+        assert (v.status, v.timeout_s) == ("hang", None)
+        return
+    assert v.status == "error" and v.timeout_s == 10.0 and "GET /health every 5 s fails 2 times" in v.message
+    text = {"R4": "1 transfers affected; Transfer for room 7 failed due to node failure; Decode transfer failed "
+                  "with exception Exception: Fake KVReceiver Exception",
+            "R5": "1 transfers affected; Transfer for room 7 failed due to node failure; Decode transfer failed "
+                  "with exception RuntimeError: NIXL KVReceiver Exception",
+            "R6": "1 requests affected; Decode transfer failed with exception KVTransferError(bootstrap_room=7): "
+                  "Lost connection with prefill instance (bootstrap_addr: 127.0.0.1:8998)",
+            }
+    assert text.get(rel.tag, text["R6"]) in v.message
+    assert ("is healthy before, but now it is down" in v.message) == (rel.tag in ("R6", "R7"))
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_aux_buffer_skew(rel) -> None:
+    more_d = decide(rel, rel, Side(aux_buffers=1), Side(aux_buffers=2), 0)
+    more_p = decide(rel, rel, Side(aux_buffers=2), Side(aux_buffers=1), 0)
+    both = decide(rel, rel, Side(aux_buffers=2), Side(aux_buffers=2), 0)
+    if rel.tag in ("R1", "R2", "R3", "R4"):  # buffer 0 only (aux_item_lens[0])
+        assert (more_d.status, more_p.status, both.status) == ("silent", "ok", "silent")
+        assert "buffer 0 only" in more_d.message
+    elif rel.tag in ("R5", "R6"):  # one per D pointer with P's item lengths
+        assert (more_d.status, more_d.timeout_s, more_p.status, both.status) == ("hang", 300.0, "ok", "ok")
+        assert "IndexError: list index out of range" in more_d.message
+    else:  # the shorter list, and an error log
+        assert (more_d.status, more_p.status, both.status) == ("silent", "ok", "ok")
+        assert more_p.warning.startswith("Decode <D agent> registered 1 metadata buffers but this prefill has 2; "
+                                         "only the first 1 are transferred")
+    assert corrected(Side(aux_buffers=1), Side(aux_buffers=2)).status == "error"
