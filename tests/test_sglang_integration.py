@@ -306,3 +306,14 @@ def test_aux_buffer_skew_on_real_metadata_buffers() -> None:
     assert index_error.prefill[0].errors[0].startswith("IndexError: list index out of range (send_aux")
     assert shorter.observed[0].warning.startswith("Decode sglang-d0 registered 2 metadata buffers but this prefill "
                                                   "has 1; only the first 1 are transferred")
+
+
+def test_hybrid_state_written_from_0_5_13() -> None:
+    res = _fault_run("0.5.8,0.5.13,0.5.23", "none", requests=2, p=SgInstance(hybrid=True), d=SgInstance(hybrid=True))
+    assert [p.observed[0].status for p in res.pairs] == ["silent", "ok", "ok"]
+    assert [p.model[0].status for p in res.pairs] == ["silent", "ok", "ok"]
+    old = res.pairs[0].transfers[0]
+    assert old.wrong == 0 and "D state slot 0: holds untagged bytes" in old.message  # KV right, state never sent
+    res = _fault_run("0.5.13", "none", requests=1, d=SgInstance(hybrid=True))  # P's model has no state
+    v = res.pairs[0].observed[0]
+    assert (v.status, v.stage, v.timeout_s) == ("hang", "completion", 300.0)

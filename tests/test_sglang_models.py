@@ -340,3 +340,32 @@ def test_aux_buffer_skew(rel) -> None:
         assert more_p.warning.startswith("Decode <D agent> registered 1 metadata buffers but this prefill has 2; "
                                          "only the first 1 are transferred")
     assert corrected(Side(aux_buffers=1), Side(aux_buffers=2)).status == "error"
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_hybrid_state(rel) -> None:
+    both = decide(rel, rel, Side(hybrid=True), Side(hybrid=True), 0)
+    only_d = decide(rel, rel, Side(), Side(hybrid=True), 0)
+    if rel.tag in ("R6", "R7"):
+        assert both.status == "ok"
+        # 0.5.13 waits for the state notification; 0.5.23 completes by KV_STATUS without it
+        assert (only_d.status, only_d.timeout_s) == ("hang", 300.0)
+    else:
+        assert both.status == only_d.status == "silent" and "KV + aux only" in both.message
+    assert corrected(Side(), Side(hybrid=True)).status == "error"
+
+
+def test_state_frames_round_trip() -> None:
+    d = wire.DFacts("127.0.0.1", 5555, "agent-d0", b"META", [0x1000, 0x2000], [0x3000], 0, 1, 0, 4096,
+                    [0x9000], 256)
+    req = wire.Request(7, [1, 2], 0, state_indices=[3])
+    for rel in (R["R6"], R["R7"]):
+        reg, t = (wire.decode(rel, f) for f in wire.encode(rel, d, req))
+        assert reg.state_ptrs == [0x9000] and t.state_indices == [3]
+    assert wire.decode(R["R5"], wire.encode(R["R5"], d, req)[1]).state_indices == []  # 0.5.8 sends none
+    t = wire.Tracker(R["R6"], 1, expects_state=True)
+    for n in (wire.kv_notif(R["R6"], 7, 0, True, 0), wire.aux_notif(7)):
+        t.notif(n)
+    assert not t.done()
+    t.notif(wire.state_notif(7, 0))
+    assert t.done()

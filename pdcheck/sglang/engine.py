@@ -31,6 +31,7 @@ class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     mla: bool = False
     num_pages: int = 64
     aux_buffers: int = 1  # metadata buffers registered (reference §6.2)
+    hybrid: bool = False  # per-request state (SWA window KV / mamba) in its own pool (#18939)
 
     def geometry(self) -> Geometry:
         """The pdcheck KV geometry of one rank: a region per layer for K and for V, a block per page, so
@@ -161,6 +162,20 @@ def aux_skew(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, **kw:
         "written"), **kw)  # type: ignore[arg-type]
 
 
+def hybrid_state(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, **kw: object) -> SgVerdict | None:
+    """#18939: D's model keeps per-request state besides the paged KV. None: the state arrives."""
+    if not d.hybrid:
+        return None
+    if not d_rel.sends_state:
+        return SgVerdict(status="silent", stage="transfer", message=(
+            f"SGLang {d_rel.name} moves KV + aux only (the state indices are dropped): D completes and decodes "
+            "with a stale state pool (SWA window / mamba state never written)"), **kw)  # type: ignore[arg-type]
+    if not (p.hybrid and p_rel.sends_state):
+        return hang(d_rel, "completion", "D sent state indices and waits for the state (expects_state); P sends "
+                    "none", **kw)  # type: ignore[arg-type]
+    return None
+
+
 def table_for(p_rel: SglangRelease, p: Side, registered: int | None = None) -> bs.Table:
     """P's bootstrap table with `registered` of its ranks registered (default: all)."""
     t = bs.Table(p_rel, p.tp_size * p.pp_size)
@@ -253,6 +268,9 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     skew = aux_skew(p_rel, d_rel, p, d, p_ranks=targets)
     if skew is not None and skew.status != "ok":
         return skew
+    state = hybrid_state(p_rel, d_rel, p, d, p_ranks=targets)
+    if state is not None and p_rel.completion == d_rel.completion:
+        return state
     # completion, P's way against D's way
     if (p_rel.completion == "kv_status") != (d_rel.completion == "kv_status"):
         how = "a ZMQ KV_STATUS message D never reads" if p_rel.completion == "kv_status" else \
@@ -294,7 +312,7 @@ def corrected(p: Side, d: Side, fault: str = "none") -> SgVerdict:
     if fault == "kill_prefill":
         return SgVerdict(status="error", stage="transfer", exception="KVTransferError",
                          message="D's heartbeat fails the room: Lost connection with prefill instance")
-    for what, a, b in (("aux buffers", p.aux_buffers, d.aux_buffers), ("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
+    for what, a, b in (("aux buffers", p.aux_buffers, d.aux_buffers), ("hybrid state", p.hybrid, d.hybrid),("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
                        ("kv_cache_dtype", p.kv_cache_dtype, d.kv_cache_dtype), ("layers", p.layers, d.layers),
                        ("kv heads", p.kv_heads, d.kv_heads), ("head_dim", p.head_dim, d.head_dim),
                        ("MLA", p.mla, d.mla)):

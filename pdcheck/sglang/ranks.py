@@ -123,6 +123,23 @@ def aux_pattern(tag: int, buffer: int, slots: list[int]) -> np.ndarray:
     return pattern(tag, 0, AUX_REGION + buffer, np.asarray(slots), 0, AUX_ITEM)
 
 
+# A hybrid model's state pool (one per side when `hybrid`): STATE_SLOTS slots of STATE_ITEM bytes, slot s tagged
+# as region STATE_REGION, block s.
+STATE_SLOTS, STATE_ITEM, STATE_REGION = 16, 256, 4090
+
+
+def _state(side: Side) -> np.ndarray:
+    return np.zeros((1 if side.hybrid else 0, STATE_SLOTS, STATE_ITEM), dtype=np.uint8)
+
+
+def _extra_regions(aux: np.ndarray, state: np.ndarray) -> list[tuple[int, int, int]]:
+    return [(aux.ctypes.data, aux.nbytes, 0)] + ([(state.ctypes.data, state.nbytes, 0)] if state.size else [])
+
+
+def state_pattern(tag: int, slots: list[int]) -> np.ndarray:
+    return pattern(tag, 0, STATE_REGION, np.asarray(slots), 0, STATE_ITEM)
+
+
 # ---------------------------------------------------------------------------------------------- prefill
 class SgPrefillRole(Role):
     spec_type = SgPrefillSpec
@@ -136,8 +153,8 @@ class SgPrefillRole(Role):
         return f"sglang-p{self.spec.tp_rank}" + (f"-pp{self.spec.pp_rank}" if self.spec.pp_rank else "")
 
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
-        self.kv, self.aux = _cache(self.spec.side), _aux(self.spec.side)
-        return [*self.kv.regions(0), (self.aux.ctypes.data, self.aux.nbytes, 0)], self.kv.mem_type
+        self.kv, self.aux, self.state = _cache(self.spec.side), _aux(self.spec.side), _state(self.spec.side)
+        return [*self.kv.regions(0), *_extra_regions(self.aux, self.state)], self.kv.mem_type
 
     def ready(self) -> m.Msg:
         spec, side = self.spec, self.spec.side
@@ -146,6 +163,8 @@ class SgPrefillRole(Role):
         self.kv.tag_many(spec.tag, spec.tp_rank, {r: pages for r in range(side.num_ptrs)})
         for b in range(side.aux_buffers):
             self.aux[b] = aux_pattern(spec.tag, b, list(range(AUX_SLOTS)))
+        if side.hybrid:
+            self.state[0] = state_pattern(spec.tag, list(range(STATE_SLOTS)))
         self.infos: dict[int, dict[str, tuple[wire.Transfer, wire.Registration, str]]] = {}  # transfer_infos
         self.received: set[int] = set()  # rooms whose TransferInfo came
         self.n_infos = 0  # TransferInfo messages (two requests of one room: two messages)
@@ -263,7 +282,8 @@ class SgPrefillRole(Role):
 
     def _serve(self, got: wire.Transfer, reg: wire.Registration, peer: str, req: SgReq, slot: int,
                push: dict[str, Any]) -> None:
-        reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room, slot, got.aux_index)
+        reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room, slot, got.aux_index,
+                             state=got.state_indices)
         if self.rel.completion == "kv_status":
             s = push.get(got.endpoint + str(got.port))
             if s is None:
@@ -274,7 +294,7 @@ class SgPrefillRole(Role):
                                             reason or ""))
 
     def _write(self, reg: wire.Registration, peer: str, p_pages: list[int], d_pages: list[int], room: int,
-               slot: int, d_slot: int, *, last: bool = True) -> str | None:
+               slot: int, d_slot: int, *, last: bool = True, state: list[int] | None = None) -> str | None:
         """One request's WRITEs as P's release lays them out (KV, then with the last chunk the metadata
         buffers); the error text when it fails (D is told only by 0.5.23's KV_STATUS)."""
         side, rel = self.spec.side, self.rel
@@ -331,6 +351,11 @@ class SgPrefillRole(Role):
             try:
                 self._post([(src[b] + slot * AUX_ITEM, AUX_ITEM) for b in range(n)],
                            [(reg.aux_ptrs[b] + d_slot * AUX_ITEM, AUX_ITEM) for b in range(n)], peer, b"", room)
+                if rel.sends_state and side.hybrid and state and reg.state_ptrs:  # maybe_send_extra, last chunk
+                    notif = wire.state_notif(room, self.spec.tp_rank).encode() if rel.completion != "kv_status" \
+                        else b""
+                    self._post([(self.state.ctypes.data + slot * STATE_ITEM, STATE_ITEM)],
+                               [(reg.state_ptrs[0] + state[0] * STATE_ITEM, STATE_ITEM)], peer, notif, room)
             except NixlCallError as exc:
                 return self._err(f"NIXL transfer encountered ERR room={room}: {exc.status}")
         if rel.completion != "kv_status":
@@ -373,8 +398,8 @@ class SgDecodeRole(Role):
         return f"sglang-d{self.spec.tp_rank}"
 
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
-        self.kv, self.aux = _cache(self.spec.side), _aux(self.spec.side)
-        return [*self.kv.regions(0), (self.aux.ctypes.data, self.aux.nbytes, 0)], self.kv.mem_type
+        self.kv, self.aux, self.state = _cache(self.spec.side), _aux(self.spec.side), _state(self.spec.side)
+        return [*self.kv.regions(0), *_extra_regions(self.aux, self.state)], self.kv.mem_type
 
     def ready(self) -> m.Msg:
         return m.Ready(self.spec.tp_rank, self.agent.name, self.setup_ms())
@@ -421,15 +446,17 @@ class SgDecodeRole(Role):
         port = pull.bind_to_random_port(f"tcp://{spec.host}")
         ptrs = sglang_order(self.kv)
         facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs, aux_ptrs(self.aux), 0,
-                            side.tp_size, spec.tp_rank, self.kv.block_len)
+                            side.tp_size, spec.tp_rank, self.kv.block_len,
+                            [self.state.ctypes.data] if side.hybrid else [], STATE_ITEM)
         targets = [t[0] for t in found.targets]
-        trackers = {r.room: wire.Tracker(rel, found.required) for r in spec.requests}  # one status per room
+        trackers = {r.room: wire.Tracker(rel, found.required, side.hybrid) for r in spec.requests}  # one per room
         for _rank, ip, p_port in found.targets:
             s = zctx.socket(zmq.PUSH)
             s.setsockopt(zmq.LINGER, 1000)
             s.connect(f"tcp://{ip}:{p_port}")
             for i, r in enumerate(spec.requests):
-                msgs = wire.encode(rel, facts, wire.Request(r.room, r.d_pages, i), register=i == 0)
+                msgs = wire.encode(rel, facts, wire.Request(r.room, r.d_pages, i, state_indices=[i] if side.hybrid
+                                                            else []), register=i == 0)
                 if spec.fault == "no_transfer_info":  # D stops after its registration (0.4.9+), or sends nothing
                     msgs = msgs[:-1]
                 for frames in msgs:
@@ -524,13 +551,13 @@ class SgDecodeRole(Role):
                         first = m.Mismatch(region, r.d_pages[b], r.p_pages[b], targets[0],
                                            decode_cell(want[b, cell:cell + 16]).describe(g),
                                            decode_cell(got[b, cell:cell + 16]).describe(g))
-        aux_bad = self._verify_aux() if not spec.bootstrap_host else []
+        aux_bad = self._verify_aux() + self._verify_state() if not spec.bootstrap_host else []
         if not wrong and not aux_bad:
             return m.TransferResult("ok", blocks=checked)
         msg = (f"D page {first.local_block} {g.region_name(first.region)} +cell: expected {first.expected}, "
                f"found {first.found}") if first else None
         if aux_bad:
-            msg = "; ".join(x for x in (msg, f"{len(aux_bad)} metadata slot(s) wrong, first {aux_bad[0]}") if x)
+            msg = "; ".join(x for x in (msg, f"{len(aux_bad)} metadata or state slot(s) wrong, first {aux_bad[0]}") if x)
         return m.TransferResult("wrong", blocks=checked, wrong=wrong, first_mismatch=first,
                                 wrong_regions=sorted(wrong_regions), message=msg)
 
@@ -547,6 +574,18 @@ class SgDecodeRole(Role):
                             cell.region >= AUX_REGION else cell.describe())
                     bad.append(f"D buffer {b} slot {i}: " + (f"P has no buffer {b}; " if b >= spec.p_side.aux_buffers
                                                             else "") + f"holds {held}")
+        return bad
+
+
+    def _verify_state(self) -> list[str]:
+        """A hybrid model's state slot i against P's state slot i (P without state: wrong)."""
+        spec, bad = self.spec, []
+        if not spec.side.hybrid:
+            return bad
+        for i, _r in enumerate(spec.requests):
+            got = self.state[0, i]
+            if not spec.p_side.hybrid or (got != state_pattern(spec.tag, [i])[0]).any():
+                bad.append(f"D state slot {i}: holds {decode_cell(got[:16]).describe()}")
         return bad
 
 

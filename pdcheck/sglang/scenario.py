@@ -38,6 +38,8 @@ class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # metadata (aux) buffers this server registers: an optional one (--disaggregation-enable-kv-checksum,
     # SGLANG_ENABLE_DISAGG_SAMPLING_MASK, the DSA top-k buffer) on one side only skews the count (§6.2)
     aux_buffers: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
+    # a hybrid model (SWA / NSA / mamba): per-request state in its own pool, besides the paged KV (#18939)
+    hybrid: bool = False
     sglang: Word | None = None  # this side's own release (a cross-release pair)
     registered: Annotated[int, msgspec.Meta(ge=0, le=16)] | None = None  # prefill: P ranks that PUT /route
     # decode: its bootstrap address names a port where no server listens (the server lives on P only:
@@ -47,7 +49,7 @@ class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def side(self) -> Side:
         return Side(tp_size=self.tp_size, pp_size=self.pp_size, page_size=self.page_size,
                     kv_cache_dtype=self.kv_cache_dtype, dtype=self.dtype, layers=self.layers, kv_heads=self.kv_heads,
-                    head_dim=self.head_dim, mla=self.mla, num_pages=self.num_pages, aux_buffers=self.aux_buffers)
+                    head_dim=self.head_dim, mla=self.mla, num_pages=self.num_pages, aux_buffers=self.aux_buffers, hybrid=self.hybrid)
 
 
 class SgTransfer(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):

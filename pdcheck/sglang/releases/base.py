@@ -67,6 +67,10 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     # P's scheduler when a room's TransferInfo never comes (#17845): 0.4.6's add_transfer_request blocks on a
     # condition variable (the whole scheduler stalls); later releases leave the request in Bootstrapping.
     p_blocks_on_info: bool = False
+    # A hybrid model's state (SWA window KV, mamba state) in its own pool: up to 0.5.8 P sends KV + aux only
+    # (0.5.8's receiver takes state_indices and drops them); from 0.5.13 D sends its state pointers and indices,
+    # P WRITEs the state and D waits for it (#18939).
+    sends_state: bool = False
     thread_death_log: str | None = None  # R7 logs the P bootstrap thread's death
     summary: str = ""
 
