@@ -317,3 +317,19 @@ def test_hybrid_state_written_from_0_5_13() -> None:
     res = _fault_run("0.5.13", "none", requests=1, d=SgInstance(hybrid=True))  # P's model has no state
     v = res.pairs[0].observed[0]
     assert (v.status, v.stage, v.timeout_s) == ("hang", "completion", 300.0)
+
+
+def test_dp_routing_per_room_and_its_conflict() -> None:
+    # two attention DP ranks: each room's pages come from the DP rank room % 2 (follow_bootstrap_room)
+    res = _fault_run("0.4.7,0.5.3,0.5.23", "none", requests=2, p=SgInstance(dp_size=2))
+    for pair in res.pairs:
+        assert [v.status for v in pair.observed] == ["ok"], pair.observed
+        assert pair.transfers[0].blocks == 2 * 4 * 4 and sorted(f.writes for f in pair.prefill) == [1, 1]
+    res = _fault_run("0.5.8,0.5.13", "dp_conflict", requests=1, p=SgInstance(dp_size=2))
+    old, new = res.pairs
+    assert (old.observed[0].status, old.model[0].status, old.observed[0].timeout_s) == ("hang", "hang", 300.0)
+    assert sorted(room for f in old.prefill for room in f.bootstrapping) == [1000]  # the DP rank that has it
+    assert (new.observed[0].status, new.model[0].status) == ("error", "error")
+    assert "follow_bootstrap_room conflict: dispatched to dp_rank 1 but bootstrap_room 1000 implies dp_rank 0" \
+        in new.observed[0].message
+    assert [f.errors for f in new.prefill if f.errors][0][0].startswith("follow_bootstrap_room conflict")

@@ -369,3 +369,29 @@ def test_state_frames_round_trip() -> None:
     assert not t.done()
     t.notif(wire.state_notif(7, 0))
     assert t.done()
+
+
+@pytest.mark.parametrize("rel", MODELLED[1:], ids=lambda r: r.name)
+def test_dp_conflict(rel) -> None:
+    p = Side(dp_size=2)
+    assert decide(rel, rel, p, Side(), 0).status == "ok"  # routed by the room: DP rank 7 % 2
+    v = decide(rel, rel, p, Side(), 0, fault="dp_conflict")
+    if rel.tag in ("R6", "R7"):
+        assert (v.status, v.exception) == ("error", "KVTransferError")
+        assert ("follow_bootstrap_room conflict: dispatched to dp_rank 0 but bootstrap_room 7 implies dp_rank 1. "
+                "Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.") in v.message
+    else:
+        assert v.status == "hang" and v.timeout_s == (300.0 if rel.tag == "R5" else None)
+    assert corrected(p, Side(), "dp_conflict").status == "error"
+
+
+def test_dp_table_keys_per_era() -> None:
+    for rel in MODELLED[1:]:
+        t = bs.Table(rel, 2)
+        for dp in range(2):
+            assert t.put(bs.put_body(rel, rank=0, tp=1, pp_rank=0, pp=1, ip="127.0.0.1", port=7000 + dp,
+                                     page_size=16, kv_cache_dtype="auto", agent_name="a", dp_rank=dp, dp=2))[0] == 200
+        for room, port in ((10, 7000), (11, 7001)):
+            found = bs.discover(rel, t.get, tp_rank=0, tp_size=1, pp_size=1, page_size=16, kv_cache_dtype="auto",
+                                mla=False, room=room)
+            assert found.targets == [(0, "127.0.0.1", port)], rel.name

@@ -12,7 +12,7 @@ from pdcheck import messages as m
 from pdcheck.geometry import DTYPE_BYTES, Geometry
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
-from pdcheck.sglang.releases.base import PREFILL_DOWN, SglangRelease
+from pdcheck.sglang.releases.base import DP_CONFLICT, PREFILL_DOWN, SglangRelease
 
 ROOM = 7  # the room of the engine's one request
 
@@ -20,7 +20,8 @@ ROOM = 7  # the room of the engine's one request
 class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One SGLang server's KV cache and parallel layout (server args)."""
 
-    tp_size: int = 1
+    tp_size: int = 1  # attention TP (per DP group)
+    dp_size: int = 1  # attention DP groups (prefill)
     pp_size: int = 1
     page_size: int = 16
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype
@@ -178,17 +179,46 @@ def hybrid_state(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, *
 
 def table_for(p_rel: SglangRelease, p: Side, registered: int | None = None) -> bs.Table:
     """P's bootstrap table with `registered` of its ranks registered (default: all)."""
-    t = bs.Table(p_rel, p.tp_size * p.pp_size)
-    n = 0
-    for pp in range(p.pp_size):
-        for r in range(p.tp_size):
-            if registered is not None and n >= registered:
-                return t
-            t.put(bs.put_body(p_rel, rank=r, tp=p.tp_size, pp_rank=pp, pp=p.pp_size, ip="127.0.0.1",
-                              port=40000 + n, page_size=p.page_size, kv_cache_dtype=p.kv_cache_dtype,
-                              agent_name=f"p{r}"))
-            n += 1
+    t = bs.Table(p_rel, p.tp_size * p.pp_size * p.dp_size)
+    for n in range(p.tp_size * p.pp_size * p.dp_size):
+        if registered is not None and n >= registered:
+            return t
+        pp, dp, r = p_rank_of(p, n)
+        t.put(bs.put_body(p_rel, rank=r, tp=p.tp_size, pp_rank=pp, pp=p.pp_size, ip="127.0.0.1",
+                          port=40000 + n, page_size=p.page_size, kv_cache_dtype=p.kv_cache_dtype,
+                          agent_name=f"p{r}", dp_rank=dp, dp=p.dp_size))
     return t
+
+
+def p_rank_of(p: Side, n: int) -> tuple[int, int, int]:
+    """P's n-th rank (launch order) as (pp rank, DP group, attention TP rank)."""
+    return n // (p.tp_size * p.dp_size), (n // p.tp_size) % p.dp_size, n % p.tp_size
+
+
+def dispatched_dp(p: Side, room: int, fault: str) -> int:
+    """The prefill DP rank the router sends a room to: room % dp_size (follow_bootstrap_room), or the next
+    one under the dp_conflict fault."""
+    implied = room % p.dp_size
+    return (implied + 1) % p.dp_size if fault == "dp_conflict" else implied
+
+
+def dp_conflict(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, room: int, **kw: object) -> SgVerdict:
+    """Reference §4: the router sent the room to DP rank X, D (follow_bootstrap_room) sends its TransferInfo to
+    DP rank Y = room % dp_size, which never prefilled it."""
+    x, y = dispatched_dp(p, room, "dp_conflict"), room % p.dp_size
+    t, text = wait_text(d_rel)
+    if p_rel.dp_conflict_check:
+        reason = DP_CONFLICT.format(x=x, room=room, y=y)
+        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError", message=(
+            f"P DP rank {x}: Prefill bootstrap failed with exception KVTransferError(bootstrap_room={room}): "
+            f"{reason}; D's TransferInfo went to DP rank {y}, which has no such request: {text}"),
+            **kw)  # type: ignore[arg-type]
+    where = f" (and P DP rank {y} keeps the stray TransferInfo)"
+    return SgVerdict(status="hang", stage="bootstrap", timeout_s=t, message=(
+        f"the router sent room {room} to P DP rank {x}; D sends its TransferInfo to DP rank {y} "
+        f"(room % {p.dp_size}){where}: P's request waits in KVPoll.Bootstrapping "
+        f"{'forever' if p_rel.bootstrap_timeout_s is None else f'{p_rel.bootstrap_timeout_s:g} s'}; {text}"),
+        **kw)  # type: ignore[arg-type]
 
 
 def refused(_q: dict[str, int]) -> tuple[int, str]:
@@ -203,7 +233,7 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     table = table_for(p_rel, p, registered)
     try:
         found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
-                            page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla)
+                            page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla, room=ROOM)
     except bs.DiscoveryError as e:
         if e.retry:  # 0.5.13+: D retries the bootstrap; the request never leaves Bootstrapping on D
             t = d_rel.bootstrap_timeout_s
@@ -225,6 +255,8 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
                     exception=dead.split(":")[0], listener_dead=dead)
     if fault == "no_transfer_info":
         return no_info(p_rel, [ROOM], p_ranks=targets)
+    if fault == "dp_conflict":
+        return dp_conflict(p_rel, d_rel, p, ROOM, p_ranks=targets)
     if fault == "kill_prefill":
         return node_failure(d_rel, "127.0.0.1:8998", ROOM, p_ranks=targets)
     if fault == "duplicate_room":
@@ -312,6 +344,9 @@ def corrected(p: Side, d: Side, fault: str = "none") -> SgVerdict:
     if fault == "kill_prefill":
         return SgVerdict(status="error", stage="transfer", exception="KVTransferError",
                          message="D's heartbeat fails the room: Lost connection with prefill instance")
+    if fault == "dp_conflict":
+        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError",
+                         message="P fails the misrouted room at once and tells D (or D asks P which DP rank)")
     for what, a, b in (("aux buffers", p.aux_buffers, d.aux_buffers), ("hybrid state", p.hybrid, d.hybrid),("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
                        ("kv_cache_dtype", p.kv_cache_dtype, d.kv_cache_dtype), ("layers", p.layers, d.layers),
                        ("kv heads", p.kv_heads, d.kv_heads), ("head_dim", p.head_dim, d.head_dim),

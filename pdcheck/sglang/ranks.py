@@ -30,12 +30,14 @@ from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
 from pdcheck.sglang.engine import SgVerdict, Side, node_failure, wait_text
 from pdcheck.sglang.releases import resolve
+from pdcheck.sglang.releases.base import DP_CONFLICT
 
 
 class SgReq(msgspec.Struct, frozen=True):
     room: int
     p_pages: list[int]
     d_pages: list[int]
+    slot: int = 0  # its metadata (aux) and state slot on both sides: the request's index in the plan
 
 
 class SgPrefillSpec(msgspec.Struct, frozen=True):
@@ -50,6 +52,7 @@ class SgPrefillSpec(msgspec.Struct, frozen=True):
     serve: bool = False  # `serve --sglang`: a room P never planned is served from the same page ids as D's
     pp_rank: int = 0  # every PP stage registers; each fake stage holds (and writes) every layer
     fault: str = "none"  # scenario.Fault
+    dp_rank: int = 0  # attention DP group; `requests` are the ones the router dispatched to it
 
 
 SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
@@ -175,10 +178,15 @@ class SgPrefillRole(Role):
         self.sock.setsockopt(zmq.MAXMSGSIZE, 1 << 24)
         port = self.sock.bind_to_random_port(f"tcp://{spec.host}")
         self.final = PFinal(spec.tp_rank)
+        if self.rel.dp_conflict_check and side.dp_size > 1:  # the sender's follow_bootstrap_room check
+            for r in spec.requests:
+                if r.room % side.dp_size != spec.dp_rank:
+                    self.final.errors.append(DP_CONFLICT.format(x=spec.dp_rank, room=r.room, y=r.room % side.dp_size))
         if spec.register:
             body = bs.put_body(self.rel, rank=spec.tp_rank, tp=side.tp_size, pp_rank=spec.pp_rank, pp=side.pp_size,
                                ip=spec.host, port=port, page_size=side.page_size,
-                               kv_cache_dtype=side.kv_cache_dtype, agent_name=self.agent.name)
+                               kv_cache_dtype=side.kv_cache_dtype, agent_name=self.agent.name,
+                               dp_rank=spec.dp_rank, dp=side.dp_size)
             self.final.put_status = bs.http_put(spec.host, spec.bootstrap_port, body)[0]
         return m.Ready(spec.tp_rank, self.agent.name, self.setup_ms())
 
@@ -242,7 +250,8 @@ class SgPrefillRole(Role):
             if self.n_infos == len(self.spec.requests):
                 self._serve_in_order(push)
             return
-        slot, req = next(((i, r) for i, r in enumerate(self.spec.requests) if r.room == got.room), (0, None))
+        req = next((r for r in self.spec.requests if r.room == got.room), None)
+        slot = req.slot if req is not None else 0
         if req is None and self.spec.serve and got.pages:
             # A live decode's room: P "prefilled" the same page ids (tagged now, with serve's own tag).
             req = SgReq(got.room, list(got.pages), list(got.pages))
@@ -262,7 +271,8 @@ class SgPrefillRole(Role):
         """duplicate_room: P's scheduler sends each planned request in order; the room's entry after its
         first request's last chunk is the release's (RoomReuse)."""
         done: set[int] = set()
-        for slot, req in enumerate(self.spec.requests):
+        for req in self.spec.requests:
+            slot = req.slot
             if req.room in done and self.rel.room_reuse != "kept":
                 room = req.room
                 if self.rel.room_reuse == "keyerror":
@@ -422,12 +432,14 @@ class SgDecodeRole(Role):
         bhost = spec.bootstrap_host or spec.host
         get = bs.http_get(bhost, spec.bootstrap_port)
         deadline = time.monotonic() + spec.hang_s
-        while True:
+        founds: dict[int, bs.Found] = {}  # room -> its P ranks (the DP group room % dp_size)
+        while len(founds) < len(spec.requests):
             try:
-                found = bs.discover(rel, get, tp_rank=spec.tp_rank, tp_size=side.tp_size, pp_size=side.pp_size,
-                                    page_size=side.page_size, kv_cache_dtype=side.kv_cache_dtype, mla=side.mla,
-                                    addr=f"{bhost}:{spec.bootstrap_port}")
-                break
+                for r in spec.requests:
+                    founds[r.room] = bs.discover(
+                        rel, get, tp_rank=spec.tp_rank, tp_size=side.tp_size, pp_size=side.pp_size,
+                        page_size=side.page_size, kv_cache_dtype=side.kv_cache_dtype, mla=side.mla,
+                        addr=f"{bhost}:{spec.bootstrap_port}", room=r.room)
             except bs.DiscoveryError as e:
                 if e.retry and time.monotonic() < deadline:
                     time.sleep(0.1)
@@ -448,20 +460,27 @@ class SgDecodeRole(Role):
         facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs, aux_ptrs(self.aux), 0,
                             side.tp_size, spec.tp_rank, self.kv.block_len,
                             [self.state.ctypes.data] if side.hybrid else [], STATE_ITEM)
+        found = founds[spec.requests[0].room]
         targets = [t[0] for t in found.targets]
-        trackers = {r.room: wire.Tracker(rel, found.required, side.hybrid) for r in spec.requests}  # one per room
-        for _rank, ip, p_port in found.targets:
-            s = zctx.socket(zmq.PUSH)
-            s.setsockopt(zmq.LINGER, 1000)
-            s.connect(f"tcp://{ip}:{p_port}")
-            for i, r in enumerate(spec.requests):
-                msgs = wire.encode(rel, facts, wire.Request(r.room, r.d_pages, i, state_indices=[i] if side.hybrid
-                                                            else []), register=i == 0)
-                if spec.fault == "no_transfer_info":  # D stops after its registration (0.4.9+), or sends nothing
-                    msgs = msgs[:-1]
-                for frames in msgs:
-                    s.send_multipart(frames)
-            s.close()
+        trackers = {r.room: wire.Tracker(rel, founds[r.room].required, side.hybrid) for r in spec.requests}
+        socks: dict[tuple[str, int], Any] = {}  # one PUSH per P endpoint; the registration once on each
+        try:
+            for r in spec.requests:
+                for _rank, ip, p_port in founds[r.room].targets:
+                    new = (ip, p_port) not in socks
+                    if new:
+                        s = socks[(ip, p_port)] = zctx.socket(zmq.PUSH)
+                        s.setsockopt(zmq.LINGER, 1000)
+                        s.connect(f"tcp://{ip}:{p_port}")
+                    msgs = wire.encode(rel, facts, wire.Request(r.room, r.d_pages, r.slot, state_indices=[r.slot] if side.hybrid
+                                                                else []), register=new)
+                    if spec.fault == "no_transfer_info":  # D stops after its registration (0.4.9+), or sends nothing
+                        msgs = msgs[:-1]
+                    for frames in msgs:
+                        socks[(ip, p_port)].send_multipart(frames)
+        finally:
+            for s in socks.values():
+                s.close()
         if spec.fault == "no_transfer_info":
             time.sleep(min(spec.hang_s, 1.0))  # D stays up (P adds its agent); the request never proceeds
             pull.close(0)
@@ -565,7 +584,8 @@ class SgDecodeRole(Role):
     def _verify_aux(self) -> list[str]:
         """Slot i of each of D's metadata buffers against P's slot i of the same buffer (P has none: wrong)."""
         spec, bad = self.spec, []
-        for i, _r in enumerate(spec.requests):
+        for r in spec.requests:
+            i = r.slot
             for b in range(spec.side.aux_buffers):
                 got = self.aux[b, i]
                 if b >= spec.p_side.aux_buffers or (got != aux_pattern(spec.tag, b, [i])[0]).any():
@@ -582,7 +602,8 @@ class SgDecodeRole(Role):
         spec, bad = self.spec, []
         if not spec.side.hybrid:
             return bad
-        for i, _r in enumerate(spec.requests):
+        for r in spec.requests:
+            i = r.slot
             got = self.state[0, i]
             if not spec.p_side.hybrid or (got != state_pattern(spec.tag, [i])[0]).any():
                 bad.append(f"D state slot {i}: holds {decode_cell(got[:16]).describe()}")

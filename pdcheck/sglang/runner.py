@@ -59,7 +59,7 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     sc, opt = plan.scenario, plan.options
     p, d = sc.prefill.side(), sc.decode.side()
     tag = engine_tag(f"sglang-{pair.name}")
-    p_world = p.tp_size * p.pp_size  # every PP stage is a P rank (each fake stage holds every layer)
+    p_world = p.tp_size * p.pp_size * p.dp_size  # every PP stage is a P rank (each fake stage holds every layer)
     registered = sc.prefill.registered if sc.prefill.registered is not None else p_world
     fault = sc.transfer.fault
     model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None,
@@ -73,9 +73,13 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     p_final: dict[int, PFinal] = {}
     try:
         with launcher(None) as lau:
-            p_ranks = [lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
-                r % p.tp_size, pair.p.name, p, server.port, plan.requests, tag, register=r < registered,
-                pp_rank=r // p.tp_size, fault=fault))) for r in range(p_world)]
+            p_ranks = []
+            for r in range(p_world):
+                pp, dp, tp = engine.p_rank_of(p, r)
+                mine = [q for q in plan.requests if engine.dispatched_dp(p, q.room, fault) == dp]  # the router's
+                p_ranks.append(lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
+                    tp, pair.p.name, p, server.port, mine, tag, register=r < registered, pp_rank=pp, fault=fault,
+                    dp_rank=dp))))
             orch.await_ready(lau, p_ranks, opt.start_timeout_s)
             d_port = server.port
             if sc.decode.no_bootstrap:  # a port that was free a moment ago: nothing listens there
@@ -117,6 +121,13 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
             transfers.append(None)
             continue
         v = f.verdict
+        if fault == "dp_conflict" and v.status == "hang":  # D waited for a room its P DP rank never prefilled
+            conflicts = [e for pf in p_final.values() for e in pf.errors if e.startswith("follow_bootstrap_room")]
+            stuck = [room for pf in p_final.values() for room in pf.bootstrapping]
+            if conflicts or stuck:
+                v = engine.dp_conflict(pair.p, pair.d, p, plan.requests[0].room, p_ranks=v.p_ranks)
+                if stuck and not conflicts and v.message:
+                    v.message += f" (P: rooms {stuck} still in KVPoll.Bootstrapping)"
         if fault == "no_transfer_info":  # D's row tells P's side: its rooms stuck in Bootstrapping
             rooms = sorted({room for pr in v.p_ranks if pr in p_final for room in p_final[pr].bootstrapping})
             if rooms:

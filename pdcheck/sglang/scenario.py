@@ -21,11 +21,14 @@ Small = Annotated[int, msgspec.Meta(ge=1, le=16)]  # fake ranks are processes on
 # One failure injected into an otherwise healthy run (reference §11): two live requests share a bootstrap room
 # (#40125); D discovers and registers but never sends its TransferInfo (#17845); every P rank is SIGKILLed
 # mid-transfer, bootstrap server included (§3.3).
-Fault = Literal["none", "duplicate_room", "no_transfer_info", "kill_prefill"]
+# dp_conflict: the router dispatches each request to another prefill DP rank than room % dp_size (P with
+# follow_bootstrap_room, the default; reference §4).
+Fault = Literal["none", "duplicate_room", "no_transfer_info", "kill_prefill", "dp_conflict"]
 
 
 class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    tp_size: Small = 1
+    tp_size: Small = 1  # attention TP (per DP group)
+    dp_size: Annotated[int, msgspec.Meta(ge=1, le=4)] = 1  # prefill: attention DP groups (--enable-dp-attention)
     pp_size: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
     page_size: Annotated[int, msgspec.Meta(ge=1, le=256)] = 16
     kv_cache_dtype: Word = "auto"
@@ -47,7 +50,7 @@ class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     no_bootstrap: bool = False
 
     def side(self) -> Side:
-        return Side(tp_size=self.tp_size, pp_size=self.pp_size, page_size=self.page_size,
+        return Side(tp_size=self.tp_size, dp_size=self.dp_size, pp_size=self.pp_size, page_size=self.page_size,
                     kv_cache_dtype=self.kv_cache_dtype, dtype=self.dtype, layers=self.layers, kv_heads=self.kv_heads,
                     head_dim=self.head_dim, mla=self.mla, num_pages=self.num_pages, aux_buffers=self.aux_buffers, hybrid=self.hybrid)
 
@@ -102,6 +105,11 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenar
         raise BadInput(f"{where}: transfer.fault = 'duplicate_room' needs transfer.requests >= 2")
     if sc.transfer.fault == "duplicate_room" and sc.prefill.tp_size * sc.prefill.pp_size != sc.decode.tp_size:
         raise BadInput(f"{where}: transfer.fault = 'duplicate_room' is modelled for equal P and D ranks (one D per P)")
-    if sc.prefill.registered is not None and sc.prefill.registered > sc.prefill.tp_size * sc.prefill.pp_size:
+    if sc.transfer.fault == "dp_conflict" and sc.prefill.dp_size < 2:
+        raise BadInput(f"{where}: transfer.fault = 'dp_conflict' needs prefill.dp_size >= 2")
+    if sc.decode.dp_size != 1:
+        raise BadInput(f"{where}: decode.dp_size: pdcheck models DP on the prefill only")
+    if sc.prefill.registered is not None and sc.prefill.registered > (
+            sc.prefill.tp_size * sc.prefill.pp_size * sc.prefill.dp_size):
         raise BadInput(f"{where}: prefill.registered: {sc.prefill.registered} > the prefill's ranks")
     return msgspec.structs.replace(sc, source=where)

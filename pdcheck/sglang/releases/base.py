@@ -71,6 +71,10 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     # (0.5.8's receiver takes state_indices and drops them); from 0.5.13 D sends its state pointers and indices,
     # P WRITEs the state and D waits for it (#18939).
     sends_state: bool = False
+    # P with DP > 1 and follow_bootstrap_room, a request the router dispatched to another DP rank than
+    # room % dp_size: from 0.5.13 the P sender fails the room at once (DP_CONFLICT; R6 common/conn.py:733-751,
+    # R7 :2160-2181); before, P's request waits in Bootstrapping for a TransferInfo D sent to the other DP rank.
+    dp_conflict_check: bool = False
     thread_death_log: str | None = None  # R7 logs the P bootstrap thread's death
     summary: str = ""
 
@@ -102,3 +106,5 @@ LOST_R4 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} t
 LOST_R6 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} requests affected"
 PREFILL_DOWN = ("Prefill server with bootstrap_addr: {addr} is healthy before, but now it is down. Request "
                 "(bootstrap_room: {room}) has been marked as failed.")
+DP_CONFLICT = ("follow_bootstrap_room conflict: dispatched to dp_rank {x} but bootstrap_room {room} implies dp_rank "
+               "{y}. Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.")

@@ -24,7 +24,7 @@ MODEL = SglangRelease(
     checks=(PAGE_SIZE, KV_DTYPE),
     hetero_tp="fixed",
     pp_assert=True,
-    records_reason=True, sends_state=True, room_reuse="assert", aux_pairing="decode_count",
+    records_reason=True, sends_state=True, dp_conflict_check=True, room_reuse="assert", aux_pairing="decode_count",
     heartbeat_s=5.0, node_failure_log=LOST_R6,
     bootstrap_timeout_s=300.0, waiting_timeout_s=300.0,
     receiver_exception="KVTransferError(bootstrap_room={room}): NIXL KVReceiver Exception",
