@@ -164,13 +164,23 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(*self.table.put(body if isinstance(body, dict) else {}))
 
 
+class _Quiet(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up before its answer (a rank ended or timed out mid-GET) is not the server's
+        error: no traceback on stderr; anything else still prints."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class Server:
     """P's bootstrap server on loopback at a port the OS picks, in a thread of the parent (SGLang runs it in
     P's tokenizer-manager process, one per P server)."""
 
     def __init__(self, table: Table, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = type("Handler", (_Handler,), {"table": table})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd = _Quiet((host, port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
