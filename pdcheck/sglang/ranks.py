@@ -490,9 +490,9 @@ class SgDecodeRole(Role):
         beat, misses = time.monotonic() + spec.heartbeat_s, 0
         while not all(t.done() for t in trackers.values()) and time.monotonic() < deadline:
             if rel.heartbeat_s is not None and time.monotonic() >= beat:
-                # the release's heartbeat thread, at pdcheck's interval: GET /health, timeout (2, 3) in SGLang
+                # the release's heartbeat thread, at pdcheck's interval: GET /health
                 beat = time.monotonic() + spec.heartbeat_s
-                misses = 0 if _healthy(addr, min(2.0, 3 * spec.heartbeat_s)) else misses + 1
+                misses = 0 if _healthy(addr, 2.0) else misses + 1  # SGLang: timeout=(2, 3)
                 if misses >= rel.heartbeat_failures:
                     pull.close(0)
                     pending = sum(not t.done() for t in trackers.values())
