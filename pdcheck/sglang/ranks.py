@@ -433,7 +433,7 @@ class SgDecodeRole(Role):
         get = bs.http_get(bhost, spec.bootstrap_port)
         deadline = time.monotonic() + spec.hang_s
         founds: dict[int, bs.Found] = {}  # room -> its P ranks (the DP group room % dp_size)
-        while len(founds) < len(spec.requests):
+        while any(r.room not in founds for r in spec.requests):
             try:
                 for r in spec.requests:
                     founds[r.room] = bs.discover(
