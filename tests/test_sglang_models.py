@@ -395,3 +395,26 @@ def test_dp_table_keys_per_era() -> None:
             found = bs.discover(rel, t.get, tp_rank=0, tp_size=1, pp_size=1, page_size=16, kv_cache_dtype="auto",
                                 mla=False, room=room)
             assert found.targets == [(0, "127.0.0.1", port)], rel.name
+
+
+def test_fault_bad_input(tmp_path: Path) -> None:
+    from pdcheck.sglang import plan as sp
+    from pdcheck.sglang.scenario import load
+
+    def toml(text: str) -> Path:
+        p = tmp_path / "s.toml"
+        p.write_text('framework = "sglang"\n' + text)
+        return p
+
+    with pytest.raises(BadInput, match="transfer.fault"):
+        load(toml('[transfer]\nfault = "meteor"\n'))
+    with pytest.raises(BadInput, match="needs transfer.requests >= 2"):
+        load(toml('[transfer]\nrequests = 1\nfault = "duplicate_room"\n'))
+    with pytest.raises(BadInput, match="needs prefill.dp_size >= 2"):
+        load(toml('[transfer]\nfault = "dp_conflict"\n'))
+    with pytest.raises(BadInput, match="decode.dp_size"):
+        load(toml('[decode]\ndp_size = 2\n'))
+    with pytest.raises(BadInput, match="0.4.6.post1 has no DP mapping"):
+        sp.build(load(toml('[prefill]\ndp_size = 2\n')), "0.4.6.post1", sp.SgOptions())
+    assert [r.room for r in sp.make_requests(load(toml('[transfer]\nrequests = 3\nfault = "duplicate_room"\n')))] == [
+        1000, 1000, 1002]
