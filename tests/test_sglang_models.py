@@ -418,3 +418,5 @@ def test_fault_bad_input(tmp_path: Path) -> None:
         sp.build(load(toml('[prefill]\ndp_size = 2\n')), "0.4.6.post1", sp.SgOptions())
     assert [r.room for r in sp.make_requests(load(toml('[transfer]\nrequests = 3\nfault = "duplicate_room"\n')))] == [
         1000, 1000, 1002]
+    with pytest.raises(BadInput, match="kill_prefill' is modelled for prefill.dp_size = 1"):
+        load(toml('[prefill]\ndp_size = 2\n[transfer]\nfault = "kill_prefill"\n'))

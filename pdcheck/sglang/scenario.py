@@ -107,6 +107,11 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenar
         raise BadInput(f"{where}: transfer.fault = 'duplicate_room' is modelled for equal P and D ranks (one D per P)")
     if sc.transfer.fault == "dp_conflict" and sc.prefill.dp_size < 2:
         raise BadInput(f"{where}: transfer.fault = 'dp_conflict' needs prefill.dp_size >= 2")
+    if sc.transfer.fault in ("kill_prefill", "dp_conflict") and sc.prefill.registered is not None:
+        raise BadInput(f"{where}: transfer.fault = {sc.transfer.fault!r} runs with every prefill rank registered")
+    if sc.transfer.fault == "kill_prefill" and sc.prefill.dp_size != 1:
+        # the prefill is killed once every P rank wrote its first chunk: each must serve the request
+        raise BadInput(f"{where}: transfer.fault = 'kill_prefill' is modelled for prefill.dp_size = 1")
     if sc.decode.dp_size != 1:
         raise BadInput(f"{where}: decode.dp_size: pdcheck models DP on the prefill only")
     if sc.prefill.registered is not None and sc.prefill.registered > (
