@@ -23,7 +23,8 @@ from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.placement import Named, Place, RankLauncher, rounds
 
-_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.ranks", "pdcheck.bench.rank"]
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.ranks", "pdcheck.bench.rank",
+            "pdcheck.sglang.ranks", "pdcheck.requests.rank"]
 _CTX: mp.context.BaseContext | None = None
 
 

@@ -181,3 +181,34 @@ def test_quoted_texts_are_in_the_source(p_name) -> None:
     assert (pp in texts) == rel.pp_assert
     assert ("First message should be {}. Foreign traffic?" in texts) == rel.guard
     assert (NOT_REGISTERED_503.format(n="{}") in texts) == (rel.not_ready_status == 503)
+
+
+@pytest.mark.parametrize("p_name", [r for r in RELEASES if resolve(r).sends_state])
+def test_hybrid_state_frames(p_name) -> None:
+    """A hybrid D's state pointers (registration #7) and state indices (request #7) as the wheel reads them."""
+    g = _load(p_name)
+    rel = resolve(p_name)
+    d = wire.DFacts(D0.ip, D0.port, D0.agent_name, D0.agent_metadata, D0.kv_ptrs, D0.aux_ptrs, 0, 2, 1, 4096,
+                    [0x9000], 256)
+    reg, req = (_their_parse(rel.tag, g, f) for f in wire.encode(rel, d, wire.Request(7, [1, 2], 0,
+                                                                                       state_indices=[3])))
+    ours = [wire.decode(rel, f) for f in wire.encode(rel, d, wire.Request(7, [1, 2], 0, state_indices=[3]))]
+    assert reg.dst_state_data_ptrs == [ours[0].state_ptrs] == [[0x9000]]
+    assert req.dst_state_indices == [ours[1].state_indices] == [[3]]
+
+
+@pytest.mark.parametrize("p_name", RELEASES)
+def test_failure_class_texts_are_in_the_source(p_name) -> None:
+    """The texts of the duplicate-room, prefill-killed, DP-conflict and aux-skew verdicts are the release's own."""
+    from pdcheck.sglang.releases.base import DP_CONFLICT, PREFILL_DOWN
+
+    rel = resolve(p_name)
+    texts = _templates(SRC / p_name / DIS)
+    assert (DP_CONFLICT.format(x="{}", room="{}", y="{}") in texts) == rel.dp_conflict_check
+    if rel.node_failure_log:
+        assert rel.node_failure_log.format(addr="{}", n="{}") in texts
+        assert ("Transfer for room {} failed due to node failure" in texts) == (not rel.records_reason)
+    assert (PREFILL_DOWN.format(addr="{}", room="{}") in texts) == rel.records_reason
+    aux = rel.aux_skew_log and rel.aux_skew_log.replace("{peer}", "%s").replace("{d}", "%d").replace(
+        "{p}", "%d").replace("{n}", "%d")
+    assert (aux in texts) if aux else not any("metadata buffers but this prefill has" in t for t in texts)

@@ -246,3 +246,90 @@ def test_scenario_from_logs_cli(pdcheck, tmp_path) -> None:
     res = pdcheck("handshake", str(out), "--json", "--hang-timeout", "1.5")
     assert res.code == 1, res.err
     assert res.json()["matrix"] == {"0.5.3": ["silent"], "0.5.8": ["error"]}
+
+
+# ---- failure classes beyond the handshake, on real ranks (reference §11)
+def _fault_run(releases: str, fault: str, requests: int = 2, p: SgInstance | None = None,
+               d: SgInstance | None = None) -> runner.SgRunResult:
+    from pdcheck.sglang.scenario import SgTransfer
+
+    sc = SgScenario(prefill=p or SgInstance(), decode=d or SgInstance(), source="test",
+                    transfer=SgTransfer(requests=requests, fault=fault, heartbeat_s=0.2))
+    return runner.run(sp.build(sc, releases, sp.SgOptions(hang_timeout_s=2.0)))
+
+
+def test_duplicate_room_merges_two_requests() -> None:
+    res = _fault_run("0.4.7,0.5.8,0.5.23", "duplicate_room")
+    kept, keyerror, cleared = res.pairs
+    for pair in res.pairs:
+        assert [v.status for v in pair.observed] == ["silent"] == [v.status for v in pair.model]
+        assert pair.corrected.status == "error"
+    # the first request's 16 pages (2 regions x 2 layers x 4) are never written; the second's hold the first's
+    # KV unless P writes it again (0.4.7 keeps the room's entry)
+    assert (kept.transfers[0].wrong, keyerror.transfers[0].wrong, cleared.transfers[0].wrong) == (16, 32, 32)
+    assert keyerror.prefill[0].errors[0].startswith("KeyError: 1000 (add_transfer_request")
+    assert keyerror.prefill[0].writes == 1 and kept.prefill[0].writes == 2
+    assert "nothing sent" in cleared.prefill[0].logs[0] and "KeyError" in keyerror.observed[0].message
+
+
+def test_missing_transfer_info_leaves_p_bootstrapping() -> None:
+    res = _fault_run("0.4.9.post2,0.5.13", "no_transfer_info", requests=1)
+    old, new = res.pairs
+    for pair in res.pairs:
+        assert pair.prefill[0].bootstrapping == [1000] and pair.prefill[0].registered == ["sglang-d0"]
+        assert pair.prefill[0].writes == 0 and not pair.harness
+    assert (old.observed[0].status, old.observed[0].timeout_s) == ("hang", None)
+    assert (new.observed[0].status, new.observed[0].timeout_s) == ("hang", 300.0)
+    assert "Request 1000 timed out after 300s in KVPoll.Bootstrapping" in new.observed[0].message
+
+
+def test_prefill_killed_mid_transfer() -> None:
+    res = _fault_run("0.4.7,0.5.3,0.5.23", "kill_prefill", requests=1)
+    none, r4, r7 = res.pairs
+    for pair in res.pairs:
+        assert not pair.harness and pair.prefill == []  # every P rank was SIGKILLed: no final message
+        assert [v.status for v in pair.observed] == [v.status for v in pair.model]
+    assert (none.observed[0].status, none.observed[0].timeout_s) == ("hang", None)
+    assert r4.observed[0].status == "error" and "1 transfers affected" in r4.observed[0].message
+    assert r4.observed[0].message.endswith("Decode transfer failed with exception Exception: Fake KVReceiver Exception")
+    assert "KVTransferError(bootstrap_room=1000): Lost connection with prefill instance" in r7.observed[0].message
+
+
+def test_aux_buffer_skew_on_real_metadata_buffers() -> None:
+    res = _fault_run("0.5.3,0.5.8,0.5.23", "none", requests=2, d=SgInstance(aux_buffers=2))
+    first, index_error, shorter = res.pairs
+    assert [p.observed[0].status for p in res.pairs] == ["silent", "hang", "silent"]
+    assert [p.model[0].status for p in res.pairs] == ["silent", "hang", "silent"]
+    for pair in (first, shorter):  # KV right, D's second metadata buffer never written
+        t = pair.transfers[0]
+        assert t.wrong == 0 and t.status == "wrong" and "D buffer 1 slot 0: P has no buffer 1" in t.message
+    assert index_error.prefill[0].errors[0].startswith("IndexError: list index out of range (send_aux")
+    assert shorter.observed[0].warning.startswith("Decode sglang-d0 registered 2 metadata buffers but this prefill "
+                                                  "has 1; only the first 1 are transferred")
+
+
+def test_hybrid_state_written_from_0_5_13() -> None:
+    res = _fault_run("0.5.8,0.5.13,0.5.23", "none", requests=2, p=SgInstance(hybrid=True), d=SgInstance(hybrid=True))
+    assert [p.observed[0].status for p in res.pairs] == ["silent", "ok", "ok"]
+    assert [p.model[0].status for p in res.pairs] == ["silent", "ok", "ok"]
+    old = res.pairs[0].transfers[0]
+    assert old.wrong == 0 and "D state slot 0: holds untagged bytes" in old.message  # KV right, state never sent
+    res = _fault_run("0.5.13", "none", requests=1, d=SgInstance(hybrid=True))  # P's model has no state
+    v = res.pairs[0].observed[0]
+    assert (v.status, v.stage, v.timeout_s) == ("hang", "completion", 300.0)
+
+
+def test_dp_routing_per_room_and_its_conflict() -> None:
+    # two attention DP ranks: each room's pages come from the DP rank room % 2 (follow_bootstrap_room)
+    res = _fault_run("0.4.7,0.5.3,0.5.23", "none", requests=2, p=SgInstance(dp_size=2))
+    for pair in res.pairs:
+        assert [v.status for v in pair.observed] == ["ok"], pair.observed
+        assert pair.transfers[0].blocks == 2 * 4 * 4 and sorted(f.writes for f in pair.prefill) == [1, 1]
+    res = _fault_run("0.5.8,0.5.13", "dp_conflict", requests=1, p=SgInstance(dp_size=2))
+    old, new = res.pairs
+    assert (old.observed[0].status, old.model[0].status, old.observed[0].timeout_s) == ("hang", "hang", 300.0)
+    assert sorted(room for f in old.prefill for room in f.bootstrapping) == [1000]  # the DP rank that has it
+    assert (new.observed[0].status, new.model[0].status) == ("error", "error")
+    assert "follow_bootstrap_room conflict: dispatched to dp_rank 1 but bootstrap_room 1000 implies dp_rank 0" \
+        in new.observed[0].message
+    assert [f.errors for f in new.prefill if f.errors][0][0].startswith("follow_bootstrap_room conflict")

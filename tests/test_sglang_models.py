@@ -244,7 +244,8 @@ def test_bundled_sglang_scenario_matches_the_engine(path: Path) -> None:
     for pair in plan.pairs:
         want = sc.expect[pair.name]
         want = list(want) if isinstance(want, list) else [want] * d.tp_size
-        got = [v.status for v in decide_all(pair.p, pair.d, p, d, registered=reg, no_bootstrap=sc.decode.no_bootstrap)]
+        got = [v.status for v in decide_all(pair.p, pair.d, p, d, registered=reg, no_bootstrap=sc.decode.no_bootstrap,
+                                            fault=sc.transfer.fault)]
         assert got == want, f"{path.name} {pair.name}: {got} != {want}"
 
 
@@ -278,3 +279,144 @@ def test_server_args_line(tmp_path: Path) -> None:
     (tmp_path / "x.log").write_text("vLLM log\n")
     with pytest.raises(BadInput, match="no 'server_args=ServerArgs"):
         fromlogs.parse(tmp_path / "x.log", "prefill")
+
+
+# ---- failure classes beyond the handshake (reference §11): duplicate room, missing TransferInfo, prefill killed,
+# aux buffer skew; each per release next to the corrected behaviour
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_duplicate_room(rel) -> None:
+    v = decide(rel, rel, Side(), Side(), 0, fault="duplicate_room")
+    assert v.status == "silent" and "A's pages are never written" in v.message
+    then = {"R1": "again", "R2": "again", "R3": "KeyError: 7", "R4": "KeyError: 7", "R5": "KeyError: 7",
+            "R6": "assert room in self.transfer_infos", "R7": "returns None"}[rel.tag]
+    assert then in v.message
+    assert corrected(Side(), Side(), "duplicate_room").status == "error"
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_no_transfer_info_leaves_p_bootstrapping(rel) -> None:
+    v = decide(rel, rel, Side(), Side(), 0, fault="no_transfer_info")
+    assert (v.status, v.stage) == ("hang", "bootstrap")
+    if rel.tag in ("R6", "R7"):
+        assert v.timeout_s == 300.0 and "Request 7 timed out after 300s in KVPoll.Bootstrapping" in v.message
+    else:
+        assert v.timeout_s is None and "forever" in v.message
+    assert ("P's scheduler blocks" in v.message) == (rel.tag == "R1")
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_prefill_killed_mid_transfer(rel) -> None:
+    v = decide(rel, rel, Side(), Side(), 0, fault="kill_prefill")
+    if rel.tag in ("R1", "R2", "R3"):  # no heartbeat, no waiting timeout
+        assert (v.status, v.timeout_s) == ("hang", None)
+        return
+    assert v.status == "error" and v.timeout_s == 10.0 and "GET /health every 5 s fails 2 times" in v.message
+    text = {"R4": "1 transfers affected; Transfer for room 7 failed due to node failure; Decode transfer failed "
+                  "with exception Exception: Fake KVReceiver Exception",
+            "R5": "1 transfers affected; Transfer for room 7 failed due to node failure; Decode transfer failed "
+                  "with exception RuntimeError: NIXL KVReceiver Exception",
+            "R6": "1 requests affected; Decode transfer failed with exception KVTransferError(bootstrap_room=7): "
+                  "Lost connection with prefill instance (bootstrap_addr: 127.0.0.1:8998)",
+            }
+    assert text.get(rel.tag, text["R6"]) in v.message
+    assert ("is healthy before, but now it is down" in v.message) == (rel.tag in ("R6", "R7"))
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_aux_buffer_skew(rel) -> None:
+    more_d = decide(rel, rel, Side(aux_buffers=1), Side(aux_buffers=2), 0)
+    more_p = decide(rel, rel, Side(aux_buffers=2), Side(aux_buffers=1), 0)
+    both = decide(rel, rel, Side(aux_buffers=2), Side(aux_buffers=2), 0)
+    if rel.tag in ("R1", "R2", "R3", "R4"):  # buffer 0 only (aux_item_lens[0])
+        assert (more_d.status, more_p.status, both.status) == ("silent", "ok", "silent")
+        assert "buffer 0 only" in more_d.message
+    elif rel.tag in ("R5", "R6"):  # one per D pointer with P's item lengths
+        assert (more_d.status, more_d.timeout_s, more_p.status, both.status) == ("hang", 300.0, "ok", "ok")
+        assert "IndexError: list index out of range" in more_d.message
+    else:  # the shorter list, and an error log
+        assert (more_d.status, more_p.status, both.status) == ("silent", "ok", "ok")
+        assert more_p.warning.startswith("Decode <D agent> registered 1 metadata buffers but this prefill has 2; "
+                                         "only the first 1 are transferred")
+    assert corrected(Side(aux_buffers=1), Side(aux_buffers=2)).status == "error"
+
+
+@pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
+def test_hybrid_state(rel) -> None:
+    both = decide(rel, rel, Side(hybrid=True), Side(hybrid=True), 0)
+    only_d = decide(rel, rel, Side(), Side(hybrid=True), 0)
+    if rel.tag in ("R6", "R7"):
+        assert both.status == "ok"
+        # 0.5.13 waits for the state notification; 0.5.23 completes by KV_STATUS without it
+        assert (only_d.status, only_d.timeout_s) == ("hang", 300.0)
+    else:
+        assert both.status == only_d.status == "silent" and "KV + aux only" in both.message
+    assert corrected(Side(), Side(hybrid=True)).status == "error"
+
+
+def test_state_frames_round_trip() -> None:
+    d = wire.DFacts("127.0.0.1", 5555, "agent-d0", b"META", [0x1000, 0x2000], [0x3000], 0, 1, 0, 4096,
+                    [0x9000], 256)
+    req = wire.Request(7, [1, 2], 0, state_indices=[3])
+    for rel in (R["R6"], R["R7"]):
+        reg, t = (wire.decode(rel, f) for f in wire.encode(rel, d, req))
+        assert reg.state_ptrs == [0x9000] and t.state_indices == [3]
+    assert wire.decode(R["R5"], wire.encode(R["R5"], d, req)[1]).state_indices == []  # 0.5.8 sends none
+    t = wire.Tracker(R["R6"], 1, expects_state=True)
+    for n in (wire.kv_notif(R["R6"], 7, 0, True, 0), wire.aux_notif(7)):
+        t.notif(n)
+    assert not t.done()
+    t.notif(wire.state_notif(7, 0))
+    assert t.done()
+
+
+@pytest.mark.parametrize("rel", MODELLED[1:], ids=lambda r: r.name)
+def test_dp_conflict(rel) -> None:
+    p = Side(dp_size=2)
+    assert decide(rel, rel, p, Side(), 0).status == "ok"  # routed by the room: DP rank 7 % 2
+    v = decide(rel, rel, p, Side(), 0, fault="dp_conflict")
+    if rel.tag in ("R6", "R7"):
+        assert (v.status, v.exception) == ("error", "KVTransferError")
+        assert ("follow_bootstrap_room conflict: dispatched to dp_rank 0 but bootstrap_room 7 implies dp_rank 1. "
+                "Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.") in v.message
+    else:
+        assert v.status == "hang" and v.timeout_s == (300.0 if rel.tag == "R5" else None)
+    assert corrected(p, Side(), "dp_conflict").status == "error"
+
+
+def test_dp_table_keys_per_era() -> None:
+    for rel in MODELLED[1:]:
+        t = bs.Table(rel, 2)
+        for dp in range(2):
+            assert t.put(bs.put_body(rel, rank=0, tp=1, pp_rank=0, pp=1, ip="127.0.0.1", port=7000 + dp,
+                                     page_size=16, kv_cache_dtype="auto", agent_name="a", dp_rank=dp, dp=2))[0] == 200
+        for room, port in ((10, 7000), (11, 7001)):
+            found = bs.discover(rel, t.get, tp_rank=0, tp_size=1, pp_size=1, page_size=16, kv_cache_dtype="auto",
+                                mla=False, room=room)
+            assert found.targets == [(0, "127.0.0.1", port)], rel.name
+
+
+def test_fault_bad_input(tmp_path: Path) -> None:
+    from pdcheck.sglang import plan as sp
+    from pdcheck.sglang.scenario import load
+
+    def toml(text: str) -> Path:
+        p = tmp_path / "s.toml"
+        p.write_text('framework = "sglang"\n' + text)
+        return p
+
+    with pytest.raises(BadInput, match="transfer.fault"):
+        load(toml('[transfer]\nfault = "meteor"\n'))
+    with pytest.raises(BadInput, match="needs transfer.requests >= 2"):
+        load(toml('[transfer]\nrequests = 1\nfault = "duplicate_room"\n'))
+    with pytest.raises(BadInput, match="needs prefill.dp_size >= 2"):
+        load(toml('[transfer]\nfault = "dp_conflict"\n'))
+    with pytest.raises(BadInput, match="decode.dp_size"):
+        load(toml('[decode]\ndp_size = 2\n'))
+    with pytest.raises(BadInput, match="0.4.6.post1 has no DP mapping"):
+        sp.build(load(toml('[prefill]\ndp_size = 2\n')), "0.4.6.post1", sp.SgOptions())
+    assert [r.room for r in sp.make_requests(load(toml('[transfer]\nrequests = 3\nfault = "duplicate_room"\n')))] == [
+        1000, 1000, 1002]
+    with pytest.raises(BadInput, match="kill_prefill' is modelled for prefill.dp_size = 1"):
+        load(toml('[prefill]\ndp_size = 2\n[transfer]\nfault = "kill_prefill"\n'))

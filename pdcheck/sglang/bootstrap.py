@@ -49,7 +49,9 @@ class Table:
             if b == "B1":
                 key: tuple[int, ...] = (int(vals["engine_rank"]),)
             elif b == "B2":
-                key = (0, int(vals["engine_rank"]))  # dp group 0: pdcheck models one DP group
+                # engine_rank spans every DP group: dp_group = engine_rank // (tp_size // dp_size) (R2 common/conn.py)
+                per = max(1, int(vals["tp_size"]) // max(1, int(vals["dp_size"])))
+                key = (int(vals["engine_rank"]) // per, int(vals["engine_rank"]) % per)
             elif b in ("B3", "B4"):
                 key = (int(vals["attn_dp_rank"]), int(vals["attn_tp_rank"]), int(vals["pp_rank"]))
             else:
@@ -85,7 +87,7 @@ class Table:
     def _key(self, vals: list[int]) -> tuple[int, ...]:
         b = self.rel.bootstrap
         if b == "B2":
-            return (0, vals[0])  # engine_rank, dp group 0
+            return (vals[1], vals[0])  # target_dp_group, engine_rank (the TP rank within the group)
         if b in ("B3", "B4"):
             return (vals[1], vals[0], vals[2])  # dp group, tp rank, pp rank
         return (vals[0], vals[1], vals[2], vals[3])
@@ -111,11 +113,12 @@ class Table:
 
 
 def put_body(rel: SglangRelease, *, rank: int, tp: int, pp_rank: int, pp: int, ip: str, port: int, page_size: int,
-             kv_cache_dtype: str, agent_name: str) -> dict[str, Any]:
-    """What one P rank of `rel` PUTs to /route (reference §3.2)."""
-    full = {"role": "Prefill", "rank_ip": ip, "rank_port": port, "engine_rank": rank, "agent_name": agent_name,
-            "tp_size": tp, "dp_size": 1, "attn_tp_size": tp, "attn_tp_rank": rank, "attn_dp_size": 1,
-            "attn_dp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "pp_size": pp, "pp_rank": pp_rank,
+             kv_cache_dtype: str, agent_name: str, dp_rank: int = 0, dp: int = 1) -> dict[str, Any]:
+    """What one P rank of `rel` PUTs to /route (reference §3.2). tp: attention TP (per DP group); with DP
+    attention SGLang's tp_size is tp * dp and engine_rank counts across the groups."""
+    full = {"role": "Prefill", "rank_ip": ip, "rank_port": port, "engine_rank": dp_rank * tp + rank,
+            "agent_name": agent_name, "tp_size": tp * dp, "dp_size": dp, "attn_tp_size": tp, "attn_tp_rank": rank,
+            "attn_dp_size": dp, "attn_dp_rank": dp_rank, "attn_cp_size": 1, "attn_cp_rank": 0, "pp_size": pp, "pp_rank": pp_rank,
             "system_dp_size": 1, "system_dp_rank": 0, "page_size": page_size, "kv_cache_dtype": kv_cache_dtype,
             "load_balance_method": "follow_bootstrap_room", "kv_layout": None, "dsv41_spec_layout": None,
             "enable_dsa_cache_layer_split": False, "enable_kv_cache_sharding": False, "prefill_http_port": None,
@@ -161,13 +164,23 @@ class _Handler(BaseHTTPRequestHandler):
         self._answer(*self.table.put(body if isinstance(body, dict) else {}))
 
 
+class _Quiet(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up before its answer (a rank ended or timed out mid-GET) is not the server's
+        error: no traceback on stderr; anything else still prints."""
+        import sys
+
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
+
 class Server:
     """P's bootstrap server on loopback at a port the OS picks, in a thread of the parent (SGLang runs it in
     P's tokenizer-manager process, one per P server)."""
 
     def __init__(self, table: Table, host: str = "127.0.0.1", port: int = 0) -> None:
         handler = type("Handler", (_Handler,), {"table": table})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+        self.httpd = _Quiet((host, port), handler)
         self.httpd.daemon_threads = True
         self.port = self.httpd.server_address[1]
         self.thread = threading.Thread(target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
@@ -231,9 +244,10 @@ def _json(text: str) -> Any:
 
 
 def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_size: int, page_size: int,
-             kv_cache_dtype: str, mla: bool, addr: str = "127.0.0.1:8998") -> Found:
+             kv_cache_dtype: str, mla: bool, addr: str = "127.0.0.1:8998", room: int = 0) -> Found:
     """D of `rel` asks P's bootstrap server where its target P ranks listen, checks what P advertised in the
-    release's order, and maps its TP rank onto P's. Raises DiscoveryError as the release stops."""
+    release's order, and maps its TP rank onto P's, in the DP group the room implies (room % prefill DP size:
+    follow_bootstrap_room). Raises DiscoveryError as the release stops."""
     b = rel.bootstrap
     if b == "B1":
         st, text = get({"engine_rank": tp_rank})
@@ -265,6 +279,7 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
                    f"{'s' if len(missing) > 1 else ''}: {', '.join(repr(k) for k in missing)}")
             raise DiscoveryError("TypeError", f"Error fetching prefill server info from bootstrap: {why}", retry=True)
         p_tp, p_pp, p_page, p_dtype = info["attn_tp_size"], info["pp_size"], info["page_size"], info["kv_cache_dtype"]
+        p_dp = info.get("dp_size") or 1
     else:
         keys = {"B2": ("prefill_tp_size",), "B3": ("prefill_attn_tp_size", "prefill_pp_size"),
                 "B4": ("prefill_attn_tp_size", "prefill_pp_size", "prefill_page_size")}[b]
@@ -282,7 +297,8 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
                 raise DiscoveryError("AttributeError", "'NixlKVReceiver' object has no attribute 'bootstrap_infos'"
                                      f" (Error fetching prefill parallel info from bootstrap: {err})")
             raise DiscoveryError("Failed", f"Could not fetch prefill parallel info from bootstrap_addr: {addr}")
-        p_tp = vals[0]
+        p_dp = info.get("prefill_dp_size") or 1 if isinstance(info, dict) else 1
+        p_tp = vals[0] // p_dp if b == "B2" else vals[0]  # B2 advertises the whole tp_size
         p_pp = vals[1] if len(vals) > 1 else 1
         p_page = vals[2] if len(vals) > 2 else None
         p_dtype = None
@@ -306,15 +322,16 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
         ranks = list(range(tp_rank * ratio, tp_rank * ratio + ratio))
         required = ratio if not mla else 1
     pp_ranks = list(range(p_pp)) if (pp_size != p_pp) else [0]
+    g = room % max(1, int(p_dp))
     targets = []
     for r in ranks:
         for pp in pp_ranks:
-            q = dict(zip(rel.rank_query, [r, 0, pp] if b in ("B2", "B3", "B4") else [0, 0, r, pp], strict=False))
+            q = dict(zip(rel.rank_query, [r, g, pp] if b in ("B2", "B3", "B4") else [g, 0, r, pp], strict=False))
             st, text = get(q)
             e = _json(text) if st == 200 else None
             if not isinstance(e, dict):
                 if b in ("B5", "B6"):
-                    raise DiscoveryError("retry", f"Could not fetch bootstrap info for: prefill_dp_rank: 0 "
+                    raise DiscoveryError("retry", f"Could not fetch bootstrap info for: prefill_dp_rank: {g} "
                                          f"target_tp_rank: {r} target_pp_rank: {pp} (HTTP {st} {text[:80]})",
                                          retry=st == 503)
                 raise DiscoveryError("AssertionError", f"assert len(self.bootstrap_infos) > 0 (HTTP {st} from "

@@ -12,13 +12,16 @@ from pdcheck import messages as m
 from pdcheck.geometry import DTYPE_BYTES, Geometry
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
-from pdcheck.sglang.releases.base import SglangRelease
+from pdcheck.sglang.releases.base import DP_CONFLICT, PREFILL_DOWN, SglangRelease
+
+ROOM = 7  # the room of the engine's one request
 
 
 class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """One SGLang server's KV cache and parallel layout (server args)."""
 
-    tp_size: int = 1
+    tp_size: int = 1  # attention TP (per DP group)
+    dp_size: int = 1  # attention DP groups (prefill)
     pp_size: int = 1
     page_size: int = 16
     kv_cache_dtype: str = "auto"  # --kv-cache-dtype
@@ -28,6 +31,8 @@ class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     head_dim: int = 64
     mla: bool = False
     num_pages: int = 64
+    aux_buffers: int = 1  # metadata buffers registered (reference §6.2)
+    hybrid: bool = False  # per-request state (SWA window KV / mamba) in its own pool (#18939)
 
     def geometry(self) -> Geometry:
         """The pdcheck KV geometry of one rank: a region per layer for K and for V, a block per page, so
@@ -70,19 +75,150 @@ def hang(rel: SglangRelease, stage: str, why: str, **kw: object) -> SgVerdict:
     return SgVerdict(status="hang", stage=stage, timeout_s=t, message=f"{why}; {text}", **kw)  # type: ignore[arg-type]
 
 
+def receiver_error(rel: SglangRelease, room: int, reason: str) -> str:
+    """What D's scheduler logs after `Decode transfer failed for request …` when the room failed for `reason`."""
+    if rel.records_reason:
+        return f"KVTransferError(bootstrap_room={room}): {reason}"
+    return rel.receiver_exception.format(room=room, reason=reason)
+
+
+def no_info(p_rel: SglangRelease, rooms: list[int], **kw: object) -> SgVerdict:
+    """#17845: D discovered (and registered) but never sent a TransferInfo: P's request for the room waits in
+    KVPoll.Bootstrapping, forever or until the release's bootstrap timeout."""
+    r = ", ".join(map(str, rooms))
+    t = p_rel.bootstrap_timeout_s
+    stall = (" (add_transfer_request waits on a condition variable: P's scheduler blocks, every later request "
+             "stalls)" if p_rel.p_blocks_on_info else "")
+    end = (f"P fails it after {t:g} s: Request {rooms[0]} timed out after {t:g}s in KVPoll.Bootstrapping"
+           if t is not None else f"forever: SGLang {p_rel.name} has no bootstrap timeout on P")
+    return SgVerdict(status="hang", stage="bootstrap", timeout_s=t, message=(
+        f"D sent no TransferInfo for room {r}: P's request stays in KVPoll.Bootstrapping{stall}; {end}"),
+        **kw)  # type: ignore[arg-type]
+
+
+def node_failure(rel: SglangRelease, addr: str, room: int, n: int = 1, **kw: object) -> SgVerdict:
+    """P (ranks and bootstrap server) died mid-transfer: what D of `rel` does (reference §3.3, §7.1)."""
+    if rel.heartbeat_s is None:
+        t, text = wait_text(rel)
+        return SgVerdict(status="hang", stage="transfer", timeout_s=t, message=(
+            f"P died after a partial WRITE; SGLang {rel.name} has no heartbeat: {text}"), **kw)  # type: ignore[arg-type]
+    assert rel.node_failure_log is not None
+    lost = rel.node_failure_log.format(addr=addr, n=n)
+    secs = rel.heartbeat_s * rel.heartbeat_failures
+    if rel.records_reason:
+        exc = receiver_error(rel, room, f"Lost connection with prefill instance (bootstrap_addr: {addr})")
+        later = f"; a later request to it: {PREFILL_DOWN.format(addr=addr, room='R')}"
+    else:
+        exc = receiver_error(rel, room, "")
+        later = ""
+    node = "" if rel.records_reason else f"; Transfer for room {room} failed due to node failure"
+    return SgVerdict(status="error", stage="transfer", exception=exc.split("(")[0].split(":")[0],
+                     timeout_s=secs, message=(
+                         f"after {secs:g} s (GET /health every {rel.heartbeat_s:g} s fails {rel.heartbeat_failures} "
+                         f"times): {lost}{node}; Decode transfer "
+                         f"failed with exception {exc}{later}"), **kw)  # type: ignore[arg-type]
+
+
+def duplicate_room(p_rel: SglangRelease, room: int, **kw: object) -> SgVerdict:
+    """#40125: two live requests A, B share `room`; both TransferInfos reach P before A's forward finishes.
+    transfer_infos[room][agent] keeps only B's: A's KV lands in B's pages, A's pages are never written."""
+    then = {
+        "kept": "then P writes B's KV into B's pages again (the entry is kept)",
+        "keyerror": f"then B's add_transfer_request raises KeyError: {room} in P's scheduler (the entry was deleted "
+                    "after A's last chunk)",
+        "assert": f"then B's chunk fails `assert room in self.transfer_infos` in P's transfer worker: room {room} "
+                  "Failed on P, D not told",
+        "cleared": "then B's add_transfer_request returns None (transfer_infos popped after A): nothing is sent for B",
+    }[p_rel.room_reuse]
+    return SgVerdict(status="silent", stage="completion", message=(
+        f"two requests share bootstrap_room {room}: P keeps one TransferInfo per (room, D agent), the later one; "
+        f"A's KV is written into B's pages, A's pages are never written; {then}; D's one status for the room "
+        "completes both requests"), **kw)  # type: ignore[arg-type]
+
+
+def aux_skew(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, **kw: object) -> SgVerdict | None:
+    """Metadata buffer counts differ (or, <= 0.5.3, D has more than one): what P's send_aux does (§6.2).
+    None: every D buffer gets its data."""
+    np_, nd = p.aux_buffers, d.aux_buffers
+    warn = p_rel.aux_skew_log.format(peer="<D agent>", d=nd, p=np_, n=min(np_, nd)) if (
+        p_rel.aux_skew_log and np_ != nd) else None
+    if p_rel.aux_pairing == "first":
+        if nd == 1:
+            return None
+        return SgVerdict(status="silent", stage="transfer", warning=warn, message=(
+            f"P's send_aux WRITEs buffer 0 only (aux_item_lens[0]); D's {nd - 1} other metadata buffer(s) are never "
+            "written: D reads stale metadata"), **kw)  # type: ignore[arg-type]
+    if p_rel.aux_pairing == "decode_count":
+        if nd <= np_:
+            return None
+        where = "its transfer worker (room Failed on P)" if p_rel.records_reason else \
+            "add_transfer_request, P's scheduler thread"
+        return hang(d_rel, "transfer", f"P's send_aux loops over D's {nd} aux pointers with its own {np_} item "
+                    f"lengths: IndexError: list index out of range in {where}; D is not told",
+                    **kw)  # type: ignore[arg-type]
+    if nd <= np_:
+        return SgVerdict(status="ok", warning=warn, **kw) if warn else None  # type: ignore[arg-type]
+    return SgVerdict(status="silent", stage="transfer", warning=warn, message=(
+        f"P WRITEs the first {np_} of D's {nd} metadata buffers and logs the skew; D's other buffer(s) are never "
+        "written"), **kw)  # type: ignore[arg-type]
+
+
+def hybrid_state(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, **kw: object) -> SgVerdict | None:
+    """#18939: D's model keeps per-request state besides the paged KV. None: the state arrives."""
+    if not d.hybrid:
+        return None
+    if not d_rel.sends_state:
+        return SgVerdict(status="silent", stage="transfer", message=(
+            f"SGLang {d_rel.name} moves KV + aux only (the state indices are dropped): D completes and decodes "
+            "with a stale state pool (SWA window / mamba state never written)"), **kw)  # type: ignore[arg-type]
+    if not (p.hybrid and p_rel.sends_state):
+        return hang(d_rel, "completion", "D sent state indices and waits for the state (expects_state); P sends "
+                    "none", **kw)  # type: ignore[arg-type]
+    return None
+
+
 def table_for(p_rel: SglangRelease, p: Side, registered: int | None = None) -> bs.Table:
     """P's bootstrap table with `registered` of its ranks registered (default: all)."""
-    t = bs.Table(p_rel, p.tp_size * p.pp_size)
-    n = 0
-    for pp in range(p.pp_size):
-        for r in range(p.tp_size):
-            if registered is not None and n >= registered:
-                return t
-            t.put(bs.put_body(p_rel, rank=r, tp=p.tp_size, pp_rank=pp, pp=p.pp_size, ip="127.0.0.1",
-                              port=40000 + n, page_size=p.page_size, kv_cache_dtype=p.kv_cache_dtype,
-                              agent_name=f"p{r}"))
-            n += 1
+    t = bs.Table(p_rel, p.tp_size * p.pp_size * p.dp_size)
+    for n in range(p.tp_size * p.pp_size * p.dp_size):
+        if registered is not None and n >= registered:
+            return t
+        pp, dp, r = p_rank_of(p, n)
+        t.put(bs.put_body(p_rel, rank=r, tp=p.tp_size, pp_rank=pp, pp=p.pp_size, ip="127.0.0.1",
+                          port=40000 + n, page_size=p.page_size, kv_cache_dtype=p.kv_cache_dtype,
+                          agent_name=f"p{r}", dp_rank=dp, dp=p.dp_size))
     return t
+
+
+def p_rank_of(p: Side, n: int) -> tuple[int, int, int]:
+    """P's n-th rank (launch order) as (pp rank, DP group, attention TP rank)."""
+    return n // (p.tp_size * p.dp_size), (n // p.tp_size) % p.dp_size, n % p.tp_size
+
+
+def dispatched_dp(p: Side, room: int, fault: str) -> int:
+    """The prefill DP rank the router sends a room to: room % dp_size (follow_bootstrap_room), or the next
+    one under the dp_conflict fault."""
+    implied = room % p.dp_size
+    return (implied + 1) % p.dp_size if fault == "dp_conflict" else implied
+
+
+def dp_conflict(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, room: int, **kw: object) -> SgVerdict:
+    """Reference §4: the router sent the room to DP rank X, D (follow_bootstrap_room) sends its TransferInfo to
+    DP rank Y = room % dp_size, which never prefilled it."""
+    x, y = dispatched_dp(p, room, "dp_conflict"), room % p.dp_size
+    t, text = wait_text(d_rel)
+    if p_rel.dp_conflict_check:
+        reason = DP_CONFLICT.format(x=x, room=room, y=y)
+        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError", message=(
+            f"P DP rank {x}: Prefill bootstrap failed with exception KVTransferError(bootstrap_room={room}): "
+            f"{reason}; D's TransferInfo went to DP rank {y}, which has no such request: {text}"),
+            **kw)  # type: ignore[arg-type]
+    where = f" (and P DP rank {y} keeps the stray TransferInfo)"
+    return SgVerdict(status="hang", stage="bootstrap", timeout_s=t, message=(
+        f"the router sent room {room} to P DP rank {x}; D sends its TransferInfo to DP rank {y} "
+        f"(room % {p.dp_size}){where}: P's request waits in KVPoll.Bootstrapping "
+        f"{'forever' if p_rel.bootstrap_timeout_s is None else f'{p_rel.bootstrap_timeout_s:g} s'}; {text}"),
+        **kw)  # type: ignore[arg-type]
 
 
 def refused(_q: dict[str, int]) -> tuple[int, str]:
@@ -91,13 +227,13 @@ def refused(_q: dict[str, int]) -> tuple[int, str]:
 
 
 def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank: int, *, chunks: int = 1,
-           registered: int | None = None, no_bootstrap: bool = False) -> SgVerdict:
+           registered: int | None = None, no_bootstrap: bool = False, fault: str = "none") -> SgVerdict:
     """What D rank `d_rank` of release d_rel sees for one request served by P of p_rel (no_bootstrap: D's
-    bootstrap address has no server)."""
+    bootstrap address has no server; fault: scenario.Fault)."""
     table = table_for(p_rel, p, registered)
     try:
         found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
-                            page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla)
+                            page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla, room=ROOM)
     except bs.DiscoveryError as e:
         if e.retry:  # 0.5.13+: D retries the bootstrap; the request never leaves Bootstrapping on D
             t = d_rel.bootstrap_timeout_s
@@ -117,6 +253,14 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         dead = wire.death(exc)
         return hang(d_rel, "register", f"P rank {targets[0]}'s bootstrap thread died: {dead}", p_ranks=targets,
                     exception=dead.split(":")[0], listener_dead=dead)
+    if fault == "no_transfer_info":
+        return no_info(p_rel, [ROOM], p_ranks=targets)
+    if fault == "dp_conflict":
+        return dp_conflict(p_rel, d_rel, p, ROOM, p_ranks=targets)
+    if fault == "kill_prefill":
+        return node_failure(d_rel, "127.0.0.1:8998", ROOM, p_ranks=targets)
+    if fault == "duplicate_room":
+        return duplicate_room(p_rel, ROOM, p_ranks=targets)
     # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
     hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"
     # P's release writes. Equal TP (or MLA): P's own item_len on both sides, paired by pointer index.
@@ -153,6 +297,12 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
             return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=found.warning, message=(
                 f"head slicing with {p.kv_heads} KV heads < TP {max(p.tp_size, d.tp_size)}: wrong GQA head "
                 "offsets (fixed by #22145 in 0.5.13)"))
+    skew = aux_skew(p_rel, d_rel, p, d, p_ranks=targets)
+    if skew is not None and skew.status != "ok":
+        return skew
+    state = hybrid_state(p_rel, d_rel, p, d, p_ranks=targets)
+    if state is not None and p_rel.completion == d_rel.completion:
+        return state
     # completion, P's way against D's way
     if (p_rel.completion == "kv_status") != (d_rel.completion == "kv_status"):
         how = "a ZMQ KV_STATUS message D never reads" if p_rel.completion == "kv_status" else \
@@ -179,12 +329,25 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     if p.pp_size > 1 and d_rel.tag in ("R1", "R2", "R3", "R4"):
         return SgVerdict(status="silent", stage="completion", p_ranks=targets, message=(
             "D completes on the first PP rank's notifications: premature completion (#15027)"))
-    return SgVerdict(status="ok", p_ranks=targets, warning=found.warning)
+    return SgVerdict(status="ok", p_ranks=targets, warning=found.warning or (skew.warning if skew else None))
 
 
-def corrected(p: Side, d: Side) -> SgVerdict:
-    """What a fixed SGLang does: compare every fact the write depends on before the first frame."""
-    for what, a, b in (("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
+def corrected(p: Side, d: Side, fault: str = "none") -> SgVerdict:
+    """What a fixed SGLang does: compare every fact the write depends on before the first frame; refuse a room
+    already in use; bound every wait (a P timeout for a missing TransferInfo, D's heartbeat for a dead P)."""
+    if fault == "duplicate_room":
+        return SgVerdict(status="error", stage="bootstrap", exception="ValueError",
+                         message="bootstrap_room already in use by a live request: the second one is refused")
+    if fault == "no_transfer_info":
+        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError",
+                         message="P fails the room after its bootstrap timeout and frees it")
+    if fault == "kill_prefill":
+        return SgVerdict(status="error", stage="transfer", exception="KVTransferError",
+                         message="D's heartbeat fails the room: Lost connection with prefill instance")
+    if fault == "dp_conflict":
+        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError",
+                         message="P fails the misrouted room at once and tells D (or D asks P which DP rank)")
+    for what, a, b in (("aux buffers", p.aux_buffers, d.aux_buffers), ("hybrid state", p.hybrid, d.hybrid),("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
                        ("kv_cache_dtype", p.kv_cache_dtype, d.kv_cache_dtype), ("layers", p.layers, d.layers),
                        ("kv heads", p.kv_heads, d.kv_heads), ("head_dim", p.head_dim, d.head_dim),
                        ("MLA", p.mla, d.mla)):

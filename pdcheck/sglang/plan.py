@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import numpy as np
 
-from pdcheck.errors import HarnessError
+from pdcheck.errors import BadInput, HarnessError
 from pdcheck.sglang.ranks import SgReq
 from pdcheck.sglang.releases import resolve, resolve_many
 from pdcheck.sglang.releases.base import SglangRelease
@@ -53,7 +53,10 @@ def make_requests(sc: SgScenario) -> list[SgReq]:
     k = max(1, min(sc.transfer.pages_per_request, sc.prefill.num_pages // n, sc.decode.num_pages // n))
     p = rng.choice(sc.prefill.num_pages, n * k, replace=False).tolist()
     d = rng.choice(sc.decode.num_pages, n * k, replace=False).tolist()
-    return [SgReq(1000 + i, sorted(p[i * k:(i + 1) * k]), sorted(d[i * k:(i + 1) * k])) for i in range(n)]
+    # duplicate_room: the second request reuses the first one's room (a client-supplied bootstrap_room, #40125)
+    dup = sc.transfer.fault == "duplicate_room"
+    return [SgReq(1000 + (0 if dup and i == 1 else i), sorted(p[i * k:(i + 1) * k]), sorted(d[i * k:(i + 1) * k]), i)
+            for i in range(n)]
 
 
 def build(sc: SgScenario, sglang: str | None, options: SgOptions, live: LiveBootstrap | None = None) -> SgPlan:
@@ -72,7 +75,10 @@ def build(sc: SgScenario, sglang: str | None, options: SgOptions, live: LiveBoot
                                f"http://{live.host}:{live.port}/route")
     d_own = resolve(sc.decode.sglang, f"{sc.source}: decode.sglang") if sc.decode.sglang else None
     pairs = [Pair(r.name, p_own or r, d_own or r) for r in rels]
+    for pair in pairs:
+        if sc.prefill.dp_size > 1 and pair.p.bootstrap == "B1":
+            raise BadInput(f"{sc.source}: prefill.dp_size: SGLang {pair.p.name} has no DP mapping (PR #5681, 0.4.7)")
     reqs = make_requests(sc)
     if live is not None:
-        reqs = [SgReq(r.room, list(r.d_pages), list(r.d_pages)) for r in reqs]
+        reqs = [SgReq(r.room, list(r.d_pages), list(r.d_pages), r.slot) for r in reqs]
     return SgPlan(sc, pairs, reqs, options, live)

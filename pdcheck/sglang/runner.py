@@ -4,6 +4,8 @@ engine's prediction and the corrected behaviour beside what the ranks observed."
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import msgspec
@@ -57,10 +59,11 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     sc, opt = plan.scenario, plan.options
     p, d = sc.prefill.side(), sc.decode.side()
     tag = engine_tag(f"sglang-{pair.name}")
-    p_world = p.tp_size * p.pp_size  # every PP stage is a P rank (each fake stage holds every layer)
+    p_world = p.tp_size * p.pp_size * p.dp_size  # every PP stage is a P rank (each fake stage holds every layer)
     registered = sc.prefill.registered if sc.prefill.registered is not None else p_world
+    fault = sc.transfer.fault
     model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None,
-                              no_bootstrap=sc.decode.no_bootstrap)
+                              no_bootstrap=sc.decode.no_bootstrap, fault=fault)
     t0 = time.perf_counter()
     server = bs.Server(bs.Table(pair.p, p_world))
     harness: list[str] = []
@@ -70,9 +73,13 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     p_final: dict[int, PFinal] = {}
     try:
         with launcher(None) as lau:
-            p_ranks = [lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
-                r % p.tp_size, pair.p.name, p, server.port, plan.requests, tag, register=r < registered,
-                pp_rank=r // p.tp_size))) for r in range(p_world)]
+            p_ranks = []
+            for r in range(p_world):
+                pp, dp, tp = engine.p_rank_of(p, r)
+                mine = [q for q in plan.requests if engine.dispatched_dp(p, q.room, fault) == dp]  # the router's
+                p_ranks.append(lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
+                    tp, pair.p.name, p, server.port, mine, tag, register=r < registered, pp_rank=pp, fault=fault,
+                    dp_rank=dp))))
             orch.await_ready(lau, p_ranks, opt.start_timeout_s)
             d_port = server.port
             if sc.decode.no_bootstrap:  # a port that was free a moment ago: nothing listens there
@@ -82,15 +89,24 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                     s.bind(("127.0.0.1", 0))
                     d_port = s.getsockname()[1]
             d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
-                r, pair.d.name, d, p, d_port, plan.requests, tag, opt.hang_timeout_s)))
-                for r in range(d.tp_size)]
+                r, pair.d.name, d, p, d_port, plan.requests, tag, opt.hang_timeout_s, fault=fault,
+                heartbeat_s=sc.transfer.heartbeat_s))) for r in range(d.tp_size)]
             orch.await_ready(lau, d_ranks, opt.start_timeout_s)
             orch.send_all(d_ranks, m.Go())
+            if fault == "kill_prefill":
+                # every P rank wrote chunk 0 of its first request; the whole prefill dies: ranks and bootstrap
+                orch.gather(lau, p_ranks, m.Armed, opt.run_timeout_s, _faults("its first chunk", opt.run_timeout_s),
+                            watch=d_ranks)
+                for pr in p_ranks:
+                    os.kill(pr.pid, signal.SIGKILL)
+                server.close()
             got = orch.gather(lau, d_ranks, m.FrameworkFinal, opt.run_timeout_s, _faults("its request", opt.run_timeout_s),
-                              watch=p_ranks)
+                              watch=p_ranks if fault != "kill_prefill" else ())
             d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
+            if fault == "kill_prefill":
+                p_ranks = []
             orch.send_all([*p_ranks, *d_ranks], m.Stop())
-            got_p = orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0),
+            got_p = {} if not p_ranks else orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0),
                                 ended_ok=True)  # a P rank ends right after its final message
             p_final = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got_p.items()}
     except HarnessError as exc:  # what the ranks delivered before it stays in the report
@@ -105,6 +121,17 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
             transfers.append(None)
             continue
         v = f.verdict
+        if fault == "dp_conflict" and v.status == "hang":  # D waited for a room its P DP rank never prefilled
+            conflicts = [e for pf in p_final.values() for e in pf.errors if e.startswith("follow_bootstrap_room")]
+            stuck = [room for pf in p_final.values() for room in pf.bootstrapping]
+            if conflicts or stuck:
+                v = engine.dp_conflict(pair.p, pair.d, p, plan.requests[0].room, p_ranks=v.p_ranks)
+                if stuck and not conflicts and v.message:
+                    v.message += f" (P: rooms {stuck} still in KVPoll.Bootstrapping)"
+        if fault == "no_transfer_info":  # D's row tells P's side: its rooms stuck in Bootstrapping
+            rooms = sorted({room for pr in v.p_ranks if pr in p_final for room in p_final[pr].bootstrapping})
+            if rooms:
+                v = engine.no_info(pair.p, rooms, p_ranks=v.p_ranks)
         # What only P saw: its bootstrap thread died on D's frames, or its WRITE failed and D was not told.
         for pr in v.p_ranks:
             pf = p_final.get(pr)
@@ -118,9 +145,13 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
             elif pf.errors and v.status == "hang":
                 v.stage = "transfer"
                 v.message = f"P rank {pr}'s transfer failed: {pf.errors[0]}; D is not told; {v.message}"
+            elif (pf.errors or pf.logs) and v.status == "silent":
+                v.message = f"{v.message}; P rank {pr}: {'; '.join([*pf.errors, *pf.logs][:2])}"
+            if pf.logs and v.warning is None and fault != "duplicate_room":
+                v.warning = pf.logs[0]
         observed.append(v)
         transfers.append(f.transfer)
-    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed, model, engine.corrected(p, d), transfers,
+    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed, model, engine.corrected(p, d, fault), transfers,
                         finals, harness, time.perf_counter() - t0)
 
 

@@ -31,6 +31,8 @@ class DFacts(msgspec.Struct, frozen=True):
     tp_size: int
     tp_rank: int
     item_len: int  # bytes of one page of one layer's K (or V)
+    state_ptrs: list[int] = []  # a hybrid model's state pool (SWA window KV / mamba), 0.5.13+ frame #7
+    state_item_len: int = 0
 
 
 class Request(msgspec.Struct, frozen=True):
@@ -39,6 +41,7 @@ class Request(msgspec.Struct, frozen=True):
     aux_index: int | None
     required_dst_info_num: int = 1
     is_dummy: bool = False
+    state_indices: list[int] = []  # the request's state slots (hybrid models; sent from 0.5.13)
 
 
 class Registration(msgspec.Struct, frozen=True):
@@ -54,6 +57,7 @@ class Registration(msgspec.Struct, frozen=True):
     item_len: int | None = None
     endpoint: str = ""
     port: int = 0
+    state_ptrs: list[int] = []
 
 
 class Transfer(msgspec.Struct, frozen=True):
@@ -67,6 +71,7 @@ class Transfer(msgspec.Struct, frozen=True):
     endpoint: str = ""
     port: int = 0
     inline: Registration | None = None
+    state_indices: list[int] = []
 
 
 Parsed = Registration | Transfer | None  # None: a message the release ignores
@@ -82,6 +87,12 @@ def _q(ptrs: list[int]) -> bytes:
 
 def _unq(frame: bytes) -> list[int]:
     return list(struct.unpack(f"{len(frame) // 8}Q", frame))
+
+
+def _pack_int_lists(lists: list[list[int]], fmt: str) -> bytes:
+    """common/utils.pack_int_lists (R6): a count, the byte lengths, then the buffers, little-endian."""
+    bufs = [struct.pack(f"<{len(a)}{fmt}", *a) for a in lists]
+    return struct.pack(f"<{len(bufs) + 1}I", len(bufs), *(len(b) for b in bufs)) + b"".join(bufs) if bufs else b""
 
 
 def encode(rel: SglangRelease, d: DFacts, req: Request, *, register: bool = True) -> list[list[bytes]]:
@@ -101,13 +112,18 @@ def encode(rel: SglangRelease, d: DFacts, req: Request, *, register: bool = True
     elif rel.wire == "E4":
         reg += [_a(d.gpu_id), _a(d.tp_size), _a(d.tp_rank), _a(d.item_len)]
     else:  # E5 / E6: the state frame at #7 (empty: no hybrid state), staging and slots empty
-        reg += [b"", _a(d.gpu_id), _a(d.tp_size), _a(d.tp_rank), _a(d.item_len), b"", b"", b"", b"", b""]
+        st = bool(d.state_ptrs)
+        reg += [_pack_int_lists([d.state_ptrs], "Q") if st else b"", _a(d.gpu_id), _a(d.tp_size), _a(d.tp_rank),
+                _a(d.item_len), _pack_int_lists([[d.state_item_len]], "I") if st else b"", b"", b"", b"", b""]
         if rel.wire == "E6":
             per_entry = _q([d.item_len] * len(d.kv_ptrs))
-            reg += [",".join(["DRAM"] * len(d.kv_ptrs)).encode("ascii"), per_entry, b"", b"", _a(1), _a(0), b""]
+            reg += [",".join(["DRAM"] * len(d.kv_ptrs)).encode("ascii"), per_entry, b"", b"", _a(1), _a(0),
+                    _pack_int_lists([[d.state_item_len * 16]], "Q") if st else b""]
     request = [GUARD, room, ip, port, name, idx, aux, _a(req.required_dst_info_num)]
     if rel.wire in ("E5", "E6"):
-        request += [b"", b""]  # state indices, decode_prefix_len
+        # state indices (one list per state pool), decode_prefix_len
+        request += [_pack_int_lists([req.state_indices], "i") if req.state_indices and not req.is_dummy else b"",
+                    b""]
         if rel.wire == "E6":
             request += [_a(int(req.is_dummy))]
     return [reg, request] if register else [request]
@@ -182,8 +198,7 @@ def _registration_e6(msg: list[bytes]) -> Registration:
     lens = _unq(msg[18]) if len(msg) > 18 and msg[18] != b"" else [item] * len(kv_ptrs)
     if len(lens) != len(kv_ptrs):
         raise ValueError(f"dst_kv_item_lens length mismatch: got {len(lens)}, expected {len(kv_ptrs)}")
-    if len(msg) > 7 and msg[7] != b"":
-        _unpack_int_lists(msg[7], "Q")
+    state = _unpack_int_lists(msg[7], "Q") if len(msg) > 7 and msg[7] != b"" else []
     for i in (12, 13):
         if len(msg) > i and len(msg[i]) > 0:
             _unpack_int_lists(msg[i], "I")
@@ -208,16 +223,18 @@ def _registration_e6(msg: list[bytes]) -> Registration:
         int(msg[15].decode("ascii"))
     if len(msg) > 23 and len(msg[23]) > 0:
         _unpack_int_lists(msg[23], "Q")
-    return Registration(name, msg[4], kv_ptrs, aux_ptrs, gpu, tp, rank, item, endpoint, port)
+    return Registration(name, msg[4], kv_ptrs, aux_ptrs, gpu, tp, rank, item, endpoint, port,
+                        state[0] if state else [])
 
 
 def _registration(rel: SglangRelease, msg: list[bytes]) -> Registration:
     if rel.wire == "E6":
         return _registration_e6(msg)
+    state: list[list[int]] = []
     if rel.wire == "E5":
         # optional frames first (R6 nixl/conn.py:130-160): the state list at #7 is parsed before gpu_id
         if len(msg) > 7 and msg[7] != b"":
-            _unpack_int_lists(msg[7], "Q")
+            state = _unpack_int_lists(msg[7], "Q")
         if len(msg) > 12 and len(msg[12]) > 0:
             _unpack_int_lists(msg[12], "I")
         if len(msg) > 13 and len(msg[13]) > 0:
@@ -239,7 +256,7 @@ def _registration(rel: SglangRelease, msg: list[bytes]) -> Registration:
     item = int(msg[10 + s].decode("ascii"))
     if rel.wire == "E5":
         _staging(msg, 14)
-    return Registration(name, meta, kv_ptrs, aux_ptrs, gpu, tp, rank, item, endpoint, port)
+    return Registration(name, meta, kv_ptrs, aux_ptrs, gpu, tp, rank, item, endpoint, port, state[0] if state else [])
 
 
 def _staging(msg: list[bytes], i: int) -> None:
@@ -251,12 +268,13 @@ def _staging(msg: list[bytes], i: int) -> None:
 
 
 def _transfer(rel: SglangRelease, msg: list[bytes]) -> Transfer:
+    state: list[list[int]] = []
     if rel.wire in ("E5", "E6") and len(msg) > 7 and msg[7] != b"":
-        _unpack_int_lists(msg[7], "i")
+        state = _unpack_int_lists(msg[7], "i")
     t = Transfer(room=int(msg[0].decode("ascii")), endpoint=msg[1].decode("ascii"),
                  port=int(msg[2].decode("ascii")), agent_name=msg[3].decode("ascii"),
                  pages=np.frombuffer(msg[4], dtype=np.int32).tolist(), aux_index=int(msg[5].decode("ascii")),
-                 required_dst_info_num=int(msg[6].decode("ascii")))
+                 required_dst_info_num=int(msg[6].decode("ascii")), state_indices=state[0] if state else [])
     if rel.wire in ("E5", "E6") and len(msg) > 8 and msg[8] != b"":
         int(msg[8].decode("ascii"))
     return t
@@ -279,6 +297,11 @@ def aux_notif(room: int) -> str:
     return f"{room}_aux"
 
 
+def state_notif(room: int, rank: int) -> str:
+    """0.5.13's state notification (R6 nixl/conn.py:819-826): `{room}_state_{engine_rank}`."""
+    return f"{room}_state_{rank}"
+
+
 def kv_status(room: int, status: str, p_rank: int, reason: str = "") -> list[bytes]:
     """0.5.23's P -> D completion message (nixl/conn.py:515)."""
     return [b"KV_STATUS", _a(room), _a(KVPOLL[status]), _a(p_rank), reason.encode()]
@@ -290,8 +313,11 @@ class Tracker:
     required: prefill responses D waits for (required_prefill_response_num: P attn TP / D attn TP when P is
     larger, else 1)."""
 
-    def __init__(self, rel: SglangRelease, required: int = 1) -> None:
+    def __init__(self, rel: SglangRelease, required: int = 1, expects_state: bool = False) -> None:
         self.rel, self.required = rel, required
+        # 0.5.13: D sent state indices, so it waits for a "{room}_state_{rank}" notification too (expects_state)
+        self.expects_state = expects_state and rel.completion == "notif_engine"
+        self.state = False
         self.received: dict[int, set[int]] = {}  # key (pp or engine rank; 0 before 0.5.8) -> chunks
         self.expected: dict[int, int] = {}
         self.aux = False
@@ -302,6 +328,9 @@ class Tracker:
         parts = text.split("_")
         if len(parts) >= 2 and parts[1] == "aux":
             self.aux = True
+            return
+        if len(parts) >= 2 and parts[1] == "state":
+            self.state = True
             return
         if len(parts) < 4 or parts[1] != "kv":
             return
@@ -325,7 +354,7 @@ class Tracker:
     def done(self) -> bool:
         if self.rel.completion == "kv_status":
             return len(self.ok_ranks) >= self.required
-        if not self.aux or not self.expected:
+        if not self.aux or not self.expected or (self.expects_state and not self.state):
             return False
         if self.rel.completion == "notif":
             return all(len(self.received.get(k, ())) == n for k, n in self.expected.items())

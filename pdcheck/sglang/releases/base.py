@@ -14,6 +14,15 @@ Completion = Literal["notif", "notif_pp", "notif_engine", "kv_status"]
 # slicing (GQA offsets wrong when kv heads < TP); R5 slicing, P > D never completes (pp-keyed notifications);
 # R6+ fixed (#22145).
 HeteroTP = Literal["lookup", "assert_mla", "slice", "slice_pp_hang", "fixed"]
+# A second live request with the same bootstrap room, after the first one's last chunk (#40125): P's
+# transfer_infos[room][agent] held only the later TransferInfo; then the room's entry is kept (<= 0.4.7), deleted
+# so add_transfer_request raises KeyError in P's scheduler (0.4.9 - 0.5.8), popped so the transfer worker's
+# `assert room in self.transfer_infos` fails the room on P (0.5.13), or popped and add_transfer_request returns
+# None: nothing sent (0.5.23).
+RoomReuse = Literal["kept", "keyerror", "assert", "cleared"]
+# Which aux (metadata) buffers P's send_aux WRITEs (reference §6.2): buffer 0 only (<= 0.5.3); one per D buffer,
+# with P's item lengths by index (0.5.8, 0.5.13: IndexError when D has more); the shorter list (0.5.23).
+AuxPairing = Literal["first", "decode_count", "shorter"]
 
 
 class PeerCheck(msgspec.Struct, frozen=True):
@@ -46,6 +55,26 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     bootstrap_timeout_s: float | None = None  # P waits this long in KVPoll.Bootstrapping; None: forever
     waiting_timeout_s: float | None = None  # D waits this long in KVPoll.WaitingForInput; None: forever
     receiver_exception: str  # what receiver.failure_exception() raises when no reason is recorded
+    records_reason: bool = False  # 0.5.13+: KVTransferError carries the recorded failure reason
+    room_reuse: RoomReuse = "keyerror"
+    aux_pairing: AuxPairing = "first"
+    aux_skew_log: str | None = None  # 0.5.23 logs a registration whose aux buffer count differs
+    # D's heartbeat (0.5.3+): GET /health every heartbeat_s; after heartbeat_failures failures every pending room
+    # of that prefill is failed with node_failure_log. None: no heartbeat (D waits for a dead P).
+    heartbeat_s: float | None = None
+    heartbeat_failures: int = 2
+    node_failure_log: str | None = None
+    # P's scheduler when a room's TransferInfo never comes (#17845): 0.4.6's add_transfer_request blocks on a
+    # condition variable (the whole scheduler stalls); later releases leave the request in Bootstrapping.
+    p_blocks_on_info: bool = False
+    # A hybrid model's state (SWA window KV, mamba state) in its own pool: up to 0.5.8 P sends KV + aux only
+    # (0.5.8's receiver takes state_indices and drops them); from 0.5.13 D sends its state pointers and indices,
+    # P WRITEs the state and D waits for it (#18939).
+    sends_state: bool = False
+    # P with DP > 1 and follow_bootstrap_room, a request the router dispatched to another DP rank than
+    # room % dp_size: from 0.5.13 the P sender fails the room at once (DP_CONFLICT; R6 common/conn.py:733-751,
+    # R7 :2160-2181); before, P's request waits in Bootstrapping for a TransferInfo D sent to the other DP rank.
+    dp_conflict_check: bool = False
     thread_death_log: str | None = None  # R7 logs the P bootstrap thread's death
     summary: str = ""
 
@@ -68,3 +97,14 @@ HETERO_TP_WARNING = "Performance is NOT guaranteed when using different TP sizes
 GUARD = b"NixlMsgGuard"
 GUARD_TEXT = f"First message should be {GUARD!r}. Foreign traffic?"
 NOT_REGISTERED_503 = "Prefill server not fully registered yet ({n} workers registered)."
+
+AUX_SKEW_LOG = ("Decode {peer} registered {d} metadata buffers but this prefill has {p}; only the first {n} are "
+                "transferred, and misaligned if the extra buffer is not the last. An optional metadata buffer is "
+                "enabled on one engine only: --disaggregation-enable-kv-checksum, SGLANG_ENABLE_DISAGG_SAMPLING_MASK, "
+                "or the DSA top-k buffer.")
+LOST_R4 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} transfers affected"
+LOST_R6 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} requests affected"
+PREFILL_DOWN = ("Prefill server with bootstrap_addr: {addr} is healthy before, but now it is down. Request "
+                "(bootstrap_room: {room}) has been marked as failed.")
+DP_CONFLICT = ("follow_bootstrap_room conflict: dispatched to dp_rank {x} but bootstrap_room {room} implies dp_rank "
+               "{y}. Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.")

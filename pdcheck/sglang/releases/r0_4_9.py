@@ -7,6 +7,6 @@ from pdcheck.sglang.releases import r0_4_7
 
 MODEL = replace(
     r0_4_7.MODEL, name="0.4.9.post2", tag="R3", versions=("0.4.9", "0.4.9.post2", "0.5.0"),
-    wire="E3", split_registration=True, index_dtype="int32",
+    wire="E3", split_registration=True, index_dtype="int32", room_reuse="keyerror",
     summary="registration split from the 7-field request, int32 indices, hetero TP asserts MLA-only",
 )

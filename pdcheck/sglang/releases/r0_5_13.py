@@ -3,7 +3,7 @@ registered, D parses the answer with PrefillServerInfo(**data), R6 common/conn.p
 at #7 of the registration (E5, 17 fields; R6 nixl/conn.py:130-160), engine_rank in the kv notification (#22145:
 hetero TP fixed), the kv-dtype check, bootstrap and waiting timeouts of 300 s, KVTransferError."""
 
-from pdcheck.sglang.releases.base import KV_DTYPE, PAGE_SIZE, SglangRelease
+from pdcheck.sglang.releases.base import KV_DTYPE, LOST_R6, PAGE_SIZE, SglangRelease
 
 PUT_B5 = ("attn_tp_size", "attn_tp_rank", "attn_cp_size", "attn_cp_rank", "attn_dp_size", "attn_dp_rank",
           "pp_size", "pp_rank", "system_dp_size", "system_dp_rank", "rank_ip", "rank_port", "page_size",
@@ -24,6 +24,8 @@ MODEL = SglangRelease(
     checks=(PAGE_SIZE, KV_DTYPE),
     hetero_tp="fixed",
     pp_assert=True,
+    records_reason=True, sends_state=True, dp_conflict_check=True, room_reuse="assert", aux_pairing="decode_count",
+    heartbeat_s=5.0, node_failure_log=LOST_R6,
     bootstrap_timeout_s=300.0, waiting_timeout_s=300.0,
     receiver_exception="KVTransferError(bootstrap_room={room}): NIXL KVReceiver Exception",
     summary="503 gate, strict PrefillServerInfo, state frame at #7, engine_rank notif, dtype check, 300 s timeouts",

@@ -5,6 +5,7 @@ R7 nixl/conn.py:376-456, 3428-3526), completion by P's ZMQ KV_STATUS message ins
 from msgspec.structs import replace
 
 from pdcheck.sglang.releases import r0_5_13
+from pdcheck.sglang.releases.base import AUX_SKEW_LOG
 
 INFO_EXTRA = ("enable_dsa_cache_layer_split", "dsv41_spec_layout", "kv_layout", "decode_allocation_policy",
               "enable_kv_cache_sharding", "prefill_http_port")
@@ -17,6 +18,7 @@ MODEL = replace(
     info_keys=(*r0_5_13.INFO_REQUIRED, *INFO_EXTRA, *r0_5_13.INFO_TARGETS),
     wire="E6",
     completion="kv_status",
+    room_reuse="cleared", aux_pairing="shorter", aux_skew_log=AUX_SKEW_LOG,
     thread_death_log=("prefill bootstrap_thread died on engine_rank={rank}; requests to this rank will time out "
                       "in KVPoll.Bootstrapping"),
     receiver_exception="KVTransferError(bootstrap_room={room}): {reason}",

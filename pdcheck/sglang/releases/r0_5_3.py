@@ -3,7 +3,7 @@ decode_tp_rank, dst_kv_item_len (E4, 11 fields; R4 nixl/conn.py:79-92). P TP != 
 only a warning, GQA offsets wrong when kv heads < TP (fixed by #22145 in 0.5.13). No page-size check, no
 timeouts (heartbeat only). Reference §4, §6.2, §7."""
 
-from pdcheck.sglang.releases.base import SglangRelease
+from pdcheck.sglang.releases.base import LOST_R4, SglangRelease
 
 PUT_B3 = ("role", "attn_tp_size", "attn_tp_rank", "attn_dp_size", "attn_dp_rank", "pp_size", "pp_rank",
           "system_dp_size", "system_dp_rank", "rank_ip", "rank_port")
@@ -17,6 +17,7 @@ MODEL = SglangRelease(
     wire="E4", guard=True, split_registration=True, index_dtype="int32",
     completion="notif",
     hetero_tp="slice",
+    heartbeat_s=5.0, node_failure_log=LOST_R4,
     receiver_exception="Exception: Fake KVReceiver Exception",
     summary="head slicing for hetero TP (GQA offsets wrong), no page-size check, no timeouts",
 )

@@ -14,6 +14,7 @@ MODEL = replace(
     checks=(PAGE_SIZE,),
     hetero_tp="slice_pp_hang",
     pp_assert=True,
+    aux_pairing="decode_count",
     waiting_timeout_s=300.0,
     receiver_exception="RuntimeError: NIXL KVReceiver Exception",
     summary="page-size check, pp_rank in notifications (P TP > D TP hangs 300 s), waiting timeout",
