@@ -19,7 +19,7 @@ import msgspec
 import numpy as np
 import pytest
 
-from pdcheck.bench import measure, output, schema, tables
+from pdcheck.bench import measure, schema, tables
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
 from pdcheck.geometry import ModelShape, read_source
@@ -362,12 +362,19 @@ def test_check_names_the_block_that_arrived_instead() -> None:
     assert check_range(wrong, 7, 0, g, 8, start) == 1
 
 
-def test_plot_without_matplotlib_is_bad_input(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_checks_before_anything_runs(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import importlib.util
 
+    from pdcheck import figure
+
+    with pytest.raises(BadInput, match=r"name a \.png, \.svg, \.pdf file"):
+        figure.check(tmp_path / "x.txt")
+    with pytest.raises(BadInput, match="directory does not exist"):
+        figure.check(tmp_path / "nowhere" / "x.png")
+    figure.check(tmp_path / "x.png")
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(BadInput, match="matplotlib"):
-        output.check_plot_available()
+        figure.check(tmp_path / "x.png")
 
 
 # --- the rank skeleton's failure paths, with real rank processes -----------------------------------------

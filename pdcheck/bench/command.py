@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pdcheck import bounds, progress
+from pdcheck import bounds, figure, progress
 from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig, check_flags
@@ -175,8 +175,7 @@ def _run(o: dict[str, Any]) -> int:
         if o[key] is not None:
             bounds.check_number(flag, o[key], 0)
     if o["plot"] is not None:
-        output.check_plot_available()
-        bounds.check_out_file("--plot", o["plot"])
+        figure.check(o["plot"])
     shape = resolve_shape(o["model"] if o["model"] else None, layers=o["layers"], kv_heads=o["kv_heads"],
                           head_dim=o["head_dim"], dtype=o["dtype"], mla=o["mla"])
     cfg = BenchConfig(

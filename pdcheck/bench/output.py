@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import importlib.util
 import io
 import math
 from pathlib import Path
@@ -12,8 +11,8 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from pdcheck import figure
 from pdcheck.bench import schema
-from pdcheck.errors import BadInput
 
 
 def human(n: float) -> str:
@@ -124,17 +123,8 @@ def to_csv(report: schema.Report) -> str:
     return buf.getvalue()
 
 
-def check_plot_available() -> None:
-    if importlib.util.find_spec("matplotlib") is None:
-        raise BadInput("--plot needs matplotlib, which is not installed (pip install 'pdcheck[plot]')")
-
-
 def plot(report: schema.Report, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
+    plt = figure.pyplot()
     rows = report.rows
     by_block = len(set(report.config.block_sizes)) > 1
     xs = [r.block_bytes if by_block else r.bytes for r in rows]
@@ -156,10 +146,4 @@ def plot(report: schema.Report, path: Path) -> None:
     c = report.config
     fig.suptitle(f"{c.model} {c.dtype}, TP{c.prefill_tp}->TP{c.decode_tp}, transport {report.transport.preset} "
                  f"({', '.join(report.transport.data) or 'unknown'})", fontsize=10)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise BadInput(f"--plot {path}: cannot write: {exc.strerror}") from exc
-    finally:
-        plt.close(fig)
+    figure.save(fig, path)

@@ -81,9 +81,10 @@ def register(app: Any) -> None:
                                            "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
                                            "failure_policy": failure_policy, "mode": mode}, fault or [])
         if plot is not None:
+            from pdcheck import figure
             from pdcheck.requests import plot as plotting
 
-            plotting.check(plot)  # before anything runs
+            figure.check(plot)  # before anything runs
         rep = execute(plan)
         if plot is not None:
             plotting.write(rep, plot)

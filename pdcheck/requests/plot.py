@@ -6,29 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pdcheck.errors import BadInput
+from pdcheck import figure
 from pdcheck.requests.report import OK, RequestsReport
-
-SUFFIXES = (".png", ".svg", ".pdf")
-
-
-def check(path: Path) -> None:
-    """Before anything runs: matplotlib is there, and the file can be written where it is named."""
-    from pdcheck.bench.output import check_plot_available
-
-    if path.suffix.lower() not in SUFFIXES:
-        raise BadInput(f"--plot {path}: name a {', '.join(SUFFIXES)} file")
-    if not path.parent.is_dir():
-        raise BadInput(f"--plot {path}: directory {path.parent} does not exist")
-    check_plot_available()
 
 
 def write(rep: RequestsReport, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, never a window
-    import matplotlib.pyplot as plt
-
+    plt = figure.pyplot()
     fig, (held, lat) = plt.subplots(2, 1, figsize=(10, 6.5))
     for r in [*rep.releases, rep.corrected]:
         if r.timeline:
@@ -59,10 +42,4 @@ def write(rep: RequestsReport, path: Path) -> None:
     faults = f"; faults {', '.join(rep.faults)}" if rep.faults else ""
     fig.suptitle(f"pdcheck requests {rep.scenario}: {rep.requests} requests at {rep.rate:g}/s, lease "
                  f"{rep.lease_s if rep.lease_s is not None else 'default'}{faults}", fontsize=9)
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as exc:
-        raise BadInput(f"--plot {path}: cannot write: {exc.strerror}") from exc
-    finally:
-        plt.close(fig)
+    figure.save(fig, path)
