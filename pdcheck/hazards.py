@@ -56,6 +56,7 @@ CATALOGUE: dict[str, str] = {
 # Shapes beyond one TP group (issue #17) that reference §11 has no row for; listed only when they apply.
 SHAPE_CATALOGUE: dict[str, str] = {
     "X01": "pipeline parallel stages",
+    "X02": "attention backend ignores the connector's KV layout",
 }
 
 CORRECTED = "corrected"
@@ -910,6 +911,19 @@ def _x01(f: Facts, rels: Rels) -> Hazard:
     return _yes("X01", f"pipeline parallel: prefill pp_size {p}, decode pp_size {d}", effects)
 
 
+def _x02(f: Facts, rels: Rels) -> Hazard:
+    """A backend that writes another layout than the one vLLM resolved and the metadata advertises (#46204)."""
+    sides = [f"{side}'s backend writes {i.backend_layout}, its metadata says {i.kv_cache_layout}"
+             for side, i in (("prefill", f.p), ("decode", f.d))
+             if i.backend_layout is not None and i.backend_layout != i.kv_cache_layout]
+    split = f.dg.total_kv_heads // f.d_tp != f.pg.total_kv_heads // f.p_tp
+    effects = {rel.name: shapes.backend_layout_effect(rel, f.p.memory_layout(), f.d.memory_layout(), split,
+                                                      f.dg.use_mla) for rel in rels}
+    effects[CORRECTED] = ("refused where heads split: D checks its own backend's layout (a head slice needs heads-first "
+                          "blocks)" if split and not f.dg.use_mla else "whole blocks: accepted")
+    return _yes("X02", "; ".join(sides), effects)
+
+
 def _name(hid: str) -> str:
     return CATALOGUE.get(hid) or SHAPE_CATALOGUE[hid]
 
@@ -937,4 +951,6 @@ def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
     out = [EVALUATORS[hid](f, rels) for hid in sorted(EVALUATORS)]
     if sc.prefill.pp_size > 1 or sc.decode.pp_size > 1:
         out.append(_x01(f, rels))
+    if any(i.backend_layout not in (None, i.kv_cache_layout) for i in (sc.prefill, sc.decode)):
+        out.append(_x02(f, rels))
     return out

@@ -16,7 +16,16 @@ import numpy as np
 
 from pdcheck.engine import Outcome
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import CELL, BlockView, KVCache, check_blocks, decode_cell, desc_ids
+from pdcheck.kvcache import (
+    CELL,
+    BlockView,
+    KVCache,
+    SliceView,
+    check_blocks,
+    decode_cell,
+    desc_ids,
+    head_token,
+)
 from pdcheck.messages import Mismatch, Req, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
 from pdcheck.releases.base import Local, Prepared
@@ -108,6 +117,11 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     p_heads = max(1, prep.remote_block_len // max(1, g.block_size * g.head_cell_bytes))
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, g.head_cell_bytes,
                         plain=not g.per_head_view)
+    slice_heads = prep.block_len // max(1, g.head_slice_bytes)
+    if (g.per_head_view and not kv.view.heads_first and prep.halves == 1 and prep.local_offset == 0
+            and prep.rank_offset % g.head_slice_bytes == 0 and slice_heads > 1):
+        # D's own blocks are token-major: what it read must be its heads in its order, wherever P put them
+        view = SliceView(False, slice_heads, g.block_size, g.head_cell_bytes, first=prep.rank_offset // g.head_slice_bytes)
     chk = check_blocks(kv, req.local_block_ids, req.remote_block_ids, p_tag, prep.p_rank, read_len=prep.block_len,
                        local_offset=prep.local_offset, remote_offset=prep.rank_offset, halves=prep.halves,
                        remote_half=prep.remote_block_len // prep.halves, view=view)
@@ -117,9 +131,15 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     wrong_regions.update(chk.wrong_regions)
     w = chk.first
     if w is not None and res.first_mismatch is None:
+        exp_at, found = w.at, w.found.describe(g)
+        if view.heads > 1 and g.per_head_view:  # name the (head, token) cells: a permuted head shows as such
+            exp_at = int(view.logical(np.asarray([w.at], dtype=np.uint64))[0])
+            if w.found.valid:
+                found += " (head {}, token {})".format(*head_token(g, w.found.offset))
+        cell = " (head {}, token {})".format(*head_token(g, exp_at)) if view.heads > 1 and g.per_head_view else ""
         res.first_mismatch = Mismatch(
             region=w.region, local_block=w.local_block, remote_block=w.remote_block, p_rank=prep.p_rank,
             expected=f"P rank {prep.p_rank} {g.region_name(w.region)} (region {w.region}) block {w.remote_block} "
-            f"+{w.at}",
-            found=w.found.describe(g),
+            f"+{exp_at}{cell}",
+            found=found,
         )

@@ -103,6 +103,7 @@ APPLIES = {
     "pp2-pull-52913": {"X01"},
     "block-size-per-request-42895": {"H07", "H08"},
     "fp8-dynamic-scales-42179": {"H28"},
+    "nhd-native-46204": {"X02"},
 }
 
 

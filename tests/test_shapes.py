@@ -163,6 +163,7 @@ def test_when_raised() -> None:
     assert shapes.when_raised(r14, "assert", "block_size_ratio").startswith("per request")
     assert shapes.when_raised(r14, "error", "pp_decode").startswith("at start-up")
     assert shapes.when_raised(r14, "ok", None) is None and shapes.when_raised(r9, "assert", "x") is None
+    assert shapes.when_raised(r14, "silent", None) is None  # nothing reaches the user: no "raises" line
 
 
 # ---- hazard lines ----------------------------------------------------------------------------------------
@@ -202,7 +203,7 @@ def test_h17_h28_and_x01() -> None:
 def test_bundled_shape_scenarios_exist_with_expectations() -> None:
     for stem, issue in [("dp2-host-unset-27083", "#27083"), ("dp2-wrong-port-27083", "#27083"),
                         ("pp2-pull-52913", "#52913"), ("block-size-per-request-42895", "#42895"),
-                        ("fp8-dynamic-scales-42179", "#42179")]:
+                        ("fp8-dynamic-scales-42179", "#42179"), ("nhd-native-46204", "#46204")]:
         sc = load(SCENARIOS / f"{stem}.toml")
         assert issue in sc.description and sc.expect
 
@@ -303,3 +304,56 @@ def test_p_smaller_block_supported_from_era_f_real_ranks(pdcheck) -> None:
                   "64", "--vllm", "0.11.1,0.14.0,0.34.0", "--json", timeout=120)
     doc = run.json()
     assert doc["matrix"]["0.11.1"] == doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["ok", "ok"]
+
+
+# ---- KV layout: a backend that ignores the connector's layout (vLLM #46204) -------------------------------
+def test_nhd_native_backend_validation_and_hazard() -> None:
+    with pytest.raises(BadInput, match=r"prefill.backend_layout: expected one of NHD, HND"):
+        _sc({"backend_layout": "XYZ"})
+    nhd = {"backend_layout": "NHD"}
+    sc = _sc(nhd, {**nhd, "tp_size": 4})  # P TP 2, D TP 4: heads split
+    hz = _hz(sc, "0.9.2,0.14.0,0.26.0,0.34.0")
+    assert hz["X02"].applies and "backend writes NHD, its metadata says HND" in hz["X02"].detail
+    assert all("silent (permuted heads, vLLM #46204)" in hz["X02"].effects[r] for r in ("0.9.2", "0.34.0"))
+    assert hz["X02"].effects["corrected"].startswith("refused where heads split")
+    hz = _hz(_sc(nhd, nhd), "0.14.0")  # same TP: whole blocks, same backend both sides
+    assert hz["X02"].effects["0.14.0"].endswith("fine") and hz["X02"].effects["corrected"].endswith("accepted")
+    assert "X02" not in _hz(_sc(), "0.14.0")
+
+
+def _layout_run(pdcheck, tmp_path: Path, prefill: str, decode: str, releases: str) -> dict[str, Any]:
+    f = tmp_path / "s.toml"
+    f.write_text(f'[prefill]\nengine_id = "P"\ntp_size = 1\nnum_blocks = 32\nkv_heads = 8\nhead_dim = 64\n'
+                 f'{prefill}\n[decode]\nengine_id = "D"\nnum_blocks = 32\nkv_heads = 8\nhead_dim = 64\n{decode}\n'
+                 f'[transfer]\nrequests = 1\nblocks_per_request = 4\n')
+    run = pdcheck("handshake", str(f), "--vllm", releases, "--json", timeout=120)
+    assert run.code in (0, 1), run.err
+    return run.json()
+
+
+def test_nhd_native_head_split_is_silent_and_named_by_head(pdcheck, tmp_path: Path) -> None:
+    """Real ranks: both sides advertise HND, write NHD; D TP 2 reads half of P's block as its 4 heads. Every
+    release passes its checks and the proof finds other (head, token) cells; corrected refuses."""
+    nhd = 'kv_cache_layout = "HND"\nbackend_layout = "NHD"'
+    doc = _layout_run(pdcheck, tmp_path, nhd, f"tp_size = 2\n{nhd}", "0.9.2,0.14.0,0.26.0,0.34.0")
+    for rel in ("0.9.2", "0.14.0", "0.26.0", "0.34.0"):
+        assert doc["matrix"][rel] == ["silent", "silent"], rel
+    assert doc["matrix"]["corrected"] == ["error", "error"]
+    d1 = doc["decode_ranks"][1]
+    fm = d1["transfer"]["0.14.0"]["first_mismatch"]
+    # D rank 1 reads the second half of a 16-token block: its head 4, token 0 is token 8 of head 0 in NHD
+    assert fm["expected"].endswith("(head 4, token 0)") and fm["found"].endswith("(head 0, token 8)"), fm
+    assert "#46204" in d1["verdicts"]["corrected"]["message"]
+
+
+def test_nhd_native_same_tp_is_fine_and_nhd_head_split_is_caught(pdcheck, tmp_path: Path) -> None:
+    """Same TP: whole blocks, same backend: ok everywhere. Advertised NHD on both sides with D TP 2 (0.14.0 has
+    no head-split layout check): the proof reads D's two-head NHD block as D's attention does and finds it
+    wrong; 0.26.0 refuses (head split needs HND); corrected refuses."""
+    nhd = 'kv_cache_layout = "HND"\nbackend_layout = "NHD"'
+    doc = _layout_run(pdcheck, tmp_path, nhd, nhd, "0.14.0,0.34.0")
+    assert doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == doc["matrix"]["corrected"] == ["ok"]
+    doc = _layout_run(pdcheck, tmp_path, 'kv_cache_layout = "NHD"', 'tp_size = 4\nkv_cache_layout = "NHD"',
+                      "0.14.0,0.26.0")
+    assert doc["matrix"]["0.14.0"] == ["silent"] * 4
+    assert doc["matrix"]["0.26.0"] == ["error"] * 4 and doc["matrix"]["corrected"] == ["error"] * 4

@@ -32,6 +32,9 @@ class Local:
     device_id: int
     model: str = "pdcheck/fake-model"
     pp_size: int = 1  # the D engine's pipeline parallel stages (decode-side PP: refused from 0.26)
+    # The layout the D's bytes really have when its attention backend ignores the connector's (vLLM #46204);
+    # None: kv_cache_layout. No release sees it: only the corrected model checks it.
+    memory_layout: str | None = None
 
     @property
     def block_len(self) -> int:

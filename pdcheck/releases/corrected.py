@@ -62,6 +62,30 @@ def _layout_known(c: Ctx) -> bool:
     return not c.local.use_mla and c.meta.kv_cache_layout is not None
 
 
+def heads_first(layout: str) -> bool:
+    """Whether a layout puts a block's heads before its tokens (HND, LBHNC, ...): a head's run is contiguous."""
+    return layout.index("H") < layout.index("N") if "H" in layout and "N" in layout else True
+
+
+def _head_split(c: Ctx) -> bool:
+    """D's heads per rank differ from P's: D reads part of each P block (D TP > P TP) or joins several P blocks
+    into one of its own (P TP > D TP)."""
+    _rank, d_tp, p_tp, heads, mla = _split(c)
+    return not mla and max(1, heads // d_tp) != max(1, heads // p_tp)
+
+
+def _split_layout_ok(c: Ctx) -> bool:
+    return heads_first(c.local.memory_layout or c.local.kv_cache_layout)
+
+
+def _split_layout_msg(c: Ctx) -> str:
+    mem, adv = c.local.memory_layout or c.local.kv_cache_layout, c.local.kv_cache_layout
+    backend = f"the attention backend writes {mem} while the connector registered {adv}" if mem != adv \
+        else f"the KV cache is {mem}"
+    return (f"refused: {backend}; D TP {c.local.tp_size} and P TP {_p_tp(c)} split heads, which needs heads-first "
+            "blocks (HND) on both sides: a token-major block's byte range holds tokens, not heads (vLLM #46204)")
+
+
 MODEL = ReleaseModel(
     name="corrected",
     versions=(),
@@ -99,6 +123,10 @@ MODEL = ReleaseModel(
               when=_layout_known,
               message=lambda c: f"refused: kv_cache_layout P={c.meta.kv_cache_layout} D={c.local.kv_cache_layout}",
               exc="RuntimeError", hazard="H09"),
+        # The one incompatibility the metadata cannot show: the bytes' real order. D knows its own backend's (P
+        # serves the same model, so it has the same); a head split of token-major blocks permutes heads.
+        Check("head_split_layout", "heads_first(local memory layout) where heads split",
+              _split_layout_ok, when=_head_split, message=_split_layout_msg, exc="RuntimeError", hazard="H09"),
         Check("block_len", "meta.block_len == expected (heads, head_dim, dtype)",
               lambda c: c.remote_block_len() == expected_remote_block_len(c),
               message=lambda c: f"refused: P block is {c.remote_block_len()} B, D expects "
