@@ -10,8 +10,10 @@ READs nixlagent.Agent.read and the check kvcache.check_blocks: the same three tr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pdcheck.engine import Outcome
@@ -61,7 +63,8 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
     wrong_regions: set[int] = set()
     unchecked = 0
     for req in requests:
-        for prep in outcome.prepared:
+        for prep in _sub_blocks(outcome.prepared, kv.block_len):
+            prep, req = prep[0], _mapped(req, prep[1], prep[0])
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
             regions = kv.geometry.num_regions * prep.halves  # virtual regions: K and V halves when split
             lids = desc_ids(regions, kv.num_blocks, req.local_block_ids)
@@ -100,6 +103,27 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
         regs = ", ".join(str(r) for r in res.wrong_regions)
         res.message = f"READ DONE, {res.wrong} of {res.blocks} blocks wrong: region {regs} received other blocks"
     return res
+
+
+def _sub_blocks(prepared: list[Prepared], block_len: int) -> list[tuple[Prepared, int]]:
+    """Each prepared list once per sub-block of the local block it fills (Prepared.sub_blocks), with the local
+    offset of that sub-block."""
+    out: list[tuple[Prepared, int]] = []
+    for prep in prepared:
+        sub_len = block_len // prep.halves // prep.sub_blocks
+        out += [(replace(prep, local_offset=prep.local_offset + i * sub_len), i) if prep.sub_blocks > 1 else (prep, -1)
+                for i in range(prep.sub_blocks)]
+    return out
+
+
+def _mapped(req: Req, sub: int, prep: Prepared) -> Req:
+    """The request's P blocks for sub-block `sub` of each local block: P's block j * sub_blocks + sub of the
+    request (get_mapped_blocks' order), drawn from its ids so they stay inside P's cache."""
+    if sub < 0:
+        return req
+    n = prep.dlist_blocks
+    remote = [(int(b) * prep.sub_blocks + sub) % n for b in req.remote_block_ids]
+    return msgspec.structs.replace(req, remote_block_ids=remote)
 
 
 def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:

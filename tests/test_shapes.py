@@ -304,6 +304,44 @@ def test_p_smaller_block_supported_from_era_f_real_ranks(pdcheck) -> None:
                   "64", "--vllm", "0.11.1,0.14.0,0.34.0", "--json", timeout=120)
     doc = run.json()
     assert doc["matrix"]["0.11.1"] == doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["ok", "ok"]
+    assert doc["matrix"]["corrected"] == ["ok", "ok"]  # corrected reads P's blocks into D's sub-blocks too
+    for d in doc["decode_ranks"]:  # 2 requests x 32 D blocks x 2 regions, each D block read as 2 P blocks
+        for rel in ("0.14.0", "0.34.0", "corrected"):
+            assert d["transfer"][rel]["status"] == "ok" and d["transfer"][rel]["blocks"] == 2 * 32 * 2 * 2, rel
+
+
+@pytest.mark.parametrize(("p_bs", "d_bs", "tp"), [(16, 48, ("2", "4")), (32, 16, ("2", "2")), (16, 40, ("2", "2"))])
+def test_block_size_ratio_corrected_real_ranks(pdcheck, p_bs: int, d_bs: int, tp: tuple[str, str]) -> None:
+    """D's block a whole number of P's (here with a head split too): the corrected model and 0.14+ read each D
+    block as d_bs // p_bs P blocks and the proof passes; P > D or not a divisor: the release's per-request
+    assert (#42895), the corrected refusal."""
+    run = pdcheck("handshake", "--prefill-tp", tp[0], "--decode-tp", tp[1], "--prefill-blocks", "256",
+                  "--decode-blocks", "256", "--prefill-block-size", str(p_bs), "--decode-block-size", str(d_bs),
+                  "--kv-heads", "4", "--head-dim", "64", "--vllm", "0.14.0,0.34.0", "--json", timeout=120)
+    doc = run.json()
+    n = int(tp[1])
+    if d_bs % p_bs == 0:
+        assert run.code == 0, run.err
+        assert doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == doc["matrix"]["corrected"] == ["ok"] * n
+        ratio = d_bs // p_bs
+        for d in doc["decode_ranks"]:
+            assert d["transfer"]["corrected"]["wrong"] == 0
+            assert d["transfer"]["corrected"]["blocks"] == 2 * 32 * 2 * ratio
+    else:
+        assert doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["assert"] * n
+        assert doc["matrix"]["corrected"] == ["error"] * n
+        d0 = doc["decode_ranks"][0]
+        assert "#42895" not in d0["verdicts"]["0.14.0"]["message"]  # the release's own text
+        assert d0["verdicts"]["0.14.0"]["message"].startswith(f"Local block size {d_bs} is not divisible")
+        assert "whole number of P's" in d0["verdicts"]["corrected"]["message"]
+        assert "per request" in d0["when"]["0.14.0"]
+
+
+def test_h07_corrected_accepts_p_smaller_block() -> None:
+    hz = _hz(_sc({"block_size": 16}, {"block_size": 32}), "0.14.0")
+    assert hz["H07"].effects["corrected"].startswith("accepted: D's 32-token block is 2 of P's")
+    hz = _hz(_sc({"block_size": 32}, {"block_size": 16}), "0.14.0")
+    assert hz["H07"].effects["corrected"].startswith("refused: P block_size 32, D block_size 16")
 
 
 # ---- KV layout: a backend that ignores the connector's layout (vLLM #46204) -------------------------------

@@ -439,7 +439,7 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             p_rank=ctx.remote_tp_rank, agent=ctx.state.remote_agents[ctx.engine_id][ctx.remote_tp_rank],
             dlist_blocks=ctx.meta.num_blocks, block_len=read_len, remote_block_len=ctx.remote_block_len(),
             rank_offset=rank_offset, local_offset=local_offset, device_id=dev,
-            base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves,
+            base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves, sub_blocks=max(1, bsr),
         )
         ctx.io.prep_remote(prepared, "DRAM")
         if ratio < 0 and ctx.remote_tp_rank not in kvsplit.release_reads(
