@@ -48,7 +48,8 @@ def run(plan: Plan) -> RunResult:
                 kv_cache_layout=d.kv_cache_layout, releases=d_rels,
                 p_host=p_host[0], p_engine_tag=engine_tag(plan.kv_owner or p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
-                transfer=opts.transfer, requests=requests, pp_size=d.pp_size, memory_layout=d.backend_layout)))
+                transfer=opts.transfer, requests=requests, pp_size=d.pp_size, memory_layout=d.backend_layout,
+                permute_local_kv=d.enable_permute_local_kv)))
             for r in range(d.tp_size)
         }
         ready = orc.await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)

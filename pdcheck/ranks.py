@@ -351,7 +351,8 @@ class DecodeRole(_HandshakeRole):
         t1 = time.perf_counter()
         zctx = zmq.Context()
         local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout,
-                      spec.device_id, pp_size=spec.pp_size, memory_layout=spec.memory_layout)
+                      spec.device_id, pp_size=spec.pp_size, memory_layout=spec.memory_layout,
+                      permute_local_kv=spec.permute_local_kv)
         verdicts: dict[str, m.Verdict] = {}
         bypassed: dict[str, m.Verdict] = {}
         transfers: dict[str, m.TransferResult] = {}

@@ -53,6 +53,9 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     # NHD-native backend under NixlConnector's HND, vLLM #46204); None: kv_cache_layout. The metadata still
     # advertises kv_cache_layout.
     backend_layout: Word | None = None
+    # kv_transfer_config's enable_permute_local_kv (decode side, 0.11.1+): accept P's HND (0.32+: LBHNC) into this
+    # side's other layout and permute each received block
+    enable_permute_local_kv: bool = False
     attn_backend: Word = "FLASH_ATTN_VLLM_V1"
     use_mla: bool = False
     host: Annotated[str, msgspec.Meta(max_length=64)] = "127.0.0.1"

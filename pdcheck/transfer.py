@@ -142,7 +142,9 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, g.head_cell_bytes,
                         plain=not g.per_head_view)
     slice_heads = prep.block_len // max(1, g.head_slice_bytes)
-    if (g.per_head_view and not kv.view.heads_first and prep.halves == 1 and prep.local_offset == 0
+    if prep.permuted:  # the release permutes each received block into D's layout: what it read must be HND
+        view = BlockView.of("HND", p_heads, g.block_size, g.head_cell_bytes, plain=not g.per_head_view)
+    elif (g.per_head_view and not kv.view.heads_first and prep.halves == 1 and prep.local_offset == 0
             and prep.rank_offset % g.head_slice_bytes == 0 and slice_heads > 1):
         # D's own blocks are token-major: what it read must be its heads in its order, wherever P put them
         view = SliceView(False, slice_heads, g.block_size, g.head_cell_bytes, first=prep.rank_offset // g.head_slice_bytes)

@@ -361,7 +361,8 @@ def test_nhd_native_backend_validation_and_hazard() -> None:
 
 def _layout_run(pdcheck, tmp_path: Path, prefill: str, decode: str, releases: str) -> dict[str, Any]:
     f = tmp_path / "s.toml"
-    f.write_text(f'[prefill]\nengine_id = "P"\ntp_size = 1\nnum_blocks = 32\nkv_heads = 8\nhead_dim = 64\n'
+    tp1 = "" if "tp_size" in prefill else "tp_size = 1\n"
+    f.write_text(f'[prefill]\nengine_id = "P"\n{tp1}num_blocks = 32\nkv_heads = 8\nhead_dim = 64\n'
                  f'{prefill}\n[decode]\nengine_id = "D"\nnum_blocks = 32\nkv_heads = 8\nhead_dim = 64\n{decode}\n'
                  f'[transfer]\nrequests = 1\nblocks_per_request = 4\n')
     run = pdcheck("handshake", str(f), "--vllm", releases, "--json", timeout=120)
@@ -395,3 +396,23 @@ def test_nhd_native_same_tp_is_fine_and_nhd_head_split_is_caught(pdcheck, tmp_pa
                       "0.14.0,0.26.0")
     assert doc["matrix"]["0.14.0"] == ["silent"] * 4
     assert doc["matrix"]["0.26.0"] == ["error"] * 4 and doc["matrix"]["corrected"] == ["error"] * 4
+
+
+def test_enable_permute_local_kv_per_release(pdcheck, tmp_path: Path) -> None:
+    """D NHD with enable_permute_local_kv against an HND P, D TP 4 / P TP 2: 0.11.1+ accept and permute each block
+    on receive (the proof checks the heads-first slices they read); 0.10.1 has no flag (bare layout assert);
+    0.34 permutes LBHNC into LBNHC only (BLNHC raises); the other direction raises everywhere."""
+    def run(p_layout: str, d_layout: str, releases: str) -> dict[str, Any]:
+        return _layout_run(pdcheck, tmp_path, f'tp_size = 2\nkv_cache_layout = "{p_layout}"',
+                           f'tp_size = 4\nkv_cache_layout = "{d_layout}"\nenable_permute_local_kv = true', releases)
+
+    doc = run("HND", "NHD", "0.10.1,0.11.1,0.14.0,0.26.0,0.34.0")
+    assert doc["matrix"]["0.10.1"] == ["assert"] * 4
+    for rel in ("0.11.1", "0.14.0", "0.26.0", "0.34.0", "corrected"):
+        assert doc["matrix"][rel] == ["ok"] * 4, rel
+        assert all(d["transfer"][rel]["status"] == "ok" for d in doc["decode_ranks"]), rel
+    doc = run("HND", "BLNHC", "0.34.0")
+    assert doc["matrix"]["0.34.0"] == ["error"] * 4
+    assert "receive LBHNC into a local LBNHC cache" in doc["decode_ranks"][0]["verdicts"]["0.34.0"]["message"]
+    doc = run("NHD", "HND", "0.14.0")
+    assert doc["matrix"]["0.14.0"] == doc["matrix"]["corrected"] == ["error"] * 4

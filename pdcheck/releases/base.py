@@ -35,6 +35,7 @@ class Local:
     # The layout the D's bytes really have when its attention backend ignores the connector's (vLLM #46204);
     # None: kv_cache_layout. No release sees it: only the corrected model checks it.
     memory_layout: str | None = None
+    permute_local_kv: bool = False  # kv_transfer_config enable_permute_local_kv (0.11.1+)
 
     @property
     def block_len(self) -> int:
@@ -73,6 +74,8 @@ class Prepared:
     # sub-blocks of block_len // sub_blocks, sub-block i from the request's P block j * sub_blocks + i
     # (get_mapped_blocks); the release then rearranges the tokens in place (a correct permutation, not modelled).
     sub_blocks: int = 1
+    # enable_permute_local_kv took effect: P's heads-first bytes are read and permuted into D's layout on receive
+    permuted: bool = False
 
 
 @dataclass

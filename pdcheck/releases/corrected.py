@@ -67,7 +67,7 @@ def _prep(c: Ctx) -> None:
         p_rank=c.remote_tp_rank, agent=c.state.remote_agents[c.engine_id][c.remote_tp_rank],
         dlist_blocks=c.meta.num_blocks, block_len=read_len, remote_block_len=rlen, rank_offset=rank_offset,
         local_offset=local_offset, device_id=dev, base_addrs=list(c.meta.kv_caches_base_addr), halves=halves,
-        sub_blocks=bsr,
+        sub_blocks=bsr, permuted=rules.permute_active(c),
     )
     c.io.prep_remote(prepared, "DRAM")
     c.state.prepared[c.remote_tp_rank] = prepared
@@ -87,6 +87,13 @@ def _head_split(c: Ctx) -> bool:
     into one of its own (P TP > D TP)."""
     _rank, d_tp, p_tp, heads, mla = _split(c)
     return not mla and max(1, heads // d_tp) != max(1, heads // p_tp)
+
+
+def _layout_ok(c: Ctx) -> bool:
+    """Equal layouts, or (enable_permute_local_kv) a heads-first P whose slices D permutes into its own layout."""
+    if rules.layout_enum(c.meta.kv_cache_layout) == rules.layout_enum(c.local.kv_cache_layout):
+        return True
+    return c.local.permute_local_kv and heads_first(c.meta.kv_cache_layout or "")
 
 
 def _split_layout_ok(c: Ctx) -> bool:
@@ -133,15 +140,15 @@ MODEL = ReleaseModel(
               lambda c: c.meta.attn_backend_name in (None, c.local.backend_name),
               message=lambda c: f"refused: attention backend P={c.meta.attn_backend_name} D={c.local.backend_name}",
               exc="RuntimeError", hazard="H10"),
-        Check("kv_cache_layout", "meta.kv_cache_layout == local.kv_cache_layout",
-              lambda c: rules.layout_enum(c.meta.kv_cache_layout) == rules.layout_enum(c.local.kv_cache_layout),
-              when=_layout_known,
+        Check("kv_cache_layout", "meta.kv_cache_layout == local.kv_cache_layout (or permuted on receive)",
+              _layout_ok, when=_layout_known,
               message=lambda c: f"refused: kv_cache_layout P={c.meta.kv_cache_layout} D={c.local.kv_cache_layout}",
               exc="RuntimeError", hazard="H09"),
         # The one incompatibility the metadata cannot show: the bytes' real order. D knows its own backend's (P
         # serves the same model, so it has the same); a head split of token-major blocks permutes heads.
         Check("head_split_layout", "heads_first(local memory layout) where heads split",
-              _split_layout_ok, when=_head_split, message=_split_layout_msg, exc="RuntimeError", hazard="H09"),
+              _split_layout_ok, when=lambda c: _head_split(c) and not rules.permute_active(c),
+              message=_split_layout_msg, exc="RuntimeError", hazard="H09"),
         Check("block_size_divides", "meta.block_size divides local.block_size",
               _block_size_ok, when=lambda c: c.meta.block_size is not None,
               message=lambda c: f"refused: P block_size {c.meta.block_size}, D block_size {c.local.block_size}: D's "
