@@ -223,6 +223,10 @@ def _kv_transfer(args: str) -> dict[str, str]:
         v = re.search(rf"['\"]?{key}['\"]?\s*[:=]\s*['\"](?P<v>[^'\"]*)['\"]", m.group("v"))
         if v:
             out[key] = v.group("v")
+    # a KVTransferConfig field from 0.11.1 (its repr prints it; a JSON --kv-transfer-config may quote it)
+    v = re.search(r"['\"]?enable_permute_local_kv['\"]?\s*[:=]\s*['\"]?(?P<v>True|False|true|false)", m.group("v"))
+    if v:
+        out["enable_permute_local_kv"] = v.group("v")
     return out
 
 
@@ -287,7 +291,8 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
                 if (v := _arg(args, key)) is not None and "model" not in f:
                     put("model", v, n, label, f"non-default args {key}={v!r}")
             for key, val in _kv_transfer(args).items():
-                put(key, val, n, label, f"non-default args kv_transfer_config {key}={val!r}")
+                put(key, val.lower() == "true" if key == "enable_permute_local_kv" else val, n, label,
+                    f"non-default args kv_transfer_config {key}={val!r}")
         elif "Detected kv cache layout" in line and (m := _LAYOUT.search(line)) is not None:
             label = _process(line)[0]
             lay = m.group("layout")
@@ -448,10 +453,11 @@ def _per_rank_note(facts: LogFacts) -> str:
 
 # ------------------------------------------------------------------------------------------- the scenario
 SCENARIO_KEYS = ("tp_size", "dp_size", "pp_size", "num_blocks", "block_size", "layers", "kv_heads", "head_dim",
-                 "dtype", "cache_dtype", "kv_cache_layout", "attn_backend", "use_mla", "dp_rank", "model", "engine_id")
+                 "dtype", "cache_dtype", "kv_cache_layout", "enable_permute_local_kv", "attn_backend", "use_mla", "dp_rank",
+                 "model", "engine_id")
 # Read when the log has them, the scenario default otherwise, and not worth a "missing" line (1 and auto are the
 # defaults vLLM prints nothing else for).
-OPTIONAL_KEYS = ("dp_rank", "model", "dp_size", "pp_size", "cache_dtype")
+OPTIONAL_KEYS = ("dp_rank", "model", "dp_size", "pp_size", "cache_dtype", "enable_permute_local_kv")
 ALWAYS_MISSING = {"layers": "not logged by any release",
                   "kv_cache_layout": "not logged at INFO before 0.26 ('Detected kv cache layout')"}
 # Keys P and D share when they serve one model: read on one side only, the other side takes that value

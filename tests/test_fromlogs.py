@@ -360,6 +360,13 @@ def test_mla_from_a_0_26_log_is_one_latent_head() -> None:
     assert v["use_mla"] is True and v["kv_heads"] == 1
 
 
+def test_enable_permute_local_kv_from_the_kv_transfer_config() -> None:
+    lines = _log_0_26("d", dp=1)
+    lines[1] = lines[1].replace("kv_role='kv_both')", "kv_role='kv_both', enable_permute_local_kv=True)")
+    assert _parse("\n".join(lines)).fields["enable_permute_local_kv"].value is True
+    assert "enable_permute_local_kv" not in _parse("\n".join(_log_0_26("d", dp=1))).fields
+
+
 def test_unmodelled_cache_dtype_is_a_note_not_a_key() -> None:
     facts = _parse("\n".join(_log_0_26("p", dp=1, cache="fp8_ds_mla")))
     assert "cache_dtype" not in facts.fields and any("fp8_ds_mla" in n for n in facts.notes)
