@@ -74,6 +74,41 @@ def run(plan: Plan) -> RunResult:
 
 
 
+def _serve_idle(plan: Plan) -> tuple[dict[int, m.PrefillFinal], dict[str, str], list[str]]:
+    """A prefill DP rank no decode DP rank reaches: its TP group starts (KV cache, NIXL agent), opens its side
+    channel at its own port and serves nobody until stopped. (finals, nodes, harness lines)."""
+    assert plan.ports is not None
+    opts, p = plan.options, plan.scenario.prefill
+    harness: list[str] = []
+    with launcher(plan.ray, opts.start_timeout_s) as lau, ExitStack() as held:
+        reserved = orc.reserve_layout(held, p.host, plan.ports, contacted=False) \
+            if plan.ports.fixed and plan.ray is None else {}
+        where = lau.place([("P", r) for r in range(p.tp_size)], gpu=opts.device == "cuda")
+        p_host = {r: where["P", r].host or p.host for r in range(p.tp_size)}
+        p_ranks = {
+            r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+                engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
+                device_id=p.device_id(r), device=opts.device, host=p_host[r], geometry=plan.p_geometry,
+                kv_cache_layout=p.kv_cache_layout, inject=m.Inject(), memory_layout=p.backend_layout)))
+            for r in range(p.tp_size)
+        }
+        ready = orc.await_ready(lau, list(p_ranks.values()), opts.start_timeout_s, opts.progress)
+        values = {r: ready[orc.RankId("P", r)][1] for r in p_ranks}
+        orc.release_served(reserved, plan.ports)
+        for r, rank in p_ranks.items():
+            rank.send(m.Serve(plan.ports.listeners[r], values))
+        orc.await_serving(lau, p_ranks, plan.ports.listeners, opts.start_timeout_s, opts.progress)
+        orc.send_all(p_ranks.values(), m.Stop())
+        finals: dict[int, m.PrefillFinal] = {}
+        for rank, msg in lau.events(list(p_ranks.values()), time.monotonic() + opts.run_timeout_s):
+            if isinstance(msg, m.PrefillFinal):
+                finals[rank.tp_rank] = msg
+                rank.done = True
+            elif msg is None and rank.tp_rank not in finals:
+                harness.append(f"{rank.id} died after start-up: it {rank.ended()}")
+    return finals, {f"P rank {r}": pl.node for (_role, r), pl in where.items()}, harness
+
+
 def _run_dp(plan: Plan) -> RunResult:
     """Data parallel: each decode DP rank's TP group with the TP group that answers at the port it contacts, one
     pair after the other (real ranks, side channels and NIXL agents each time), merged with flat rank indices:
@@ -101,5 +136,11 @@ def _run_dp(plan: Plan) -> RunResult:
             nodes[f"{role} {off + int(idx)}"] = node
         start, run_s, total = start + res.timings.start_s, run_s + res.timings.run_s, total + res.timings.total_s
         setup.update({f"DP{rt.d_dp} {k}": ms for k, ms in res.timings.setup_ms.items()})
+    for g in plan.dp_idle:  # every prefill DP rank runs, reached or not
+        k = g.route.reached
+        finals, where, lines = _serve_idle(msgspec.structs.replace(g.plan, options=plan.options))
+        prefill.update({k * p_tp + r: v for r, v in finals.items()})
+        nodes.update({f"P rank {k * p_tp + int(label.rpartition(' ')[2])}": node for label, node in where.items()})
+        harness += [f"prefill DP rank {k} (reached by no decode DP rank): {h}" for h in lines]
     return RunResult(sc, plan.releases, plan.options.device, requests, decode, prefill, harness,
                      Timings(start_s=start, run_s=run_s, total_s=total, setup_ms=setup), nodes)

@@ -79,6 +79,13 @@ def test_dp_scenario_wrong_port_and_host_unset() -> None:
     assert sub.remote_engine_id() == "P_dp1"
 
 
+def test_unreached_prefill_dp_ranks_are_planned_to_start() -> None:
+    plan = build(_dp2(kv_transfer_params={"dp_port": "dp0"}), None, RunOptions())
+    assert [g.route.reached for g in plan.dp] == [0, 0]
+    assert [(g.route.reached, g.plan.scenario.prefill.engine_id) for g in plan.dp_idle] == [(1, "P_dp1")]
+    assert build(_dp2(), None, RunOptions()).dp_idle == []
+
+
 def test_dp1_plan_unchanged() -> None:
     plan = build(_sc(), None, RunOptions())
     assert plan.dp == [] and plan.kv_owner is None
@@ -228,6 +235,8 @@ def test_dp2_tp2_real_ranks_per_dp_rank_verdicts(pdcheck) -> None:
             assert v92["status"] == "error" and v92["exception"] == "KeyError"
     # every P DP rank that answered ran as its own TP group
     assert {(p["dp_rank"], p["tp_rank"]) for p in doc["prefill_ranks"] if p["requests_served"]} == {(0, 0), (0, 1)}
+    # prefill DP rank 1, which no decode DP rank reaches (the proxy hands out DP rank 0's port), started too
+    assert {(p["dp_rank"], p["tp_rank"]) for p in doc["prefill_ranks"] if p["requests_served"] == 0} == {(1, 0), (1, 1)}
     assert [h["id"] for h in doc["hazards"] if h["applies"]] == ["H20"]
 
 
