@@ -4,9 +4,13 @@ Pure: text in, facts and a scenario document out (read_log is the only function 
 What each release line prints, as read from the release wheels (no vLLM code is used here):
 
 * every release: `Initializing a V1 LLM engine (v<release>) with config: model='...', dtype=torch.<x>, ...,
-  tensor_parallel_size=N, ... kv_cache_dtype=<x>, ...`; `vLLM API server version <release>` (up to 0.1x)
-  or `vLLM server version <release>, serving model ...` (later); the API server's
-  `non-default args: {...}` with tensor_parallel_size, data_parallel_size, block_size and kv_transfer_config.
+  tensor_parallel_size=N, pipeline_parallel_size=N, [data_parallel_size=N (0.11+),] ... kv_cache_dtype=<x>, ...`;
+  `vLLM API server version <release>` (up to 0.1x) or `vLLM server version <release>, serving model ...` (later);
+  the API server's `non-default args: {...}` with tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
+  block_size, kv_cache_dtype and kv_transfer_config (0.9.2 prints data_parallel_size only there).
+* 0.26+: per worker, INFO `Detected kv cache layout HND` (0.34: `LBHNC`/`LBNHC`; DEBUG before 0.26) and
+  `Detected attention backend(s) ['FLASH_ATTN']`. At DEBUG (0.14+): `NIXL compatibility hash: <h> (model=..,
+  dtype=.., num_kv_heads=N, cache_dtype=.., attn_backend=..)`, N the model's total KV heads.
 * 0.9.1 - 0.10.x: per worker, INFO `Registering KV_Caches: use_mla: .., num_blocks: N, block_shape:
   torch.Size([block_size, kv_heads_per_rank, head_dim]), per_layer_kv_cache_shape: torch.Size([...])`
   (0.10.1+: `Registering KV_Caches. use_mla: .., kv_buffer_device: .., use_host_buffer: .., num_blocks: ...`).
@@ -31,6 +35,7 @@ from typing import Any
 
 from pdcheck import bounds
 from pdcheck.errors import BadInput
+from pdcheck.scenario import CACHE_DTYPES, LAYOUTS
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _PREFIX = re.compile(r"\((?P<name>[A-Za-z_][\w ]*?(?: rank=\d+)?) pid=(?P<pid>\d+)\)")
@@ -43,6 +48,10 @@ _KV_SIZE = re.compile(r"(?:GPU|[A-Z]{2,}(?: \+ host)?) KV cache size: (?P<tokens
 _ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v(?P<ver>[^)\s]+)\) with config: (?P<cfg>.*)")
 _SERVER_VER = re.compile(r"vLLM (?:API )?server version (?P<ver>[0-9][\w.+-]*?)(?:,|\s|$)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*\})")
+_LAYOUT = re.compile(r"Detected kv cache layout (?P<layout>[A-Z]{3,6})\b")
+_DETECTED_BACKEND = re.compile(r"Detected attention backend\(s\) \[['\"](?P<name>[A-Z0-9_]+)['\"]")
+_COMPAT = re.compile(r"NIXL compatibility hash: \S+ \(model=(?P<model>.*?), dtype=(?P<dtype>[\w.]+), "
+                     r"num_kv_heads=(?P<heads>\d+), cache_dtype=(?P<cache>\w+), attn_backend=(?P<backend>\w+)\)")
 _BACKEND_09 = re.compile(r"Using (?P<name>Flash Attention|FlashInfer|FlashMLA|Triton MLA|Cutlass MLA|Triton|"
                          r"FlexAttenion|FlexAttention) backend")
 _BACKEND = re.compile(r"Using (?:AttentionBackendEnum\.|_Backend\.)?(?P<name>[A-Z0-9_]*(?:ATTN|FLASH|MLA|TRITON|FLEX|"
@@ -214,6 +223,10 @@ def _kv_transfer(args: str) -> dict[str, str]:
         v = re.search(rf"['\"]?{key}['\"]?\s*[:=]\s*['\"](?P<v>[^'\"]*)['\"]", m.group("v"))
         if v:
             out[key] = v.group("v")
+    # a KVTransferConfig field from 0.11.1 (its repr prints it; a JSON --kv-transfer-config may quote it)
+    v = re.search(r"['\"]?enable_permute_local_kv['\"]?\s*[:=]\s*['\"]?(?P<v>True|False|true|false)", m.group("v"))
+    if v:
+        out["enable_permute_local_kv"] = v.group("v")
     return out
 
 
@@ -248,13 +261,15 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             label = _process(line)[0]
             put("vllm", m.group("ver"), n, label, f"Initializing a V1 LLM engine (v{m.group('ver')})")
             cfg = m.group("cfg")
-            for key, conv in (("tensor_parallel_size", int), ("data_parallel_size", int)):
+            for key, skey in _SIZE_ARGS:
                 if (v := _cfg(cfg, key)) is not None and v.isdigit():
-                    put({"tensor_parallel_size": "tp_size", "data_parallel_size": "dp_size"}[key], conv(v), n,
-                        label, f"engine config {key}={v}")
+                    put(skey, int(v), n, label, f"engine config {key}={v}")
             if (v := _cfg(cfg, "model")) is not None:
                 put("model", v, n, label, f"engine config model={v!r}")
             kvd, dt = _cfg(cfg, "kv_cache_dtype"), _cfg(cfg, "dtype")
+            if kvd:
+                _cache_dtype(facts, kvd, f"{name}:{n}{f' ({label})' if label else ''}: engine config "
+                             f"kv_cache_dtype={kvd}")
             if kvd and kvd != "auto":
                 put("dtype", "fp8" if kvd.startswith("fp8") else _TORCH_DTYPES.get(kvd, kvd), n, label,
                     f"engine config kv_cache_dtype={kvd}")
@@ -266,24 +281,62 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
         elif "non-default args" in line and (m := _NON_DEFAULT.search(line)) is not None:
             args = m.group("args")
             label = _process(line)[0]
-            for key, skey in (("tensor_parallel_size", "tp_size"), ("data_parallel_size", "dp_size"),
-                              ("block_size", "block_size")):
+            for key, skey in (*_SIZE_ARGS, ("block_size", "block_size")):
                 if (v := _arg(args, key)) is not None and v.isdigit():
                     put(skey, int(v), n, label, f"non-default args {key}={v}", first=False)
+            if (v := _arg(args, "kv_cache_dtype")) is not None:
+                _cache_dtype(facts, v, f"{name}:{n}{f' ({label})' if label else ''}: non-default args "
+                             f"kv_cache_dtype={v!r}", first=False)
             for key in ("model", "model_tag"):
                 if (v := _arg(args, key)) is not None and "model" not in f:
                     put("model", v, n, label, f"non-default args {key}={v!r}")
             for key, val in _kv_transfer(args).items():
-                put(key, val, n, label, f"non-default args kv_transfer_config {key}={val!r}")
+                put(key, val.lower() == "true" if key == "enable_permute_local_kv" else val, n, label,
+                    f"non-default args kv_transfer_config {key}={val!r}")
+        elif "Detected kv cache layout" in line and (m := _LAYOUT.search(line)) is not None:
+            label = _process(line)[0]
+            lay = m.group("layout")
+            if lay in LAYOUTS:
+                put("kv_cache_layout", lay, n, label, f"Detected kv cache layout {lay}")
+            else:
+                facts.notes.append(f"line {n}: kv cache layout {lay!r} is not one pdcheck models ({', '.join(LAYOUTS)})")
+        elif "NIXL compatibility hash" in line and (m := _COMPAT.search(line)) is not None:
+            label = _process(line)[0]  # DEBUG (0.14+): the hash's own factors
+            put("kv_heads", int(m.group("heads")), n, label, f"NIXL compatibility hash num_kv_heads={m.group('heads')}")
+            _cache_dtype(facts, m.group("cache"), f"{name}:{n}{f' ({label})' if label else ''}: NIXL compatibility "
+                         f"hash cache_dtype={m.group('cache')}")
+            backends.append(Found(m.group("backend"), f"{name}:{n}: NIXL compatibility hash attn_backend="
+                                  f"{m.group('backend')}"))
+        elif "Detected attention backend" in line and (m := _DETECTED_BACKEND.search(line)) is not None:
+            backends.append(Found(m.group("name"), f"{name}:{n}: Detected attention backend(s) [{m.group('name')!r}]"))
         elif "backend" in line and (m := _BACKEND_09.search(line) or _BACKEND.search(line)) is not None:
             nm = m.group("name")
             backends.append(Found(_BACKEND_NAMES.get(nm, nm), f"{name}:{n}: Using {nm} backend"))
 
     if backends:
         f.setdefault("attn_backend", backends[0])
+        if "MLA" in backends[0].value and not regs:  # an MLA backend serves MLA models only
+            f["use_mla"] = Found(True, backends[0].where + " (an MLA backend)")
+            f.setdefault("kv_heads", Found(1, backends[0].where + " (MLA: one latent head)"))
     _registrations(facts, regs, dp_rank)
     _kv_size(facts, kv_sizes, dp_rank)
     return facts
+
+
+_SIZE_ARGS = (("tensor_parallel_size", "tp_size"), ("pipeline_parallel_size", "pp_size"),
+              ("data_parallel_size", "dp_size"))
+
+
+def _cache_dtype(facts: LogFacts, value: str, where: str, *, first: bool = True) -> None:
+    """--kv-cache-dtype as written (a compat-hash factor from 0.13, so 'fp8' and 'fp8_e4m3' differ); one pdcheck
+    does not model (fp8_inc, fp8_ds_mla, ...) becomes a note and stays out of the scenario."""
+    if first and "cache_dtype" in facts.fields:
+        return
+    if value in CACHE_DTYPES:
+        facts.fields["cache_dtype"] = Found(value, where)
+    elif not any(value in n for n in facts.notes):
+        facts.notes.append(f"kv_cache_dtype {value!r} ({where.split(': ', 1)[0]}) is not one pdcheck models "
+                           f"({', '.join(CACHE_DTYPES)}): cache_dtype left out")
 
 
 def _pick_dp(facts: LogFacts, seen: set[int | None], dp_rank: int | None) -> int | None:
@@ -349,6 +402,8 @@ def _registrations(facts: LogFacts, regs: list[Registration], dp_rank: int | Non
         raise BadInput(f"{facts.name}: Registering KV_Caches lines disagree on use_mla")
     if regs0[0].num_blocks is None:
         facts.notes.append("Registering KV_Caches lines of this release carry no num_blocks or shapes")
+        if regs0[0].use_mla:  # MLA caches one latent per token, replicated on every TP rank
+            f["kv_heads"] = Found(1, f"{facts.name}: Registering KV_Caches use_mla: True (MLA: one latent head)")
         return
     f["num_blocks"] = Found([c.num_blocks for c in regs0],
                             f"{facts.name}: Registering KV_Caches num_blocks per TP rank (rank:line {lines})")
@@ -397,9 +452,14 @@ def _per_rank_note(facts: LogFacts) -> str:
 
 
 # ------------------------------------------------------------------------------------------- the scenario
-SCENARIO_KEYS = ("tp_size", "num_blocks", "block_size", "layers", "kv_heads", "head_dim", "dtype",
-                 "kv_cache_layout", "attn_backend", "use_mla", "dp_rank", "model", "engine_id")
-ALWAYS_MISSING = {"layers": "not logged by any release", "kv_cache_layout": "not logged at INFO"}
+SCENARIO_KEYS = ("tp_size", "dp_size", "pp_size", "num_blocks", "block_size", "layers", "kv_heads", "head_dim",
+                 "dtype", "cache_dtype", "kv_cache_layout", "enable_permute_local_kv", "attn_backend", "use_mla", "dp_rank",
+                 "model", "engine_id")
+# Read when the log has them, the scenario default otherwise, and not worth a "missing" line (1 and auto are the
+# defaults vLLM prints nothing else for).
+OPTIONAL_KEYS = ("dp_rank", "model", "dp_size", "pp_size", "cache_dtype", "enable_permute_local_kv")
+ALWAYS_MISSING = {"layers": "not logged by any release",
+                  "kv_cache_layout": "not logged at INFO before 0.26 ('Detected kv cache layout')"}
 # Keys P and D share when they serve one model: read on one side only, the other side takes that value
 # rather than a default that would differ from it and raise a mismatch the deployment does not have.
 SHARED_MODEL_KEYS = ("kv_heads", "head_dim", "dtype", "use_mla", "attn_backend", "model", "block_size")
@@ -429,13 +489,19 @@ def build(p: LogFacts, d: LogFacts, p_path: str, d_path: str) -> FromLogs:
             if key in facts.fields:
                 inst[key] = facts.fields[key].value
                 sources[side][key] = "from " + facts.fields[key].where
-            elif key in ("dp_rank", "model"):
+            elif key in OPTIONAL_KEYS:
                 continue
             elif key == "engine_id":
                 inst[key] = f"{side}-engine"
                 sources[side][key] = "not in the log (no kv_transfer_config engine_id): a placeholder"
             else:
                 missing[side][key] = ALWAYS_MISSING.get(key, "not in the log") + "; the scenario default is used"
+        if inst.get("dp_size", 1) > 1 and "dp_rank" in inst:
+            # every DP rank runs (scenario: dp_rank only with dp_size 1); they take the read rank's counts
+            dp = inst.pop("dp_rank")
+            sources[side].pop("dp_rank", None)
+            notes[side].append(f"data_parallel_size {inst['dp_size']}: the scenario runs every DP rank, each with "
+                               f"DP rank {dp}'s num_blocks and geometry (--dp-rank N reads another)")
         doc[side] = inst
     for side, other in (("prefill", "decode"), ("decode", "prefill")):
         for key in SHARED_MODEL_KEYS:

@@ -38,7 +38,7 @@ def run(plan: Plan) -> RunResult:
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p_host[r],
                 geometry=plan.p_geometry, kv_cache_layout=p.kv_cache_layout,
-                inject=opts.inject)))
+                inject=opts.inject, memory_layout=p.backend_layout)))
             for r in range(p.tp_size)
         }
         d_ranks = {
@@ -48,7 +48,8 @@ def run(plan: Plan) -> RunResult:
                 kv_cache_layout=d.kv_cache_layout, releases=d_rels,
                 p_host=p_host[0], p_engine_tag=engine_tag(plan.kv_owner or p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
-                transfer=opts.transfer, requests=requests, pp_size=d.pp_size)))
+                transfer=opts.transfer, requests=requests, pp_size=d.pp_size, memory_layout=d.backend_layout,
+                permute_local_kv=d.enable_permute_local_kv)))
             for r in range(d.tp_size)
         }
         ready = orc.await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
@@ -71,6 +72,41 @@ def run(plan: Plan) -> RunResult:
     return RunResult(sc, plan.releases, opts.device, requests, results, p_final, harness, timings,
                      {f"{role} rank {r}": pl.node for (role, r), pl in where.items()})
 
+
+
+def _serve_idle(plan: Plan) -> tuple[dict[int, m.PrefillFinal], dict[str, str], list[str]]:
+    """A prefill DP rank no decode DP rank reaches: its TP group starts (KV cache, NIXL agent), opens its side
+    channel at its own port and serves nobody until stopped. (finals, nodes, harness lines)."""
+    assert plan.ports is not None
+    opts, p = plan.options, plan.scenario.prefill
+    harness: list[str] = []
+    with launcher(plan.ray, opts.start_timeout_s) as lau, ExitStack() as held:
+        reserved = orc.reserve_layout(held, p.host, plan.ports, contacted=False) \
+            if plan.ports.fixed and plan.ray is None else {}
+        where = lau.place([("P", r) for r in range(p.tp_size)], gpu=opts.device == "cuda")
+        p_host = {r: where["P", r].host or p.host for r in range(p.tp_size)}
+        p_ranks = {
+            r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+                engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
+                device_id=p.device_id(r), device=opts.device, host=p_host[r], geometry=plan.p_geometry,
+                kv_cache_layout=p.kv_cache_layout, inject=m.Inject(), memory_layout=p.backend_layout)))
+            for r in range(p.tp_size)
+        }
+        ready = orc.await_ready(lau, list(p_ranks.values()), opts.start_timeout_s, opts.progress)
+        values = {r: ready[orc.RankId("P", r)][1] for r in p_ranks}
+        orc.release_served(reserved, plan.ports)
+        for r, rank in p_ranks.items():
+            rank.send(m.Serve(plan.ports.listeners[r], values))
+        orc.await_serving(lau, p_ranks, plan.ports.listeners, opts.start_timeout_s, opts.progress)
+        orc.send_all(p_ranks.values(), m.Stop())
+        finals: dict[int, m.PrefillFinal] = {}
+        for rank, msg in lau.events(list(p_ranks.values()), time.monotonic() + opts.run_timeout_s):
+            if isinstance(msg, m.PrefillFinal):
+                finals[rank.tp_rank] = msg
+                rank.done = True
+            elif msg is None and rank.tp_rank not in finals:
+                harness.append(f"{rank.id} died after start-up: it {rank.ended()}")
+    return finals, {f"P rank {r}": pl.node for (_role, r), pl in where.items()}, harness
 
 
 def _run_dp(plan: Plan) -> RunResult:
@@ -100,5 +136,11 @@ def _run_dp(plan: Plan) -> RunResult:
             nodes[f"{role} {off + int(idx)}"] = node
         start, run_s, total = start + res.timings.start_s, run_s + res.timings.run_s, total + res.timings.total_s
         setup.update({f"DP{rt.d_dp} {k}": ms for k, ms in res.timings.setup_ms.items()})
+    for g in plan.dp_idle:  # every prefill DP rank runs, reached or not
+        k = g.route.reached
+        finals, where, lines = _serve_idle(msgspec.structs.replace(g.plan, options=plan.options))
+        prefill.update({k * p_tp + r: v for r, v in finals.items()})
+        nodes.update({f"P rank {k * p_tp + int(label.rpartition(' ')[2])}": node for label, node in where.items()})
+        harness += [f"prefill DP rank {k} (reached by no decode DP rank): {h}" for h in lines]
     return RunResult(sc, plan.releases, plan.options.device, requests, decode, prefill, harness,
                      Timings(start_s=start, run_s=run_s, total_s=total, setup_ms=setup), nodes)

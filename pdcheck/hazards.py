@@ -58,6 +58,7 @@ CATALOGUE: dict[str, str] = {
 SHAPE_CATALOGUE: dict[str, str] = {
     "X01": "pipeline parallel stages",
     "X10": "hybrid KV-cache groups (sliding window, Mamba/SSM)",
+    "X02": "attention backend ignores the connector's KV layout",
 }
 
 CORRECTED = "corrected"
@@ -512,17 +513,33 @@ def _h07(f: Facts, rels: Rels) -> Hazard:
     return _yes("H07", detail, effects)
 
 
-def _h07_corrected(f: Facts, rels: Rels) -> str:
-    """The corrected model checks the block length before the block size (releases.corrected): a block size
-    that changes the block length is refused by the length check, with the same bytes as H08's line."""
-    pl, exp = f.pg.block_len, corrected_block_len(f, f.params_tp)
-    if exp != pl:
-        return f"refused by the block length check first (H08): P block is {pl} B, D expects {exp} B"
+def _corrected_bsr(f: Facts, rels: Rels) -> int | None:
+    """D's block in P blocks as the corrected model reads it: None where P (era A-E) advertises no block_size (the
+    block length decides), 0 where P's does not divide D's (refused)."""
     p_rel = _p_release(f) or (rels[-1] if rels else None)  # the P the corrected D meets (handshake's profiles)
     if p_rel is not None and p_rel.wire in _PRE_DEVICE_WIRES:
-        return (f"undetected: P (era {p_rel.wire}) does not advertise block_size and the block length matches: "
-                "tokens land in the wrong slots")
-    return f"refused: P block_size {f.p.block_size} != D block_size {f.d.block_size}"
+        return None
+    p_bs, d_bs = f.p.block_size, f.d.block_size
+    return d_bs // p_bs if d_bs % p_bs == 0 else 0
+
+
+def _h07_corrected(f: Facts, rels: Rels) -> str:
+    """The corrected model checks an advertised block size first (P's must divide D's: its blocks are read into
+    D's sub-blocks), then the block length (releases.corrected)."""
+    bsr = _corrected_bsr(f, rels)
+    pl = f.pg.block_len
+    if bsr == 0:
+        return (f"refused: P block_size {f.p.block_size}, D block_size {f.d.block_size}: D's block must be a whole "
+                "number of P's")
+    exp = corrected_block_len(f, f.params_tp) // (bsr or 1)
+    if exp != pl:
+        first = " first" if bsr is None else ""  # with no block_size advertised, the length decides
+        return f"refused by the block length check{first} (H08): P block is {pl} B, D expects {exp} B"
+    if bsr is None:
+        return ("undetected: P (era A-E) does not advertise block_size and the block length matches: tokens land "
+                "in the wrong slots")
+    return (f"accepted: D's {f.d.block_size}-token block is {bsr} of P's; each is read into one of its sub-blocks "
+            "(get_mapped_blocks) and rearranged on receive")
 
 
 def _h08(f: Facts, rels: Rels) -> Hazard:
@@ -552,8 +569,11 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
             "heads": (f"`remote_len == local_len * remote_heads // local_heads` fails (SPLIT region 0: {pl} B vs "
                       f"{exp} B)"),
         }[kind]
-    exp = corrected_block_len(f, f.params_tp)
-    if exp != pl:
+    bsr = _corrected_bsr(f, rels)
+    exp = corrected_block_len(f, f.params_tp) // (bsr or 1)
+    if bsr == 0:
+        effects[CORRECTED] = "not reached: the block-size check refuses first (H07)"
+    elif exp != pl:
         effects[CORRECTED] = f"refused: P block is {pl} B, D expects {exp} B"
     if not effects:
         return _no("H08", f"P block_len {pl} B matches what every release expects")
@@ -927,6 +947,19 @@ def _x10(f: Facts, rels: Rels) -> Hazard:
     return _yes("X10", detail, effects)
 
 
+def _x02(f: Facts, rels: Rels) -> Hazard:
+    """A backend that writes another layout than the one vLLM resolved and the metadata advertises (#46204)."""
+    sides = [f"{side}'s backend writes {i.backend_layout}, its metadata says {i.kv_cache_layout}"
+             for side, i in (("prefill", f.p), ("decode", f.d))
+             if i.backend_layout is not None and i.backend_layout != i.kv_cache_layout]
+    split = f.dg.total_kv_heads // f.d_tp != f.pg.total_kv_heads // f.p_tp
+    effects = {rel.name: shapes.backend_layout_effect(rel, f.p.memory_layout(), f.d.memory_layout(), split,
+                                                      f.dg.use_mla) for rel in rels}
+    effects[CORRECTED] = ("refused where heads split: D checks its own backend's layout (a head slice needs heads-first "
+                          "blocks)" if split and not f.dg.use_mla else "whole blocks: accepted")
+    return _yes("X02", "; ".join(sides), effects)
+
+
 def _name(hid: str) -> str:
     return CATALOGUE.get(hid) or SHAPE_CATALOGUE[hid]
 
@@ -956,4 +989,6 @@ def evaluate(sc: Scenario, releases: Sequence[ReleaseModel]) -> list[Hazard]:
         out.append(_x01(f, rels))
     if any(i.kv_groups or i.hma is not None for i in (sc.prefill, sc.decode)):
         out.append(_x10(f, rels))
+    if any(i.backend_layout not in (None, i.kv_cache_layout) for i in (sc.prefill, sc.decode)):
+        out.append(_x02(f, rels))
     return out

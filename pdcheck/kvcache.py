@@ -232,6 +232,29 @@ class BlockView:
         return (head * np.uint64(self.block_size) + token) * hb + offsets % hb
 
 
+@dataclass(frozen=True)
+class SliceView(BlockView):
+    """What a D rank with token-major (NHD) blocks of `heads` heads must find in the bytes it read at P's head
+    `first`: the logical offset of each of its (head, token) cells. Its attention reads byte x of its block as
+    token x // (heads * head_bytes), head first + (x // head_bytes) % heads; a byte range of a P block that is a
+    head slice only when heads come first holds other heads or tokens otherwise (vLLM #46204)."""
+
+    first: int = 0
+
+    def logical(self, offsets: np.ndarray) -> np.ndarray:
+        hb, bs = np.uint64(self.head_bytes), np.uint64(self.block_size)
+        x = offsets - np.uint64(self.first) * bs * hb  # offsets start at the slice (start = its byte offset)
+        token = x // (hb * np.uint64(self.heads))
+        head = (x // hb) % np.uint64(self.heads) + np.uint64(self.first)
+        return (head * bs + token) * hb + x % hb
+
+
+def head_token(geometry: Geometry, logical: int) -> tuple[int, int]:
+    """(head within its P rank's block, token) of a logical (heads-first) byte offset."""
+    hb = geometry.head_cell_bytes
+    return logical // (geometry.block_size * hb), (logical // hb) % geometry.block_size
+
+
 PLAIN = BlockView()
 
 

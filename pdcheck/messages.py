@@ -46,6 +46,7 @@ class PrefillSpec(RankSpec, frozen=True):
     inject: Inject
     log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
     tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
+    memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
 
 
 class ListenerSpec(msgspec.Struct, frozen=True):
@@ -78,6 +79,8 @@ class DecodeSpec(RankSpec, frozen=True):
     requests: list[Req]
     live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
     pp_size: int = 1  # the D engine's pipeline parallel stages (issue #17)
+    memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
+    permute_local_kv: bool = False  # kv_transfer_config enable_permute_local_kv
 
 
 # ---- launcher <-> rank traffic ----------------------------------------------------------------------

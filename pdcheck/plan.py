@@ -70,6 +70,9 @@ class Plan(msgspec.Struct, frozen=True):
     # Data parallel (dp_size > 1 on a side): one group per decode DP rank, each a full plan of its TP groups
     # (run one after the other); empty: one TP group per side, as always.
     dp: list[DpGroup] = []
+    # Prefill DP ranks no decode DP rank reaches: each still a real TP group that starts and listens at its own
+    # side channel (its plan's P side only), as every DP rank of an engine does
+    dp_idle: list[DpGroup] = []
     kv_owner: str | None = None  # the engine whose blocks hold the requests' KV; None: the prefill engine
 
     @property
@@ -171,9 +174,13 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
             sub = build(dp_scenario(sc, rt), vllm, options, ray=ray, where=where)
             owner = ports.dp_engine_id(sc.prefill.engine_id, rt.routed, sc.prefill.dp_size)
             groups.append(DpGroup(rt, msgspec.structs.replace(sub, kv_owner=owner)))
+        reached = {g.route.reached for g in groups if g.route.reached_side == "prefill"}
+        idle = [DpGroup(rt, build(dp_scenario(sc, rt), vllm, options, ray=ray, where=where))
+                for k in range(sc.prefill.dp_size) if k not in reached
+                for rt in [ports.DpRoute(0, k, k, "prefill")]]
         first = groups[0].plan
         return Plan(sc, releases, p_own, first.p_geometry, first.d_geometry, options, first.ports,
-                    first.d_releases, first.requests, ray, dp=groups)
+                    first.d_releases, first.requests, ray, dp=groups, dp_idle=idle)
     if live is not None:
         p_rel = live_release(sc, p_own, releases)
         # The live P's KV layout on the D side; P's own geometry is probed at run time.

@@ -152,7 +152,8 @@ class _HandshakeRole(Role):
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
         spec = self.spec
         self.kv = KVCache(spec.geometry, spec.num_blocks, spec.device,
-                          _gpu_index(spec.device_id) if spec.device == "cuda" else 0, spec.kv_cache_layout)
+                          _gpu_index(spec.device_id) if spec.device == "cuda" else 0,
+                          spec.memory_layout or spec.kv_cache_layout)
         return self.kv.regions(spec.device_id), self.kv.mem_type
 
 
@@ -351,7 +352,8 @@ class DecodeRole(_HandshakeRole):
         t1 = time.perf_counter()
         zctx = zmq.Context()
         local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout,
-                      spec.device_id, pp_size=spec.pp_size)
+                      spec.device_id, pp_size=spec.pp_size, memory_layout=spec.memory_layout,
+                      permute_local_kv=spec.permute_local_kv)
         verdicts: dict[str, m.Verdict] = {}
         bypassed: dict[str, m.Verdict] = {}
         transfers: dict[str, m.TransferResult] = {}

@@ -49,6 +49,13 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     head_dim: HeadDim = 128
     dtype: Word = "bfloat16"
     kv_cache_layout: Word = "HND"
+    # The layout the attention backend really writes, when it ignores the connector's required layout (an
+    # NHD-native backend under NixlConnector's HND, vLLM #46204); None: kv_cache_layout. The metadata still
+    # advertises kv_cache_layout.
+    backend_layout: Word | None = None
+    # kv_transfer_config's enable_permute_local_kv (decode side, 0.11.1+): accept P's HND (0.32+: LBHNC) into this
+    # side's other layout and permute each received block
+    enable_permute_local_kv: bool = False
     attn_backend: Word = "FLASH_ATTN_VLLM_V1"
     use_mla: bool = False
     host: Annotated[str, msgspec.Meta(max_length=64)] = "127.0.0.1"
@@ -74,6 +81,10 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     def blocks(self) -> list[int]:
         nb = self.num_blocks
         return list(nb) if isinstance(nb, list) else [nb] * self.tp_size
+
+    def memory_layout(self) -> str:
+        """How the KV cache's bytes are really ordered (the backend's layout, else the advertised one)."""
+        return self.backend_layout or self.kv_cache_layout
 
     def device_id(self, tp_rank: int) -> int:
         return self.device_ids[tp_rank] if self.device_ids is not None else tp_rank
@@ -194,6 +205,10 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
         if inst.kv_cache_layout not in LAYOUTS:
             raise BadInput(
                 f"{where}: {side}.kv_cache_layout: expected one of {', '.join(LAYOUTS)}, got {inst.kv_cache_layout!r}"
+            )
+        if inst.backend_layout is not None and inst.backend_layout not in LAYOUTS:
+            raise BadInput(
+                f"{where}: {side}.backend_layout: expected one of {', '.join(LAYOUTS)}, got {inst.backend_layout!r}"
             )
         b.check_host(where, f"{side}.host", inst.host)
         g = inst.geometry()

@@ -151,7 +151,8 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                     engine_id=g.scenario.prefill.engine_id, tp_rank=r, tp_size=tp, num_blocks=p.blocks()[r],
                     device_id=p.device_id(r), device=opts.device, host=host,
                     geometry=pg, kv_cache_layout=p.kv_cache_layout,
-                    inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks)))
+                    inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks,
+                    memory_layout=p.backend_layout)))
                 for k, g in enumerate(groups) for r in range(tp)
             }
             ready = orc.await_ready(lau, list(ranks.values()), opts.start_timeout_s)

@@ -10,13 +10,24 @@ READs nixlagent.Agent.read and the check kvcache.check_blocks: the same three tr
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pdcheck.engine import Outcome
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import CELL, BlockView, KVCache, check_blocks, decode_cell, desc_ids
+from pdcheck.kvcache import (
+    CELL,
+    BlockView,
+    KVCache,
+    SliceView,
+    check_blocks,
+    decode_cell,
+    desc_ids,
+    head_token,
+)
 from pdcheck.messages import Mismatch, Req, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
 from pdcheck.releases import hybrid
@@ -57,7 +68,8 @@ def prove(agent: Agent, kv: KVCache, local: Local, outcome: Outcome, *, correcte
     reads = (hybrid.group_reads(release, kv.geometry) if release is not None
              else [hybrid.GroupRead(0, 0, kv.geometry.num_regions, None)])
     for req in requests:
-        for prep in outcome.prepared:
+        for prep in _sub_blocks(outcome.prepared, kv.block_len):
+            prep, req = prep[0], _mapped(req, prep[1], prep[0])
             stride = prep.dlist_blocks if corrected else (outcome.stride or prep.dlist_blocks)
             # One READ per request over every group's descriptors (as vLLM's one transfer per request): each
             # group its own run of (virtual: K and V halves when split) regions and its own blocks.
@@ -110,6 +122,27 @@ def _clip(req: Req, count: int | None) -> Req:
     return Req(req.req_id, req.remote_block_ids[-count:], req.local_block_ids[-count:])
 
 
+def _sub_blocks(prepared: list[Prepared], block_len: int) -> list[tuple[Prepared, int]]:
+    """Each prepared list once per sub-block of the local block it fills (Prepared.sub_blocks), with the local
+    offset of that sub-block."""
+    out: list[tuple[Prepared, int]] = []
+    for prep in prepared:
+        sub_len = block_len // prep.halves // prep.sub_blocks
+        out += [(replace(prep, local_offset=prep.local_offset + i * sub_len), i) if prep.sub_blocks > 1 else (prep, -1)
+                for i in range(prep.sub_blocks)]
+    return out
+
+
+def _mapped(req: Req, sub: int, prep: Prepared) -> Req:
+    """The request's P blocks for sub-block `sub` of each local block: P's block j * sub_blocks + sub of the
+    request (get_mapped_blocks' order), drawn from its ids so they stay inside P's cache."""
+    if sub < 0:
+        return req
+    n = prep.dlist_blocks
+    remote = [(int(b) * prep.sub_blocks + sub) % n for b in req.remote_block_ids]
+    return msgspec.structs.replace(req, remote_block_ids=remote)
+
+
 def _tagged(kv: KVCache, prep: Prepared, req: Req, p_tag: int) -> bool:
     """Whether the first block read holds a pdcheck coordinate cell of the expected engine (pdcheck serve)."""
     if not req.local_block_ids:
@@ -126,6 +159,13 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     p_heads = max(1, prep.remote_block_len // max(1, g.block_size * g.head_cell_bytes))
     view = BlockView.of("HND" if kv.view.heads_first else "NHD", p_heads, g.block_size, g.head_cell_bytes,
                         plain=not g.per_head_view)
+    slice_heads = prep.block_len // max(1, g.head_slice_bytes)
+    if prep.permuted:  # the release permutes each received block into D's layout: what it read must be HND
+        view = BlockView.of("HND", p_heads, g.block_size, g.head_cell_bytes, plain=not g.per_head_view)
+    elif (g.per_head_view and not kv.view.heads_first and prep.halves == 1 and prep.local_offset == 0
+            and prep.rank_offset % g.head_slice_bytes == 0 and slice_heads > 1):
+        # D's own blocks are token-major: what it read must be its heads in its order, wherever P put them
+        view = SliceView(False, slice_heads, g.block_size, g.head_cell_bytes, first=prep.rank_offset // g.head_slice_bytes)
     chk = check_blocks(kv, req.local_block_ids, req.remote_block_ids, p_tag, prep.p_rank, read_len=prep.block_len,
                        local_offset=prep.local_offset, remote_offset=prep.rank_offset, halves=prep.halves,
                        remote_half=prep.remote_block_len // prep.halves, view=view, region_span=span)
@@ -135,9 +175,15 @@ def _verify(kv: KVCache, prep: Prepared, req: Req, p_tag: int, res: TransferResu
     wrong_regions.update(chk.wrong_regions)
     w = chk.first
     if w is not None and res.first_mismatch is None:
+        exp_at, found = w.at, w.found.describe(g)
+        if view.heads > 1 and g.per_head_view:  # name the (head, token) cells: a permuted head shows as such
+            exp_at = int(view.logical(np.asarray([w.at], dtype=np.uint64))[0])
+            if w.found.valid:
+                found += " (head {}, token {})".format(*head_token(g, w.found.offset))
+        cell = " (head {}, token {})".format(*head_token(g, exp_at)) if view.heads > 1 and g.per_head_view else ""
         res.first_mismatch = Mismatch(
             region=w.region, local_block=w.local_block, remote_block=w.remote_block, p_rank=prep.p_rank,
             expected=f"P rank {prep.p_rank} {g.region_name(w.region)} (region {w.region}) block {w.remote_block} "
-            f"+{w.at}",
-            found=w.found.describe(g),
+            f"+{exp_at}{cell}",
+            found=found,
         )

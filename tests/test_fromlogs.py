@@ -307,3 +307,94 @@ def test_read_log_cuts_long_lines_and_refuses_past_the_caps(tmp_path: Path, monk
     monkeypatch.setattr(bounds, "MAX_LOG_BYTES", 10)
     with pytest.raises(BadInput, match="more than 0 MiB"):
         list(fromlogs.read_log(log))
+
+
+# ------------------------------------------------------------------------------------------- DP, PP, MLA, fp8
+def _log_0_26(engine_id: str, *, dp: int = 2, tp: int = 2, pp: int = 1, tokens: int = 8192,
+              cache: str = "auto", mla: bool = False, layout: str = "HND", debug_hash: bool = False) -> list[str]:
+    """A 0.26.0-style start-up log of a DP x TP engine, lines as the wheel's format strings print them."""
+    lines = ["(APIServer pid=1) INFO 11-18 09:00:00 [api_server.py:1977] vLLM API server version 0.26.0",
+             f"(APIServer pid=1) INFO 11-18 09:00:00 [api_utils.py:273] non-default args: {{'model_tag': 'm/x', "
+             f"'model': 'm/x', 'tensor_parallel_size': {tp}, 'data_parallel_size': {dp}, "
+             + (f"'pipeline_parallel_size': {pp}, " if pp > 1 else "")
+             + (f"'kv_cache_dtype': '{cache}', " if cache != "auto" else "")
+             + f"'kv_transfer_config': KVTransferConfig(kv_connector='NixlConnector', engine_id='{engine_id}', "
+             "kv_role='kv_both')}"]
+    for d in range(dp):
+        lines.append(f"{CYAN}(EngineCore_DP{d} pid={90 + d}){RESET} INFO 11-18 09:00:01 [core.py:117] Initializing a "
+                     "V1 LLM engine (v0.26.0) with config: model='m/x', speculative_config=None, tokenizer='m/x', "
+                     f"dtype=torch.bfloat16, max_seq_len=32768, tensor_parallel_size={tp}, "
+                     f"pipeline_parallel_size={pp}, data_parallel_size={dp}, decode_context_parallel_size=1, "
+                     f"quantization=None, enforce_eager=False, kv_cache_dtype={cache}, device_config=cuda")
+        for t in range(tp):
+            pre = f"{CYAN}(Worker_DP{d}_TP{t} pid={100 + 10 * d + t}){RESET} INFO 11-18 09:00:03"
+            lines.append(f"{pre} [base_worker.py:506] Detected attention backend(s) "
+                         f"['{'FLASHMLA' if mla else 'FLASH_ATTN'}']")
+            lines.append(f"{pre} [base_worker.py:510] Detected kv cache layout {layout}")
+            if debug_hash:
+                lines.append(f"{pre.replace('INFO', 'DEBUG')} [metadata.py:132] NIXL compatibility hash: abc123 "
+                             f"(model=m/x, dtype=torch.bfloat16, num_kv_heads=4, cache_dtype={cache}, "
+                             f"attn_backend={'FLASHMLA' if mla else 'FLASH_ATTN'})")
+            lines.append(f"{pre} [base_worker.py:1074] Registering KV_Caches. use_mla: {mla}, kv_buffer_device: "
+                         "cuda, use_host_buffer: False")
+        lines.append(f"{CYAN}(EngineCore_DP{d} pid={90 + d}){RESET} INFO 11-18 09:00:04 [kv_cache_utils.py:2177] "
+                     f"GPU KV cache size: {tokens - 16 * d:,} tokens")
+    return lines
+
+
+def test_dp_pp_cache_dtype_layout_and_heads_from_a_0_26_log() -> None:
+    text = "\n".join(_log_0_26("p", pp=2, cache="fp8_e4m3", debug_hash=True))
+    v = {k: f.value for k, f in _parse(text).fields.items()}
+    assert v["dp_size"] == 2 and v["pp_size"] == 2 and v["tp_size"] == 2 and v["cache_dtype"] == "fp8_e4m3"
+    assert v["dtype"] == "fp8" and v["kv_cache_layout"] == "HND" and v["attn_backend"] == "FLASH_ATTN"
+    assert v["kv_heads"] == 4 and v["use_mla"] is False and v["num_blocks"] == 8192 // 16
+
+
+def test_mla_from_a_0_26_log_is_one_latent_head() -> None:
+    facts = _parse("\n".join(_log_0_26("p", dp=1, mla=True)))
+    v = {k: f.value for k, f in facts.fields.items()}
+    assert v["use_mla"] is True and v["kv_heads"] == 1 and v["attn_backend"] == "FLASHMLA"
+    # no Registering line: the MLA backend alone says it
+    lines = [ln for ln in _log_0_26("p", dp=1, mla=True) if "Registering" not in ln]
+    v = {k: f.value for k, f in _parse("\n".join(lines)).fields.items()}
+    assert v["use_mla"] is True and v["kv_heads"] == 1
+
+
+def test_enable_permute_local_kv_from_the_kv_transfer_config() -> None:
+    lines = _log_0_26("d", dp=1)
+    lines[1] = lines[1].replace("kv_role='kv_both')", "kv_role='kv_both', enable_permute_local_kv=True)")
+    assert _parse("\n".join(lines)).fields["enable_permute_local_kv"].value is True
+    assert "enable_permute_local_kv" not in _parse("\n".join(_log_0_26("d", dp=1))).fields
+
+
+def test_unmodelled_cache_dtype_is_a_note_not_a_key() -> None:
+    facts = _parse("\n".join(_log_0_26("p", dp=1, cache="fp8_ds_mla")))
+    assert "cache_dtype" not in facts.fields and any("fp8_ds_mla" in n for n in facts.notes)
+
+
+def test_0_9_2_dp_size_from_the_non_default_args_only() -> None:
+    # 0.9.2's engine config line has no data_parallel_size; its non-default args do
+    text = "\n".join([*_head_091(2, "p", dp=2), _reg_091(0, 1, 64), _reg_091(1, 2, 64)])
+    v = {k: f.value for k, f in _parse(text).fields.items()}
+    assert v["dp_size"] == 2 and v["pp_size"] == 1 and v["cache_dtype"] == "auto"
+
+
+def test_dp_log_writes_a_dp_scenario_whose_handshake_runs(pdcheck, tmp_path: Path) -> None:
+    """DP 2 x TP 2 on both sides: the scenario runs every DP rank (no dp_rank key), and the handshake of every
+    (DP rank, TP rank) pair passes with the transfer proof."""
+    p = _write(tmp_path, "p.log", _log_0_26("p-eng", cache="fp8", debug_hash=True))
+    d = _write(tmp_path, "d.log", _log_0_26("d-eng", cache="fp8", debug_hash=True))
+    out = tmp_path / "s.toml"
+    run = pdcheck("scenario", "from-logs", str(p), str(d), "-o", str(out), "--head-dim", "64")
+    assert run.code == 0, run.err
+    sc = load(out)
+    assert sc.prefill.dp_size == 2 and sc.decode.dp_size == 2 and sc.prefill.cache_dtype == "fp8"
+    assert sc.prefill.blocks() == [512, 512] and sc.decode.dp_rank == 0 and sc.vllm == ["0.26.0"]
+    assert "dp_rank" not in tomllib.loads(out.read_text())["decode"]
+    assert "every DP rank" in out.read_text()
+    run = pdcheck("handshake", str(out), "--vllm", "0.26.0", "--json")
+    assert run.code == 0, run.err + run.out
+    doc = run.json()
+    assert doc["matrix"]["0.26.0"] == ["ok"] * 4
+    assert sorted((r["dp_rank"], r["tp_rank"]) for r in doc["decode_ranks"]) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert all(r["transfer"]["0.26.0"]["wrong"] == 0 for r in doc["decode_ranks"])

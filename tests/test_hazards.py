@@ -105,6 +105,7 @@ APPLIES = {
     "fp8-dynamic-scales-42179": {"H28"},
     "hybrid-mamba-10741": {"X10"},
     "hybrid-sliding-window": {"X10"},
+    "nhd-native-46204": {"X02"},
 }
 
 

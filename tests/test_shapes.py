@@ -79,6 +79,13 @@ def test_dp_scenario_wrong_port_and_host_unset() -> None:
     assert sub.remote_engine_id() == "P_dp1"
 
 
+def test_unreached_prefill_dp_ranks_are_planned_to_start() -> None:
+    plan = build(_dp2(kv_transfer_params={"dp_port": "dp0"}), None, RunOptions())
+    assert [g.route.reached for g in plan.dp] == [0, 0]
+    assert [(g.route.reached, g.plan.scenario.prefill.engine_id) for g in plan.dp_idle] == [(1, "P_dp1")]
+    assert build(_dp2(), None, RunOptions()).dp_idle == []
+
+
 def test_dp1_plan_unchanged() -> None:
     plan = build(_sc(), None, RunOptions())
     assert plan.dp == [] and plan.kv_owner is None
@@ -163,6 +170,7 @@ def test_when_raised() -> None:
     assert shapes.when_raised(r14, "assert", "block_size_ratio").startswith("per request")
     assert shapes.when_raised(r14, "error", "pp_decode").startswith("at start-up")
     assert shapes.when_raised(r14, "ok", None) is None and shapes.when_raised(r9, "assert", "x") is None
+    assert shapes.when_raised(r14, "silent", None) is None  # nothing reaches the user: no "raises" line
 
 
 # ---- hazard lines ----------------------------------------------------------------------------------------
@@ -202,7 +210,7 @@ def test_h17_h28_and_x01() -> None:
 def test_bundled_shape_scenarios_exist_with_expectations() -> None:
     for stem, issue in [("dp2-host-unset-27083", "#27083"), ("dp2-wrong-port-27083", "#27083"),
                         ("pp2-pull-52913", "#52913"), ("block-size-per-request-42895", "#42895"),
-                        ("fp8-dynamic-scales-42179", "#42179")]:
+                        ("fp8-dynamic-scales-42179", "#42179"), ("nhd-native-46204", "#46204")]:
         sc = load(SCENARIOS / f"{stem}.toml")
         assert issue in sc.description and sc.expect
 
@@ -227,6 +235,8 @@ def test_dp2_tp2_real_ranks_per_dp_rank_verdicts(pdcheck) -> None:
             assert v92["status"] == "error" and v92["exception"] == "KeyError"
     # every P DP rank that answered ran as its own TP group
     assert {(p["dp_rank"], p["tp_rank"]) for p in doc["prefill_ranks"] if p["requests_served"]} == {(0, 0), (0, 1)}
+    # prefill DP rank 1, which no decode DP rank reaches (the proxy hands out DP rank 0's port), started too
+    assert {(p["dp_rank"], p["tp_rank"]) for p in doc["prefill_ranks"] if p["requests_served"] == 0} == {(1, 0), (1, 1)}
     assert [h["id"] for h in doc["hazards"] if h["applies"]] == ["H20"]
 
 
@@ -303,3 +313,115 @@ def test_p_smaller_block_supported_from_era_f_real_ranks(pdcheck) -> None:
                   "64", "--vllm", "0.11.1,0.14.0,0.34.0", "--json", timeout=120)
     doc = run.json()
     assert doc["matrix"]["0.11.1"] == doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["ok", "ok"]
+    assert doc["matrix"]["corrected"] == ["ok", "ok"]  # corrected reads P's blocks into D's sub-blocks too
+    for d in doc["decode_ranks"]:  # 2 requests x 32 D blocks x 2 regions, each D block read as 2 P blocks
+        for rel in ("0.14.0", "0.34.0", "corrected"):
+            assert d["transfer"][rel]["status"] == "ok" and d["transfer"][rel]["blocks"] == 2 * 32 * 2 * 2, rel
+
+
+@pytest.mark.parametrize(("p_bs", "d_bs", "tp"), [(16, 48, ("2", "4")), (32, 16, ("2", "2")), (16, 40, ("2", "2"))])
+def test_block_size_ratio_corrected_real_ranks(pdcheck, p_bs: int, d_bs: int, tp: tuple[str, str]) -> None:
+    """D's block a whole number of P's (here with a head split too): the corrected model and 0.14+ read each D
+    block as d_bs // p_bs P blocks and the proof passes; P > D or not a divisor: the release's per-request
+    assert (#42895), the corrected refusal."""
+    run = pdcheck("handshake", "--prefill-tp", tp[0], "--decode-tp", tp[1], "--prefill-blocks", "256",
+                  "--decode-blocks", "256", "--prefill-block-size", str(p_bs), "--decode-block-size", str(d_bs),
+                  "--kv-heads", "4", "--head-dim", "64", "--vllm", "0.14.0,0.34.0", "--json", timeout=120)
+    doc = run.json()
+    n = int(tp[1])
+    if d_bs % p_bs == 0:
+        assert run.code == 0, run.err
+        assert doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == doc["matrix"]["corrected"] == ["ok"] * n
+        ratio = d_bs // p_bs
+        for d in doc["decode_ranks"]:
+            assert d["transfer"]["corrected"]["wrong"] == 0
+            assert d["transfer"]["corrected"]["blocks"] == 2 * 32 * 2 * ratio
+    else:
+        assert doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == ["assert"] * n
+        assert doc["matrix"]["corrected"] == ["error"] * n
+        d0 = doc["decode_ranks"][0]
+        assert "#42895" not in d0["verdicts"]["0.14.0"]["message"]  # the release's own text
+        assert d0["verdicts"]["0.14.0"]["message"].startswith(f"Local block size {d_bs} is not divisible")
+        assert "whole number of P's" in d0["verdicts"]["corrected"]["message"]
+        assert "per request" in d0["when"]["0.14.0"]
+
+
+def test_h07_corrected_accepts_p_smaller_block() -> None:
+    hz = _hz(_sc({"block_size": 16}, {"block_size": 32}), "0.14.0")
+    assert hz["H07"].effects["corrected"].startswith("accepted: D's 32-token block is 2 of P's")
+    hz = _hz(_sc({"block_size": 32}, {"block_size": 16}), "0.14.0")
+    assert hz["H07"].effects["corrected"].startswith("refused: P block_size 32, D block_size 16")
+
+
+# ---- KV layout: a backend that ignores the connector's layout (vLLM #46204) -------------------------------
+def test_nhd_native_backend_validation_and_hazard() -> None:
+    with pytest.raises(BadInput, match=r"prefill.backend_layout: expected one of NHD, HND"):
+        _sc({"backend_layout": "XYZ"})
+    nhd = {"backend_layout": "NHD"}
+    sc = _sc(nhd, {**nhd, "tp_size": 4})  # P TP 2, D TP 4: heads split
+    hz = _hz(sc, "0.9.2,0.14.0,0.26.0,0.34.0")
+    assert hz["X02"].applies and "backend writes NHD, its metadata says HND" in hz["X02"].detail
+    assert all("silent (permuted heads, vLLM #46204)" in hz["X02"].effects[r] for r in ("0.9.2", "0.34.0"))
+    assert hz["X02"].effects["corrected"].startswith("refused where heads split")
+    hz = _hz(_sc(nhd, nhd), "0.14.0")  # same TP: whole blocks, same backend both sides
+    assert hz["X02"].effects["0.14.0"].endswith("fine") and hz["X02"].effects["corrected"].endswith("accepted")
+    assert "X02" not in _hz(_sc(), "0.14.0")
+
+
+def _layout_run(pdcheck, tmp_path: Path, prefill: str, decode: str, releases: str) -> dict[str, Any]:
+    f = tmp_path / "s.toml"
+    tp1 = "" if "tp_size" in prefill else "tp_size = 1\n"
+    f.write_text(f'[prefill]\nengine_id = "P"\n{tp1}num_blocks = 32\nkv_heads = 8\nhead_dim = 64\n'
+                 f'{prefill}\n[decode]\nengine_id = "D"\nnum_blocks = 32\nkv_heads = 8\nhead_dim = 64\n{decode}\n'
+                 f'[transfer]\nrequests = 1\nblocks_per_request = 4\n')
+    run = pdcheck("handshake", str(f), "--vllm", releases, "--json", timeout=120)
+    assert run.code in (0, 1), run.err
+    return run.json()
+
+
+def test_nhd_native_head_split_is_silent_and_named_by_head(pdcheck, tmp_path: Path) -> None:
+    """Real ranks: both sides advertise HND, write NHD; D TP 2 reads half of P's block as its 4 heads. Every
+    release passes its checks and the proof finds other (head, token) cells; corrected refuses."""
+    nhd = 'kv_cache_layout = "HND"\nbackend_layout = "NHD"'
+    doc = _layout_run(pdcheck, tmp_path, nhd, f"tp_size = 2\n{nhd}", "0.9.2,0.14.0,0.26.0,0.34.0")
+    for rel in ("0.9.2", "0.14.0", "0.26.0", "0.34.0"):
+        assert doc["matrix"][rel] == ["silent", "silent"], rel
+    assert doc["matrix"]["corrected"] == ["error", "error"]
+    d1 = doc["decode_ranks"][1]
+    fm = d1["transfer"]["0.14.0"]["first_mismatch"]
+    # D rank 1 reads the second half of a 16-token block: its head 4, token 0 is token 8 of head 0 in NHD
+    assert fm["expected"].endswith("(head 4, token 0)") and fm["found"].endswith("(head 0, token 8)"), fm
+    assert "#46204" in d1["verdicts"]["corrected"]["message"]
+
+
+def test_nhd_native_same_tp_is_fine_and_nhd_head_split_is_caught(pdcheck, tmp_path: Path) -> None:
+    """Same TP: whole blocks, same backend: ok everywhere. Advertised NHD on both sides with D TP 2 (0.14.0 has
+    no head-split layout check): the proof reads D's two-head NHD block as D's attention does and finds it
+    wrong; 0.26.0 refuses (head split needs HND); corrected refuses."""
+    nhd = 'kv_cache_layout = "HND"\nbackend_layout = "NHD"'
+    doc = _layout_run(pdcheck, tmp_path, nhd, nhd, "0.14.0,0.34.0")
+    assert doc["matrix"]["0.14.0"] == doc["matrix"]["0.34.0"] == doc["matrix"]["corrected"] == ["ok"]
+    doc = _layout_run(pdcheck, tmp_path, 'kv_cache_layout = "NHD"', 'tp_size = 4\nkv_cache_layout = "NHD"',
+                      "0.14.0,0.26.0")
+    assert doc["matrix"]["0.14.0"] == ["silent"] * 4
+    assert doc["matrix"]["0.26.0"] == ["error"] * 4 and doc["matrix"]["corrected"] == ["error"] * 4
+
+
+def test_enable_permute_local_kv_per_release(pdcheck, tmp_path: Path) -> None:
+    """D NHD with enable_permute_local_kv against an HND P, D TP 4 / P TP 2: 0.11.1+ accept and permute each block
+    on receive (the proof checks the heads-first slices they read); 0.10.1 has no flag (bare layout assert);
+    0.34 permutes LBHNC into LBNHC only (BLNHC raises); the other direction raises everywhere."""
+    def run(p_layout: str, d_layout: str, releases: str) -> dict[str, Any]:
+        return _layout_run(pdcheck, tmp_path, f'tp_size = 2\nkv_cache_layout = "{p_layout}"',
+                           f'tp_size = 4\nkv_cache_layout = "{d_layout}"\nenable_permute_local_kv = true', releases)
+
+    doc = run("HND", "NHD", "0.10.1,0.11.1,0.14.0,0.26.0,0.34.0")
+    assert doc["matrix"]["0.10.1"] == ["assert"] * 4
+    for rel in ("0.11.1", "0.14.0", "0.26.0", "0.34.0", "corrected"):
+        assert doc["matrix"][rel] == ["ok"] * 4, rel
+        assert all(d["transfer"][rel]["status"] == "ok" for d in doc["decode_ranks"]), rel
+    doc = run("HND", "BLNHC", "0.34.0")
+    assert doc["matrix"]["0.34.0"] == ["error"] * 4
+    assert "receive LBHNC into a local LBNHC cache" in doc["decode_ranks"][0]["verdicts"]["0.34.0"]["message"]
+    doc = run("NHD", "HND", "0.14.0")
+    assert doc["matrix"]["0.14.0"] == doc["matrix"]["corrected"] == ["error"] * 4

@@ -32,6 +32,10 @@ class Local:
     device_id: int
     model: str = "pdcheck/fake-model"
     pp_size: int = 1  # the D engine's pipeline parallel stages (decode-side PP: refused from 0.26)
+    # The layout the D's bytes really have when its attention backend ignores the connector's (vLLM #46204);
+    # None: kv_cache_layout. No release sees it: only the corrected model checks it.
+    memory_layout: str | None = None
+    permute_local_kv: bool = False  # kv_transfer_config enable_permute_local_kv (0.11.1+)
 
     @property
     def block_len(self) -> int:
@@ -66,6 +70,12 @@ class Prepared:
     # 2: each region's blocks are read as a K half and a V half (FlashAttention blocks-first, 0.23 - 0.25), the
     # V half at remote_block_len // 2 (remote) and the local block_len // 2 (local); block_len is one half's read.
     halves: int = 1
+    # D's block is sub_blocks of P's (block_size_ratio, P block_size < D's): each local block is read as that many
+    # sub-blocks of block_len // sub_blocks, sub-block i from the request's P block j * sub_blocks + i
+    # (get_mapped_blocks); the release then rearranges the tokens in place (a correct permutation, not modelled).
+    sub_blocks: int = 1
+    # enable_permute_local_kv took effect: P's heads-first bytes are read and permuted into D's layout on receive
+    permuted: bool = False
 
 
 @dataclass

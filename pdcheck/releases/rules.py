@@ -333,9 +333,19 @@ def layout_enum(value: str | None) -> str | None:
     return LAYOUT_ENUM.get(value, value) if value is not None else None
 
 
-def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111) -> Check:
-    """0.11.1+: RuntimeError on any layout difference (homogeneous TP too), non-MLA only. pdcheck models the
-    default enable_permute_local_kv=False, so the permute escape never applies.
+def permute_active(c: Ctx) -> bool:
+    """enable_permute_local_kv took effect: the layouts differ and the release accepted it (its layout check
+    passed), so it reads P's heads-first slices and permutes every received block into its own layout."""
+    return (c.local.permute_local_kv and not c.local.use_mla
+            and layout_enum(c.meta.kv_cache_layout) != layout_enum(c.local.kv_cache_layout))
+
+
+def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111,
+                 permute: tuple[str, str | None] | None = ("HND", None)) -> Check:
+    """0.11.1+: RuntimeError on any layout difference (homogeneous TP too), non-MLA only, unless the D sets
+    enable_permute_local_kv and P's layout is `permute` = (remote, local or None for any): 0.11.1 - 0.28
+    `nixl_agent_meta.kv_cache_layout == "HND"`; 0.32+ LBHNC into a local LBNHC only. permute None: the flag is
+    not modelled for that release line (0.29 - 0.31, whose wheels were not read): a difference raises.
 
     enum_names (0.29+): the release compares KVCacheLayout names (what its metadata carries: pdcheck's fake P and
     serve advertise them on wires H31/H34); the D's own layout, which a scenario may name the pre-0.29 way, and an
@@ -343,8 +353,13 @@ def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111) -> Check
 
     def ok(c: Ctx) -> bool:
         if enum_names:
-            return layout_enum(c.meta.kv_cache_layout) == layout_enum(c.local.kv_cache_layout)
-        return c.meta.kv_cache_layout == c.local.kv_cache_layout
+            same = layout_enum(c.meta.kv_cache_layout) == layout_enum(c.local.kv_cache_layout)
+        else:
+            same = c.meta.kv_cache_layout == c.local.kv_cache_layout
+        if same or permute is None or not c.local.permute_local_kv:
+            return same
+        remote, local = permute
+        return c.meta.kv_cache_layout == remote and (local is None or layout_enum(c.local.kv_cache_layout) == local)
 
     return Check(
         "kv_cache_layout", "nixl_agent_meta.kv_cache_layout == kv_cache_layout", ok, message=message,  # type: ignore[arg-type]
@@ -439,7 +454,8 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             p_rank=ctx.remote_tp_rank, agent=ctx.state.remote_agents[ctx.engine_id][ctx.remote_tp_rank],
             dlist_blocks=ctx.meta.num_blocks, block_len=read_len, remote_block_len=ctx.remote_block_len(),
             rank_offset=rank_offset, local_offset=local_offset, device_id=dev,
-            base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves,
+            base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves, sub_blocks=max(1, bsr),
+            permuted=permute_active(ctx),
         )
         ctx.io.prep_remote(prepared, "DRAM")
         if ratio < 0 and ctx.remote_tp_rank not in kvsplit.release_reads(
@@ -509,7 +525,8 @@ MSG_HEAD_SPLIT_29 = ("Heterogeneous TP head-dimension splitting requires contigu
 def _head_split_applies(c: Ctx) -> bool:
     # `abs(tp_ratio) != 1 and not self.use_mla and not ...is_kv_replicated(remote_engine_id)`; pdcheck models the
     # default enable_permute_local_kv=False.
-    return abs(signed_tp_ratio(c)) != 1 and not c.local.use_mla and not is_kv_replicated_strict(c)
+    return (abs(signed_tp_ratio(c)) != 1 and not c.local.use_mla and not is_kv_replicated_strict(c)
+            and not permute_active(c))  # `and not self.enable_permute_local_kv` (0.26, 0.34)
 
 
 def _local_block_contiguous(c: Ctx) -> bool:
@@ -544,8 +561,8 @@ def _layout_msg_32(c: Ctx) -> str:
             "LBNHC cache by setting 'enable_permute_local_kv'=True in --kv-transfer-config.")
 
 
-LAYOUT_29 = layout_check(enum_names=True)  # KVCacheLayout names on the wire, 0.11.1's message
-LAYOUT_32 = layout_check(enum_names=True, message=_layout_msg_32)
+LAYOUT_29 = layout_check(enum_names=True, permute=None)  # KVCacheLayout names on the wire, 0.11.1's message
+LAYOUT_32 = layout_check(enum_names=True, message=_layout_msg_32, permute=("LBHNC", "LBNHC"))
 
 
 # 0.20 - 0.23: the 0.14 block-length checks, with TransferTopology's strict replication and page_size messages

@@ -85,6 +85,18 @@ def fp8_effects(rel: ReleaseModel, p_dtype: str, d_dtype: str, dynamic: bool) ->
     return out
 
 
+def backend_layout_effect(rel: ReleaseModel, p_mem: str, d_mem: str, split: bool, mla: bool) -> str:
+    """An attention backend that ignores the connector's required layout (vLLM #46204): every release compares
+    the advertised layouts only (0.20+'s head-split check too), so the real order of the bytes is never seen."""
+    if mla:
+        return "MLA: one latent per token, no head order to permute"
+    if not split:
+        same = "the same backend on both sides" if p_mem == d_mem else f"but P's bytes are {p_mem}, D's {d_mem}"
+        return f"whole blocks are copied, {same}: " + ("fine" if p_mem == d_mem else "silent")
+    return (f"each D rank reads its head slice as a byte range of P's {p_mem} block: tokens of every head, not its "
+            "head; NIXL reports DONE, nothing raises: silent (permuted heads, vLLM #46204)")
+
+
 START_UP_CHECKS = {"pp_decode", "hybrid_startup"}  # raised while the worker starts, before it serves anything
 
 
@@ -92,7 +104,7 @@ def when_raised(rel: ReleaseModel, status: str, check: str | None) -> str | None
     """When a refusal reaches the user: at start-up, or per request after the server reported healthy (the
     handshake runs on a request's first KV load in every release; from era F, 0.11.1, a failed handshake fails
     that request and leaves the server up). None: ok, or an early release whose failure takes the engine down."""
-    if status == "ok" or rel.flow == "corrected":
+    if status in ("ok", "silent") or rel.flow == "corrected":  # silent: nothing reaches the user
         return None
     if check in START_UP_CHECKS:
         return "at start-up: the decode worker refuses before it serves"
