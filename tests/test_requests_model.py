@@ -372,14 +372,3 @@ def test_abort_d_frees_under_the_read_before_the_0_24_line() -> None:
         assert [o.verdict for o in out] == ["delivered", "aborted", "delivered", "delivered"]
         assert acc.d_freed_in_flight == under and acc.freed == 4, version  # P is notified either way
         assert abort_waits_read(line_of(version)) == (not under)
-
-
-def test_plot_without_matplotlib_is_one_line(monkeypatch, tmp_path) -> None:
-    import importlib.util
-
-    from pdcheck.requests import plot
-
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a))
-    with pytest.raises(BadInput, match="needs matplotlib"):
-        plot.check(tmp_path / "x.png")

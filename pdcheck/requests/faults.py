@@ -99,12 +99,7 @@ def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fa
         if not 0 < share <= 1:
             raise BadInput(f"{where}: {text!r}: p= takes a fraction in (0, 1]")
     elif args:
-        try:
-            req = int(args.pop(0))
-        except ValueError:
-            raise BadInput(f"{where}: {text!r}: the request must be an integer: {usage}") from None
-        if not 0 <= req < requests:
-            raise BadInput(f"{where}: {text!r}: request {req} does not exist (requests 0..{requests - 1})")
+        req = _request(args.pop(0), text, requests, where, usage)
         if name == "bad-params" and kind == "reused-ids" and req == 0:
             raise BadInput(f"{where}: {text!r}: request 0 has no earlier request whose block ids it could reuse")
     if args:
@@ -112,16 +107,21 @@ def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fa
     return Fault(name, seconds, kind, req, share, seed)
 
 
-def _restart(text: str, args: list[str], requests: int, where: str, usage: str, seed: int) -> Fault:
-    """restart-p:REQ[:rank=R]: one request (a restart is a real new process, never a share of them)."""
-    if not args or args[0].startswith(("p=", "rank=")):
-        raise BadInput(f"{where}: {text!r}: name the request after whose params P restarts: {usage}")
+def _request(arg: str, text: str, requests: int, where: str, usage: str) -> int:
     try:
-        req = int(args.pop(0))
+        req = int(arg)
     except ValueError:
         raise BadInput(f"{where}: {text!r}: the request must be an integer: {usage}") from None
     if not 0 <= req < requests:
         raise BadInput(f"{where}: {text!r}: request {req} does not exist (requests 0..{requests - 1})")
+    return req
+
+
+def _restart(text: str, args: list[str], requests: int, where: str, usage: str, seed: int) -> Fault:
+    """restart-p:REQ[:rank=R]: one request (a restart is a real new process, never a share of them)."""
+    if not args or args[0].startswith(("p=", "rank=")):
+        raise BadInput(f"{where}: {text!r}: name the request after whose params P restarts: {usage}")
+    req = _request(args.pop(0), text, requests, where, usage)
     rank = 0
     if args and args[0].startswith("rank="):
         raw = args.pop(0)[5:]

@@ -332,22 +332,25 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     return SgVerdict(status="ok", p_ranks=targets, warning=found.warning or (skew.warning if skew else None))
 
 
+# fault -> (stage, exception, message): how a fixed SGLang fails each fault at once, never silently or by a hang
+_CORRECTED_FAULTS: dict[str, tuple[str, str, str]] = {
+    "duplicate_room": ("bootstrap", "ValueError",
+                       "bootstrap_room already in use by a live request: the second one is refused"),
+    "no_transfer_info": ("bootstrap", "KVTransferError", "P fails the room after its bootstrap timeout and frees it"),
+    "kill_prefill": ("transfer", "KVTransferError", "D's heartbeat fails the room: Lost connection with prefill instance"),
+    "dp_conflict": ("bootstrap", "KVTransferError",
+                    "P fails the misrouted room at once and tells D (or D asks P which DP rank)"),
+}
+
+
 def corrected(p: Side, d: Side, fault: str = "none") -> SgVerdict:
     """What a fixed SGLang does: compare every fact the write depends on before the first frame; refuse a room
     already in use; bound every wait (a P timeout for a missing TransferInfo, D's heartbeat for a dead P)."""
-    if fault == "duplicate_room":
-        return SgVerdict(status="error", stage="bootstrap", exception="ValueError",
-                         message="bootstrap_room already in use by a live request: the second one is refused")
-    if fault == "no_transfer_info":
-        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError",
-                         message="P fails the room after its bootstrap timeout and frees it")
-    if fault == "kill_prefill":
-        return SgVerdict(status="error", stage="transfer", exception="KVTransferError",
-                         message="D's heartbeat fails the room: Lost connection with prefill instance")
-    if fault == "dp_conflict":
-        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError",
-                         message="P fails the misrouted room at once and tells D (or D asks P which DP rank)")
-    for what, a, b in (("aux buffers", p.aux_buffers, d.aux_buffers), ("hybrid state", p.hybrid, d.hybrid),("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
+    if fault in _CORRECTED_FAULTS:
+        stage, exception, message = _CORRECTED_FAULTS[fault]
+        return SgVerdict(status="error", stage=stage, exception=exception, message=message)
+    for what, a, b in (("aux buffers", p.aux_buffers, d.aux_buffers), ("hybrid state", p.hybrid, d.hybrid),
+                       ("page_size", p.page_size, d.page_size), ("kv dtype", p.dtype, d.dtype),
                        ("kv_cache_dtype", p.kv_cache_dtype, d.kv_cache_dtype), ("layers", p.layers, d.layers),
                        ("kv heads", p.kv_heads, d.kv_heads), ("head_dim", p.head_dim, d.head_dim),
                        ("MLA", p.mla, d.mla)):
