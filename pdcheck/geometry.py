@@ -55,6 +55,10 @@ class Geometry(msgspec.Struct, frozen=True):
     # --[no-]disable-hybrid-kv-cache-manager as deployed: None leaves it to vLLM (releases.hybrid.hma_enabled)
     hma: bool | None = None
     ssm_conv_layout: str = "SD"  # VLLM_SSM_CONV_STATE_LAYOUT (unset: SD); 0.26+ NIXL needs DS for Mamba
+    # Bytes from one block's start to the next (block_strides on the 0.29+ wire); 0: blocks abut (block_len). A
+    # compressed MLA cache (fp8_ds_mla) pads each storage row past its page: NIXL connector version 10 (0.30+)
+    # reads only the block_len-byte page of every block_stride-byte row, a "dense virtual page".
+    block_stride: int = 0
 
     @property
     def elem_size(self) -> int:
@@ -90,6 +94,11 @@ class Geometry(msgspec.Struct, frozen=True):
         """Bytes of one block in one region (vLLM's block_len, block_lens[i] on the wire)."""
         per = self.block_size * self.slot_size
         return 2 * per if self.joint_kv else per
+
+    @property
+    def row_len(self) -> int:
+        """Bytes between the starts of two blocks of one region: block_stride, or block_len when blocks abut."""
+        return self.block_stride or self.block_len
 
     @property
     def attn_regions_per_layer(self) -> int:

@@ -123,16 +123,18 @@ class Arena:
 def region_addrs(base: int, geometry: Geometry, num_blocks: int) -> list[int]:
     """Where each region of a KV cache laid over memory at `base` starts (KVCache's layout: regions back to
     back). A transfer-bench D rank computes its P peer's regions from the peer's arena address with it."""
-    region_bytes = num_blocks * geometry.block_len
+    region_bytes = num_blocks * geometry.row_len
     return [base + r * region_bytes for r in range(geometry.num_regions)]
 
 
 def block_descs(base_addrs: list[int], num_blocks: int, block_len: int, read_len: int, dev: int, *,
-                offset: int = 0, halves: int = 1) -> np.ndarray:
+                offset: int = 0, halves: int = 1, stride: int = 0) -> np.ndarray:
     """Nx3 (addr, len, devId) for every block of every region in descriptor-id order (region-major, then K
     and V halves where a release reads a block as two, then block): what local and remote dlists are built
-    from. offset: where in each block (or half) the read starts, e.g. a D rank's head slice of a P block."""
-    blocks = np.arange(num_blocks, dtype=np.uint64) * np.uint64(block_len)
+    from. offset: where in each block (or half) the read starts, e.g. a D rank's head slice of a P block.
+    stride: bytes from one block's start to the next (0: block_len, blocks abut; larger: padded rows, of which
+    only the page is read, as vLLM 0.30+ reads block_strides)."""
+    blocks = np.arange(num_blocks, dtype=np.uint64) * np.uint64(stride or block_len)
     half = block_len // halves
     addrs = np.concatenate([np.uint64(a + offset + h * half) + blocks for a in base_addrs for h in range(halves)])
     out = np.empty((len(addrs), 3), dtype=np.uint64)
@@ -313,8 +315,11 @@ def decode_cell(cell: np.ndarray) -> Found:
 
 
 class KVCache:
-    """num_regions regions of num_blocks * block_len bytes, contiguous in one Arena, each registered with NIXL
-    as its own region (as vLLM registers one tensor per layer and K/V). Contiguous: tagging, clearing and
+    """num_regions regions of num_blocks * row_len bytes, contiguous in one Arena, each registered with NIXL
+    as its own region (as vLLM registers one tensor per layer and K/V). A row is one block (block_len bytes)
+    unless the geometry pads it (block_stride: a compressed MLA cache's storage row, vLLM's dense virtual
+    pages); the padding is tagged like the page, so a reader that walks the rows at the wrong stride receives
+    named, wrong bytes. Contiguous: tagging, clearing and
     checking every region is one numpy operation, not a loop. arena: lay the cache over memory that is
     already allocated and registered (transfer-bench, one cache per row); otherwise it gets its own."""
 
@@ -323,8 +328,9 @@ class KVCache:
         self.geometry, self.num_blocks = geometry, num_blocks
         g = geometry
         self.view = BlockView.of(layout, g.local_kv_heads, g.block_size, g.head_cell_bytes, plain=not g.per_head_view)
-        self.block_len = geometry.block_len
-        self.region_bytes = num_blocks * self.block_len
+        self.block_len = geometry.block_len  # the page a transfer reads
+        self.row_len = geometry.row_len  # the memory one block takes (block_len unless padded)
+        self.region_bytes = num_blocks * self.row_len
         nbytes = geometry.num_regions * self.region_bytes
         if arena is None:
             arena = Arena(nbytes, device, gpu_index)
@@ -335,9 +341,9 @@ class KVCache:
         self.views: list[Any] = [arena.span(r * self.region_bytes, self.region_bytes)
                                  for r in range(geometry.num_regions)]
         self.base_addrs = region_addrs(arena.addr, geometry, num_blocks)
-        # host: (regions, num_blocks, block_len) over every region
+        # host: (regions, num_blocks, row_len) over every region
         self.blocks3: np.ndarray | None = None if arena.arr is None else arena.arr[:nbytes].reshape(
-            geometry.num_regions, num_blocks, self.block_len)
+            geometry.num_regions, num_blocks, self.row_len)
         # host: which (region, block) still hold tag_many's pattern for _tagged_by = (tag, P rank). Every D
         # release asks P to tag the same blocks again; those writes would change no byte.
         self._tagged: np.ndarray | None = None
@@ -349,49 +355,50 @@ class KVCache:
     def descs(self, read_len: int, device_id: int, *, offset: int = 0, halves: int = 1) -> np.ndarray:
         """This cache's dlist: every block of every region (kvcache.block_descs)."""
         return block_descs(self.base_addrs, self.num_blocks, self.block_len, read_len, device_id, offset=offset,
-                           halves=halves)
+                           halves=halves, stride=self.row_len)
 
     def fill(self, tag: int, p_rank: int, chunk_bytes: int = 1 << 20) -> None:
         """Tag every block of every region, at memory speed: in place, a cache-sized chunk at a time, so the
         coordinate store and the check XOR meet the same lines in cache."""
         g = self.geometry
-        rows = max(1, chunk_bytes // self.block_len)
+        rows = max(1, chunk_bytes // self.row_len)
         for region in range(g.num_regions):
             for lo in range(0, self.num_blocks, rows):
                 blocks = np.arange(lo, min(lo + rows, self.num_blocks))
                 if self.blocks3 is not None:
                     write_pattern(self.blocks3[region, lo:lo + len(blocks)], tag, p_rank, region, blocks, 0, self.view)
                 else:
-                    self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len,
+                    self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.row_len,
                                                               self.view))
         self._tagged, self._tagged_by = None, None  # tag_many's marks know nothing of this fill
 
     def write_blocks(self, region: int, blocks: np.ndarray, data: np.ndarray) -> None:
-        """data: (len(blocks), block_len) uint8."""
+        """data: (len(blocks), n) uint8, the first n bytes of each block's row (n: block_len or row_len)."""
         view = self.views[region]
+        n = data.shape[1]
         if self.device == "cpu":
-            view.reshape(self.num_blocks, self.block_len)[blocks] = data
+            view.reshape(self.num_blocks, self.row_len)[blocks, :n] = data
             if self._tagged is not None:
                 self._tagged[region, blocks] = False
             return
         import torch
 
         idx = torch.as_tensor(blocks, device=view.device, dtype=torch.long)
-        view.view(self.num_blocks, self.block_len)[idx] = torch.from_numpy(np.ascontiguousarray(data)).to(view.device)
+        view.view(self.num_blocks, self.row_len)[idx, :n] = torch.from_numpy(np.ascontiguousarray(data)).to(view.device)
 
     def read_blocks(self, region: int, blocks: np.ndarray) -> np.ndarray:
         view = self.views[region]
         if self.device == "cpu":
-            return view.reshape(self.num_blocks, self.block_len)[blocks]
+            return view.reshape(self.num_blocks, self.row_len)[blocks]
         import torch
 
         idx = torch.as_tensor(blocks, device=view.device, dtype=torch.long)
-        return view.view(self.num_blocks, self.block_len)[idx].cpu().numpy()
+        return view.view(self.num_blocks, self.row_len)[idx].cpu().numpy()
 
     def tag(self, tag: int, p_rank: int, region: int, blocks: np.ndarray) -> None:
         blocks = unique(blocks)
         if len(blocks):
-            self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.block_len, self.view))
+            self.write_blocks(region, blocks, pattern(tag, p_rank, region, blocks, 0, self.row_len, self.view))
 
     def tag_many(self, tag: int, p_rank: int, blocks: dict[int, list[int]]) -> None:
         """Tag the given blocks of each region (regions outside this cache are skipped) in one pass."""
@@ -410,10 +417,10 @@ class KVCache:
                 tag, p_rank)
         fresh = ~self._tagged[regs, blks]  # blocks already holding this pattern keep it
         regs, blks = regs[fresh], blks[fresh]
-        step = max(1, CHUNK_BYTES // self.block_len)  # a pattern chunk at a time: it stays in cache
+        step = max(1, CHUNK_BYTES // self.row_len)  # a pattern chunk at a time: it stays in cache
         for i in range(0, len(regs), step):
             r, b = regs[i:i + step], blks[i:i + step]
-            self.blocks3[r, b] = pattern(tag, p_rank, r, b, 0, self.block_len, self.view)
+            self.blocks3[r, b] = pattern(tag, p_rank, r, b, 0, self.row_len, self.view)
         self._tagged[regs, blks] = True
 
     def clear_all(self, blocks: np.ndarray) -> None:
@@ -439,7 +446,7 @@ class KVCache:
     def clear(self, region: int, blocks: np.ndarray) -> None:
         blocks = unique(blocks)
         if len(blocks):
-            self.write_blocks(region, blocks, np.zeros((len(blocks), self.block_len), dtype=np.uint8))
+            self.write_blocks(region, blocks, np.zeros((len(blocks), self.row_len), dtype=np.uint8))
 
 
 @dataclass

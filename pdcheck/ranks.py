@@ -188,7 +188,7 @@ class PrefillRole(_HandshakeRole):
         values = AnyMeta(
             engine_id=spec.engine_id, agent_metadata=agent.metadata(), kv_caches_base_addr=kv.base_addrs,
             num_blocks=spec.num_blocks, tp_size=spec.tp_size, block_len=g.block_len,
-            block_lens=[g.block_len] * g.num_regions, block_strides=[g.block_len] * g.num_regions,
+            block_lens=[g.block_len] * g.num_regions, block_strides=[g.row_len] * g.num_regions,
             attn_backend_name=g.attn_backend, kv_cache_layout=spec.kv_cache_layout,
             device_id=spec.device_id, block_size=g.block_size, ssm_sizes=g.ssm_sizes,
             physical_blocks_per_logical_kv_block=1,
@@ -320,7 +320,7 @@ class RealIO:
         # per region: its blocks (K halves first, then V halves when the release splits a block into two)
         descs = block_descs(prepared.base_addrs, prepared.dlist_blocks, prepared.remote_block_len,
                             prepared.block_len, prepared.device_id, offset=prepared.rank_offset,
-                            halves=prepared.halves)
+                            halves=prepared.halves, stride=prepared.remote_stride)
         self.handles[prepared.p_rank] = self.agent.prep(
             prepared.agent, descs, self.kv.mem_type, f"remote descriptors for P rank {prepared.p_rank}")
 

@@ -29,7 +29,7 @@ HeadDim = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_HEAD_DIM)]
 DpRank = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DP_RANK)]
 DpSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_DP_SIZE)]
 PpSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_PP_SIZE)]
-CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16")
+CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "fp8_ds_mla")
 DeviceId = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DEVICE_ID)]
 # Names travel into NIXL agent names, the wire and reports: printable ASCII, bounded.
 Ident = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
@@ -77,6 +77,9 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     hma: bool | None = None  # --[no-]disable-hybrid-kv-cache-manager; None: the release decides
     max_model_len: Annotated[int, msgspec.Meta(ge=1, le=1 << 24)] | None = None  # default: one rank's whole cache
     ssm_conv_layout: Literal["SD", "DS"] | None = None  # VLLM_SSM_CONV_STATE_LAYOUT; None: unset (SD)
+    # Bytes from one block's start to the next, where a compressed MLA cache (fp8_ds_mla) pads its storage rows
+    # past the page (dense virtual pages, NIXL connector version 10, vLLM 0.30+); None: blocks abut
+    block_stride: Annotated[int, msgspec.Meta(ge=16, le=b.MAX_RANK_BYTES)] | None = None
 
     def blocks(self) -> list[int]:
         nb = self.num_blocks
@@ -95,6 +98,7 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
             total_kv_heads=self.kv_heads, head_dim=self.head_dim, dtype=self.dtype,
             attn_backend=self.attn_backend, use_mla=self.use_mla,
             groups=tuple(self.kv_groups or ()), hma=self.hma, ssm_conv_layout=self.ssm_conv_layout or "SD",
+            block_stride=self.block_stride or 0,
         )
 
 
@@ -185,7 +189,7 @@ def _validate_groups(sc: Scenario, where: str) -> None:
 
 
 def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
-    from pdcheck.releases import CORRECTED, resolve
+    from pdcheck.releases import CORRECTED, mla_pages, resolve
 
     for side in ("prefill", "decode"):
         inst: Instance = getattr(sc, side)
@@ -215,10 +219,15 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
         if g.block_len % 16:
             raise BadInput(f"{where}: {side}: a block of {g.block_len} B (block_size x heads per rank x head_dim x "
                            f"dtype) is not a multiple of 16 B, the cell pdcheck tags blocks with")
-        rank_bytes = max(inst.blocks()) * g.block_len * g.num_regions
+        mla_pages.validate(where, side, use_mla=inst.use_mla, cache_dtype=inst.cache_dtype, dtype=inst.dtype,
+                           head_dim=inst.head_dim, kv_heads=inst.kv_heads, block_len=g.block_len,
+                           block_stride=inst.block_stride,
+                           releases=[resolve(v, f"{where}: vllm").version for v in [*sc.vllm, *([inst.vllm] if inst.vllm
+                                                                                               else [])]])
+        rank_bytes = max(inst.blocks()) * g.row_len * g.num_regions
         if rank_bytes > b.MAX_RANK_BYTES:
             raise BadInput(f"{where}: {side}: {rank_bytes / 2**30:.4g} GiB of KV cache per rank (num_blocks x "
-                           f"{g.block_len} B x {g.num_regions} regions); at most {b.MAX_RANK_BYTES >> 30} GiB")
+                           f"{g.row_len} B x {g.num_regions} regions); at most {b.MAX_RANK_BYTES >> 30} GiB")
         work = sc.transfer.requests * min(sc.transfer.blocks_per_request, min(inst.blocks())) \
             * g.block_len * g.num_regions
         if work > b.MAX_PROOF_BYTES:

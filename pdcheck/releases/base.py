@@ -70,6 +70,9 @@ class Prepared:
     # 2: each region's blocks are read as a K half and a V half (FlashAttention blocks-first, 0.23 - 0.25), the
     # V half at remote_block_len // 2 (remote) and the local block_len // 2 (local); block_len is one half's read.
     halves: int = 1
+    # bytes between two remote blocks' starts, as the release reads block_strides (0.30+: dense virtual pages of a
+    # compressed MLA cache); 0: remote_block_len, blocks abut
+    remote_stride: int = 0
     # D's block is sub_blocks of P's (block_size_ratio, P block_size < D's): each local block is read as that many
     # sub-blocks of block_len // sub_blocks, sub-block i from the request's P block j * sub_blocks + i
     # (get_mapped_blocks); the release then rearranges the tokens in place (a correct permutation, not modelled).

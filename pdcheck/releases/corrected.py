@@ -67,7 +67,7 @@ def _prep(c: Ctx) -> None:
         p_rank=c.remote_tp_rank, agent=c.state.remote_agents[c.engine_id][c.remote_tp_rank],
         dlist_blocks=c.meta.num_blocks, block_len=read_len, remote_block_len=rlen, rank_offset=rank_offset,
         local_offset=local_offset, device_id=dev, base_addrs=list(c.meta.kv_caches_base_addr), halves=halves,
-        sub_blocks=bsr, permuted=rules.permute_active(c),
+        sub_blocks=bsr, permuted=rules.permute_active(c), remote_stride=rules.remote_stride(c),
     )
     c.io.prep_remote(prepared, "DRAM")
     c.state.prepared[c.remote_tp_rank] = prepared

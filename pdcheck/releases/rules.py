@@ -130,6 +130,13 @@ DST_NUM_BLOCKS_EQUAL = (
 )
 
 
+def remote_stride(ctx: Ctx) -> int:
+    """Bytes between the starts of two of P's blocks as D's descriptors walk them: block_strides[0] where the wire
+    carries it (0.29+; a padded compressed-MLA row from connector version 10, 0.30+), else 0 (blocks abut)."""
+    strides = ctx.meta.block_strides
+    return int(strides[0]) if strides else 0
+
+
 def prep_if_target(with_replication: bool, device: str = "remote_tp_rank") -> Action:
     """Register the remote rank's blocks, but only if this D rank pulls from it (p_remote_rank)."""
 
@@ -145,7 +152,7 @@ def prep_if_target(with_replication: bool, device: str = "remote_tp_rank") -> Ac
             p_rank=ctx.remote_tp_rank, agent=ctx.state.remote_agents[ctx.engine_id][ctx.remote_tp_rank],
             dlist_blocks=ctx.meta.num_blocks, block_len=ctx.local.block_len,
             remote_block_len=ctx.remote_block_len(), rank_offset=rank_offset, device_id=dev,
-            base_addrs=list(ctx.meta.kv_caches_base_addr),
+            base_addrs=list(ctx.meta.kv_caches_base_addr), remote_stride=remote_stride(ctx),
         )
         ctx.io.prep_remote(prepared, "DRAM")
         ctx.state.prepared[ctx.remote_tp_rank] = prepared
@@ -455,7 +462,7 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
             dlist_blocks=ctx.meta.num_blocks, block_len=read_len, remote_block_len=ctx.remote_block_len(),
             rank_offset=rank_offset, local_offset=local_offset, device_id=dev,
             base_addrs=list(ctx.meta.kv_caches_base_addr), halves=halves, sub_blocks=max(1, bsr),
-            permuted=permute_active(ctx),
+            permuted=permute_active(ctx), remote_stride=remote_stride(ctx),
         )
         ctx.io.prep_remote(prepared, "DRAM")
         if ratio < 0 and ctx.remote_tp_rank not in kvsplit.release_reads(
