@@ -35,6 +35,7 @@ from typing import Any
 
 from pdcheck import bounds
 from pdcheck.errors import BadInput
+from pdcheck.releases import mla_pages
 from pdcheck.scenario import CACHE_DTYPES, LAYOUTS
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -270,7 +271,9 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             if kvd:
                 _cache_dtype(facts, kvd, f"{name}:{n}{f' ({label})' if label else ''}: engine config "
                              f"kv_cache_dtype={kvd}")
-            if kvd and kvd != "auto":
+            if kvd == mla_pages.CACHE_DTYPE:  # a uint8 cache of 656-byte latent rows (STR_DTYPE_TO_TORCH_DTYPE)
+                put("dtype", mla_pages.ELEMENT, n, label, f"engine config kv_cache_dtype={kvd} (a uint8 cache)")
+            elif kvd and kvd != "auto":
                 put("dtype", "fp8" if kvd.startswith("fp8") else _TORCH_DTYPES.get(kvd, kvd), n, label,
                     f"engine config kv_cache_dtype={kvd}")
             elif dt:
@@ -329,11 +332,17 @@ _SIZE_ARGS = (("tensor_parallel_size", "tp_size"), ("pipeline_parallel_size", "p
 
 def _cache_dtype(facts: LogFacts, value: str, where: str, *, first: bool = True) -> None:
     """--kv-cache-dtype as written (a compat-hash factor from 0.13, so 'fp8' and 'fp8_e4m3' differ); one pdcheck
-    does not model (fp8_inc, fp8_ds_mla, ...) becomes a note and stays out of the scenario."""
+    does not model (fp8_inc, nvfp4_ds_mla, ...) becomes a note and stays out of the scenario. fp8_ds_mla fixes
+    the cache's geometry: an MLA cache of one latent head of 656-byte uint8 rows (releases.mla_pages)."""
     if first and "cache_dtype" in facts.fields:
         return
     if value in CACHE_DTYPES:
         facts.fields["cache_dtype"] = Found(value, where)
+        if value == mla_pages.CACHE_DTYPE:
+            why = f"{where} ({value}: one latent head of {mla_pages.ROW_BYTES}-byte {mla_pages.ELEMENT} rows)"
+            for key, val in (("use_mla", True), ("kv_heads", 1), ("head_dim", mla_pages.ROW_BYTES),
+                             ("dtype", mla_pages.ELEMENT)):
+                facts.fields.setdefault(key, Found(val, why))
     elif not any(value in n for n in facts.notes):
         facts.notes.append(f"kv_cache_dtype {value!r} ({where.split(': ', 1)[0]}) is not one pdcheck models "
                            f"({', '.join(CACHE_DTYPES)}): cache_dtype left out")

@@ -368,8 +368,17 @@ def test_enable_permute_local_kv_from_the_kv_transfer_config() -> None:
 
 
 def test_unmodelled_cache_dtype_is_a_note_not_a_key() -> None:
-    facts = _parse("\n".join(_log_0_26("p", dp=1, cache="fp8_ds_mla")))
-    assert "cache_dtype" not in facts.fields and any("fp8_ds_mla" in n for n in facts.notes)
+    facts = _parse("\n".join(_log_0_26("p", dp=1, cache="fp8_inc")))
+    assert "cache_dtype" not in facts.fields and any("fp8_inc" in n for n in facts.notes)
+
+
+def test_fp8_ds_mla_becomes_the_modelled_key_with_its_geometry() -> None:
+    # the compressed MLA cache (issue #17): a uint8 cache of one latent head of 656-byte rows
+    facts = _parse("\n".join(_log_0_26("p", dp=1, cache="fp8_ds_mla", mla=True)))
+    v = {k: f.value for k, f in facts.fields.items()}
+    assert (v["cache_dtype"], v["dtype"], v["use_mla"], v["kv_heads"], v["head_dim"]) == (
+        "fp8_ds_mla", "uint8", True, 1, 656)
+    assert not any("fp8_ds_mla" in n for n in facts.notes)
 
 
 def test_0_9_2_dp_size_from_the_non_default_args_only() -> None:
