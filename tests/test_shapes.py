@@ -425,3 +425,89 @@ def test_enable_permute_local_kv_per_release(pdcheck, tmp_path: Path) -> None:
     assert "receive LBHNC into a local LBNHC cache" in doc["decode_ranks"][0]["verdicts"]["0.34.0"]["message"]
     doc = run("NHD", "HND", "0.14.0")
     assert doc["matrix"]["0.14.0"] == doc["matrix"]["corrected"] == ["error"] * 4
+
+
+# ---- compressed MLA caches (fp8_ds_mla) and dense MLA virtual pages (connector version 10) ------------------------
+DS = {"tp_size": 1, "num_blocks": 16, "block_size": 64, "use_mla": True, "kv_heads": 1, "head_dim": 656,
+      "dtype": "uint8", "cache_dtype": "fp8_ds_mla", "attn_backend": "FLASHMLA_SPARSE"}
+PAGE = 64 * 656  # 41984 B: one 64-token block of 656-byte latent rows
+
+
+@pytest.mark.parametrize(("prefill", "decode", "top", "needle"), [
+    ({**DS, "use_mla": False}, DS, {"vllm": ["0.34.0"]}, "prefill.cache_dtype 'fp8_ds_mla' is an MLA cache"),
+    ({**DS, "head_dim": 576}, DS, {"vllm": ["0.34.0"]}, "head_dim = 656"),
+    (DS, DS, {"vllm": ["0.9.2"]}, "vLLM 0.9.2 does not know it"),
+    ({**DS, "block_stride": PAGE - 16}, DS, {"vllm": ["0.34.0"]}, "must be at least the block's 41984 B"),
+    ({**DS, "block_stride": PAGE + 8}, DS, {"vllm": ["0.34.0"]}, "multiple of 16 B"),
+    ({"block_stride": 4096}, {}, {"vllm": ["0.34.0"]}, "only for compressed MLA caches"),
+    (DS, {**DS, "block_stride": PAGE + 1024}, {"vllm": ["0.26.0", "0.34.0"]},
+     "decode.block_stride: vLLM 0.26.0 predates dense MLA virtual pages (NIXL connector version 10"),
+    (DS, {**DS, "block_stride": PAGE + 1024}, {"vllm": ["0.29.0"]}, "vLLM 0.29.0 predates"),
+])
+def test_bad_mla_pages_one_line(prefill: dict[str, Any], decode: dict[str, Any], top: dict[str, Any],
+                                needle: str) -> None:
+    with pytest.raises(BadInput) as exc:
+        _sc(prefill, decode, **top)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_mla_pages_release_facts() -> None:
+    from pdcheck.releases import mla_pages
+
+    # version 10 lies between pdcheck's 0.29 model (9) and its 0.30 model (11)
+    assert resolve("0.29.0").connector_version == 9 < mla_pages.DENSE_PAGES_CONNECTOR_VERSION
+    assert resolve("0.30.0").connector_version == 11
+    assert [r.name for r in MODELLED if mla_pages.has_dense_pages(r.name)] == [
+        r.name for r in MODELLED if (r.connector_version or 0) >= mla_pages.DENSE_PAGES_CONNECTOR_VERSION]
+    assert not mla_pages.has_cache_dtype("0.9.2") and mla_pages.has_cache_dtype("0.11.1")
+    # a padded row is stated on the side; the page (block_len) stays what the cache dtype makes it
+    sc = _sc(DS, {**DS, "block_stride": PAGE + 8448}, vllm=["0.34.0"])
+    g = sc.decode.geometry()
+    assert (g.block_len, g.row_len) == (PAGE, PAGE + 8448) and sc.prefill.geometry().row_len == PAGE
+
+
+def _copy(src, dst, src_descs, dst_descs) -> None:  # a stand-in for a NIXL READ, pure numpy (unit test only)
+    for (sa, n, _), (da, m, _) in zip(src_descs, dst_descs, strict=True):
+        assert n == m
+        so, do = int(sa) - src.arena.addr, int(da) - dst.arena.addr
+        dst.arena.arr[do:do + int(n)] = src.arena.arr[so:so + int(n)]
+
+
+def test_one_kv_cache_reads_virtual_pages_and_names_wrong_bytes() -> None:
+    import numpy as np
+
+    from pdcheck.geometry import Geometry
+    from pdcheck.kvcache import KVCache, block_descs, check_blocks
+
+    base = dict(tp_size=1, block_size=64, layers=2, total_kv_heads=1, head_dim=656, dtype="uint8",
+                attn_backend="FLASHMLA_SPARSE", use_mla=True)
+    p = KVCache(Geometry(**base, block_stride=PAGE + 8448), 8)  # padded rows
+    d = KVCache(Geometry(**base), 8)  # dense rows
+    assert p.region_bytes == 8 * (PAGE + 8448) and d.region_bytes == 8 * PAGE
+    p.fill(7, 0)
+    blocks = np.arange(8)
+    local = d.descs(PAGE, 0)
+    # as 0.30+ read: block_len bytes every block_strides[0] bytes
+    _copy(p, d, block_descs(p.base_addrs, 8, PAGE, PAGE, 0, stride=p.row_len), local)
+    ok = check_blocks(d, blocks, blocks, 7, 0, read_len=PAGE)
+    assert ok.checked == 16 and ok.wrong == 0
+    # a reader that walks P's rows at block_len lands inside the padding of earlier blocks: named wrong bytes
+    d.clear_all(blocks)
+    _copy(p, d, block_descs(p.base_addrs, 8, PAGE, PAGE, 0), local)
+    bad = check_blocks(d, blocks, blocks, 7, 0, read_len=PAGE)
+    assert bad.wrong == 14 and bad.first is not None  # block 0 of each region is the only one where they agree
+    assert (bad.first.local_block, bad.first.remote_block) == (1, 1)
+    assert bad.first.found.block == 0 and bad.first.found.offset == PAGE  # block 0's padding, +41984
+
+
+def test_mla_virtual_pages_real_ranks(pdcheck) -> None:
+    run = pdcheck("handshake", str(SCENARIOS / "mla-virtual-pages.toml"), "--json", "--hang-timeout", "2",
+                  timeout=120)
+    assert run.code == 0, run.err
+    doc = run.json()
+    assert doc["matrix"] == {"0.30.0": ["ok", "ok"], "0.34.0": ["ok", "ok"], "corrected": ["ok", "ok"]}
+    for d in doc["decode_ranks"]:
+        for rel in ("0.30.0", "0.34.0", "corrected"):
+            t = d["transfer"][rel]
+            # every page read whole from P's padded rows (64 blocks x 41984 B), none wrong
+            assert t["status"] == "ok" and t["wrong"] == 0 and t["bytes"] == t["blocks"] * PAGE > 0

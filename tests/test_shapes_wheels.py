@@ -287,3 +287,60 @@ def test_from_logs_reads_the_release_lines(release: str) -> None:
         text = hm.group(1) % ("abc", "m/x", "torch.bfloat16", 8, "fp8", "FLASH_ATTN")
         v = {k: f.value for k, f in fromlogs.parse([f"DEBUG 01-01 [x.py:1] {text}"], "x.log").fields.items()}
         assert v["kv_heads"] == 8 and v["cache_dtype"] == "fp8" and v["attn_backend"] == "FLASH_ATTN"
+
+
+# ---- compressed MLA caches and dense MLA virtual pages (releases.mla_pages) ---------------------------------------
+_NIXL = ("distributed/kv_transfer/kv_connector/v1/nixl_connector.py", "distributed/kv_transfer/kv_connector/v1/nixl/*.py")
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_fp8_ds_mla_cache_dtype(release: str) -> None:
+    from pdcheck.releases import mla_pages
+
+    cache = _text(release, "config/cache.py", "config.py")
+    literal = re.search(r"CacheDType = Literal\[(.*?)\]", cache, re.S)
+    assert literal is not None
+    has = f'"{mla_pages.CACHE_DTYPE}"' in literal.group(1)
+    assert has == mla_pages.has_cache_dtype(release)
+    if has:  # a uint8 tensor of 656-byte rows
+        assert re.search(r'"fp8_ds_mla": torch\.uint8', _text(release, "utils/torch_utils.py"))
+        sparse = _text(release, "v1/attention/backends/mla/flashmla_sparse.py")
+        assert f"{mla_pages.ROW_BYTES}" in sparse
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_dense_virtual_pages_and_block_strides(release: str) -> None:
+    from pdcheck.releases import mla_pages
+
+    rel = resolve(release)
+    src = _text(release, *_NIXL)
+    meta = re.search(r"class NixlAgentMetadata.*?\n\n\n", src, re.S)
+    assert meta is not None
+    fields = meta.group(0)
+    version = re.search(r"NIXL_CONNECTOR_VERSION: int = (\d+)", src)
+    assert (version is None) == (rel.connector_version is None)
+    if version is not None:
+        assert int(version.group(1)) == rel.connector_version
+    dense = mla_pages.has_dense_pages(release)
+    assert dense == ((rel.connector_version or 0) >= mla_pages.DENSE_PAGES_CONNECTOR_VERSION)
+    assert ("block_strides: list[int]" in fields) == dense  # the wheels read: 0.34 has both, the others neither
+    if dense:
+        assert "10: Add dense virtual transfer pages for compressed MLA caches" in src
+        # each side's descriptors walk its own stride, reading block_len bytes of each row
+        assert "block_stride = cache.stride(0) * cache.element_size()" in src
+        assert "(addr, local_block_len, device_id, block_strides[i], count)" in src
+        assert "assert len(nixl_agent_meta.block_strides) == num_remote_regions" in src
+        assert "stride >= block_len" in src
+    else:
+        assert "block_strides" not in src
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_cache_dtype_in_the_hash_and_mla_replicated_block_len(release: str) -> None:
+    """An fp8_ds_mla P and a bf16 D (bundled mla-fp8-ds-vs-auto): refused by the hash where cache_dtype is a
+    factor, else by the MLA (replicated) block_len check of 0.11.1 - 0.12."""
+    rel = resolve(release)
+    src = _flat(_text(release, *_NIXL))
+    assert ('"cache_dtype": str(cache_config.cache_dtype)' in src) == ("cache_dtype" in rel.hash_factors)
+    if rel.wire == "F":
+        assert '"KV cache sizes must match between P and D when replicated"' in src
