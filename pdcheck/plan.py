@@ -23,6 +23,7 @@ from pdcheck.releases import (
     CORRECTED,
     compat_hash_for,
     for_release,
+    mla_pages,
     registered_geometry,
     resolve,
     resolve_many,
@@ -165,6 +166,12 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
     releases = releases_of(sc, vllm)
     p_own = own_release(sc.prefill, f"{sc.source}: prefill.vllm")
     d_own = own_release(sc.decode, f"{sc.source}: decode.vllm")
+    for side, own in (("prefill", p_own), ("decode", d_own)):  # --vllm too: a release that predates the cache
+        inst: Instance = getattr(sc, side)
+        mla_pages.validate(sc.source, side, use_mla=inst.use_mla, cache_dtype=inst.cache_dtype, dtype=inst.dtype,
+                           head_dim=inst.head_dim, kv_heads=inst.kv_heads, block_len=inst.geometry().block_len,
+                           block_stride=inst.block_stride,
+                           releases=[r.version or r.name for r in ([own] if own is not None else releases)])
     if sc.prefill.dp_size > 1 or sc.decode.dp_size > 1:
         if live is not None:
             raise BadInput("--prefill-endpoint with dp_size > 1: probe each DP rank's side channel "

@@ -229,7 +229,7 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
             raise BadInput(f"{where}: {side}: {rank_bytes / 2**30:.4g} GiB of KV cache per rank (num_blocks x "
                            f"{g.row_len} B x {g.num_regions} regions); at most {b.MAX_RANK_BYTES >> 30} GiB")
         work = sc.transfer.requests * min(sc.transfer.blocks_per_request, min(inst.blocks())) \
-            * g.block_len * g.num_regions
+            * g.row_len * g.num_regions  # P tags whole rows, padding included
         if work > b.MAX_PROOF_BYTES:
             raise BadInput(f"{where}: transfer: requests x blocks_per_request make the transfer proof tag and check "
                            f"{work / 2**30:.4g} GiB per {side} rank; at most {b.MAX_PROOF_BYTES >> 20} MiB "

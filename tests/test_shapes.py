@@ -511,3 +511,10 @@ def test_mla_virtual_pages_real_ranks(pdcheck) -> None:
             t = d["transfer"][rel]
             # every page read whole from P's padded rows (64 blocks x 41984 B), none wrong
             assert t["status"] == "ok" and t["wrong"] == 0 and t["bytes"] == t["blocks"] * PAGE > 0
+
+
+def test_vllm_flag_before_dense_pages_exit_2_one_line(pdcheck) -> None:
+    run = pdcheck("handshake", "mla-virtual-pages", "--vllm", "0.26.0")
+    assert run.code == 2 and run.out == ""
+    err = run.err.strip().splitlines()
+    assert len(err) == 1 and "prefill.block_stride: vLLM 0.26.0 predates dense MLA virtual pages" in err[0]

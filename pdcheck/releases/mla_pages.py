@@ -72,3 +72,4 @@ def validate(where: str, side: str, *, use_mla: bool, cache_dtype: str, dtype: s
             raise BadInput(f"{where}: {side}.block_stride: vLLM {old[0]} predates dense MLA virtual pages (NIXL "
                            f"connector version {DENSE_PAGES_CONNECTOR_VERSION}, vLLM 0.30): its blocks abut, "
                            f"block_stride must equal the block's {block_len} B")
+
