@@ -518,3 +518,19 @@ def test_vllm_flag_before_dense_pages_exit_2_one_line(pdcheck) -> None:
     assert run.code == 2 and run.out == ""
     err = run.err.strip().splitlines()
     assert len(err) == 1 and "prefill.block_stride: vLLM 0.26.0 predates dense MLA virtual pages" in err[0]
+
+
+def test_fp8_ds_mla_logs_replay(pdcheck, tmp_path: Path) -> None:
+    from test_fromlogs import _log_0_26
+
+    (tmp_path / "p.log").write_text("\n".join(_log_0_26("prefill", dp=1, tp=1, cache="fp8_ds_mla", mla=True)))
+    (tmp_path / "d.log").write_text("\n".join(_log_0_26("decode", dp=1, tp=2, cache="fp8_ds_mla", mla=True)))
+    out = tmp_path / "x.toml"
+    run = pdcheck("scenario", "from-logs", str(tmp_path / "p.log"), str(tmp_path / "d.log"), "-o", str(out))
+    assert run.code == 0, run.err
+    sc = load(out)
+    assert (sc.decode.cache_dtype, sc.decode.dtype, sc.decode.head_dim, sc.decode.use_mla) == (
+        "fp8_ds_mla", "uint8", 656, True)
+    run = pdcheck("handshake", str(out), "--json", "--hang-timeout", "2", timeout=120)
+    assert run.code == 0, run.err
+    assert run.json()["matrix"]["0.26.0"] == ["ok", "ok"]
