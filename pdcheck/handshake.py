@@ -74,8 +74,11 @@ def run(plan: Plan) -> RunResult:
     t_end = time.perf_counter()
     timings = Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                       setup_ms={str(rid): ms for rid, (ms, _v) in ready.items()})
-    return RunResult(sc, plan.releases, opts.device, requests, results, p_final, harness, timings,
-                     {f"{role} rank {r}": pl.node for (role, r), pl in where.items()})
+    nodes = {f"{role} rank {r}": pl.node for (role, r), pl in where.items()}
+    if p.nodes > 1:  # a P spanning nodes here: name each P rank's node and the address it listened on
+        nodes.update({f"P rank {r}": f"{nodes[f'P rank {r}']} node {multinode.rank_node(r, p.tp_size, p.nodes)} "
+                                     f"({p_host[r]})" for r in range(p.tp_size)})
+    return RunResult(sc, plan.releases, opts.device, requests, results, p_final, harness, timings, nodes)
 
 
 

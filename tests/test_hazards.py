@@ -106,6 +106,7 @@ APPLIES = {
     "hybrid-mamba-10741": {"X10"},
     "hybrid-sliding-window": {"X10"},
     "nhd-native-46204": {"X02"},
+    "multinode-tp-26338": {"H23"},
 }
 
 

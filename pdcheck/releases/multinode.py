@@ -24,6 +24,8 @@ from pdcheck.releases.base import ReleaseModel
 from pdcheck.wire import FORMATS
 
 PR = "PR #26338"
+CORRECTED_EFFECT = ("reads each rank's metadata where it is served: rank 0's listener for every rank (F+), else "
+                    "each rank's own node address")
 
 
 def serves_all_ranks(p_wire: str) -> bool:
@@ -53,9 +55,6 @@ def unreachable(release: ReleaseModel, p_wire: str, tp_size: int, nodes: int) ->
 
 def effect(release: ReleaseModel, p_wire: str, hit: list[int], lost: list[int], ranks_text: str) -> str:
     """One line: what `release` does with a P spanning nodes. hit: D ranks that ask a rank in `lost`."""
-    if release.flow == "corrected":
-        return ("reads each rank's metadata where it is served: rank 0's listener for every rank (F+), else each "
-                "rank's own node address")
     if serves_all_ranks(p_wire):
         return (f"rank 0's scheduler listener on the head node serves every rank's gathered metadata "
                 f"((GET_META_MSG, rank), {PR}): every D rank reaches its P ranks")
