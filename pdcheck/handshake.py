@@ -66,7 +66,8 @@ def run(plan: Plan) -> RunResult:
         go = orc.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound, reserved)
         go = msgspec.structs.replace(go, host=hold, hosts={
             ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
-        orc.hold_head_node(held, p_host, ports.listeners, go)
+        if p.nodes > 1:  # (a Ray run's nodes are other machines: nothing of theirs is held here)
+            orc.hold_head_node(held, p_host, ports.listeners, go)
         t_ready = time.perf_counter()
         orc.send_all(d_ranks.values(), go)
         results, p_final = orc.route_tags(lau, p_ranks, d_ranks, opts.run_timeout_s, harness,
