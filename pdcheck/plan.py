@@ -260,6 +260,9 @@ def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> S
     P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree."""
     p = sc.prefill
     where = "--port" if options.port is not None else "prefill.base_port"
+    if p.nodes > 1:
+        raise BadInput(f"{sc.source or 'scenario'}: prefill.nodes: serve runs a P on one node; a P spanning "
+                       f"{p.nodes} nodes is modelled by `pdcheck handshake` only (leave nodes out)")
     if p.dp_size > 1:  # every DP rank, each laid out from one base as vLLM does
         port = options.port if options.port is not None else p.base_port
         if port is None:

@@ -464,6 +464,10 @@ def test_plan_marks_every_release_but_corrected_as_dialling_the_head_node() -> N
     assert not any(r.head_host for r in plan.d_releases)
     with pytest.raises(BadInput, match="--ray"):
         build(_nodes(4, 2, 4, ["0.9.2"]), None, RunOptions(), ray="auto")
+    from pdcheck.plan import ServeOptions, build_serve
+
+    with pytest.raises(BadInput, match="serve runs a P on one node"):
+        build_serve(_nodes(4, 2, 4, ["0.14.0"]), resolve("0.14.0"), ServeOptions())
 
 
 @pytest.mark.parametrize(("p_tp", "nodes", "d_tp", "vllm"), [
