@@ -479,7 +479,7 @@ def test_plan_marks_every_release_but_corrected_as_dialling_the_head_node() -> N
 def test_h23_names_exactly_the_d_ranks_the_engine_hangs(p_tp: int, nodes: int, d_tp: int, vllm: list[str]) -> None:
     """H23's line per release and the pure engine's verdicts (test_release_models.scenario_statuses, the P ranks
     off the head node mute for releases that dial the head node for them) agree rank for rank."""
-    from tests.test_release_models import scenario_statuses
+    from test_release_models import scenario_statuses
 
     sc = _nodes(p_tp, nodes, d_tp, vllm)
     hz = _hz(sc, ",".join(vllm))["H23"]
