@@ -27,6 +27,8 @@ MAX_DP_RANK = 1023
 # DP ranks per side that run as real rank groups (each a full TP group), and PP stages per side
 MAX_DP_SIZE = 8
 MAX_PP_SIZE = 16
+# Nodes one instance's TP group spans (each node's ranks on their own loopback address, 127.0.0.(k+1))
+MAX_NODES = 8
 MAX_DEVICE_ID = 1023
 MAX_REQUESTS = 256
 MAX_BLOCKS_PER_REQUEST = 4096

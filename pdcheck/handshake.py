@@ -9,10 +9,12 @@ import msgspec
 
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
+from pdcheck import ports as portlayout
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.plan import Plan
 from pdcheck.ranks import decode_main, prefill_main
+from pdcheck.releases import multinode
 from pdcheck.results import RunResult, Timings
 
 
@@ -31,8 +33,10 @@ def run(plan: Plan) -> RunResult:
         reserved = orc.reserve_layout(held, p.host, ports) if ports.fixed and plan.ray is None else {}
         where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
                           gpu=opts.device == "cuda")
-        # Each P rank listens on its own node's address (the scenario's host when all run here).
-        p_host = {r: where["P", r].host or p.host for r in range(p.tp_size)}
+        # Each P rank listens on its own node's address (the scenario's host when all run here; a P spanning
+        # `nodes` nodes here: node k's loopback address, ports.node_host).
+        p_host = {r: where["P", r].host or portlayout.node_host(p.host, multinode.rank_node(r, p.tp_size, p.nodes))
+                  for r in range(p.tp_size)}
         p_ranks = {
             r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
@@ -62,6 +66,8 @@ def run(plan: Plan) -> RunResult:
         go = orc.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound, reserved)
         go = msgspec.structs.replace(go, host=hold, hosts={
             ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
+        if p.nodes > 1:  # (a Ray run's nodes are other machines: nothing of theirs is held here)
+            orc.hold_head_node(held, p_host, ports.listeners, go)
         t_ready = time.perf_counter()
         orc.send_all(d_ranks.values(), go)
         results, p_final = orc.route_tags(lau, p_ranks, d_ranks, opts.run_timeout_s, harness,
@@ -69,8 +75,11 @@ def run(plan: Plan) -> RunResult:
     t_end = time.perf_counter()
     timings = Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                       setup_ms={str(rid): ms for rid, (ms, _v) in ready.items()})
-    return RunResult(sc, plan.releases, opts.device, requests, results, p_final, harness, timings,
-                     {f"{role} rank {r}": pl.node for (role, r), pl in where.items()})
+    nodes = {f"{role} rank {r}": pl.node for (role, r), pl in where.items()}
+    if p.nodes > 1:  # a P spanning nodes here: name each P rank's node and the address it listened on
+        nodes.update({f"P rank {r}": f"{nodes[f'P rank {r}']} node {multinode.rank_node(r, p.tp_size, p.nodes)} "
+                                     f"({p_host[r]})" for r in range(p.tp_size)})
+    return RunResult(sc, plan.releases, opts.device, requests, results, p_final, harness, timings, nodes)
 
 
 

@@ -18,7 +18,7 @@ import msgspec
 from pdcheck import kvsplit, ports
 from pdcheck.geometry import Geometry
 from pdcheck.releases import CORRECTED as CORRECTED_MODEL
-from pdcheck.releases import hybrid, registered_geometry, shapes
+from pdcheck.releases import hybrid, multinode, registered_geometry, shapes
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D, msg_engine_id
 from pdcheck.scenario import Instance, Scenario
@@ -804,6 +804,26 @@ def _h21(f: Facts, rels: Rels) -> Hazard:
     return _yes("H21", "a D rank asks a P rank that does not exist (P TP too small for the flow)", effects)
 
 
+def _h23(f: Facts, rels: Rels) -> Hazard:
+    """A P whose TP group spans nodes (vllm#25981, PR #26338): which D ranks ask a rank that is not served on the
+    head node, whose address every release dials (releases.multinode, the one home of these facts)."""
+    nodes = f.p.nodes
+    if nodes <= 1:
+        return _no("H23", "the prefill TP group runs on one node")
+    per = f.p_tp // nodes
+    p_rel = _p_release(f)
+    effects: dict[str, str] = {}
+    for rel in rels:
+        wire = (p_rel or rel).wire
+        lost = multinode.unreachable(rel, wire, f.p_tp, nodes)
+        hit = [r for r in range(f.d_tp) if any(p in lost for p in (targets(rel, f, r) or []))]
+        effects[rel.name] = multinode.effect(rel, wire, hit, lost, ranks_text(lost))
+    effects[CORRECTED] = multinode.CORRECTED_EFFECT
+    off = [r for r in range(f.p_tp) if multinode.rank_node(r, f.p_tp, nodes) > 0]
+    return _yes("H23", f"prefill TP {f.p_tp} spans {nodes} nodes ({per} ranks each): P ranks {ranks_text(off)} "
+                       f"are off the head node", effects)
+
+
 def _h25(f: Facts, rels: Rels) -> Hazard:
     moved = [p for p in range(f.p_tp) if f.p.device_id(p) != p]
     if not moved:
@@ -975,7 +995,7 @@ def _no(hid: str, detail: str) -> Hazard:
 EVALUATORS: dict[str, Callable[[Facts, Rels], Hazard]] = {
     "H01": _h01, "H02": _h02, "H03": _h03, "H04": _h04, "H07": _h07, "H08": _h08, "H09": _h09, "H10": _h10,
     "H11": _h11, "H12": _h12, "H13": _h13, "H14": _h14, "H15": _h15, "H17": _h17, "H18": _h18, "H19": _h19, "H20": _h20, "H21": _h21,
-    "H25": _h25, "H28": _h28,
+    "H23": _h23, "H25": _h25, "H28": _h28,
 }
 
 

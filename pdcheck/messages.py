@@ -66,6 +66,9 @@ class DRelease(msgspec.Struct, frozen=True):
     p_base_port: int
     p_wire: str
     local_hash: str | None
+    # P's TP group spans nodes and this release dials kv_transfer_params' remote_host (the head node) for every
+    # P rank (releases.multinode); False: each rank where it listens
+    head_host: bool = False
 
 
 class DecodeSpec(RankSpec, frozen=True):

@@ -185,6 +185,20 @@ def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool,
     return m.Go(ports, catch_all.getsockname()[1])
 
 
+def hold_head_node(held: ExitStack, p_host: dict[int, str], listeners: dict[int, list[m.ListenerSpec]],
+                   go: m.Go) -> None:
+    """A P spanning nodes: hold silent, on the head node's address (P rank 0's), every port a P rank on another
+    node really listens on. A release that dials the head node for that rank (releases.multinode) then reaches
+    pdcheck's silent socket, never another process of this machine that happens to hold the port there."""
+    from pdcheck.sidechannel import hold_silent  # zmq: see hold_the_rest
+
+    head = p_host[0]
+    for r, specs in listeners.items():
+        if p_host[r] != head:
+            for ls in specs:
+                held.enter_context(hold_silent(head, go.ports[ls.port]))
+
+
 def route_tags(lau: Events, p_ranks: dict[int, R], d_ranks: dict[int, R], run_timeout_s: float,
                harness: list[str], *, expected_dead: Iterable[int] = (), tick: Tick | None = None,
                ) -> tuple[dict[int, m.DecodeResult], dict[int, m.PrefillFinal]]:

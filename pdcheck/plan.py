@@ -24,6 +24,7 @@ from pdcheck.releases import (
     compat_hash_for,
     for_release,
     mla_pages,
+    multinode,
     registered_geometry,
     resolve,
     resolve_many,
@@ -144,10 +145,12 @@ def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
     ]
 
 
-def d_release(release: ReleaseModel, p_base: int, p_wire: str, d: Instance) -> m.DRelease:
-    """One release a D rank models: where P's side channel is (layout base) and the hash D checks against."""
+def d_release(release: ReleaseModel, p_base: int, p_wire: str, d: Instance, p_nodes: int = 1) -> m.DRelease:
+    """One release a D rank models: where P's side channel is (layout base), the hash D checks against, and
+    whether it dials the head node for every P rank (a P spanning nodes, releases.multinode)."""
     return m.DRelease(release.name, p_base, p_wire, compat_hash_for(release, d.geometry(), d.model,
-                                                                               cache_dtype=d.cache_dtype))
+                                                                   cache_dtype=d.cache_dtype),
+                      head_host=p_nodes > 1 and multinode.dials_head_node(release))
 
 
 def live_release(sc: Scenario, p_own: ReleaseModel | None, releases: list[ReleaseModel]) -> ReleaseModel:
@@ -197,7 +200,11 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
     _check_inject(options.inject, p_geometry, sc.prefill.blocks())
     plan = ports.plan_ports(sc, releases, p_own, where)
     # Once, not per rank: each release entry computes a compatibility hash.
-    d_rels = [d_release(r, plan.d_base(sc, r), plan.profiles[r.name].wire, sc.decode) for r in [*releases, CORRECTED]]
+    if sc.prefill.nodes > 1 and ray is not None:
+        raise BadInput(f"{where or sc.source}: prefill.nodes: a P spanning nodes runs on this machine's loopback "
+                       f"addresses (one per node); with --ray the cluster places the ranks (leave nodes out)")
+    d_rels = [d_release(r, plan.d_base(sc, r), plan.profiles[r.name].wire, sc.decode, sc.prefill.nodes)
+              for r in [*releases, CORRECTED]]
     return Plan(sc, releases, p_own, p_geometry, kv_geometry(sc.decode, d_own, releases),
                 options, plan, d_rels, make_requests(sc), ray)
 
@@ -260,6 +267,9 @@ def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> S
     P speaks `release` (--vllm wins over the scenario's prefill.vllm): listeners, hash and KV layout agree."""
     p = sc.prefill
     where = "--port" if options.port is not None else "prefill.base_port"
+    if p.nodes > 1:
+        raise BadInput(f"{sc.source or 'scenario'}: prefill.nodes: serve runs a P on one node; a P spanning "
+                       f"{p.nodes} nodes is modelled by `pdcheck handshake` only (leave nodes out)")
     if p.dp_size > 1:  # every DP rank, each laid out from one base as vLLM does
         port = options.port if options.port is not None else p.base_port
         if port is None:

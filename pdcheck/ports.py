@@ -9,6 +9,7 @@ base + dp serves every TP rank.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from typing import TYPE_CHECKING
 
@@ -32,6 +33,13 @@ def default_port(wire: str) -> int:
     if wire not in FORMATS:
         raise ValueError(f"unknown wire era {wire!r}")
     return 5557 if wire[0] < "F" else 5600
+
+
+def node_host(host: str, node: int) -> str:
+    """Node `node`'s address in a one-machine run: the instance's loopback address + node (127.0.0.1, .2, ...),
+    so each node's listeners bind their own real address and a D that dials the head node's address for a rank on
+    another node finds nobody of that rank there."""
+    return str(ipaddress.IPv4Address(host) + node) if node else host
 
 
 def per_rank(wire: str) -> bool:

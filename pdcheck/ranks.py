@@ -311,6 +311,8 @@ class RealIO:
         port = layout if self.spec.live else self.go.ports.get(layout, self.go.silent)
         # On several nodes each P rank listens on its own node's address; held ports live where the parent runs.
         host = self.spec.p_host if self.spec.live else self.go.hosts.get(layout, self.go.host or self.spec.p_host)
+        if self.rel.head_host:  # a P spanning nodes: the release dials remote_host, the head node, for every rank
+            host = self.spec.p_host
         return fetch(self.zctx, host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
 
     def add_remote_agent(self, blob: bytes) -> str:

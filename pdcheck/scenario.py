@@ -6,6 +6,7 @@ Flags are merged into the raw document *before* decoding, so they get exactly th
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import tomllib
 from pathlib import Path
@@ -29,6 +30,7 @@ HeadDim = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_HEAD_DIM)]
 DpRank = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DP_RANK)]
 DpSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_DP_SIZE)]
 PpSize = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_PP_SIZE)]
+Nodes = Annotated[int, msgspec.Meta(ge=1, le=b.MAX_NODES)]
 CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16", "fp8_ds_mla")
 DeviceId = Annotated[int, msgspec.Meta(ge=0, le=b.MAX_DEVICE_ID)]
 # Names travel into NIXL agent names, the wire and reports: printable ASCII, bounded.
@@ -63,6 +65,8 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     dp_rank: DpRank = 0
     dp_size: DpSize = 1  # data parallel: that many engines (each a TP group with its own side channel)
     pp_size: PpSize = 1  # pipeline parallel stages (modelled by pdcheck.shapes; one stage runs)
+    # Nodes the TP group spans (PR #26338): ranks split evenly, node k's ranks on their own address (ports.node_host)
+    nodes: Nodes = 1
     cache_dtype: Word = "auto"  # --kv-cache-dtype: a compat-hash factor from 0.13 (fp8: vLLM #42179)
     fp8_dynamic_scales: bool = False  # fp8 KV with per-request (dynamic) scales: vLLM #42179
     # VLLM_NIXL_SIDE_CHANNEL_HOST set to a routable address (prefill); False: it is left unset ("localhost"), so
@@ -242,6 +246,15 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
         if inst.dp_size > 1 and inst.dp_rank != 0:
             raise BadInput(f"{where}: {side}.dp_rank: {inst.dp_rank} with dp_size {inst.dp_size}; with dp_size > 1 "
                            f"every DP rank 0..{inst.dp_size - 1} runs (leave dp_rank out)")
+        if inst.tp_size % inst.nodes:
+            raise BadInput(f"{where}: {side}.nodes: {inst.nodes} nodes must divide tp_size {inst.tp_size} "
+                           f"(each node holds the same number of TP ranks)")
+        if inst.nodes > 1 and inst.dp_size > 1:
+            raise BadInput(f"{where}: {side}.nodes: a TP group spanning {inst.nodes} nodes with dp_size "
+                           f"{inst.dp_size} is not modelled (give one of them as 1)")
+        if inst.nodes > 1 and not _loopback_v4(inst.host):
+            raise BadInput(f"{where}: {side}.nodes: node k runs on loopback address 127.0.0.(k+1); "
+                           f"{side}.host {inst.host!r} must be an IPv4 loopback address")
         if inst.dp_size * inst.tp_size > max_tp:
             raise BadInput(f"{where}: {side}: dp_size {inst.dp_size} x tp_size {inst.tp_size} = "
                            f"{inst.dp_size * inst.tp_size} ranks; at most {max_tp} per side (--max-tp)")
@@ -369,3 +382,11 @@ def parse_counts(flag: str, text: str) -> int | list[int]:
         if not 1 <= v <= b.MAX_NUM_BLOCKS:
             raise BadInput(f"{flag}: {v} is out of range (1 to {b.MAX_NUM_BLOCKS})")
     return vals[0] if len(vals) == 1 else vals
+
+
+def _loopback_v4(host: str) -> bool:
+    """An IPv4 loopback address: node k of a multi-node instance binds the address k above it (127/8 is all `lo`)."""
+    try:
+        return ipaddress.IPv4Address(host).is_loopback
+    except ValueError:
+        return False

@@ -108,6 +108,7 @@ APPLIES = {
     "nhd-native-46204": {"X02"},
     "mla-virtual-pages": set(),  # both sides on fp8_ds_mla, pages equal: the padded rows are read right
     "mla-fp8-ds-vs-auto": {"H08", "H17"},
+    "multinode-tp-26338": {"H23"},
 }
 
 

@@ -27,7 +27,7 @@ from releasekit import (
 )
 
 from pdcheck.engine import Handshaker, Params, run
-from pdcheck.releases import CORRECTED, resolve
+from pdcheck.releases import CORRECTED, multinode, resolve
 from pdcheck.releases.base import Local
 from pdcheck.releases.rules import MSG_SHAPE
 from pdcheck.scenario import Scenario, load
@@ -339,11 +339,12 @@ class TestOthers:
 
 
 # ---- bundled scenarios against the pure engine ---------------------------------------------------------
-def scenario_io(sc: Scenario) -> MemIO:
+def scenario_io(sc: Scenario, mute: list[int] | None = None) -> MemIO:
+    """mute: P ranks that never answer (a P spanning nodes: releases.multinode.unreachable)."""
     pi = sc.prefill
     p = Side(pi.engine_id, pi.tp_size, pi.blocks(), pi.kv_heads, pi.head_dim, pi.block_size, pi.dtype,
              pi.attn_backend, pi.use_mla, pi.kv_cache_layout, layers=pi.layers, groups=tuple(pi.kv_groups or ()))
-    return MemIO(p)
+    return MemIO(p, mute=set(mute or ()))
 
 
 def scenario_statuses(sc: Scenario, release: str) -> list[str]:
@@ -361,7 +362,8 @@ def scenario_statuses(sc: Scenario, release: str) -> list[str]:
         loc = Local(di.engine_id, r, di.tp_size, di.blocks()[r], di.geometry(), di.kv_cache_layout, di.device_id(r),
                     pp_size=di.pp_size, memory_layout=di.backend_layout)
         prm = Params(sc.remote_engine_id(), sc.params_tp_size(), p_wire)
-        out.append(run(rel, loc, prm, scenario_io(sc)).status)
+        lost = multinode.unreachable(rel, p_wire, sc.prefill.tp_size, sc.prefill.nodes)
+        out.append(run(rel, loc, prm, scenario_io(sc, lost)).status)
     return out
 
 

@@ -6,6 +6,7 @@ line), and one real-process run: 2 DP x 2 TP per side, real side channels and NI
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,16 @@ from pdcheck import ports
 from pdcheck.errors import BadInput
 from pdcheck.hazards import evaluate
 from pdcheck.plan import RunOptions, build, dp_scenario
-from pdcheck.releases import MODELLED, compat_hash_for, resolve, resolve_many, rules, shapes
+from pdcheck.releases import (
+    CORRECTED,
+    MODELLED,
+    compat_hash_for,
+    multinode,
+    resolve,
+    resolve_many,
+    rules,
+    shapes,
+)
 from pdcheck.scenario import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -210,7 +220,8 @@ def test_h17_h28_and_x01() -> None:
 def test_bundled_shape_scenarios_exist_with_expectations() -> None:
     for stem, issue in [("dp2-host-unset-27083", "#27083"), ("dp2-wrong-port-27083", "#27083"),
                         ("pp2-pull-52913", "#52913"), ("block-size-per-request-42895", "#42895"),
-                        ("fp8-dynamic-scales-42179", "#42179"), ("nhd-native-46204", "#46204")]:
+                        ("fp8-dynamic-scales-42179", "#42179"), ("nhd-native-46204", "#46204"),
+                        ("multinode-tp-26338", "#26338")]:
         sc = load(SCENARIOS / f"{stem}.toml")
         assert issue in sc.description and sc.expect
 
@@ -534,3 +545,101 @@ def test_fp8_ds_mla_logs_replay(pdcheck, tmp_path: Path) -> None:
     run = pdcheck("handshake", str(out), "--json", "--hang-timeout", "2", timeout=120)
     assert run.code == 0, run.err
     assert run.json()["matrix"]["0.26.0"] == ["ok", "ok"]
+# ---- multi-node TP (PR #26338): a prefill TP group spanning nodes -----------------------------------------
+def _nodes(p_tp: int, nodes: int, d_tp: int, vllm: list[str]):
+    return _sc({"tp_size": p_tp, "nodes": nodes}, {"tp_size": d_tp}, vllm=vllm)
+
+
+def test_node_addresses_and_rank_split() -> None:
+    assert [multinode.rank_node(r, 8, 4) for r in range(8)] == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert [ports.node_host("127.0.0.1", k) for k in range(3)] == ["127.0.0.1", "127.0.0.2", "127.0.0.3"]
+
+
+@pytest.mark.parametrize(("release", "lost"), [("0.9.2", [2, 3]), ("0.10.1", [2, 3]), ("0.11.0", [2, 3]),
+                                               ("0.11.1", []), ("0.14.0", []), ("0.26.0", []), ("0.34.0", [])])
+def test_unreachable_ranks_per_era(release: str, lost: list[int]) -> None:
+    rel = resolve(release)
+    assert multinode.unreachable(rel, rel.wire, 4, 2) == lost
+    assert multinode.unreachable(rel, rel.wire, 4, 1) == []
+    assert multinode.unreachable(CORRECTED, rel.wire, 4, 2) == []
+
+
+def test_plan_marks_every_release_but_corrected_as_dialling_the_head_node() -> None:
+    plan = build(_nodes(4, 2, 4, ["0.9.2", "0.34.0"]), None, RunOptions())
+    assert {r.name: r.head_host for r in plan.d_releases} == {"0.9.2": True, "0.34.0": True, "corrected": False}
+    plan = build(_nodes(4, 1, 4, ["0.9.2"]), None, RunOptions())
+    assert not any(r.head_host for r in plan.d_releases)
+    with pytest.raises(BadInput, match="--ray"):
+        build(_nodes(4, 2, 4, ["0.9.2"]), None, RunOptions(), ray="auto")
+    from pdcheck.plan import ServeOptions, build_serve
+
+    with pytest.raises(BadInput, match="serve runs a P on one node"):
+        build_serve(_nodes(4, 2, 4, ["0.14.0"]), resolve("0.14.0"), ServeOptions())
+
+
+@pytest.mark.parametrize(("p_tp", "nodes", "d_tp", "vllm"), [
+    (4, 2, 4, ["0.9.1", "0.9.2", "0.10.1", "0.11.0", "0.11.1", "0.14.0", "0.26.0", "0.34.0"]),
+    (4, 4, 8, ["0.9.2", "0.11.0", "0.14.0", "0.34.0"]),
+    (8, 2, 2, ["0.14.0", "0.34.0"]),  # P TP > D TP: 0.14+ read every P rank from the head node's listener
+    (2, 2, 4, ["0.9.1", "0.9.2", "0.11.1"]),
+])
+def test_h23_names_exactly_the_d_ranks_the_engine_hangs(p_tp: int, nodes: int, d_tp: int, vllm: list[str]) -> None:
+    """H23's line per release and the pure engine's verdicts (test_release_models.scenario_statuses, the P ranks
+    off the head node mute for releases that dial the head node for them) agree rank for rank."""
+    from test_release_models import scenario_statuses
+
+    sc = _nodes(p_tp, nodes, d_tp, vllm)
+    hz = _hz(sc, ",".join(vllm))["H23"]
+    assert hz.applies and f"spans {nodes} nodes" in hz.detail
+    for rel in vllm:
+        hung = [r for r, s in enumerate(scenario_statuses(sc, rel)) if s == "hang"]
+        named = re.search(r"D ranks? ([\d, ]+) get no reply", hz.effects[rel])
+        assert (named is None and not hung) or [int(x) for x in named.group(1).split(", ")] == hung, rel
+        if resolve(rel).wire >= "F":
+            assert "PR #26338" in hz.effects[rel] and not hung
+    assert scenario_statuses(sc, "corrected") == ["ok"] * d_tp
+    assert not _hz(_nodes(p_tp, 1, d_tp, vllm), vllm[0])["H23"].applies
+
+
+@pytest.mark.parametrize(("prefill", "needle"), [
+    ({"tp_size": 4, "nodes": 3}, "prefill.nodes: 3 nodes must divide tp_size 4"),
+    ({"tp_size": 4, "nodes": 9}, "prefill.nodes"),
+    ({"tp_size": 4, "nodes": 2, "dp_size": 2}, "with dp_size 2 is not modelled"),
+    ({"tp_size": 4, "nodes": 2, "host": "::1"}, "must be an IPv4 loopback address"),
+])
+def test_bad_nodes_one_line(prefill: dict[str, Any], needle: str) -> None:
+    with pytest.raises(BadInput) as exc:
+        _sc(prefill)
+    assert needle in str(exc.value) and "\n" not in str(exc.value)
+
+
+def test_bad_nodes_exit_2_from_the_cli(pdcheck, tmp_path: Path) -> None:
+    f = tmp_path / "nodes.toml"
+    f.write_text('[prefill]\nnum_blocks = 64\ntp_size = 4\nnodes = 3\n[decode]\nnum_blocks = 64\n')
+    run = pdcheck("handshake", str(f))
+    assert run.code == 2 and run.out == ""
+    assert len(run.err.strip().splitlines()) == 1 and "prefill.nodes" in run.err
+
+
+def test_multinode_real_ranks_on_their_node_addresses(pdcheck) -> None:
+    """The bundled scenario, real processes: P ranks 2-3 listen on 127.0.0.2; 0.9.2's D ranks 2-3 dial the head
+    node's address for them and hang; 0.11.1 reads all four through rank 0's listener; corrected, against 0.9.2's
+    per-rank listeners, reads each where it listens; the transfer proof passes wherever the handshake did."""
+    run = pdcheck("handshake", str(SCENARIOS / "multinode-tp-26338.toml"), "--vllm", "0.9.2,0.11.1", "--json",
+                  "--hang-timeout", "1", timeout=120)
+    assert run.code == 1, run.err
+    doc = run.json()
+    assert [p["node"].split(" ", 1)[1] for p in doc["prefill_ranks"]] == [
+        "node 0 (127.0.0.1)", "node 0 (127.0.0.1)", "node 1 (127.0.0.2)", "node 1 (127.0.0.2)"]
+    assert doc["matrix"] == {"0.9.2": ["ok", "ok", "hang", "hang"], "0.11.1": ["ok"] * 4, "corrected": ["ok"] * 4}
+    for d in doc["decode_ranks"]:
+        for rel in ("0.11.1", "corrected"):
+            assert d["transfer"][rel]["status"] == "ok" and d["transfer"][rel]["wrong"] == 0, (d["tp_rank"], rel)
+    assert "no reply from P rank 2" in doc["decode_ranks"][2]["verdicts"]["0.9.2"]["message"]
+    h23 = next(h for h in doc["hazards"] if h["id"] == "H23")
+    assert h23["applies"] and "D ranks 2, 3 get no reply" in h23["effects"]["0.9.2"]
+    run = pdcheck("handshake", str(SCENARIOS / "multinode-tp-26338.toml"), "--vllm", "0.9.2", "--json",
+                  "--hang-timeout", "1", timeout=120)
+    doc = run.json()
+    assert doc["matrix"]["corrected"] == ["ok"] * 4  # per-rank listeners: corrected dials each rank's own node
+    assert all(d["transfer"]["corrected"]["status"] == "ok" for d in doc["decode_ranks"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from pdcheck.releases import hybrid, resolve, shapes
+from pdcheck.releases import hybrid, multinode, resolve, shapes
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 RELEASES = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir()),
@@ -344,3 +344,30 @@ def test_cache_dtype_in_the_hash_and_mla_replicated_block_len(release: str) -> N
     assert ('"cache_dtype": str(cache_config.cache_dtype)' in src) == ("cache_dtype" in rel.hash_factors)
     if rel.wire == "F":
         assert '"KV cache sizes must match between P and D when replicated"' in src
+# ---- multi-node TP (releases.multinode, PR #26338) ----------------------------------------------------------
+@pytest.mark.parametrize("release", RELEASES)
+def test_multinode_where_d_finds_each_rank(release: str) -> None:
+    """Every release: P's scheduler advertises its own side-channel host as remote_host and D dials it for every
+    rank. Per-worker eras: each worker listens at base + tp_rank on its own node and D connects to
+    host:port + rank with a blocking recv(). 0.11.1+: the engine core gathers every worker's {rank: metadata}
+    and the scheduler's one listener answers (GET_META_MSG, rank) on host:port."""
+    rel = resolve(release)
+    conn = _conn(release)
+    core = _text(release, "v1/engine/core.py")
+    assert "remote_host=self.side_channel_host" in conn
+    assert multinode.dials_head_node(rel)
+    gathered = "content.update(worker_dict)" in core and re.search(
+        r"kv_connector\.set_xfer_handshake_metadata(_pp_aware)?\(content\)", core) is not None
+    per_rank_listener = 'make_zmq_path("tcp", host, base_port + tp_rank)' in conn
+    dials_rank_port = 'make_zmq_path("tcp", host, port + p_remote_rank)' in conn
+    asks_rank = re.search(r"msgspec\.msgpack\.encode\(\s*\(GET_META_MSG, (remote_pp_rank, )?(p_)?remote_rank\)",
+                          conn) is not None
+    serves_all = multinode.serves_all_ranks(rel.wire)
+    assert gathered == asks_rank == serves_all, (gathered, asks_rank, serves_all)
+    assert per_rank_listener == dials_rank_port == (not serves_all)
+    if not serves_all:  # the blocking wait the hang verdict names
+        assert "with zmq_ctx(zmq.REQ, path) as sock:" in conn and "RCVTIMEO" not in conn
+        assert rel.recv_timeout_ms is None
+        assert multinode.unreachable(rel, rel.wire, 4, 2) == [2, 3]
+    else:
+        assert multinode.unreachable(rel, rel.wire, 4, 2) == []
