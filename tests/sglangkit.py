@@ -341,11 +341,14 @@ def _state(x: Any) -> str:
                                                    "Success")}.get(int(x), str(x))
 
 
-def _stdin_closed() -> bool:
+def _stdin(wait_s: float = 0.0) -> str | None:
+    """The parent's word: "line" (report now), "eof" (stop), None (nothing yet)."""
     import select
 
-    r, _w, _x = select.select([sys.stdin], [], [], 0)
-    return bool(r) and not sys.stdin.readline()
+    r, _w, _x = select.select([sys.stdin], [], [], wait_s)
+    if not r:
+        return None
+    return "line" if sys.stdin.readline() else "eof"
 
 
 def prefill(root: Path, p: dict[str, Any]) -> None:
@@ -377,7 +380,9 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
     last: dict[int, str] = {}
     sent: set[int] = set()
     end = time.monotonic() + p.get("timeout_s", 30)
-    while len(result) < len(senders) and time.monotonic() < end and not _stdin_closed():
+    word = None
+    while len(result) < len(senders) and time.monotonic() < end and word is None:
+        word = _stdin()
         for room, snd in senders.items():
             if str(room) in result:
                 continue
@@ -403,8 +408,8 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
     _emit("done", {"rooms": result, "bootstrap_thread_alive": _thread_alive("bootstrap"),
                    "status": {str(k): _state(v) for k, v in dict(mgr.request_status).items()},
                    "infos": [str(k) for k in getattr(mgr, "transfer_infos", {})]})
-    while not _stdin_closed():
-        time.sleep(0.05)
+    while word != "eof":
+        word = _stdin(1.0)
     server.close()
 
 
@@ -483,8 +488,8 @@ def decode(root: Path, p: dict[str, Any]) -> None:
             checked += len(got_pages)
         res.update(checked=checked, wrong=wrong)
     _emit("done", {"rooms": result})
-    while not _stdin_closed():
-        time.sleep(0.05)
+    while _stdin(1.0) != "eof":
+        pass
 
 
 ROLES = {"prefill": prefill, "decode": decode}
