@@ -303,12 +303,12 @@ class _Setup:
 
     def __init__(self, root: Path, p: dict[str, Any], mode: str) -> None:
         import numpy as np
+        from sglang.srt.disaggregation.base.conn import KVArgs
+        from sglang.srt.disaggregation.utils import DisaggregationMode
 
         from pdcheck.kvcache import KVCache
         from pdcheck.sglang.engine import Side
         from pdcheck.sglang.ranks import sglang_order
-        from sglang.srt.disaggregation.base.conn import KVArgs
-        from sglang.srt.disaggregation.utils import DisaggregationMode
 
         self.side = Side(**p["side"])
         self.kv = KVCache(self.side.geometry(), self.side.num_pages, "cpu", 0, "HND")
@@ -356,7 +356,6 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
     scheduler does (poll until WaitingForInput, init(num_pages, aux_index), send(pages)); KV pages tagged with
     pdcheck's pattern (p["tag"], P rank) so the D that receives them can check every byte."""
     import numpy as np
-
     from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
     from sglang.srt.disaggregation.nixl import conn
 
@@ -424,10 +423,10 @@ def decode(root: Path, p: dict[str, Any]) -> None:
     try_ensure_parallel_info, init(prefill_dp_rank), send_metadata(pages, aux_index)); then every received
     page checked against pdcheck's pattern (p["tag"], P rank 0, the same page ids on P)."""
     import numpy as np
+    from sglang.srt.disaggregation.nixl import conn
 
     from pdcheck.kvcache import pattern
     from pdcheck.sglang.ranks import region_of
-    from sglang.srt.disaggregation.nixl import conn
 
     s = _Setup(root, p, "decode")
     mgr = conn.NixlKVManager(s.args, s.mode, s.server_args, False)

@@ -33,7 +33,7 @@ from pdcheck.sglang import engine, runner
 from pdcheck.sglang import plan as sp
 from pdcheck.sglang.ranks import SERVE_TAG
 from pdcheck.sglang.releases import resolve
-from pdcheck.sglang.scenario import SgInstance, SgScenario
+from pdcheck.sglang.scenario import SgInstance, SgScenario, SgTransfer
 
 RELEASES = kit.releases()
 pytestmark = pytest.mark.skipif(not RELEASES, reason="set PDCHECK_SGLANG_SRC to SGLang releases unpacked whole "
@@ -55,10 +55,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _scenario(shape: str) -> SgScenario:
+def _scenario(shape: str, seed: int = 0) -> SgScenario:
     p, d = SHAPES[shape]
     base = {"num_pages": 64, "layers": 2, "kv_heads": 8, "head_dim": 64}
-    return SgScenario(prefill=SgInstance(**{**base, **p}), decode=SgInstance(**{**base, **d}), source="fidelity")
+    return SgScenario(prefill=SgInstance(**{**base, **p}), decode=SgInstance(**{**base, **d}),
+                      transfer=SgTransfer(seed=seed), source="fidelity")
 
 
 def _side(inst: SgInstance) -> dict[str, Any]:
@@ -81,8 +82,8 @@ def _real_d_status(room: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- real SGLang P, pdcheck's fake D
-def _real_p(release: str, shape: str) -> tuple[runner.SgPairResult, dict[str, Any]]:
-    sc = _scenario(shape)
+def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResult, dict[str, Any]]:
+    sc = _scenario(shape, seed)
     port = _free_port()
     live = sp.LiveBootstrap("127.0.0.1", port)
     reqs = sp.make_requests(sc)  # the fake D asks for the same page ids P serves from (live mode)
@@ -111,6 +112,17 @@ def test_real_prefill_serves_pdcheck_decode(release: str) -> None:
     assert pair.model[0].status == "ok"
     assert {r["state"] for r in p_done["rooms"].values()} == {"Success"}, p_done  # SGLang's sender concluded
     assert p_done["bootstrap_thread_alive"]  # pdcheck's frames did not kill SGLang's listener
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_real_prefill_aux_write_misses_decode_pages(release: str) -> None:
+    """SGLang's P writes the request's metadata (aux) slot into D's aux buffer with the KV pages; pdcheck's D must
+    keep that buffer out of its KV pages, or a request using D page 0 fails its own proof (seed 5: room 1001
+    asks for D page 0)."""
+    assert any(0 in r.d_pages for r in sp.make_requests(_scenario("same", 5)))
+    pair, _p_done = _real_p(release, "same", seed=5)
+    t = pair.transfers[0]
+    assert (pair.observed[0].status, t.status if t else None) == ("ok", "ok"), (pair.observed[0], t)
 
 
 @pytest.mark.parametrize("shape", ["page-size", "kv-dtype"])
@@ -175,7 +187,7 @@ def test_real_decode_against_pdcheck_serve(release: str, tmp_path: Any) -> None:
     done, serve_err = _real_d(release, "same", tmp_path)
     rooms = done["rooms"]
     assert [_real_d_status(r) for r in rooms.values()] == ["ok", "ok"], (rooms, serve_err)
-    assert all(r["checked"] == 2 * 4 * 4 for r in rooms.values())  # K and V of 2 layers, 4 pages, per room
+    assert all(r["checked"] == 4 * 4 for r in rooms.values())  # K and V of 2 layers x 4 pages, per room
     assert "P rank 0: 2 WRITE requests" in serve_err, serve_err
 
 

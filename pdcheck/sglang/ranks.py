@@ -50,6 +50,7 @@ class SgPrefillSpec(msgspec.Struct, frozen=True):
     pp_rank: int = 0  # every PP stage registers; each fake stage holds (and writes) every layer
 
 
+AUX_BYTES = 1 << 16  # a D's metadata buffer: room for a real P's slot-0 rows (output ids, logprobs, ...)
 SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
 
 
@@ -279,7 +280,10 @@ class SgDecodeRole(Role):
 
     def memory(self) -> tuple[list[tuple[int, int, int]], str]:
         self.kv = _cache(self.spec.side)
-        return self.kv.regions(0), self.kv.mem_type
+        # D's metadata (aux) buffer: a real SGLang P WRITEs the request's slot there along with the KV pages, so it
+        # is memory of its own, never a KV page (tests/test_sglang_fidelity.py found the clobbered page 0).
+        self.aux = np.zeros(AUX_BYTES, dtype=np.uint8)
+        return [*self.kv.regions(0), (self.aux.ctypes.data, self.aux.nbytes, 0)], self.kv.mem_type
 
     def ready(self) -> m.Msg:
         return m.Ready(self.spec.tp_rank, self.agent.name, self.setup_ms())
@@ -325,8 +329,8 @@ class SgDecodeRole(Role):
         pull.setsockopt(zmq.MAXMSGSIZE, 1 << 16)
         port = pull.bind_to_random_port(f"tcp://{spec.host}")
         ptrs = sglang_order(self.kv)
-        facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs, [ptrs[0]], 0,
-                            side.tp_size, spec.tp_rank, self.kv.block_len)
+        facts = wire.DFacts(spec.host, port, self.agent.name, self.agent.metadata(), ptrs,
+                            [self.aux.ctypes.data], 0, side.tp_size, spec.tp_rank, self.kv.block_len)
         targets = [t[0] for t in found.targets]
         trackers = {r.room: wire.Tracker(rel, found.required) for r in spec.requests}
         for _rank, ip, p_port in found.targets:
