@@ -137,6 +137,8 @@ def test_real_prefill_mismatch_verdict(release: str, shape: str) -> None:
     if v.status == "silent":  # SGLang's P wrote with its own item length: D's proof names wrong pages
         assert pair.transfers[0] is not None and pair.transfers[0].wrong > 0
         assert {r["state"] for r in p_done["rooms"].values()} == {"Success"}, p_done
+    if v.status == "hang":  # SGLang's P failed its WRITE (outside D's registration) and did not tell D
+        assert {r["state"] for r in p_done["rooms"].values()} <= {"raised", "Failed"}, p_done
 
 
 # --------------------------------------------------------------------------- pdcheck's fake P, real SGLang D
@@ -200,3 +202,5 @@ def test_real_decode_mismatch_verdict(release: str, shape: str, tmp_path: Any) -
     assert {_real_d_status(r) for r in rooms} == {model.status}, (rooms, model, serve_err)
     if model.status == "error":  # the same text SGLang raises
         assert all(r["exception"] == f"{model.exception}: {model.message}" for r in rooms), (rooms, model)
+    if model.status == "hang":  # pdcheck's P failed the WRITE SGLang's D asked for; D was not told
+        assert "errors: NIXL transfer encountered ERR" in serve_err, serve_err
