@@ -35,8 +35,8 @@ CONN = "sglang/srt/disaggregation/nixl/conn.py"
 
 
 def releases() -> list[str]:
-    """The releases under PDCHECK_SGLANG_SRC with the whole `sglang/` tree (not only disaggregation/)."""
-    out = [p.name for p in SRC.glob("0.*") if (p / CONN).is_file() and (p / "sglang/srt/utils").is_dir()]
+    """The releases under PDCHECK_SGLANG_SRC unpacked whole (not only disaggregation/)."""
+    out = [p.name for p in SRC.glob("0.*") if (p / CONN).is_file() and (p / "sglang/srt/server_args.py").is_file()]
     return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
 
 
@@ -225,7 +225,10 @@ def install(root: Path, p: dict[str, Any]) -> None:
         sys.modules[name] = _Partial(name, path, given, (root / name.replace(".", "/")) if package else None)
 
     part("sglang.srt.server_args", None, ServerArgs=ServerArgs, get_global_server_args=lambda: None)
-    part("sglang.srt.utils", "utils/common.py", package=True, is_npu=lambda: False)
+    if (srt / "utils.py").is_file():  # <= 0.4.x: one module
+        part("sglang.srt.utils", "utils.py", is_npu=lambda: False)
+    else:
+        part("sglang.srt.utils", "utils/common.py", package=True, is_npu=lambda: False)
     part("sglang.srt.utils.common", "utils/common.py", is_npu=lambda: False)
     if (srt / "utils" / "network.py").is_file():
         part("sglang.srt.utils.network", "utils/network.py")
@@ -256,7 +259,8 @@ def install(root: Path, p: dict[str, Any]) -> None:
 
 
 def _dram_only() -> None:
-    """Host buffers stand in for VRAM: every "VRAM" SGLang hands NIXL becomes "DRAM" (reference §10)."""
+    """Host buffers stand in for VRAM: every "VRAM" SGLang hands NIXL becomes "DRAM" (reference §10); and the
+    NIXL 1.5 API: register_memory lost its is_sorted keyword, which 0.4.x passes."""
     from nixl._api import nixl_agent
 
     def wrap(fn: Any, pos: int) -> Any:
@@ -266,6 +270,7 @@ def _dram_only() -> None:
                 a[pos] = "DRAM"
             if k.get("mem_type") == "VRAM":
                 k["mem_type"] = "DRAM"
+            k.pop("is_sorted", None)  # <= 0.4.9's hint for the NIXL of its day; NIXL 1.5 has no such argument
             return fn(self, *a, **k)
         return call
 
@@ -355,11 +360,15 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
     """SGLang's bootstrap server and PREFILL NixlKVManager; one NixlKVSender per room, driven as the prefill
     scheduler does (poll until WaitingForInput, init(num_pages, aux_index), send(pages)); KV pages tagged with
     pdcheck's pattern (p["tag"], P rank) so the D that receives them can check every byte."""
+    import inspect
+
     import numpy as np
     from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
     from sglang.srt.disaggregation.nixl import conn
 
-    server = CommonKVBootstrapServer("127.0.0.1", p["bootstrap_port"])
+    # (host, port) from 0.5.3; earlier releases bind every interface: CommonKVBootstrapServer(port)
+    two = len(inspect.signature(CommonKVBootstrapServer.__init__).parameters) > 2
+    server = CommonKVBootstrapServer(*(("127.0.0.1",) if two else ()), p["bootstrap_port"])
     s = _Setup(root, p, "prefill")
     rank = p.get("tp_rank", 0)
     pages_all = sorted({pg for r in p["requests"] for pg in r["pages"]})
@@ -367,14 +376,12 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
     mgr = conn.NixlKVManager(s.args, s.mode, s.server_args, False)
     _emit("ready", {"agent": mgr.agent.name, "rank_port": mgr.rank_port})
     addr = f"127.0.0.1:{p['bootstrap_port']}"
-    import inspect
-
     params = inspect.signature(conn.NixlKVSender.__init__).parameters
     senders: dict[int, Any] = {}
     for r in p["requests"]:
-        kw = {"dest_tp_ranks": [0], "pp_rank": 0} if "dest_tp_ranks" in params else {}
+        kw = {k: v for k, v in (("dest_tp_ranks", [rank]), ("pp_rank", 0)) if k in params}
         senders[r["room"]] = conn.NixlKVSender(mgr, addr, r["room"], **kw)
-    pages = {r["room"]: np.asarray(r["pages"], dtype=np.int32) for r in p["requests"]}
+    pages = {r["room"]: np.asarray(r["pages"], dtype=_index_dtype(conn.NixlKVSender.send)) for r in p["requests"]}
     result: dict[str, Any] = {}
     last: dict[int, str] = {}
     sent: set[int] = set()
@@ -410,6 +417,13 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
     while word != "eof":
         word = _stdin(1.0)
     server.close()
+
+
+def _index_dtype(fn: Any) -> str:
+    """The page-index dtype the release's scheduler hands this method, from its own annotation (int64 up to
+    0.4.7, int32 after)."""
+    ann = str(getattr(fn, "__annotations__", {}).get("kv_indices", ""))
+    return "int64" if "int64" in ann else "int32"
 
 
 def _thread_alive(word: str) -> bool:
@@ -453,7 +467,7 @@ def decode(root: Path, p: dict[str, Any]) -> None:
                 rc.init(0)
                 rc.send_metadata(pages[room], 0)
             else:
-                rc.init(pages[room], 0)
+                rc.init(pages[room].astype(_index_dtype(conn.NixlKVReceiver.init)), 0)
             recv[room] = rc
         except Exception as exc:
             result[str(room)] = {"state": "raised", "exception": f"{type(exc).__name__}: {exc}"}
