@@ -25,12 +25,15 @@ import subprocess
 import sys
 from typing import Any
 
+import msgspec
 import pytest
 import sglangkit as kit
 from conftest import ROOT
 
+from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import engine, runner
 from pdcheck.sglang import plan as sp
+from pdcheck.sglang.probe import recognise
 from pdcheck.sglang.ranks import SERVE_TAG
 from pdcheck.sglang.releases import resolve
 from pdcheck.sglang.scenario import SgInstance, SgScenario, SgTransfer
@@ -84,6 +87,8 @@ def _real_d_status(room: dict[str, Any]) -> str:
 # --------------------------------------------------------------------------- real SGLang P, pdcheck's fake D
 def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResult, dict[str, Any]]:
     sc = _scenario(shape, seed)
+    # P's release named, as a user does where the era is ambiguous read-only (0.4.7 and 0.4.9.post2 answer alike)
+    sc = msgspec.structs.replace(sc, prefill=msgspec.structs.replace(sc.prefill, sglang=release))
     port = _free_port()
     live = sp.LiveBootstrap("127.0.0.1", port)
     reqs = sp.make_requests(sc)  # the fake D asks for the same page ids P serves from (live mode)
@@ -91,6 +96,8 @@ def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResul
               "requests": [{"room": r.room, "pages": r.d_pages} for r in reqs]}
     with kit.Child("prefill", release, params) as p:
         p.expect("ready", START_S)
+        era = recognise(bs.http_get("127.0.0.1", port, 5.0))[0]
+        assert era is not None and era.bootstrap == resolve(release).bootstrap, era  # read-only, from GETs
         plan = sp.build(sc, release, sp.SgOptions(hang_timeout_s=HANG_S / 2), live)
         assert [r.d_pages for r in plan.requests] == [r["pages"] for r in params["requests"]]
         res = runner.run(plan)
@@ -104,7 +111,7 @@ def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResul
 @pytest.mark.parametrize("release", RELEASES)
 def test_real_prefill_serves_pdcheck_decode(release: str) -> None:
     pair, p_done = _real_p(release, "same")
-    assert pair.p_release == release  # the fake D recognised the live P's era from its GET answers alone
+    assert (pair.p_release, pair.d_release) == (release, release)
     assert not pair.harness, pair.harness
     v, t = pair.observed[0], pair.transfers[0]
     assert (v.status, v.message) == ("ok", None), v
