@@ -7,13 +7,14 @@ and real ZMQ, stand-ins only for GPU-only and model-zoo modules. Per release:
 
   real-P   SGLang's P (bootstrap server + PREFILL manager + sender) against pdcheck's fake D (the runner's
            --prefill-endpoint path): pdcheck's D completes and its transfer proof passes on the bytes SGLang wrote
-           (P's pool is tagged with pdcheck's coordinate pattern).
+           (P's pool is tagged with pdcheck's coordinate pattern); also with D page 0 in a request (SGLang WRITEs
+           the aux slot too).
   real-D   SGLang's D (DECODE manager + receiver) against `pdcheck serve --sglang R`: KVPoll.Success, and every
            received page holds pdcheck's pattern.
   mismatch page size and KV dtype, each in both directions: what SGLang's code does (an error, a silent wrong
            transfer, a hang) must be pdcheck's verdict for that release (pdcheck.sglang.engine.decide).
 
-    PDCHECK_SGLANG_SRC=/tmp/sgfid-src python -m pytest -q tests/test_sglang_fidelity.py
+    PDCHECK_SGLANG_SRC=/tmp/sg-src python -m pytest -v tests/test_sglang_fidelity.py  (docs/sglang.md: unpacking)
 """
 
 from __future__ import annotations
