@@ -36,7 +36,8 @@ CONN = "sglang/srt/disaggregation/nixl/conn.py"
 
 def releases() -> list[str]:
     """The releases under PDCHECK_SGLANG_SRC unpacked whole (not only disaggregation/)."""
-    out = [p.name for p in SRC.glob("0.*") if (p / CONN).is_file() and (p / "sglang/srt/server_args.py").is_file()]
+    whole = ("sglang/srt/utils.py", "sglang/srt/utils/common.py")  # <= 0.4.x, 0.5+
+    out = [p.name for p in SRC.glob("0.*") if (p / CONN).is_file() and any((p / w).is_file() for w in whole)]
     return sorted(out, key=lambda v: tuple(int(x) for x in v.split(".")[:3]))
 
 
