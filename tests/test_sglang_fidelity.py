@@ -50,7 +50,10 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "same": ({}, {}),
     "page-size": ({"page_size": 16}, {"page_size": 32}),
     "kv-dtype": ({}, {"kv_cache_dtype": "fp8_e4m3", "dtype": "fp8_e4m3"}),
+    "layers-p-more": ({"layers": 4}, {}),  # no release compares layer counts
+    "layers-d-more": ({}, {"layers": 4}),
 }
+MISMATCHES = ["page-size", "kv-dtype", "layers-p-more", "layers-d-more"]
 
 
 def _free_port() -> int:
@@ -106,6 +109,7 @@ def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResul
         p.proc.stdin.write("\n")  # not a close: P reports what its senders reached, then waits for the close
         p.proc.stdin.flush()
         done = p.expect("done", 150)
+        done["stderr"] = p.stderr()[-1500:]  # SGLang's own log lines, for the assertion messages
     return res.pairs[0], done
 
 
@@ -133,12 +137,30 @@ def test_real_prefill_aux_write_misses_decode_pages(release: str) -> None:
     assert (pair.observed[0].status, t.status if t else None) == ("ok", "ok"), (pair.observed[0], t)
 
 
-@pytest.mark.parametrize("shape", ["page-size", "kv-dtype"])
+# Where SGLang's own P disagrees with pdcheck's model (a fixed model makes the case fail: remove it here).
+P_DISAGREES = {  # (release, shape): what SGLang's P does (its text quoted) and what pdcheck models
+    ("0.5.23", "layers-p-more"): "0.5.23's P checks D's registration (nixl/conn.py _prepare_payload_xfer): "
+    "'ValueError: NIXL PD transfer: decode registered fewer KV regions (4) than prefill (8); unexpected "
+    "geometry' kills its bootstrap thread (D hangs); pdcheck models an IndexError in the transfer, reported "
+    "by KV_STATUS (error)",
+    ("0.5.23", "layers-d-more"): "0.5.23's P reads extra D regions as decode-only speculative (draft) layers; "
+    "with DRAM destinations (host-memory D) 'NotImplementedError: NIXL PD transfer does not support HiSparse "
+    "combined with decode-only speculative decoding' kills its bootstrap thread (D hangs); pdcheck models "
+    "silent corruption",
+}
+
+
+@pytest.mark.parametrize("shape", MISMATCHES)
 @pytest.mark.parametrize("release", RELEASES)
 def test_real_prefill_mismatch_verdict(release: str, shape: str) -> None:
     pair, p_done = _real_p(release, shape)
     v, model = pair.observed[0], pair.model[0]
-    assert v.status == model.status, (v, model)
+    if (release, shape) in P_DISAGREES:  # SGLang's behaviour pinned, the model's difference reported
+        why = P_DISAGREES[(release, shape)]
+        assert not p_done["bootstrap_thread_alive"] and why.split("'")[1] in p_done["stderr"], p_done
+        assert v.status == "hang" and model.status != "hang", (v, model)
+        pytest.xfail(why)
+    assert v.status == model.status, (v, model, p_done)
     if v.status == "error":  # D refused before a frame: SGLang's sender never left Bootstrapping
         assert v.message == model.message
         assert {r.get("last") for r in p_done["rooms"].values()} == {"Bootstrapping"}, p_done
@@ -201,14 +223,14 @@ def test_real_decode_against_pdcheck_serve(release: str, tmp_path: Any) -> None:
     assert "P rank 0: 2 WRITE requests" in serve_err, serve_err
 
 
-@pytest.mark.parametrize("shape", ["page-size", "kv-dtype"])
+@pytest.mark.parametrize("shape", MISMATCHES)
 @pytest.mark.parametrize("release", RELEASES)
 def test_real_decode_mismatch_verdict(release: str, shape: str, tmp_path: Any) -> None:
     done, serve_err = _real_d(release, shape, tmp_path)
     model = _model(release, _scenario(shape))
     rooms = list(done["rooms"].values())
     assert {_real_d_status(r) for r in rooms} == {model.status}, (rooms, model, serve_err)
-    if model.status == "error":  # the same text SGLang raises
+    if model.status == "error" and model.stage == "bootstrap":  # D's own check: the same text SGLang raises
         assert all(r["exception"] == f"{model.exception}: {model.message}" for r in rooms), (rooms, model)
-    if model.status == "hang":  # pdcheck's P failed the WRITE SGLang's D asked for; D was not told
-        assert "errors: NIXL transfer encountered ERR" in serve_err, serve_err
+    if model.stage == "transfer" and model.status in ("hang", "error"):  # pdcheck's P failed the WRITE
+        assert "P rank 0: 0 WRITE requests, registered" in serve_err and ", errors: " in serve_err, serve_err
