@@ -138,15 +138,15 @@ def test_real_prefill_aux_write_misses_decode_pages(release: str) -> None:
 
 
 # Where SGLang's own P disagrees with pdcheck's model (a fixed model makes the case fail: remove it here).
-P_DISAGREES = {  # (release, shape): what SGLang's P does (its text quoted) and what pdcheck models
-    ("0.5.23", "layers-p-more"): "0.5.23's P checks D's registration (nixl/conn.py _prepare_payload_xfer): "
-    "'ValueError: NIXL PD transfer: decode registered fewer KV regions (4) than prefill (8); unexpected "
-    "geometry' kills its bootstrap thread (D hangs); pdcheck models an IndexError in the transfer, reported "
-    "by KV_STATUS (error)",
-    ("0.5.23", "layers-d-more"): "0.5.23's P reads extra D regions as decode-only speculative (draft) layers; "
-    "with DRAM destinations (host-memory D) 'NotImplementedError: NIXL PD transfer does not support HiSparse "
-    "combined with decode-only speculative decoding' kills its bootstrap thread (D hangs); pdcheck models "
-    "silent corruption",
+P_DISAGREES = {  # (release, shape): (the text SGLang's P dies with, what it means and what pdcheck models)
+    ("0.5.23", "layers-p-more"): (
+        "ValueError: NIXL PD transfer: decode registered fewer KV regions (4) than prefill (8); unexpected geometry",
+        "0.5.23's P checks D's registration (nixl/conn.py _prepare_payload_xfer) and its bootstrap thread dies on "
+        "it (D hangs); pdcheck models an IndexError in the transfer, reported by KV_STATUS (error)"),
+    ("0.5.23", "layers-d-more"): (
+        "NotImplementedError: NIXL PD transfer does not support HiSparse combined with decode-only speculative "
+        "decoding", "0.5.23's P reads extra D regions as decode-only draft layers and, with DRAM destinations "
+        "(host-memory D), its bootstrap thread dies (D hangs); pdcheck models silent corruption"),
 }
 
 
@@ -156,10 +156,10 @@ def test_real_prefill_mismatch_verdict(release: str, shape: str) -> None:
     pair, p_done = _real_p(release, shape)
     v, model = pair.observed[0], pair.model[0]
     if (release, shape) in P_DISAGREES:  # SGLang's behaviour pinned, the model's difference reported
-        why = P_DISAGREES[(release, shape)]
-        assert not p_done["bootstrap_thread_alive"] and why.split("'")[1] in p_done["stderr"], p_done
+        text, why = P_DISAGREES[(release, shape)]
+        assert not p_done["bootstrap_thread_alive"] and text in p_done["stderr"], p_done
         assert v.status == "hang" and model.status != "hang", (v, model)
-        pytest.xfail(why)
+        pytest.xfail(f"{why}: {text}")
     assert v.status == model.status, (v, model, p_done)
     if v.status == "error":  # D refused before a frame: SGLang's sender never left Bootstrapping
         assert v.message == model.message
