@@ -195,14 +195,11 @@ class _Group:
 
 class _Ctx(types.SimpleNamespace):
     """0.5.23's runtime-context views (get_parallel(), get_serving(), ...): the values given, None otherwise
-    (every flag off); the names read that were not given are kept, for the report."""
-
-    read: set[str] = set()
+    (every flag off)."""
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("__"):
             raise AttributeError(name)
-        _Ctx.read.add(name)
         return None
 
 
@@ -284,10 +281,6 @@ def _dram_only() -> None:
 # ------------------------------------------------------------------------------------------- child: roles
 def _emit(key: str, value: Any) -> None:
     print(json.dumps({key: value}), flush=True)
-
-
-def _ver(root: Path) -> tuple[int, ...]:
-    return tuple(int(x) for x in root.name.split(".")[:3])
 
 
 def _kv_args(KVArgs: type, **given: Any) -> Any:
