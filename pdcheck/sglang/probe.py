@@ -72,6 +72,9 @@ def _as_json(text: str) -> Any:
         return None
 
 
+_DROPPED_WHEN_NONE = {"kv_layout", "dsv41_spec_layout"}
+
+
 def recognise(get: bs.Get) -> tuple[SglangRelease | None, dict[str, Any], str]:
     """Which era answers: try each era's parallel-info query, newest first."""
     last = ""
@@ -87,7 +90,9 @@ def recognise(get: bs.Get) -> tuple[SglangRelease | None, dict[str, Any], str]:
         doc = _as_json(text)
         if st == 503:
             return rel, {}, text[:200]  # B5+: still registering (only those eras answer 503)
-        if st == 200 and isinstance(doc, dict) and set(doc) == set(rel.info_keys):  # each era's exact key set
+        # each era's exact key set; 0.5.23 leaves out the layout keys that are None (R7 common/conn.py:3232-3236)
+        if st == 200 and isinstance(doc, dict) and set(doc) <= set(rel.info_keys) and \
+                set(rel.info_keys) - set(doc) <= _DROPPED_WHEN_NONE:
             return rel, doc, ""
         last = f"HTTP {st} {text[:80]}"
     return None, {}, last
