@@ -312,6 +312,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     slot.box.send(m.ReqEnd())
     acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
                       _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
+    seconds = time.time() - t0  # the line's real run, not the verdicts and the model after it
     judge = _push_verdict if push else _verdict
     outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
@@ -323,7 +324,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
-    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
+    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode)
 
 
