@@ -380,6 +380,7 @@ class ReqDecode(msgspec.Struct, tag=True):
     heartbeats_lost: bool = False
     read_fail: bool = False
     abort: bool = False  # abort-d: the client aborts while the READ is in flight
+    alone: bool = False  # a fault touches it: D reads it alone, after every READ before it (none beside it)
 
 
 class ReqDecoded(msgspec.Struct, tag=True):

@@ -31,6 +31,7 @@ HELD_POLL_S = 0.0002
 # progress only as P's loop drives its UCX worker, and a sleeping P waits for a time slice on a loaded host. A
 # quiet P (a slow decode, a hold) goes back to polling every HELD_POLL_S.
 SPIN_S = 0.005
+MAX_FLIGHT = 32  # D's READs in flight at once (vLLM's D posts every scheduled request's READ before it polls)
 FLUSH_S = 0.002  # D sends its answers at least this often while it works through a batch
 
 
@@ -271,16 +272,24 @@ class RequestsD(RequestsRole):
         self.expiry_s: float | None = None
         self.pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
         self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
+        self.flight: list[_Flight] = []  # READs posted in this loop turn, finished by settle()
+        self.next_block = 0  # D's first block the next READ lands in
         waiter = _PushWaiter(self)
         self.out = out = Outgoing(self.conn)
         while True:
-            for msg in m.unbatch(self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)) or [None]:
+            first = self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)
+            msgs = m.unbatch(first)
+            while first is not None and self.conn.poll(0):  # everything queued: its READs go out together
+                msgs += m.unbatch(first := m.recv(self.conn))
+            for msg in msgs or [None]:
                 if isinstance(msg, m.Stop):
+                    self.settle()
                     out.flush()
                     return
                 self.turn(msg, waiter)
                 if out.due():
                     out.flush()
+            self.settle()
             out.flush()
 
     def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
@@ -297,6 +306,7 @@ class RequestsD(RequestsRole):
         if self.held:
             self.tick(time.time())
         if isinstance(msg, m.ReqBegin):
+            self.settle()
             self.line = with_policy(line_of(msg.line), msg.failure_policy)
             self.pending.clear()  # a delayed notification of the last line is never sent into this one
             self.held.clear()
@@ -349,7 +359,9 @@ class RequestsD(RequestsRole):
         for h in list(self.held):
             if now >= h.read_at:
                 self.held.remove(h)
-                self.out.add(self.read(h.msg, h.rid))
+                got = self.read(h.msg, h.rid)
+                if got is not None:
+                    self.out.add(got)
             elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
                 self.notify(f"HB:{h.rid}".encode())
                 h.next_hb = now + interval
@@ -378,7 +390,17 @@ class RequestsD(RequestsRole):
             return f"D re-handshook (registration generation {self.side.incarnation + 1})"
         return "no newer P to re-handshake with"
 
-    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded:
+    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+        """Post request msg's READ into D's next free blocks: its answer now (refused, failed, aborted), or None
+        (in flight: settle() checks it and notifies P). A request a fault touches is read alone, in order."""
+        if msg.alone:
+            self.settle()
+        out = self.post(msg, rid)
+        if msg.alone or len(self.flight) >= MAX_FLIGHT:
+            self.settle()
+        return out
+
+    def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
         kv, agent, i, line = self.kv, self.agent, msg.request, self.line
         peer = self.peer
         assert peer is not None and msg.params is not None
@@ -398,7 +420,10 @@ class RequestsD(RequestsRole):
                                     "acknowledged: its heartbeats were lost): blocks not read, recomputed")
         ids = [int(b) for b in msg.params["remote_block_ids"]]
         regions = kv.geometry.num_regions
-        mine = np.arange(len(ids))  # D's own blocks for this request: the first len(ids) of its cache
+        if self.next_block + len(ids) > kv.num_blocks:
+            self.settle()
+        # D's own blocks for this request: the next len(ids) of its cache (the first, for a READ alone)
+        mine = np.arange(self.next_block, self.next_block + len(ids))
         t_read = time.time()
         try:
             if msg.read_fail:
@@ -408,24 +433,54 @@ class RequestsD(RequestsRole):
                 agent.release_dlist(bad)
             if msg.abort:
                 return self.aborted(msg, rid, mine, ids, t_read)
-            agent.read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
-                       desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}", yield_cpu=True)
+            ctx = f"request {i}"
+            h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
+                                desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=ctx)
+            try:
+                started = agent.start(h, ctx)
+            except NixlCallError:
+                agent.release(h)
+                raise
         except NixlCallError as exc:
-            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
-                return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
-                                    "recomputed", t_read)
-            verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
-            return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+            return self.failed(i, exc, t_read)
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
             verdict, detail = on_failure(line, i, "transfer_setup_failed", f"{type(exc).__name__}: {exc}")
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
-        chk = check_blocks(kv, mine, msg.expect_blocks, engine_tag(peer.engine_id), 0,
+        self.flight.append(_Flight(h, started, msg, rid, mine, t_read, peer))
+        self.next_block += len(ids)
+        return None
+
+    def settle(self) -> None:
+        """Every READ in flight to its end, in the order posted: check each request's blocks, notify P."""
+        flight, self.flight, self.next_block = self.flight, [], 0
+        for f in flight:
+            self.out.add(self.finish(f))
+            if self.out.due():  # the parent times each answer: no answer waits long for the rest
+                self.out.flush()
+
+    def failed(self, i: int, exc: NixlCallError, t_read: float) -> m.ReqDecoded:
+        line = self.line
+        if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+            return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
+                                "recomputed", t_read)
+        verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
+        return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def finish(self, f: _Flight) -> m.ReqDecoded:
+        kv, agent, msg, i, peer = self.kv, self.agent, f.msg, f.msg.request, f.peer
+        try:
+            agent.wait(f.h, f"request {i}", 30.0, yield_cpu=True, started=f.started)
+        except NixlCallError as exc:
+            return self.failed(i, exc, f.t_read)
+        finally:
+            agent.release(f.h)
+        chk = check_blocks(kv, f.mine, msg.expect_blocks, engine_tag(peer.engine_id), 0,
                            read_len=kv.block_len, view=kv.view, gens=msg.expect_gens)
-        out = m.ReqDecoded(i, "read", t_read=t_read, checked=chk.checked, wrong=chk.wrong)
+        out = m.ReqDecoded(i, "read", t_read=f.t_read, checked=chk.checked, wrong=chk.wrong)
         if chk.first is not None:
-            f = chk.first.found
-            out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
-        self.done(msg, rid)
+            w = chk.first.found
+            out.found_block, out.found_gen, out.found_valid = w.block, w.gen, w.valid
+        self.done(msg, f.rid)
         return out
 
     def done(self, msg: m.ReqDecode, rid: str) -> None:
@@ -456,6 +511,17 @@ class RequestsD(RequestsRole):
         self.done(msg, rid)
         detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
         return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
+
+
+class _Flight:
+    """A READ D posted and has not finished."""
+
+    __slots__ = ("h", "mine", "msg", "peer", "rid", "started", "t_read")
+
+    def __init__(self, h: Any, started: Any, msg: m.ReqDecode, rid: str, mine: np.ndarray, t_read: float,
+                 peer: m.ReqReady) -> None:
+        self.h, self.started, self.msg, self.rid, self.mine, self.t_read, self.peer = (h, started, msg, rid, mine,
+                                                                                     t_read, peer)
 
 
 class _Hold:

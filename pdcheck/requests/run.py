@@ -381,7 +381,7 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
     hold_s, lost = held_for(opts.faults, i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
                        delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
-                       pick(opts.faults, "abort-d", i) is not None)
+                       pick(opts.faults, "abort-d", i) is not None, any(f.hits(i) for f in opts.faults))
 
 
 def _prefill(i: int, opts: Options) -> m.ReqPrefill:
