@@ -134,17 +134,23 @@ class RequestsP(RequestsRole):
 
         def admit() -> None:
             nonlocal next_expiry
-            while waiting and len(free) >= per_req:
-                i = waiting.popleft()
-                blocks = [free.popleft() for _ in range(per_req)]
-                gen[blocks] = gen[blocks] % GEN_WRAP + 1
-                gens = [int(g) for g in gen[blocks]]
-                regions = kv.geometry.num_regions
-                reg = np.repeat(np.arange(regions), len(blocks))
-                blk = np.tile(np.asarray(blocks), regions)
-                assert kv.blocks3 is not None
-                kv.blocks3[reg, blk] = pattern(tag, 0, reg, blk, 0, kv.block_len, kv.view, np.tile(gens, regions))
-                now = time.time()
+            take = min(len(waiting), len(free) // per_req)
+            if not take:
+                return
+            # Every request that fits now takes its blocks in arrival order, tagged in one pass.
+            admitted = [waiting.popleft() for _ in range(take)]
+            taken = [free.popleft() for _ in range(take * per_req)]
+            gen[taken] = gen[taken] % GEN_WRAP + 1
+            all_gens = [int(g) for g in gen[taken]]
+            regions = kv.geometry.num_regions
+            reg = np.repeat(np.arange(regions), len(taken))
+            blk = np.tile(np.asarray(taken), regions)
+            assert kv.blocks3 is not None
+            kv.blocks3[reg, blk] = pattern(tag, 0, reg, blk, 0, kv.block_len, kv.view, np.tile(all_gens, regions))
+            now = time.time()
+            for k, i in enumerate(admitted):
+                blocks = taken[k * per_req:(k + 1) * per_req]
+                gens = all_gens[k * per_req:(k + 1) * per_req]
                 deadline = now + expiry if expiry is not None else float("inf")
                 held[i] = _Held(blocks, gens, deadline)
                 next_expiry = min(next_expiry, deadline)
