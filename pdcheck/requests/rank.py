@@ -8,7 +8,9 @@ the release's format.
 
 from __future__ import annotations
 
+import math
 import os
+import select
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -68,7 +70,16 @@ class RequestsRole(Role):
                           self.spec.num_blocks, self.setup_ms(), self.spec.incarnation)
 
     def wait(self, timeout_s: float) -> m.Msg | None:
-        return m.recv(self.conn) if self.conn.poll(timeout_s) else None
+        return m.recv(self.conn) if self.queued(timeout_s) else None
+
+    def queued(self, timeout_s: float = 0.0) -> bool:
+        """A message from the parent is waiting (within timeout_s): one poll(2) on the pipe, registered once
+        (Connection.poll builds a selector per call, a cost in P's spin)."""
+        poller = getattr(self, "_poller", None)
+        if poller is None:
+            poller = self._poller = select.poll()
+            poller.register(self.conn.fileno(), select.POLLIN)
+        return bool(poller.poll(math.ceil(timeout_s * 1e3)))
 
 
 class Outgoing:
@@ -209,11 +220,11 @@ class RequestsP(RequestsRole):
             # work comes in.
             if held and time.monotonic() < spin_until:
                 os.sched_yield()
-                first = m.recv(self.conn) if self.conn.poll(0) else None
+                first = m.recv(self.conn) if self.queued() else None
             else:
                 first = self.wait(HELD_POLL_S if held else POLL_S)
             msgs = m.unbatch(first)
-            while first is not None and self.conn.poll(0):  # every queued message before the next sweep
+            while first is not None and self.queued():  # every queued message before the next sweep
                 msgs += m.unbatch(first := m.recv(self.conn))
             for msg in msgs:
                 if isinstance(msg, m.Stop):
@@ -285,7 +296,7 @@ class RequestsD(RequestsRole):
         while True:
             first = self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)
             msgs = m.unbatch(first)
-            while first is not None and self.conn.poll(0):  # everything queued: its READs go out together
+            while first is not None and self.queued():  # everything queued: its READs go out together
                 msgs += m.unbatch(first := m.recv(self.conn))
             for msg in msgs or [None]:
                 if isinstance(msg, m.Stop):
