@@ -291,6 +291,7 @@ class RequestsD(RequestsRole):
         self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
         self.flight: list[_Flight] = []  # READs posted in this loop turn, finished by settle()
         self.next_block = 0  # D's first block the next READ lands in
+        self._local_ids: dict[tuple[int, int], np.ndarray] = {}
         waiter = _PushWaiter(self)
         self.out = out = Outgoing(self.conn)
         while True:
@@ -451,7 +452,7 @@ class RequestsD(RequestsRole):
             if msg.abort:
                 return self.aborted(msg, rid, mine, ids, t_read)
             ctx = f"request {i}"
-            h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
+            h = agent.make_read(self.local, self.local_ids(mine), self.remote,
                                 desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=ctx)
             try:
                 started = agent.start(h, ctx)
@@ -466,6 +467,14 @@ class RequestsD(RequestsRole):
         self.flight.append(_Flight(h, started, msg, rid, mine, t_read, peer))
         self.next_block += len(ids)
         return None
+
+    def local_ids(self, mine: np.ndarray) -> np.ndarray:
+        """D's descriptor ids of its blocks `mine` (a run of blocks): the same few runs serve every READ."""
+        key = (int(mine[0]), len(mine)) if len(mine) else (0, 0)
+        got = self._local_ids.get(key)
+        if got is None:
+            got = self._local_ids[key] = desc_ids(self.kv.geometry.num_regions, self.kv.num_blocks, mine)
+        return got
 
     def settle(self) -> None:
         """Every READ in flight to its end, in the order posted: check each request's blocks, notify P. One
