@@ -386,6 +386,7 @@ class ReqDecode(msgspec.Struct, tag=True):
     heartbeats_lost: bool = False
     read_fail: bool = False
     abort: bool = False  # abort-d: the client aborts while the READ is in flight
+    alone: bool = False  # a fault touches it: D reads it alone, after every READ before it (none beside it)
 
 
 class ReqDecoded(msgspec.Struct, tag=True):
@@ -413,6 +414,12 @@ class ReqEnd(msgspec.Struct, tag=True):
     pass
 
 
+class ReqBatch(msgspec.Struct, tag=True):
+    """Request-path messages of one loop turn, in order, in one pipe write (a wake-up per turn, not per request)."""
+
+    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed]
+
+
 class ReqAccount(msgspec.Struct, tag=True):
     holding: list[int]  # requests still holding blocks
     waiting: list[int]  # requests still waiting for blocks
@@ -423,7 +430,8 @@ class ReqAccount(msgspec.Struct, tag=True):
 
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
-       | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount)
+       | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount
+       | ReqBatch)
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Msg)
@@ -444,3 +452,15 @@ def send(conn: Connection, msg: Msg) -> None:
 
 def recv(conn: Connection) -> Msg:
     return unpack(conn.recv_bytes())
+
+
+def unbatch(msg: Msg | None) -> list[Any]:
+    """The messages one pipe message carries, in order (a ReqBatch: its messages)."""
+    if isinstance(msg, ReqBatch):
+        return list(msg.msgs)
+    return [] if msg is None else [msg]
+
+
+def batched(msgs: list[Any]) -> Msg:
+    """One pipe message for msgs: the message itself, or a ReqBatch of them."""
+    return msgs[0] if len(msgs) == 1 else ReqBatch(msgs)

@@ -140,10 +140,23 @@ class Agent:
     def complete(self, h: Any, context: str = "", timeout_s: float | None = None, yield_cpu: bool = False) -> None:
         """Post handle h and busy-poll it to completion. Raises NixlCallError (a NIXL error, or TIMEOUT).
         yield_cpu: give up the core between polls, for a READ that needs the target's loop to progress."""
+        self.wait(h, context, timeout_s, yield_cpu)
+
+    def start(self, h: Any, context: str = "") -> Any:
+        """Post handle h without waiting: the raw state to finish it with wait(started=...), other transfers
+        posted meanwhile. Raises NixlCallError."""
+        try:
+            return self._fast[0](h._handle, b"")
+        except Exception as exc:  # the bindings raise nixl*Error classes
+            raise NixlCallError("transfer", _status(exc), f"{type(exc).__name__}: {exc}".strip(), context) from exc
+
+    def wait(self, h: Any, context: str = "", timeout_s: float | None = None, yield_cpu: bool = False,
+             started: Any = None) -> None:
+        """complete(), or for a handle start() posted (started: its raw state) the busy-poll alone."""
         post, status, busy, ok = self._fast
         try:
             hh = h._handle
-            st = post(hh, b"")
+            st = post(hh, b"") if started is None else started
             if timeout_s is None:
                 while st == busy:
                     st = status(hh)

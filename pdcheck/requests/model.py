@@ -304,7 +304,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     def running(t: float) -> bool:
         """The real router runs until its schedule's end and `settle` past D's last answer, and never stops
         while a request P handed out is still unanswered (a hold or a queue can push answers past the end)."""
-        return t <= max(horizon, last_answer + settle) or any(i not in out for i in reqs)
+        return t <= max(horizon, last_answer + settle) or len(out) < len(reqs)  # out: answered requests of reqs
 
     while heap:
         t, _s, kind, i = heapq.heappop(heap)

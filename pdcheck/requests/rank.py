@@ -8,6 +8,9 @@ the release's format.
 
 from __future__ import annotations
 
+import math
+import os
+import select
 import time
 from collections import deque
 from multiprocessing.connection import Connection
@@ -17,7 +20,7 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
+from pdcheck.kvcache import BlockCheck, KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
 from pdcheck.requests import push
@@ -26,6 +29,12 @@ from pdcheck.requests.model import GEN_WRAP, abort_detail, decide, on_failure, p
 
 POLL_S = 0.002
 HELD_POLL_S = 0.0002
+# P spins (yielding its core) this long after its last sign of work, a message or a notification: D's READs
+# progress only as P's loop drives its UCX worker, and a sleeping P waits for a time slice on a loaded host. A
+# quiet P (a slow decode, a hold) goes back to polling every HELD_POLL_S.
+SPIN_S = 0.005
+MAX_FLIGHT = 32  # D's READs in flight at once (vLLM's D posts every scheduled request's READ before it polls)
+FLUSH_S = 0.002  # D sends its answers at least this often while it works through a batch
 
 
 def requests_main(conn: Connection, spec_bytes: bytes) -> None:
@@ -61,7 +70,44 @@ class RequestsRole(Role):
                           self.spec.num_blocks, self.setup_ms(), self.spec.incarnation)
 
     def wait(self, timeout_s: float) -> m.Msg | None:
-        return m.recv(self.conn) if self.conn.poll(timeout_s) else None
+        return m.recv(self.conn) if self.queued(timeout_s) else None
+
+    def queued(self, timeout_s: float = 0.0) -> bool:
+        """A message from the parent is waiting (within timeout_s): one poll(2) on the pipe, registered once
+        (Connection.poll builds a selector per call, a cost in P's spin)."""
+        poller = getattr(self, "_poller", None)
+        if poller is None:
+            poller = self._poller = select.poll()
+            poller.register(self.conn.fileno(), select.POLLIN)
+        return bool(poller.poll(math.ceil(timeout_s * 1e3)))
+
+
+class Outgoing:
+    """A rank's request-path answers to the parent, gathered over a loop turn and sent as one ReqBatch (the parent
+    only needs them for verdicts: one pipe write and one wake-up per turn, not per request)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+        self.msgs: list[Any] = []
+        self.since = 0.0
+
+    def add(self, msg: Any) -> None:
+        if not self.msgs:
+            self.since = time.monotonic()
+        self.msgs.append(msg)
+
+    def due(self) -> bool:
+        return bool(self.msgs) and time.monotonic() - self.since >= FLUSH_S
+
+    def flush(self) -> None:
+        if self.msgs:
+            m.send(self.conn, m.batched(self.msgs))
+            self.msgs = []
+
+    def send(self, msg: m.Msg) -> None:
+        """A message outside the batch (Ack, ReqAccount), after everything gathered before it."""
+        self.flush()
+        m.send(self.conn, msg)
 
 
 class _Held:
@@ -93,21 +139,32 @@ class RequestsP(RequestsRole):
         d_side: _PushTarget | None = None  # push mode: D's agent and blocks, loaded once (the P->D handshake)
         notif_faults: dict[int, tuple[bool, float]] = {}  # push mode: the router's drop-notif / delay-notif
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
+        out = Outgoing(self.conn)
+        spin_until = 0.0
+        next_expiry = float("inf")  # no held request expires before this (heartbeats only push deadlines out)
 
         def admit() -> None:
-            while waiting and len(free) >= per_req:
-                i = waiting.popleft()
-                blocks = [free.popleft() for _ in range(per_req)]
-                gen[blocks] = gen[blocks] % GEN_WRAP + 1
-                gens = [int(g) for g in gen[blocks]]
-                regions = kv.geometry.num_regions
-                reg = np.repeat(np.arange(regions), len(blocks))
-                blk = np.tile(np.asarray(blocks), regions)
-                assert kv.blocks3 is not None
-                kv.blocks3[reg, blk] = pattern(tag, 0, reg, blk, 0, kv.block_len, kv.view, np.tile(gens, regions))
-                now = time.time()
+            nonlocal next_expiry
+            take = min(len(waiting), len(free) // per_req)
+            if not take:
+                return
+            # Every request that fits now takes its blocks in arrival order, tagged in one pass.
+            admitted = [waiting.popleft() for _ in range(take)]
+            taken = [free.popleft() for _ in range(take * per_req)]
+            gen[taken] = gen[taken] % GEN_WRAP + 1
+            all_gens = [int(g) for g in gen[taken]]
+            regions = kv.geometry.num_regions
+            reg = np.repeat(np.arange(regions), len(taken))
+            blk = np.tile(np.asarray(taken), regions)
+            assert kv.blocks3 is not None
+            kv.blocks3[reg, blk] = pattern(tag, 0, reg, blk, 0, kv.block_len, kv.view, np.tile(all_gens, regions))
+            now = time.time()
+            for k, i in enumerate(admitted):
+                blocks = taken[k * per_req:(k + 1) * per_req]
+                gens = all_gens[k * per_req:(k + 1) * per_req]
                 deadline = now + expiry if expiry is not None else float("inf")
                 held[i] = _Held(blocks, gens, deadline)
+                next_expiry = min(next_expiry, deadline)
                 inc = self.spec.incarnation
                 rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
                 by_id[rid] = i
@@ -120,12 +177,12 @@ class RequestsP(RequestsRole):
                     params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
                                         deadline if expiry is not None else None, gens, rid,
                                         inc + 1 if line is CORRECTED else 1)
-                m.send(self.conn, m.ReqPrefilled(i, rid, blocks, gens, params, now))
+                out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
             h = held.pop(i)
             free.extend(h.blocks)
-            m.send(self.conn, m.ReqFreed(i, how, time.time(), log))
+            out.add(m.ReqFreed(i, how, time.time(), log))
 
         def handle(msg: m.Msg | None) -> None:
             nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side
@@ -153,21 +210,31 @@ class RequestsP(RequestsRole):
                 waiting.append(msg.request)
                 admit()
             elif isinstance(msg, m.ReqEnd):
-                m.send(self.conn, m.ReqAccount(sorted(held), list(waiting), late, beats, errors))
+                out.send(m.ReqAccount(sorted(held), list(waiting), late, beats, errors))
                 held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
                 waiting.clear()
 
         while True:
             # D's READs complete only as this loop drives P's UCX worker (agent.notifs(); no progress thread, which
-            # would spin a core): while blocks are held a READ may be under way, so look often.
-            msgs = [self.wait(HELD_POLL_S if held else POLL_S)]
-            while msgs[-1] is not None and self.conn.poll(0):  # every queued message before the next sweep
-                msgs.append(m.recv(self.conn))
+            # would spin a core): while blocks are held a READ may be under way, so look often, and spin while
+            # work comes in.
+            if held and time.monotonic() < spin_until:
+                os.sched_yield()
+                first = m.recv(self.conn) if self.queued() else None
+            else:
+                first = self.wait(HELD_POLL_S if held else POLL_S)
+            msgs = m.unbatch(first)
+            while first is not None and self.queued():  # every queued message before the next sweep
+                msgs += m.unbatch(first := m.recv(self.conn))
             for msg in msgs:
                 if isinstance(msg, m.Stop):
+                    out.flush()
                     return
                 handle(msg)
-            for _peer, got in self.agent.notifs().items():
+            notifs = self.agent.notifs()
+            if msgs or notifs:
+                spin_until = time.monotonic() + SPIN_S
+            for _peer, got in notifs.items():
                 for raw in got:
                     if raw.startswith(push.PUSH_REG_PREFIX):  # push mode: D registered its blocks
                         if d_side is None:
@@ -200,11 +267,14 @@ class RequestsP(RequestsRole):
             for when, agent, note in [x for x in pending if x[0] <= now]:
                 pending.remove((when, agent, note))
                 self.agent.send_notif(agent, note)
-            for i in [i for i, h in held.items() if now >= h.deadline]:
-                rid = next((k for k, v in by_id.items() if v == i), str(i))
-                release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
+            if now >= next_expiry:
+                for i in [i for i, h in held.items() if now >= h.deadline]:
+                    rid = next((k for k, v in by_id.items() if v == i), str(i))
+                    release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
+                next_expiry = min((h.deadline for h in held.values()), default=float("inf"))
             if waiting and free:
                 admit()
+            out.flush()
 
 
 class RequestsD(RequestsRole):
@@ -219,38 +289,61 @@ class RequestsD(RequestsRole):
         self.expiry_s: float | None = None
         self.pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
         self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
+        self.flight: list[_Flight] = []  # READs posted in this loop turn, finished by settle()
+        self.next_block = 0  # D's first block the next READ lands in
+        self._local_ids: dict[tuple[int, int], np.ndarray] = {}
         waiter = _PushWaiter(self)
+        self.out = out = Outgoing(self.conn)
         while True:
-            msg = self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)
-            for final in waiter.poll(self.line):
-                m.send(self.conn, final)
+            first = self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)
+            msgs = m.unbatch(first)
+            while first is not None and self.queued():  # everything queued: its READs go out together
+                msgs += m.unbatch(first := m.recv(self.conn))
+            for msg in msgs or [None]:
+                if isinstance(msg, m.Stop):
+                    self.settle()
+                    out.flush()
+                    return
+                self.turn(msg, waiter)
+                if out.due():
+                    out.flush()
+            self.settle()
+            out.flush()
+
+    def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
+        """One message from the parent (None: none came), after the timers: push completions, delayed
+        notifications, held requests."""
+        out = self.out
+        for final in waiter.poll(self.line):
+            out.add(final)
+        if self.pending:
             now = time.time()
             for when, note in [p for p in self.pending if p[0] <= now]:
                 self.pending.remove((when, note))
                 self.notify(note)
-            self.tick(now)
-            if isinstance(msg, m.Stop):
-                return
-            if isinstance(msg, m.ReqBegin):
-                self.line = with_policy(line_of(msg.line), msg.failure_policy)
-                self.pending.clear()  # a delayed notification of the last line is never sent into this one
-                self.held.clear()
-                self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
-                waiter.reset(msg.mode, self.expiry_s)
-                if msg.peer is not None:
-                    self.side = msg.peer
-                    if self.peer is None or msg.peer.agent != self.peer.agent:
-                        self.load(msg.peer)  # a new line is a fresh deployment: D handshakes with the P running now
-                m.send(self.conn, m.Ack())  # D is ready for the line (restart-p waits for this handshake)
-            elif isinstance(msg, m.ReqReady):
-                self.side = msg  # P was replaced: its side channel now serves the new agent
-            elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
-                assert self.peer is not None
-                m.send(self.conn, waiter.register(msg, self.line, self.peer))
-            elif isinstance(msg, m.ReqDecode):
-                out = self.decode(msg)
-                if out is not None:
-                    m.send(self.conn, out)
+        if self.held:
+            self.tick(time.time())
+        if isinstance(msg, m.ReqBegin):
+            self.settle()
+            self.line = with_policy(line_of(msg.line), msg.failure_policy)
+            self.pending.clear()  # a delayed notification of the last line is never sent into this one
+            self.held.clear()
+            self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
+            waiter.reset(msg.mode, self.expiry_s)
+            if msg.peer is not None:
+                self.side = msg.peer
+                if self.peer is None or msg.peer.agent != self.peer.agent:
+                    self.load(msg.peer)  # a new line is a fresh deployment: D handshakes with the P running now
+            out.send(m.Ack())  # D is ready for the line (restart-p waits for this handshake)
+        elif isinstance(msg, m.ReqReady):
+            self.side = msg  # P was replaced: its side channel now serves the new agent
+        elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
+            assert self.peer is not None
+            out.add(waiter.register(msg, self.line, self.peer))
+        elif isinstance(msg, m.ReqDecode):
+            got = self.decode(msg)
+            if got is not None:
+                out.add(got)
 
     def load(self, peer: m.ReqReady) -> None:
         """The handshake's end: load P's agent and prep its blocks (dropping a replaced agent first)."""
@@ -284,7 +377,9 @@ class RequestsD(RequestsRole):
         for h in list(self.held):
             if now >= h.read_at:
                 self.held.remove(h)
-                m.send(self.conn, self.read(h.msg, h.rid))
+                got = self.read(h.msg, h.rid)
+                if got is not None:
+                    self.out.add(got)
             elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
                 self.notify(f"HB:{h.rid}".encode())
                 h.next_hb = now + interval
@@ -313,7 +408,17 @@ class RequestsD(RequestsRole):
             return f"D re-handshook (registration generation {self.side.incarnation + 1})"
         return "no newer P to re-handshake with"
 
-    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded:
+    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+        """Post request msg's READ into D's next free blocks: its answer now (refused, failed, aborted), or None
+        (in flight: settle() checks it and notifies P). A request a fault touches is read alone, in order."""
+        if msg.alone:
+            self.settle()
+        out = self.post(msg, rid)
+        if msg.alone or len(self.flight) >= MAX_FLIGHT:
+            self.settle()
+        return out
+
+    def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
         kv, agent, i, line = self.kv, self.agent, msg.request, self.line
         peer = self.peer
         assert peer is not None and msg.params is not None
@@ -333,7 +438,10 @@ class RequestsD(RequestsRole):
                                     "acknowledged: its heartbeats were lost): blocks not read, recomputed")
         ids = [int(b) for b in msg.params["remote_block_ids"]]
         regions = kv.geometry.num_regions
-        mine = np.arange(len(ids))  # D's own blocks for this request: the first len(ids) of its cache
+        if self.next_block + len(ids) > kv.num_blocks:
+            self.settle()
+        # D's own blocks for this request: the next len(ids) of its cache (the first, for a READ alone)
+        mine = np.arange(self.next_block, self.next_block + len(ids))
         t_read = time.time()
         try:
             if msg.read_fail:
@@ -343,25 +451,85 @@ class RequestsD(RequestsRole):
                 agent.release_dlist(bad)
             if msg.abort:
                 return self.aborted(msg, rid, mine, ids, t_read)
-            agent.read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
-                       desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {i}", yield_cpu=True)
+            ctx = f"request {i}"
+            h = agent.make_read(self.local, self.local_ids(mine), self.remote,
+                                desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=ctx)
+            try:
+                started = agent.start(h, ctx)
+            except NixlCallError:
+                agent.release(h)
+                raise
         except NixlCallError as exc:
-            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
-                return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
-                                    "recomputed", t_read)
-            verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
-            return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+            return self.failed(i, exc, t_read)
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
             verdict, detail = on_failure(line, i, "transfer_setup_failed", f"{type(exc).__name__}: {exc}")
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
-        chk = check_blocks(kv, mine, msg.expect_blocks, engine_tag(peer.engine_id), 0,
-                           read_len=kv.block_len, view=kv.view, gens=msg.expect_gens)
-        out = m.ReqDecoded(i, "read", t_read=t_read, checked=chk.checked, wrong=chk.wrong)
-        if chk.first is not None:
-            f = chk.first.found
-            out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
-        self.done(msg, rid)
-        return out
+        self.flight.append(_Flight(h, started, msg, rid, mine, t_read, peer))
+        self.next_block += len(ids)
+        return None
+
+    def local_ids(self, mine: np.ndarray) -> np.ndarray:
+        """D's descriptor ids of its blocks `mine` (a run of blocks): the same few runs serve every READ."""
+        key = (int(mine[0]), len(mine)) if len(mine) else (0, 0)
+        got = self._local_ids.get(key)
+        if got is None:
+            got = self._local_ids[key] = desc_ids(self.kv.geometry.num_regions, self.kv.num_blocks, mine)
+        return got
+
+    def settle(self) -> None:
+        """Every READ in flight to its end, in the order posted: check each request's blocks, notify P. One
+        check covers every READ that landed; only a batch with a wrong block is checked request by request."""
+        flight, self.flight, self.next_block = self.flight, [], 0
+        landed: list[_Flight] = []
+        for f in flight:
+            failed = self.land(f)
+            if failed is None:
+                landed.append(f)
+            else:
+                self.out.add(failed)
+        clean = len(landed) > 1 and self.check(landed).wrong == 0
+        regions = self.kv.geometry.num_regions
+        for f in landed:
+            if clean:
+                out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
+            else:
+                chk = self.check([f])
+                out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked, wrong=chk.wrong)
+                if chk.first is not None:
+                    w = chk.first.found
+                    out.found_block, out.found_gen, out.found_valid = w.block, w.gen, w.valid
+            self.done(f.msg, f.rid)
+            self.out.add(out)
+            if self.out.due():  # the parent times each answer: no answer waits long for the rest
+                self.out.flush()
+
+    def failed(self, i: int, exc: NixlCallError, t_read: float) -> m.ReqDecoded:
+        line = self.line
+        if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+            return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
+                                "recomputed", t_read)
+        verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
+        return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def land(self, f: _Flight) -> m.ReqDecoded | None:
+        """Wait for f's READ: None once it is done, else its failure."""
+        try:
+            self.agent.wait(f.h, f"request {f.msg.request}", 30.0, yield_cpu=True, started=f.started)
+        except NixlCallError as exc:
+            return self.failed(f.msg.request, exc, f.t_read)
+        finally:
+            self.agent.release(f.h)
+        return None
+
+    def check(self, flights: list[_Flight]) -> BlockCheck:
+        """Every block these READs brought, by coordinate and generation."""
+        kv = self.kv
+        one = len(flights) == 1
+        mine = flights[0].mine if one else np.concatenate([f.mine for f in flights])
+        blocks = flights[0].msg.expect_blocks if one else [b for f in flights for b in f.msg.expect_blocks]
+        gens = flights[0].msg.expect_gens if one else [g for f in flights for g in f.msg.expect_gens]
+        return check_blocks(kv, mine, blocks, engine_tag(flights[0].peer.engine_id), 0, read_len=kv.block_len,
+                            view=kv.view, gens=gens)
 
     def done(self, msg: m.ReqDecode, rid: str) -> None:
         if not msg.drop_notif:
@@ -391,6 +559,17 @@ class RequestsD(RequestsRole):
         self.done(msg, rid)
         detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
         return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
+
+
+class _Flight:
+    """A READ D posted and has not finished."""
+
+    __slots__ = ("h", "mine", "msg", "peer", "rid", "started", "t_read")
+
+    def __init__(self, h: Any, started: Any, msg: m.ReqDecode, rid: str, mine: np.ndarray, t_read: float,
+                 peer: m.ReqReady) -> None:
+        self.h, self.started, self.msg, self.rid, self.mine, self.t_read, self.peer = (h, started, msg, rid, mine,
+                                                                                     t_read, peer)
 
 
 class _Hold:

@@ -150,17 +150,18 @@ def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[i
 
     deadline = time.monotonic() + timeout_s
     while not settled() and time.monotonic() < deadline:
-        for _rank, msg in lau.events([p, d], min(deadline, time.monotonic() + 0.05)):
-            if isinstance(msg, m.ReqDecoded):
-                decoded[msg.request] = msg
-            elif isinstance(msg, m.Ack):
-                d_began[0] = True
-            elif isinstance(msg, m.ReqFreed):
-                freed.setdefault(msg.request, msg)
-                if msg.log:
-                    logs.append(msg.log)
-            elif msg is None or isinstance(msg, m.Failed):
+        for _rank, got in lau.events([p, d], min(deadline, time.monotonic() + 0.05)):
+            if got is None or isinstance(got, m.Failed):
                 return  # the main loop reports it
+            for msg in m.unbatch(got):
+                if isinstance(msg, m.ReqDecoded):
+                    decoded[msg.request] = msg
+                elif isinstance(msg, m.Ack):
+                    d_began[0] = True
+                elif isinstance(msg, m.ReqFreed):
+                    freed.setdefault(msg.request, msg)
+                    if msg.log:
+                        logs.append(msg.log)
             break
 
 
@@ -186,6 +187,11 @@ class _Outbox:
 
     def send(self, msg: m.Msg) -> None:
         self._q.put(msg)
+
+    def send_all(self, msgs: list[Any]) -> None:
+        """A loop turn's messages, in one pipe write."""
+        if msgs:
+            self._q.put(m.batched(msgs))
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._q.put(None)
@@ -234,15 +240,19 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     faults = _stage(f"vLLM {name}'s requests", hard - time.time())
     while True:
         now = time.time()
+        to_p: list[m.ReqPrefill] = []
+        to_dd: list[m.ReqDecode] = []
         while due and due[0][0] <= now:
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
             if action == "prefill" and any(r < i for r in restarts_due):
                 parked.append((when, i))  # P restarts after an earlier request: this one goes to the new P
             elif action == "prefill":
-                slot.box.send(_prefill(i, opts))
+                to_p.append(_prefill(i, opts))
             else:
-                to_d.send(_route(prefilled, i, opts))
+                to_dd.append(_route(prefilled, i, opts))
+        slot.box.send_all(to_p)  # every request due this turn, in one message per rank
+        to_d.send_all(to_dd)
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
         if now >= max(end, last_answer + opts.settle_s) and len(decoded.keys() | registered) >= len(prefilled) \
                 and not due:
@@ -251,53 +261,58 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
         wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
-        for rank, msg in lau.events([slot.rank, d], time.monotonic() + max(0.001, wake - time.time())):
-            if msg is None:
+        for rank, got in lau.events([slot.rank, d], time.monotonic() + max(0.001, wake - time.time())):
+            if got is None:
                 raise faults.died(rank)
-            if isinstance(msg, m.Failed):
-                raise faults.failed(rank, msg)
-            if isinstance(msg, m.ReqPrefilled):
-                prefilled[msg.request] = msg
-                for b, g in zip(msg.blocks, msg.gens, strict=True):
-                    owner[(b, g)] = msg.request
-                slow = pick(opts.faults, "slow-decode", msg.request)
-                t_decode = msg.t + (slow.seconds if slow else 0.0)
-                if pick(opts.faults, "restart-p", msg.request):
-                    # Between handshake and transfer: P is replaced after handing out these params. Whatever it
-                    # still held dies with it; the schedule pauses while the new P starts.
-                    _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
-                                           d_began)
-                    dying = [j for j in prefilled if j not in freed and j not in gone]
-                    lost += len(dying)
-                    lost_at.update(dict.fromkeys(dying, time.time()))
-                    gone.update(prefilled)
-                    restarts += 1
-                    down = _restart_p(lau, slot, to_d, begin, opts)
-                    if msg.request in restarts_due:
-                        restarts_due.remove(msg.request)
-                    due = [(w + down, s_, a, j) for w, s_, a, j in due]
-                    due += [(w + down, j, "prefill", j) for w, j in parked]
-                    parked.clear()
-                    heapq.heapify(due)
-                    end, hard, t_decode = end + down, hard + down, t_decode + down
-                heapq.heappush(due, (t_decode, seq, "decode", msg.request))
-                seq += 1
-            elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
-                registered.add(msg.request)
-                last_answer = time.time()
-            elif isinstance(msg, m.ReqDecoded):
-                decoded[msg.request] = msg
-                last_answer = answered[msg.request] = time.time()
-            elif isinstance(msg, m.Ack):
-                d_began[0] = True
-            elif isinstance(msg, m.ReqFreed):
-                freed.setdefault(msg.request, msg)
-                if msg.log:
-                    logs.append(msg.log)
-            break  # back to the schedule after every message
+            if isinstance(got, m.Failed):
+                raise faults.failed(rank, got)
+            # A rank's loop turn, in order; a prefill after which P restarts goes last (what P sent after it, e.g.
+            # a free, counts before the restart, as _settle_before_restart would have read it from the pipe).
+            for msg in sorted(m.unbatch(got), key=lambda x: isinstance(x, m.ReqPrefilled)
+                              and pick(opts.faults, "restart-p", x.request) is not None):
+                if isinstance(msg, m.ReqPrefilled):
+                    prefilled[msg.request] = msg
+                    for b, g in zip(msg.blocks, msg.gens, strict=True):
+                        owner[(b, g)] = msg.request
+                    slow = pick(opts.faults, "slow-decode", msg.request)
+                    t_decode = msg.t + (slow.seconds if slow else 0.0)
+                    if pick(opts.faults, "restart-p", msg.request):
+                        # Between handshake and transfer: P is replaced after handing out these params. Whatever it
+                        # still held dies with it; the schedule pauses while the new P starts.
+                        _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
+                                               d_began)
+                        dying = [j for j in prefilled if j not in freed and j not in gone]
+                        lost += len(dying)
+                        lost_at.update(dict.fromkeys(dying, time.time()))
+                        gone.update(prefilled)
+                        restarts += 1
+                        down = _restart_p(lau, slot, to_d, begin, opts)
+                        if msg.request in restarts_due:
+                            restarts_due.remove(msg.request)
+                        due = [(w + down, s_, a, j) for w, s_, a, j in due]
+                        due += [(w + down, j, "prefill", j) for w, j in parked]
+                        parked.clear()
+                        heapq.heapify(due)
+                        end, hard, t_decode = end + down, hard + down, t_decode + down
+                    heapq.heappush(due, (t_decode, seq, "decode", msg.request))
+                    seq += 1
+                elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
+                    registered.add(msg.request)
+                    last_answer = time.time()
+                elif isinstance(msg, m.ReqDecoded):
+                    decoded[msg.request] = msg
+                    last_answer = answered[msg.request] = time.time()
+                elif isinstance(msg, m.Ack):
+                    d_began[0] = True
+                elif isinstance(msg, m.ReqFreed):
+                    freed.setdefault(msg.request, msg)
+                    if msg.log:
+                        logs.append(msg.log)
+            break  # back to the schedule after every pipe message
     slot.box.send(m.ReqEnd())
     acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
                       _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
+    seconds = time.time() - t0  # the line's real run, not the verdicts and the model after it
     judge = _push_verdict if push else _verdict
     outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
@@ -309,7 +324,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
-    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, time.time() - t0,
+    return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode)
 
 
@@ -341,11 +356,12 @@ class _Closing(orc.Stage):
         object.__setattr__(self, "_freed", freed)
         object.__setattr__(self, "_logs", logs)
 
-    def stray(self, rank: Any, msg: m.Msg) -> Exception | None:
-        if isinstance(msg, m.ReqFreed):
-            self._freed.setdefault(msg.request, msg)  # type: ignore[attr-defined]
-            if msg.log:
-                self._logs.append(msg.log)  # type: ignore[attr-defined]
+    def stray(self, rank: Any, got: m.Msg) -> Exception | None:
+        for msg in m.unbatch(got):
+            if isinstance(msg, m.ReqFreed):
+                self._freed.setdefault(msg.request, msg)  # type: ignore[attr-defined]
+                if msg.log:
+                    self._logs.append(msg.log)  # type: ignore[attr-defined]
         return None
 
 
@@ -365,7 +381,7 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
     hold_s, lost = held_for(opts.faults, i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
                        delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
-                       pick(opts.faults, "abort-d", i) is not None)
+                       pick(opts.faults, "abort-d", i) is not None, any(f.hits(i) for f in opts.faults))
 
 
 def _prefill(i: int, opts: Options) -> m.ReqPrefill:
