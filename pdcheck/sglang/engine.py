@@ -253,6 +253,10 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         dead = wire.death(exc)
         return hang(d_rel, "register", f"P rank {targets[0]}'s bootstrap thread died: {dead}", p_ranks=targets,
                     exception=dead.split(":")[0], listener_dead=dead)
+    if p_rel.fewer_regions_raise and d.num_ptrs < p.num_ptrs:  # checked as P adds D's agent
+        dead = p_rel.fewer_regions_raise.format(d=d.num_ptrs, p=p.num_ptrs)
+        return hang(d_rel, "register", f"P rank {targets[0]}'s bootstrap thread died: {dead}", p_ranks=targets,
+                    exception="ValueError", listener_dead=dead)
     if fault == "no_transfer_info":
         return no_info(p_rel, [ROOM], p_ranks=targets)
     if fault == "dp_conflict":

@@ -221,6 +221,10 @@ class SgPrefillRole(Role):
             self.final.listener_dead = wire.death(exc)
             return
         if isinstance(got, wire.Registration):
+            mine = len(sglang_order(self.kv))
+            if self.rel.fewer_regions_raise and got.agent_name not in regs and len(got.kv_ptrs) < mine:
+                self.final.listener_dead = self.rel.fewer_regions_raise.format(d=len(got.kv_ptrs), p=mine)
+                return
             if got.agent_name not in regs:  # "Peer X was already registered, ignoring."
                 regs[got.agent_name] = (got, self.agent.add_remote(got.agent_metadata))
                 self.final.registered.append(got.agent_name)

@@ -59,6 +59,9 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     room_reuse: RoomReuse = "keyerror"
     aux_pairing: AuxPairing = "first"
     aux_skew_log: str | None = None  # 0.5.23 logs a registration whose aux buffer count differs
+    # 0.5.23: P's bootstrap thread compares D's KV region count with its own when D registers
+    # (_add_remote_peer -> _prepare_payload_xfer) and raises on fewer: the thread dies, D's room hangs.
+    fewer_regions_raise: str | None = None
     # D's heartbeat (0.5.3+): GET /health every heartbeat_s; after heartbeat_failures failures every pending room
     # of that prefill is failed with node_failure_log. None: no heartbeat (D waits for a dead P).
     heartbeat_s: float | None = None
@@ -102,6 +105,8 @@ AUX_SKEW_LOG = ("Decode {peer} registered {d} metadata buffers but this prefill 
                 "transferred, and misaligned if the extra buffer is not the last. An optional metadata buffer is "
                 "enabled on one engine only: --disaggregation-enable-kv-checksum, SGLANG_ENABLE_DISAGG_SAMPLING_MASK, "
                 "or the DSA top-k buffer.")
+FEWER_REGIONS = ("ValueError: NIXL PD transfer: decode registered fewer KV regions ({d}) than prefill ({p}); "
+                 "unexpected geometry")
 LOST_R4 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} transfers affected"
 LOST_R6 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} requests affected"
 PREFILL_DOWN = ("Prefill server with bootstrap_addr: {addr} is healthy before, but now it is down. Request "
