@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -359,10 +360,15 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 acc.expired += 1
     for i in waiting:
         out[i] = Outcome(i, "hang", hang_detail(line, pool))
-    for r in reqs.values():
+    count_still_held(reqs.values(), acc)
+    return [out[i] for i in range(requests)], acc
+
+
+def count_still_held(reqs: Iterable[Any], acc: Accounting) -> None:
+    """At the run's end: blocks P still holds wait for their expiry (held), or for ever (leaked)."""
+    for r in reqs:
         if r.holding:
             if r.deadline < math.inf:
                 acc.held += 1
             else:
                 acc.leaked += 1
-    return [out[i] for i in range(requests)], acc

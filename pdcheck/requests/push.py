@@ -43,6 +43,7 @@ from pdcheck.requests.model import (
     Accounting,
     Outcome,
     apply_bad,
+    count_still_held,
     hang_detail,
     on_failure,
     params_for,
@@ -282,9 +283,5 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     for i, r in reqs.items():
         if i not in out:
             out[i] = Outcome(i, "hang", HANG_NOTIF if r.written else HANG_UNMATCHED)
-        if r.holding:
-            if r.deadline < math.inf:
-                acc.held += 1
-            else:
-                acc.leaked += 1
+    count_still_held(reqs.values(), acc)
     return [out[i] for i in range(requests)], acc

@@ -402,17 +402,22 @@ def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefi
     if dec.status in ("refused", "failed", "aborted"):
         return Outcome(i, dec.verdict, dec.detail)
     if dec.wrong:
-        j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
-        whose = f"request {j}'s KV (generation {dec.found_gen})" if j is not None else "untagged bytes"
-        if line is CORRECTED:
-            return Outcome(i, "recomputed", f"generation check: block {dec.found_block} holds {whose}: refused, "
-                                            "recomputed")
-        return Outcome(i, "wrong", f"block {dec.found_block} holds {whose}", j)
+        return _wrong(i, dec, line, owner)
     f = freed.get(i)
     if f is not None and f.t <= dec.t_read:
         return Outcome(i, "freed-early", f"P freed the blocks ({f.how}) {dec.t_read - f.t:.2f} s before D read "
                                          "them")
     return Outcome(i, "delivered")
+
+
+def _wrong(i: int, dec: m.ReqDecoded, line: Lifecycle, owner: dict[tuple[int, int], int]) -> Outcome:
+    """D's check found another generation's bytes: whose KV it read (P's allocation log names the owner)."""
+    j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
+    whose = f"request {j}'s KV (generation {dec.found_gen})" if j is not None else "untagged bytes"
+    if line is CORRECTED:
+        return Outcome(i, "recomputed", f"generation check: block {dec.found_block} holds {whose}: refused, "
+                                        "recomputed")
+    return Outcome(i, "wrong", f"block {dec.found_block} holds {whose}", j)
 
 
 def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed], acct: m.ReqAccount,
@@ -449,10 +454,5 @@ def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.Req
     if dec.status in ("refused", "failed"):
         return Outcome(i, dec.verdict, dec.detail)
     if dec.wrong:
-        j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
-        whose = f"request {j}'s KV (generation {dec.found_gen})" if j is not None else "untagged bytes"
-        if line is CORRECTED:
-            return Outcome(i, "recomputed", f"generation check: block {dec.found_block} holds {whose}: refused, "
-                                            "recomputed")
-        return Outcome(i, "wrong", f"block {dec.found_block} holds {whose}", j)
+        return _wrong(i, dec, line, owner)
     return Outcome(i, "delivered")
