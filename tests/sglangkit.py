@@ -256,9 +256,24 @@ def install(root: Path, p: dict[str, Any]) -> None:
     _dram_only()
 
 
+def _nixl_by_its_name() -> None:
+    """SGLang imports `nixl`, the meta package that picks nixl_cu12 or nixl_cu13 by the CUDA it finds (with no
+    CUDA, the first installed). pdcheck depends on nixl-cu13 only: the same library, under SGLang's name."""
+    import importlib.util
+
+    if importlib.util.find_spec("nixl") is not None:
+        return
+    import nixl_cu13
+
+    sys.modules["nixl"] = nixl_cu13
+    for sub in ("_api", "_bindings", "logging"):
+        sys.modules[f"nixl.{sub}"] = importlib.import_module(f"nixl_cu13.{sub}")
+
+
 def _dram_only() -> None:
     """Host buffers stand in for VRAM: every "VRAM" SGLang hands NIXL becomes "DRAM" (reference §10); and the
     NIXL 1.5 API: register_memory lost its is_sorted keyword, which 0.4.x passes."""
+    _nixl_by_its_name()
     from nixl._api import nixl_agent
 
     def wrap(fn: Any, pos: int) -> Any:
