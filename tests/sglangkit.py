@@ -270,6 +270,17 @@ def _nixl_by_its_name() -> None:
         sys.modules[f"nixl.{sub}"] = importlib.import_module(f"nixl_cu13.{sub}")
 
 
+def _settled(state: str, side: Any) -> dict[str, str]:
+    """A room's end on a sender or receiver: its state, and for Failed the exception SGLang raises for it."""
+    out = {"state": state}
+    if state == "Failed":
+        try:
+            side.failure_exception()
+        except Exception as exc:
+            out["exception"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def _dram_only() -> None:
     """Host buffers stand in for VRAM: every "VRAM" SGLang hands NIXL becomes "DRAM" (reference §10); and the
     NIXL 1.5 API: register_memory lost its is_sorted keyword, which 0.4.x passes."""
@@ -409,12 +420,7 @@ def prefill(root: Path, p: dict[str, Any]) -> None:
                         else snd.send(pages[room], None)
                     sent.add(room)
                 elif st in ("Success", "Failed"):
-                    result[str(room)] = {"state": st}
-                    if st == "Failed":
-                        try:
-                            snd.failure_exception()
-                        except Exception as exc:
-                            result[str(room)]["exception"] = f"{type(exc).__name__}: {exc}"
+                    result[str(room)] = _settled(st, snd)
             except Exception as exc:
                 result[str(room)] = {"state": "raised", "exception": f"{type(exc).__name__}: {exc}"}
         time.sleep(0.01)
@@ -487,12 +493,7 @@ def decode(root: Path, p: dict[str, Any]) -> None:
                 continue
             st = _state(rc.poll())
             if st in ("Success", "Failed"):
-                result[str(room)] = {"state": st}
-                if st == "Failed":
-                    try:
-                        rc.failure_exception()
-                    except Exception as exc:
-                        result[str(room)]["exception"] = f"{type(exc).__name__}: {exc}"
+                result[str(room)] = _settled(st, rc)
         time.sleep(0.01)
     for room, rc in recv.items():
         result.setdefault(str(room), {"state": "pending", "last": _state(rc.poll())})

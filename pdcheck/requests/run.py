@@ -154,15 +154,21 @@ def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[i
             if got is None or isinstance(got, m.Failed):
                 return  # the main loop reports it
             for msg in m.unbatch(got):
-                if isinstance(msg, m.ReqDecoded):
-                    decoded[msg.request] = msg
-                elif isinstance(msg, m.Ack):
-                    d_began[0] = True
-                elif isinstance(msg, m.ReqFreed):
-                    freed.setdefault(msg.request, msg)
-                    if msg.log:
-                        logs.append(msg.log)
+                _record(msg, decoded, freed, logs, d_began)
             break
+
+
+def _record(msg: m.Msg, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
+            d_began: list[bool]) -> None:
+    """What the ranks report besides P's prefills: D's answers, D's handshake done, P's frees."""
+    if isinstance(msg, m.ReqDecoded):
+        decoded[msg.request] = msg
+    elif isinstance(msg, m.Ack):
+        d_began[0] = True
+    elif isinstance(msg, m.ReqFreed):
+        freed.setdefault(msg.request, msg)
+        if msg.log:
+            logs.append(msg.log)
 
 
 class _Outbox:
@@ -299,15 +305,10 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                 elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
                     registered.add(msg.request)
                     last_answer = time.time()
-                elif isinstance(msg, m.ReqDecoded):
-                    decoded[msg.request] = msg
-                    last_answer = answered[msg.request] = time.time()
-                elif isinstance(msg, m.Ack):
-                    d_began[0] = True
-                elif isinstance(msg, m.ReqFreed):
-                    freed.setdefault(msg.request, msg)
-                    if msg.log:
-                        logs.append(msg.log)
+                else:
+                    _record(msg, decoded, freed, logs, d_began)
+                    if isinstance(msg, m.ReqDecoded):
+                        last_answer = answered[msg.request] = time.time()
             break  # back to the schedule after every pipe message
     slot.box.send(m.ReqEnd())
     acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
