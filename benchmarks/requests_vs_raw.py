@@ -8,11 +8,11 @@ descriptors of 4 KiB), checks them, sends the done notification; P frees on it. 
 line (run() always adds it) and is timed too.
 
 raw: two processes with one NIXL agent each (UCX, host memory, same KV cache geometry and descriptors from
-pdcheck.kvcache), no harness: D posts each request's READ of the same 8 descriptors from prepped dlists, busy-polls
-it, releases the handle and sends "{id}:1" to P; P busy-polls its notifications until it has all of them. The
+pdcheck.kvcache), no harness: D posts each request's READ of the same 8 descriptors from prepped dlists with
+"{id}:1" riding on it (the done notification, as vLLM sends it), busy-polls it, releases the handle; P busy-polls its notifications until it has all of them. The
 clock stops when P has the last notification.
 
-Runs alternate (raw, pdcheck, raw, ...; this host drifts) and the script prints requests/s of each, the medians and
+Runs alternate (pdcheck, raw, pdcheck, ...; this host drifts; raw sends as many heartbeats as pdcheck did just before) and the script prints requests/s of each, the medians and
 the ratio of time per request, pdcheck / raw (goal <= 1.3).
 
     python benchmarks/requests_vs_raw.py [--requests 2000] [--reps 3] [--line 0.34.0] [--pool 256]
@@ -85,7 +85,9 @@ def raw_p(connect: str, pool: int) -> int:
     return 0
 
 
-def raw_d(requests: int, pool: int, heartbeat: bool) -> dict[str, float]:
+def raw_d(requests: int, pool: int, heartbeats: int) -> dict[str, float]:
+    """heartbeats: how many HB notifications to send, as many as pdcheck's D sent in the same rep (one per loop
+    turn, naming that turn's requests): evenly spread, each naming the requests up to the next."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REP)
     port = sock.bind_to_random_port("tcp://127.0.0.1")
@@ -104,12 +106,16 @@ def raw_d(requests: int, pool: int, heartbeat: bool) -> dict[str, float]:
         mine = desc_ids(regions, pool, np.arange(PER_REQUEST))
         theirs = [desc_ids(regions, pool, (np.arange(PER_REQUEST) + PER_REQUEST * i) % pool)
                   for i in range(requests)]
+        every = -(-requests // heartbeats) if heartbeats else 0
+        beats = [("HB:" + ",".join(f"req-{j}" for j in range(i, min(requests, i + every)))).encode()
+                 for i in range(0, requests, every)] if every else []
         sock.send(str(requests).encode())
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(requests):
-            if heartbeat:  # 0.24+: D's scheduler heartbeats the request before its READ, as pdcheck's D does
-                a.send_notif(peer, f"HB:req-{i}".encode())
-            h = a.make_prepped_xfer("READ", local, mine, remote, theirs[i], b"")
+            if every and not i % every:  # 0.24+: the heartbeat before the READs of the requests it names
+                a.send_notif(peer, beats[i // every])
+            # the done notification rides on the READ, as vLLM's _read_blocks sends it (and pdcheck's D)
+            h = a.make_prepped_xfer("READ", local, mine, remote, theirs[i], f"req-{i}:1".encode())
             st = a.transfer(h)
             while st not in ("DONE", "ERR"):
                 os.sched_yield()
@@ -117,7 +123,6 @@ def raw_d(requests: int, pool: int, heartbeat: bool) -> dict[str, float]:
             if st == "ERR":
                 raise SystemExit(f"raw READ {i} failed")
             a.release_xfer_handle(h)
-            a.send_notif(peer, f"req-{i}:1".encode())
         cpu_d = time.process_time() - c0
         if not sock.poll(60_000):  # never a hang: a lost notification ends the run here
             raise SystemExit(f"raw P did not report all {requests} notifications within 60 s")
@@ -155,6 +160,7 @@ def pdcheck_run(requests: int, pool: int, line: str) -> dict[str, float]:
     both = 2 * requests  # the line and the corrected path: CPU is counted over both
     ranks = cpu.by_role()
     return {"seconds": rel.seconds - settle, "requests_per_s": requests / (rel.seconds - settle),
+            "heartbeats": rel.accounting.heartbeats,
             "corrected_requests_per_s": requests / (cor.seconds - settle), "router_lag_s": rel.router_lag_s,
             "cpu_ms": {"parent": 1e3 * parent / both, **{k: 1e3 * v / both for k, v in ranks.items()}}}
 
@@ -208,15 +214,15 @@ def main() -> int:
         return raw_p(args.connect, args.pool)
     raws, mine = [], []
     for rep in range(args.reps):
-        r = raw_d(args.requests, args.pool, line_of(args.line).heartbeat)
         p = pdcheck_run(args.requests, args.pool, args.line)
+        r = raw_d(args.requests, args.pool, p["heartbeats"])  # the same READs and notifications
         raws.append(r["requests_per_s"])
         mine.append(p["requests_per_s"])
         print(f"rep {rep}: raw {r['requests_per_s']:6.0f} req/s  pdcheck {args.line} {p['requests_per_s']:6.0f} "
               f"req/s (corrected path {p['corrected_requests_per_s']:.0f});  CPU ms/request: raw "
               + " ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms"].items()) + ", pdcheck "
               + " ".join(f"{k} {v:.2f}" for k, v in p["cpu_ms"].items())
-              + f"  (load {os.getloadavg()[0]:.1f})", flush=True)
+              + f"; heartbeats {p['heartbeats']}  (load {os.getloadavg()[0]:.1f})", flush=True)
     raw_m, mine_m = statistics.median(raws), statistics.median(mine)
     ratio = raw_m / mine_m
     print(json.dumps({"requests": args.requests, "line": args.line, "raw_requests_per_s": round(raw_m),

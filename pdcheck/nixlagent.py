@@ -31,9 +31,12 @@ def _status(exc: BaseException) -> str:
     return type(exc).__name__
 
 
-def _int32(ids: np.ndarray, context: str) -> np.ndarray:
-    """Descriptor ids as NIXL takes them (int32); ids beyond int32 are refused, never wrapped."""
+def int32_ids(ids: np.ndarray, context: str) -> np.ndarray:
+    """Descriptor ids as NIXL takes them (int32); ids beyond int32 are refused, never wrapped. An int32 array
+    is taken as it is (a caller keeps converted ids to post them again)."""
     a = np.asarray(ids)
+    if a.dtype == np.int32 and a.flags.c_contiguous:
+        return a
     if a.size and (int(a.max()) >= 2**31 or int(a.min()) < 0):
         bad = int(a.max()) if int(a.max()) >= 2**31 else int(a.min())
         raise NixlCallError("make_prepped_xfer", "NIXL_ERR_INVALID_PARAM", f"descriptor id {bad} is not an int32",
@@ -129,7 +132,7 @@ class Agent:
         """One prepped READ handle over descriptor ids of two prepped dlists (kvcache.desc_ids); post it with
         complete() or timed(), as often as needed, and give it back with release(). op="WRITE": a WRITE (SGLang's
         P pushes into D)."""
-        lid, rid = _int32(local_ids, context), _int32(remote_ids, context)
+        lid, rid = int32_ids(local_ids, context), int32_ids(remote_ids, context)
         return nixl_call("make_prepped_xfer", context, self._a.make_prepped_xfer, op, local, lid, remote, rid,
                          notif)
 
@@ -176,6 +179,21 @@ class Agent:
             raise NixlCallError("transfer", _status(exc), f"{type(exc).__name__}: {exc}".strip(), context) from exc
         if st != ok:
             raise NixlCallError("transfer", self._names.get(st, str(st)), "transfer state ERR", context)
+
+    def done(self, h: Any, context: str = "") -> bool:
+        """One look at a handle start() posted: True once its transfer is done, False while under way. Raises
+        NixlCallError on a NIXL error."""
+        _post, status, busy, ok = self._fast
+        try:
+            st = status(h._handle)
+        except Exception as exc:  # the bindings raise nixl*Error classes
+            raise NixlCallError("check_xfer_state", _status(exc), f"{type(exc).__name__}: {exc}".strip(),
+                                context) from exc
+        if st == busy:
+            return False
+        if st != ok:
+            raise NixlCallError("transfer", self._names.get(st, str(st)), "transfer state ERR", context)
+        return True
 
     def timed(self, handles: Sequence[Any], iters: int, context: str = "") -> tuple[list[int], int]:
         """`iters` transfers cycling over `handles`, each posted and busy-polled to completion: per-transfer

@@ -130,3 +130,41 @@ def test_check_range_counts_wrong_words_of_a_contiguous_read() -> None:
     assert check_range(got, 9, 1, p.geometry, p.num_blocks, start) == 0
     got[8 * p.block_len + 3] ^= 1
     assert check_range(got, 9, 1, p.geometry, p.num_blocks, start) == 1
+
+
+
+def _fast_and_general(d: KVCache, remote: np.ndarray, gens: list[int], span: tuple[int, int] | None = None
+                      ) -> tuple[tuple, tuple]:
+    """check_blocks of D's blocks 3..6 as a run (the in-place fast path) and listed out of order (the general
+    path, expected bytes built and compared)."""
+    order = [2, 0, 3, 1]
+    fast = check_blocks(d, np.arange(3, 7), remote, 9, 1, read_len=d.block_len, view=d.view, gens=gens,
+                        region_span=span)
+    slow = check_blocks(d, np.arange(3, 7)[order], remote[order], 9, 1, read_len=d.block_len, view=d.view,
+                        gens=[gens[i] for i in order], region_span=span)
+    return ((fast.checked, fast.wrong, fast.bytes, fast.wrong_regions),
+            (slow.checked, slow.wrong, slow.bytes, slow.wrong_regions))
+
+
+def test_check_blocks_on_a_run_of_blocks_agrees_with_the_general_check() -> None:
+    # Both paths must say the same, with generations, in both layouts, for clean blocks and for damage.
+    rng = np.random.default_rng(7)
+    for layout in ("NHD", "HND"):
+        p, d = _kv(layout), _kv(layout)
+        remote, gens = np.array([6, 2, 9, 4]), [3, 1, 2, 255]
+        regions = p.geometry.num_regions
+        reg, blk = np.repeat(np.arange(regions), 4), np.tile(remote, regions)
+        p.blocks3[reg, blk] = pattern(9, 1, reg, blk, 0, p.block_len, p.view, np.tile(gens, regions))
+        d.blocks3[:, 3:7] = p.blocks3[:, remote]
+        fast, slow = _fast_and_general(d, remote, gens)
+        assert fast == slow == (regions * 4, 0, regions * 4 * d.block_len, set())
+        fast, slow = _fast_and_general(d, remote, [3, 1, 7, 255])  # one block of another generation
+        assert fast == slow and fast[1] == regions
+        assert _fast_and_general(d, remote, gens, (1, 3))[0] == (8, 0, 8 * d.block_len, set())
+        for _ in range(5):
+            r, b, byte = int(rng.integers(regions)), int(rng.integers(3, 7)), int(rng.integers(d.block_len))
+            d.blocks3[r, b, byte] ^= 0x10
+            fast, slow = _fast_and_general(d, remote, gens)
+            assert fast == slow and fast[1] == 1 and fast[3] == {r}
+            d.blocks3[r, b, byte] ^= 0x10
+        assert _fast_and_general(d, remote, gens)[0][1] == 0

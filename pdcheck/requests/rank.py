@@ -9,7 +9,6 @@ the release's format.
 from __future__ import annotations
 
 import math
-import os
 import select
 import time
 from collections import deque
@@ -21,19 +20,17 @@ import numpy as np
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import BlockCheck, KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
-from pdcheck.nixlagent import LOCAL, no_memory_hooks
+from pdcheck.nixlagent import LOCAL, int32_ids, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
 from pdcheck.requests import push
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.requests.model import GEN_WRAP, abort_detail, decide, on_failure, params_for
 
 POLL_S = 0.002
-HELD_POLL_S = 0.0002
-# P spins (yielding its core) this long after its last sign of work, a message or a notification: D's READs
-# progress only as P's loop drives its UCX worker, and a sleeping P waits for a time slice on a loaded host. A
-# quiet P (a slow decode, a hold) goes back to polling every HELD_POLL_S.
-SPIN_S = 0.005
+HELD_POLL_S = 0.00005  # P holding blocks drives its UCX worker this often: D's READs progress only then
 MAX_FLIGHT = 32  # D's READs in flight at once (vLLM's D posts every scheduled request's READ before it polls)
+READ_POLL_S = 0.00005  # D with READs in flight looks at them again this often (when no message comes first)
+READ_TIMEOUT_S = 30.0  # a READ not done by then is answered as failed (TIMEOUT), never a hang
 FLUSH_S = 0.002  # D sends its answers at least this often while it works through a batch
 
 
@@ -79,6 +76,8 @@ class RequestsRole(Role):
         if poller is None:
             poller = self._poller = select.poll()
             poller.register(self.conn.fileno(), select.POLLIN)
+        if 0 < timeout_s < 0.001:
+            return bool(select.select([self.conn.fileno()], [], [], timeout_s)[0])
         return bool(poller.poll(math.ceil(timeout_s * 1e3)))
 
 
@@ -140,7 +139,7 @@ class RequestsP(RequestsRole):
         notif_faults: dict[int, tuple[bool, float]] = {}  # push mode: the router's drop-notif / delay-notif
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
-        spin_until = 0.0
+        idle = HELD_POLL_S
         next_expiry = float("inf")  # no held request expires before this (heartbeats only push deadlines out)
 
         def admit() -> None:
@@ -216,13 +215,10 @@ class RequestsP(RequestsRole):
 
         while True:
             # D's READs complete only as this loop drives P's UCX worker (agent.notifs(); no progress thread, which
-            # would spin a core): while blocks are held a READ may be under way, so look often, and spin while
-            # work comes in.
-            if held and time.monotonic() < spin_until:
-                os.sched_yield()
-                first = m.recv(self.conn) if self.queued() else None
-            else:
-                first = self.wait(HELD_POLL_S if held else POLL_S)
+            # would spin a core): while blocks are held a READ may be under way, so look often. P never spins: D
+            # keeps many READs in flight and one turn here serves them all, and a spinning P would take D's core.
+            # A turn that found nothing doubles the next look's delay (a slow decode, a hold), up to POLL_S.
+            first = self.wait(idle if held else POLL_S)
             msgs = m.unbatch(first)
             while first is not None and self.queued():  # every queued message before the next sweep
                 msgs += m.unbatch(first := m.recv(self.conn))
@@ -232,8 +228,7 @@ class RequestsP(RequestsRole):
                     return
                 handle(msg)
             notifs = self.agent.notifs()
-            if msgs or notifs:
-                spin_until = time.monotonic() + SPIN_S
+            idle = HELD_POLL_S if msgs or notifs else min(POLL_S, 2 * idle)
             for _peer, got in notifs.items():
                 for raw in got:
                     if raw.startswith(push.PUSH_REG_PREFIX):  # push mode: D registered its blocks
@@ -289,25 +284,33 @@ class RequestsD(RequestsRole):
         self.expiry_s: float | None = None
         self.pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
         self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
-        self.flight: list[_Flight] = []  # READs posted in this loop turn, finished by settle()
-        self.next_block = 0  # D's first block the next READ lands in
+        self.flight: deque[_Flight] = deque()  # READs posted and not reaped, oldest first
+        self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
         self._local_ids: dict[tuple[int, int], np.ndarray] = {}
+        self._remote_ids: dict[tuple[int, ...], np.ndarray] = {}
+        self.beats: list[str] = []  # this turn's requests whose leases the heartbeat renews
+        self.todo: list[tuple[m.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
         waiter = _PushWaiter(self)
         self.out = out = Outgoing(self.conn)
         while True:
-            first = self.wait(POLL_S if self.pending or self.held or waiter.busy else 0.05)
+            # READs in flight: a short look at the pipe, then at the READs again. D never spins on one READ: P
+            # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
+            first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or waiter.busy
+                              else 0.05)
             msgs = m.unbatch(first)
             while first is not None and self.queued():  # everything queued: its READs go out together
                 msgs += m.unbatch(first := m.recv(self.conn))
             for msg in msgs or [None]:
                 if isinstance(msg, m.Stop):
+                    self.start_reads()
                     self.settle()
                     out.flush()
                     return
                 self.turn(msg, waiter)
                 if out.due():
                     out.flush()
-            self.settle()
+            self.start_reads()
+            self.reap()
             out.flush()
 
     def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
@@ -324,6 +327,7 @@ class RequestsD(RequestsRole):
         if self.held:
             self.tick(time.time())
         if isinstance(msg, m.ReqBegin):
+            self.start_reads()  # the last line's requests, before this line begins
             self.settle()
             self.line = with_policy(line_of(msg.line), msg.failure_policy)
             self.pending.clear()  # a delayed notification of the last line is never sent into this one
@@ -394,12 +398,25 @@ class RequestsD(RequestsRole):
         assert msg.params is not None
         rid = str(msg.params.get("remote_request_id", msg.request_id))
         if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
-            self.notify(f"HB:{rid}".encode())  # the scheduler now tracks it: lease renewed
+            self.beats.append(rid)  # the scheduler now tracks it: start_reads() renews its lease
         if msg.hold_s > 0:
             now = time.time()
             self.held.append(_Hold(msg, rid, now + msg.hold_s, now + (self.expiry_s or 0.0) / 6))
             return None
-        return self.read(msg, rid)
+        self.todo.append((msg, rid))
+        return None
+
+    def start_reads(self) -> None:
+        """The turn's heartbeat, one notification naming every request the scheduler took ("HB:id1,id2", as
+        vLLM's worker sends it), then their READs, in order."""
+        if self.beats:
+            self.notify(("HB:" + ",".join(self.beats)).encode())
+            self.beats = []
+        todo, self.todo = self.todo, []
+        for msg, rid in todo:
+            got = self.read(msg, rid)
+            if got is not None:
+                self.out.add(got)
 
     def rehandshake(self) -> str:
         """The corrected path: load what P's side channel serves now."""
@@ -410,13 +427,31 @@ class RequestsD(RequestsRole):
 
     def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
         """Post request msg's READ into D's next free blocks: its answer now (refused, failed, aborted), or None
-        (in flight: settle() checks it and notifies P). A request a fault touches is read alone, in order."""
+        (in flight: reap() checks it once it is done). A request a fault touches is read alone, in order."""
         if msg.alone:
             self.settle()
         out = self.post(msg, rid)
-        if msg.alone or len(self.flight) >= MAX_FLIGHT:
+        if msg.alone:
             self.settle()
+        elif len(self.flight) >= MAX_FLIGHT:
+            self.reap(block=True)
         return out
+
+    def room(self, k: int) -> int:
+        """Where in D's ring of blocks a READ of k blocks lands: k free blocks in a row, after the READs in flight
+        (waiting for the oldest of them while there is no such run)."""
+        n = self.kv.num_blocks
+        while self.flight:
+            tail, head = self.flight[0].lo, self.next_block
+            if head > tail:  # in use: [tail, head)
+                if n - head >= k:
+                    return head
+                if tail >= k:
+                    return 0
+            elif head < tail and tail - head >= k:  # in use: [tail, n) and [0, head)
+                return head
+            self.reap(block=True)
+        return 0
 
     def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
         kv, agent, i, line = self.kv, self.agent, msg.request, self.line
@@ -437,11 +472,8 @@ class RequestsD(RequestsRole):
                 return m.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
                                     "acknowledged: its heartbeats were lost): blocks not read, recomputed")
         ids = [int(b) for b in msg.params["remote_block_ids"]]
-        regions = kv.geometry.num_regions
-        if self.next_block + len(ids) > kv.num_blocks:
-            self.settle()
-        # D's own blocks for this request: the next len(ids) of its cache (the first, for a READ alone)
-        mine = np.arange(self.next_block, self.next_block + len(ids))
+        lo = self.room(len(ids))
+        mine = np.arange(lo, lo + len(ids))  # D's own blocks for this request
         t_read = time.time()
         try:
             if msg.read_fail:
@@ -452,10 +484,10 @@ class RequestsD(RequestsRole):
             if msg.abort:
                 return self.aborted(msg, rid, mine, ids, t_read)
             ctx = f"request {i}"
-            h = agent.make_read(self.local, self.local_ids(mine), self.remote,
-                                desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=ctx)
+            h = agent.make_read(self.local, self.local_ids(mine), self.remote, self.remote_ids(ids, peer.num_blocks, ctx),
+                                self.note(msg, rid), ctx)
             try:
-                started = agent.start(h, ctx)
+                agent.start(h, ctx)  # its state is read by reap()
             except NixlCallError:
                 agent.release(h)
                 raise
@@ -464,44 +496,98 @@ class RequestsD(RequestsRole):
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
             verdict, detail = on_failure(line, i, "transfer_setup_failed", f"{type(exc).__name__}: {exc}")
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
-        self.flight.append(_Flight(h, started, msg, rid, mine, t_read, peer))
-        self.next_block += len(ids)
+        self.flight.append(_Flight(h, msg, rid, mine, lo, t_read, peer))
+        self.next_block = lo + len(ids)
         return None
 
+    def note(self, msg: m.ReqDecode, rid: str) -> bytes:
+        """The done notification that rides on the READ, as vLLM's _read_blocks sends it (NIXL delivers it to P
+        once the READ is done); none when the router's faults drop or delay it."""
+        return b"" if msg.drop_notif or msg.notif_delay_s > 0 else self.line.notification(rid, 1)
+
     def local_ids(self, mine: np.ndarray) -> np.ndarray:
-        """D's descriptor ids of its blocks `mine` (a run of blocks): the same few runs serve every READ."""
+        """D's descriptor ids of its blocks `mine` (a run of blocks), as NIXL takes them: the same few runs serve
+        every READ."""
         key = (int(mine[0]), len(mine)) if len(mine) else (0, 0)
         got = self._local_ids.get(key)
         if got is None:
-            got = self._local_ids[key] = desc_ids(self.kv.geometry.num_regions, self.kv.num_blocks, mine)
+            got = self._local_ids[key] = int32_ids(desc_ids(self.kv.geometry.num_regions, self.kv.num_blocks, mine),
+                                                   "D's blocks")
+        return got
+
+    def remote_ids(self, ids: list[int], stride: int, context: str) -> np.ndarray:
+        """P's descriptor ids of the blocks a request names, as NIXL takes them. P hands out the same few runs of
+        blocks again and again (its free list), so they are kept, a bounded number."""
+        key = (stride, *ids)
+        got = self._remote_ids.get(key)
+        if got is None:
+            got = int32_ids(desc_ids(self.kv.geometry.num_regions, stride, np.asarray(ids, dtype=np.int64)), context)
+            if len(self._remote_ids) >= 4096:
+                self._remote_ids.clear()
+            self._remote_ids[key] = got
         return got
 
     def settle(self) -> None:
-        """Every READ in flight to its end, in the order posted: check each request's blocks, notify P. One
-        check covers every READ that landed; only a batch with a wrong block is checked request by request."""
-        flight, self.flight, self.next_block = self.flight, [], 0
+        """Every READ in flight to its end (a READ alone, a new line, the end): D's ring starts over empty."""
+        while self.flight:
+            self.reap(block=True)
+        self.next_block = 0
+
+    def reap(self, block: bool = False) -> None:
+        """The READs in flight that are done, oldest first (block: waiting for the oldest): check each
+        request's blocks and answer. A failed READ is answered as the release answers it."""
         landed: list[_Flight] = []
-        for f in flight:
-            failed = self.land(f)
-            if failed is None:
+        while self.flight:
+            f = self.flight[0]
+            ctx = f"request {f.msg.request}"
+            try:
+                done = self.agent.done(f.h, ctx)
+                if not done and (landed or not block):
+                    break
+                if not done:
+                    self.wait_read(f, ctx)
                 landed.append(f)
-            else:
-                self.out.add(failed)
-        clean = len(landed) > 1 and self.check(landed).wrong == 0
-        regions = self.kv.geometry.num_regions
+            except NixlCallError as exc:
+                self.out.add(self.failed(f.msg.request, exc, f.t_read))
+            self.flight.popleft()
+            self.agent.release(f.h)
+        self.answer(landed)
+
+    def wait_read(self, f: _Flight, ctx: str) -> None:
+        """The oldest READ, to its end: D needs its blocks (or must answer in order)."""
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while not self.agent.done(f.h, ctx):
+            if time.monotonic() > deadline:
+                raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {READ_TIMEOUT_S:g} s", ctx)
+            time.sleep(READ_POLL_S)  # not a spin: P, which must drive the READ, may need this core
+
+    def answer(self, landed: list[_Flight]) -> None:
+        """Check the blocks these READs brought, by coordinate and generation, and answer for each request. One
+        check per run of D's blocks covers every READ that landed there; only a run with a wrong block is
+        checked request by request."""
+        runs: list[list[_Flight]] = []
         for f in landed:
-            if clean:
-                out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
+            if runs and runs[-1][-1].lo + len(runs[-1][-1].mine) == f.lo:
+                runs[-1].append(f)
             else:
-                chk = self.check([f])
-                out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked, wrong=chk.wrong)
-                if chk.first is not None:
-                    w = chk.first.found
-                    out.found_block, out.found_gen, out.found_valid = w.block, w.gen, w.valid
-            self.done(f.msg, f.rid)
-            self.out.add(out)
-            if self.out.due():  # the parent times each answer: no answer waits long for the rest
-                self.out.flush()
+                runs.append([f])
+        regions = self.kv.geometry.num_regions
+        for run in runs:
+            clean = self.check(run).wrong == 0
+            for f in run:
+                if clean:
+                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
+                else:
+                    chk = self.check([f])
+                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked,
+                                       wrong=chk.wrong)
+                    if chk.first is not None:
+                        w = chk.first.found
+                        out.found_block, out.found_gen, out.found_valid = w.block, w.gen, w.valid
+                self.done(f.msg, f.rid)
+                self.out.add(out)
+                if self.out.due():  # the parent times each answer: no answer waits long for the rest
+                    self.out.flush()
 
     def failed(self, i: int, exc: NixlCallError, t_read: float) -> m.ReqDecoded:
         line = self.line
@@ -510,16 +596,6 @@ class RequestsD(RequestsRole):
                                 "recomputed", t_read)
         verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
         return m.ReqDecoded(i, "failed", verdict, detail, t_read)
-
-    def land(self, f: _Flight) -> m.ReqDecoded | None:
-        """Wait for f's READ: None once it is done, else its failure."""
-        try:
-            self.agent.wait(f.h, f"request {f.msg.request}", 30.0, yield_cpu=True, started=f.started)
-        except NixlCallError as exc:
-            return self.failed(f.msg.request, exc, f.t_read)
-        finally:
-            self.agent.release(f.h)
-        return None
 
     def check(self, flights: list[_Flight]) -> BlockCheck:
         """Every block these READs brought, by coordinate and generation."""
@@ -532,12 +608,9 @@ class RequestsD(RequestsRole):
                             view=kv.view, gens=gens)
 
     def done(self, msg: m.ReqDecode, rid: str) -> None:
-        if not msg.drop_notif:
-            note = self.line.notification(rid, 1)
-            if msg.notif_delay_s > 0:
-                self.pending.append((time.time() + msg.notif_delay_s, note))
-            else:
-                self.notify(note)
+        """delay-notif: the done notification goes notif_delay_s after the READ instead of riding on it."""
+        if not msg.drop_notif and msg.notif_delay_s > 0:
+            self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, 1)))
 
     def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
         """abort-d: the READ is posted, then the client aborts. Before the 0.24 line D's scheduler frees the
@@ -547,7 +620,8 @@ class RequestsD(RequestsRole):
         assert peer is not None
         regions = kv.geometry.num_regions
         h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
-                            desc_ids(regions, peer.num_blocks, np.asarray(ids)), context=f"request {msg.request}")
+                            desc_ids(regions, peer.num_blocks, np.asarray(ids)), self.note(msg, rid),
+                            f"request {msg.request}")
         try:
             state = at_abort = agent.post(h)
             freed_under = not abort_waits_read(self.line)  # the abort: freed now, whatever the READ's state
@@ -564,12 +638,11 @@ class RequestsD(RequestsRole):
 class _Flight:
     """A READ D posted and has not finished."""
 
-    __slots__ = ("h", "mine", "msg", "peer", "rid", "started", "t_read")
+    __slots__ = ("h", "lo", "mine", "msg", "peer", "rid", "t_read")
 
-    def __init__(self, h: Any, started: Any, msg: m.ReqDecode, rid: str, mine: np.ndarray, t_read: float,
+    def __init__(self, h: Any, msg: m.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
                  peer: m.ReqReady) -> None:
-        self.h, self.started, self.msg, self.rid, self.mine, self.t_read, self.peer = (h, started, msg, rid, mine,
-                                                                                     t_read, peer)
+        self.h, self.msg, self.rid, self.mine, self.lo, self.t_read, self.peer = h, msg, rid, mine, lo, t_read, peer
 
 
 class _Hold:
