@@ -361,6 +361,7 @@ class ReqPrefill(msgspec.Struct, tag=True):
     request: int
     drop_notif: bool = False  # push mode: P's WRITE goes without its completion notification
     notif_delay_s: float = 0.0  # push mode: ... which P sends this late
+    write_fail: bool = False  # push mode: read-fail hits P's WRITE (a real NIXL error)
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):
@@ -426,6 +427,7 @@ class ReqAccount(msgspec.Struct, tag=True):
     late_notifs: int
     heartbeats: int
     notif_errors: list[str]
+    write_failed: list[int] = []  # push mode: requests whose WRITE failed on P (D is never told)
 
 
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal

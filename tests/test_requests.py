@@ -65,7 +65,6 @@ def test_bad_params_real_nixl_error_and_reused_ids(pdcheck, policy, third):
     (["--failure-policy", "maybe"], "fail or recompute"),
     (["--mode", "push", "--vllm", "0.14.0,0.34.0"], "vLLM 0.14.0 has no push mode"),
     (["--mode", "sideways"], "mode must be pull or push"),
-    (["--mode", "push", "--vllm", "0.34.0", "--fault", "restart-p:1"], "apply to pull mode only"),
     (["--fault", "restart-p:1:rank=2"], "P rank 2 does not exist"),
     (["--fault", "restart-p"], "name the request"),
     (["--fault", "heartbeat-loss:0"], "seconds must be"),
@@ -189,3 +188,55 @@ def test_read_fail_and_abort_mid_transfer(pdcheck):
     assert all(r["model_agrees"] for r in doc["releases"])
     # the failed READ never notified P (vLLM's notification rides on the READ): its blocks expired at the lease
     assert by["0.34.0"]["accounting"]["expired"] == 1 and by["0.34.0"]["accounting"]["freed"] == 3
+
+
+def test_push_write_failure_scenario_real_nixl_error_on_p(pdcheck):
+    run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-push-write-failure.toml"), "--json", timeout=120)
+    assert run.code == 1, run.err  # D hangs on requests 2 and 5 in both releases
+    doc = run.json()
+    assert [e["passed"] for e in doc["expectations"]] == [True] * 3, doc["expectations"]
+    for rel in [*doc["releases"], doc["corrected"]]:
+        assert rel["model_agrees"], rel["release"]
+        # NIXL itself refused P's WRITE (memory D never registered); no handle: P's blocks waited for the lease
+        assert sum("NIXL_ERR_NOT_FOUND" in e and "transfer_setup_failed" in e for e in rel["notif_errors"]) == 2
+        assert (rel["accounting"]["freed"], rel["accounting"]["expired"]) == (6, 2)
+    assert "never told" in doc["releases"][0]["rows"][2]["detail"]
+
+
+def test_push_hold_and_heartbeat_loss_real_heartbeats(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--mode", "push", "--requests", "6", "--lease", "0.5",
+                  "--fault", "hold:1:1", "--fault", "heartbeat-loss:1:3", "--json", timeout=120).json()
+    rel, corr = doc["releases"][0], doc["corrected"]
+    # 1: D's real "HB:<id>" every lease/6 kept P's blocks through the hold; 3: none reached P, the lease freed
+    # the blocks and D's later PUSH_REG matched nothing
+    assert [r["verdict"] for r in rel["rows"]] == ["delivered"] * 3 + ["hang"] + ["delivered"] * 2
+    assert rel["model_agrees"] and corr["model_agrees"]
+    acc = rel["accounting"]
+    assert acc["heartbeats"] > 6 and (acc["expired"], acc["late_notifs"], acc["freed"]) == (1, 1, 5)
+    assert corr["rows"][3]["verdict"] == "recomputed" and "heartbeats were lost" in corr["rows"][3]["detail"]
+
+
+def test_push_abort_after_registration_real_ranks(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.26.0", "--mode", "push", "--requests", "4", "--lease", "0.5",
+                  "--fault", "abort-d:1", "--json", timeout=120).json()
+    rel, corr = doc["releases"][0], doc["corrected"]
+    assert [r["verdict"] for r in rel["rows"]] == ["delivered", "aborted", "delivered", "delivered"]
+    assert rel["model_agrees"] and corr["model_agrees"] and not rel["survived"] and corr["survived"]
+    # D freed its blocks at the abort; P, never told, still matched the PUSH_REG and freed on its real WRITE
+    assert (rel["accounting"]["d_freed_in_flight"], rel["accounting"]["freed"]) == (1, 4)
+    assert (corr["accounting"]["d_freed_in_flight"], corr["accounting"]["freed"]) == (0, 4)
+
+
+def test_push_prefill_restart_registrations_hit_the_dead_agent(pdcheck):
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--mode", "push", "--requests", "5", "--lease", "0.5",
+                  "--fault", "restart-p:2", "--json", timeout=180).json()
+    rel, corr = doc["releases"][0], doc["corrected"]
+    assert rel["model_agrees"] and corr["model_agrees"]
+    assert [r["verdict"] for r in rel["rows"]] == ["delivered"] * 2 + ["hang"] * 3
+    # a real new P process: D's real send_notif to the killed agent failed, the new P's blocks waited for the lease
+    assert "push_reg_notif_failed" in rel["rows"][3]["detail"] and "NIXL_ERR_REMOTE_DISCONNECT" in rel["rows"][3]["detail"]
+    acc = rel["accounting"]
+    assert (acc["restarts"], acc["lost"], acc["freed"], acc["expired"]) == (1, 1, 2, 2)
+    # corrected: D re-handshook on the disconnect, and the new P (given D's agent) WRITEs requests 3 and 4
+    assert [r["verdict"] for r in corr["rows"]] == ["delivered"] * 2 + ["recomputed"] + ["delivered"] * 2
+    assert (corr["accounting"]["freed"], corr["accounting"]["expired"]) == (4, 0)

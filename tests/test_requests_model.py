@@ -168,7 +168,8 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
                                        "requests-bad-params.toml", "requests-params-dropped.toml",
                                        "requests-push-lost-completion.toml", "requests-push-slow-decode.toml",
                                        "requests-prefill-restart.toml", "requests-heartbeat-loss.toml",
-                                       "requests-read-failure.toml", "requests-abort-mid-transfer.toml"}
+                                       "requests-read-failure.toml", "requests-abort-mid-transfer.toml",
+                                       "requests-push-write-failure.toml"}
     assert smoke.requests_files(scenarios / "requests") == files
     plans = smoke.requests_plans(scenarios)
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
@@ -372,3 +373,69 @@ def test_abort_d_frees_under_the_read_before_the_0_24_line() -> None:
         assert [o.verdict for o in out] == ["delivered", "aborted", "delivered", "delivered"]
         assert acc.d_freed_in_flight == under and acc.freed == 4, version  # P is notified either way
         assert abort_waits_read(line_of(version)) == (not under)
+
+
+def test_push_failed_write_hangs_d_and_p_waits_for_the_lease() -> None:
+    from pdcheck.requests import push
+
+    for version in ("0.26.0", "0.34.0"):
+        out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, parse_all(["read-fail:2"], 8))
+        assert [o.verdict for o in out] == ["delivered"] * 2 + ["hang"] + ["delivered"] * 5, version
+        assert "transfer_setup_failed" in out[2].detail and "never told" in out[2].detail
+        assert (acc.freed, acc.expired, acc.late_notifs) == (7, 1, 0)  # no handle kept: P frees at the lease
+    assert push_verdicts("corrected", ["read-fail:2"])[2] == "recomputed"  # D's watchdog at the lease
+
+
+def test_push_hold_heartbeats_keep_the_lease_lost_ones_leave_the_registration_unmatched() -> None:
+    from pdcheck.requests import push
+
+    faults = ["hold:1:2", "heartbeat-loss:1:4"]
+    for version in ("0.26.0", "0.34.0"):
+        out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, parse_all(faults, 8))
+        assert [o.verdict for o in out] == ["delivered"] * 4 + ["hang"] + ["delivered"] * 3, version
+        assert "before D's PUSH_REG" in out[4].detail and acc.late_notifs == 1 and acc.expired == 1
+        # one at on_new_request per request but 4 (lost), plus one every lease/6 while request 2 is held
+        assert acc.heartbeats == 7 + int(1 // (0.5 / 6))
+    out, acc = push.simulate(CORRECTED, 8, 10.0, 2, 8, 0.5, parse_all(faults, 8))
+    assert [o.verdict for o in out][2:5] == ["delivered", "delivered", "recomputed"] and acc.late_notifs == 0
+    assert "heartbeats were lost" in out[4].detail  # no PUSH_REG once the unrenewed lease passed
+
+
+def test_push_abort_after_registration_frees_d_blocks_under_the_write() -> None:
+    from pdcheck.requests import push
+
+    for version, under in (("0.26.0", 1), ("0.34.0", 1), ("corrected", 0)):
+        line = CORRECTED if version == "corrected" else line_of(version)
+        out, acc = push.simulate(line, 4, 10.0, 2, 8, 0.5, parse_all(["abort-d:1"], 4))
+        assert [o.verdict for o in out] == ["delivered", "aborted", "delivered", "delivered"], version
+        # P is never told of the abort: it WRITEs into D's blocks and frees its own on its WRITE, as usual
+        assert (acc.d_freed_in_flight, acc.freed, acc.expired) == (under, 4, 0), version
+    assert "freed its blocks at once" in push.abort_detail(line_of("0.34.0"))
+
+
+def test_push_mode_takes_every_fault() -> None:
+    from pdcheck.requests.faults import NAMES
+    from pdcheck.requests.plan import build
+
+    items = ["read-fail:1", "hold:1:2", "heartbeat-loss:1:3", "abort-d:4", "restart-p:5", "slow-decode:1:6",
+             "drop-notif:7", "delay-notif:1:0", "bad-params:wrong-engine:1", "drop-params:2"]
+    assert {x.split(":")[0] for x in items} == set(NAMES)
+    plan = build(None, {}, "0.34.0", {"mode": "push"}, items)
+    assert plan.options.mode == "push" and len(plan.options.faults) == len(items)
+
+
+def test_push_restart_p_registrations_go_to_the_dead_agent_corrected_rehandshakes() -> None:
+    from pdcheck.requests import push
+
+    for version in ("0.26.0", "0.34.0"):
+        out, acc = push.simulate(line_of(version), 5, 10.0, 2, 8, 0.5, parse_all(["restart-p:2"], 5))
+        assert [o.verdict for o in out] == ["delivered"] * 2 + ["hang"] * 3, version
+        assert "push_reg_notif_failed" in out[3].detail and "NIXL_ERR_REMOTE_DISCONNECT" in out[3].detail
+        # request 2's blocks died with P; the new P's never see a PUSH_REG and wait for the lease
+        assert (acc.restarts, acc.lost, acc.freed, acc.expired) == (1, 1, 2, 2)
+    out, acc = push.simulate(CORRECTED, 5, 10.0, 2, 8, 0.5, parse_all(["restart-p:2"], 5))
+    assert [o.verdict for o in out] == ["delivered"] * 2 + ["recomputed"] + ["delivered"] * 2
+    assert "re-handshakes" in out[2].detail and (acc.freed, acc.expired) == (4, 0)
+    p = push.params(CORRECTED, 0, [1], "P", 5600, 1, 3.0, [1], "r", 2)
+    assert p["remote_registration_generation"] == 2  # the corrected path counts P processes
+    assert "remote_registration_generation" not in push.params(line_of("0.34.0"), 0, [1], "P", 5600, 1, None, [1])

@@ -121,10 +121,6 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     seed = int(_number(src("seed"), "seed", vals.get("seed", 0), -(2**31), 2**31, True))
     items = [*_fault_items(where, doc.get("faults", {})), *fault_flags]
     faults = fl.parse_all(items, n, "--fault" if fault_flags and not doc.get("faults") else f"{where}: faults", seed)
-    pull_only = sorted({f.name for f in faults if f.name in fl.PULL_ONLY})
-    if mode == "push" and pull_only:
-        raise BadInput(f"{mode_origin}: fault(s) {', '.join(pull_only)} apply to pull mode only (push mode has no "
-                       "READ on D to fail, hold or abort, and no P restart is modelled)")
     expect_doc = doc.get("expect", {})
     if not isinstance(expect_doc, dict):
         raise BadInput(f"{where}: [expect] must be a table of release = verdict | [verdicts]")

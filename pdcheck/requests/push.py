@@ -22,6 +22,23 @@ Facts from the 0.26.0 and 0.34.0 wheels (nixl/push_scheduler.py, push_worker.py,
   No remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
   on_new_request); the push scheduler never reads it.
 * Before 0.26 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
+
+The faults, from the same code:
+* A failed WRITE (read-fail in push mode): _xfer_blocks catches the error of make_prepped_xfer / transfer and logs
+  `NIXL transfer failure: transfer_setup_failed. Push WRITE submission failed; releasing handle`; no handle is
+  kept, so P's request is never done sending and its blocks wait for the lease. The completion notification rides
+  on the WRITE, so D is never told: it waits (the watchdog only drops the registration).
+* hold / heartbeat-loss: base_scheduler.on_new_request tracks the request's heartbeats from the moment D's
+  scheduler has it; the PUSH_REG is staged only at update_state_after_alloc (D's blocks). P's writer forwards
+  `HB:` to _handle_heartbeat, which renews the lease as in pull. Lost heartbeats: P frees at the lease, and the
+  later PUSH_REG stays unmatched (a hang).
+* restart-p (P replaced after handing out params): D's _ensure_handshake returns at once for an engine id in
+  _remote_agents, so every later PUSH_REG (and heartbeat) goes to the dead agent; _do_send_reg_notif logs
+  push_reg_notif_failed and keeps the receive pending (the request waits). The new P never sees a
+  registration: its blocks wait for the lease.
+* abort-d (the client aborts after PUSH_REG): push request_finished on D returns (False, None) for a request
+  that is not P-side, so D's scheduler frees its blocks at once; P is never told and WRITEs into them when the
+  registration reaches it, then frees its own blocks on its WRITE as usual.
 """
 
 from __future__ import annotations
@@ -38,6 +55,7 @@ from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 from pdcheck.requests.model import (
+    DISCONNECT,
     GEN_WRAP,
     SETTLE_S,
     Accounting,
@@ -45,6 +63,7 @@ from pdcheck.requests.model import (
     apply_bad,
     count_still_held,
     hang_detail,
+    held_for,
     on_failure,
     params_for,
     run_end,
@@ -77,15 +96,16 @@ def d_pool(requests: int, blocks_per_request: int, pool: int) -> int:
 def keys(line: Lifecycle) -> tuple[str, ...]:
     """The params P's push scheduler returns (transfer_mode and dcp_size where the line's pull params have them;
     the corrected path adds the expiry time and the block generations)."""
-    extra = ("dcp_size", "transfer_mode") if line is not CORRECTED else ("transfer_mode", "remote_blocks_expiry_time",
-                                                                          "block_generations")
+    extra = ("dcp_size", "transfer_mode") if line is not CORRECTED else (
+        "transfer_mode", "remote_blocks_expiry_time", "block_generations", "remote_registration_generation")
     return (*_KEYS_026, *(k for k in extra if k in line.keys))
 
 
 def params(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
-           expiry_at: float | None, gens: list[int], request_id: str = "") -> dict[str, Any]:
+           expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1) -> dict[str, Any]:
+    """generation: the corrected path's registration generation (P's incarnation + 1; releases send none)."""
     out = params_for(msgspec.structs.replace(line, keys=keys(line)), req, blocks, engine_id, port, tp_size,
-                     expiry_at, gens, request_id)
+                     expiry_at, gens, request_id, generation)
     if "transfer_mode" in out:
         out["transfer_mode"] = "push"
     return out
@@ -157,6 +177,47 @@ def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: f
     return None
 
 
+HANG_WRITE_FAILED = ("P's WRITE failed (NIXL transfer failure: transfer_setup_failed. Push WRITE submission failed; "
+                     "releasing handle): D is never told and waits, and P's blocks wait for the lease "
+                     f"({WATCHDOG} only drops the registration)")
+WRITE_FAIL_LOG = "NIXL transfer failure: transfer_setup_failed. Push WRITE submission failed; releasing handle"
+HELD_LOST = ("lease passed while D held the request (no renewal acknowledged: its heartbeats were lost): no "
+             "PUSH_REG, prefill recomputed")
+
+
+def abort_detail(line: Lifecycle) -> str:
+    """abort-d after D's PUSH_REG: what D's scheduler does with its blocks."""
+    if line is CORRECTED:
+        return ("client aborted after PUSH_REG: D keeps its blocks until P's completion notification (or the "
+                "lease), so P's WRITE lands in blocks no other request has")
+    return ("client aborted after PUSH_REG: D freed its blocks at once (push request_finished: not a P-side "
+            "request, no delay_free_blocks) while P's WRITE into them was still to come; P is never told")
+
+
+def held_lost(line: Lifecycle, params: dict[str, Any], lost: bool, now: float) -> tuple[str, str] | None:
+    """At the end of a hold, before the PUSH_REG: the corrected D, whose heartbeats were not acknowledged, checks
+    the lease the params carry. A release registers whatever happened to its heartbeats."""
+    expiry = params.get("remote_blocks_expiry_time")
+    if line is CORRECTED and lost and expiry is not None and now >= expiry:
+        return "recomputed", HELD_LOST
+    return None
+
+
+def reg_failed(line: Lifecycle, error: str) -> tuple[str, str]:
+    """D's PUSH_REG send failed (the agent D cached for P's engine id is gone)."""
+    if line is CORRECTED:
+        return "recomputed", f"{error}: P restarted; D re-handshakes and recomputes (the blocks died with P)"
+    return "hang", (f"NIXL transfer failure: push_reg_notif_failed | {error}: the PUSH_REG went to the agent D "
+                    "cached for P's engine id (a replaced P is never re-handshaken); D keeps the receive pending "
+                    f"and waits ({WATCHDOG} only drops the registration)")
+
+
+def stale_generation(own: int, now: int) -> tuple[str, str]:
+    """The corrected D: params of a P that was replaced since (registration generation own + 1 < now + 1)."""
+    return "recomputed", (f"P restarted after handing out these params (registration generation {own + 1} < "
+                          f"{now + 1}): its blocks died with it; no PUSH_REG, recomputed")
+
+
 def watchdog_detail(expiry_s: float) -> str:
     return f"no completion notification {expiry_s:g} s (the lease) after PUSH_REG: D gives up and recomputes"
 
@@ -166,22 +227,24 @@ def d_pool_hang(pool: int) -> str:
 
 
 class _Req:
-    __slots__ = ("blocks", "d_blocks", "deadline", "gens", "holding", "written")
+    __slots__ = ("blocks", "d_blocks", "deadline", "failed", "gens", "holding", "inc", "params", "written")
 
-    def __init__(self, blocks: list[int], gens: list[int], deadline: float) -> None:
-        self.blocks, self.gens, self.deadline = blocks, gens, deadline
-        self.holding, self.written = True, False
+    def __init__(self, blocks: list[int], gens: list[int], deadline: float, inc: int) -> None:
+        self.blocks, self.gens, self.deadline, self.inc = blocks, gens, deadline, inc
+        self.holding, self.written, self.failed = True, False, False
         self.d_blocks: list[int] = []
+        self.params: dict[str, Any] = {}
 
 
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
              lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
              settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
     """Each request's expected verdict and P's accounting in push mode. P allocates as in pull (model.simulate);
-    D registers when the router hands it the params (late under slow-decode) and its heartbeat renews P's lease;
-    P WRITEs if it still holds the blocks and frees them when the WRITE is done; the completion notification
-    (dropped or delayed by drop-notif / delay-notif) tells D. The corrected path's D gives up at the lease after
-    its registration and recomputes."""
+    D's scheduler takes the request when the router hands it the params (late under slow-decode), heartbeats
+    (unless lost) and registers at once or after its hold; P WRITEs if it still holds the blocks and frees them
+    when the WRITE is done (a failed WRITE: at the lease); the completion notification (dropped or delayed by
+    drop-notif / delay-notif) tells D. An abort after the PUSH_REG frees D's blocks at once (kept on the corrected
+    path). The corrected path's D gives up at the lease after its registration and recomputes."""
     expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
     free, d_free = list(range(pool)), list(range(d_pool(requests, blocks_per_request, pool)))
     gen = [0] * pool
@@ -191,6 +254,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     heap: list[tuple[float, int, str, int]] = []
     waiting: list[int] = []
     seq = 0
+    inc = d_inc = 0  # restart-p: P's incarnation, and the one whose agent D loaded
 
     def push(t: float, kind: str, i: int) -> None:
         nonlocal seq
@@ -211,11 +275,66 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 gen[b] = gen[b] % GEN_WRAP + 1
             acc.allocated += len(blocks)
             deadline = t + expiry if expiry is not None else math.inf
-            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline)
+            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline, inc)
             if deadline < math.inf:
                 push(deadline, "expire", i)
             slow = pick(faults, "slow-decode", i)
             push(t + (slow.seconds if slow else 0.0), "recv", i)
+            if pick(faults, "restart-p", i):
+                restart()
+
+    def restart() -> None:
+        """P's process is replaced after handing out these params: what it held dies with it; the new P starts
+        with every block free."""
+        nonlocal inc
+        inc += 1
+        acc.restarts += 1
+        for r in reqs.values():
+            if r.holding:
+                r.holding, r.deadline = False, math.inf
+                acc.lost += 1
+        free[:] = range(pool)
+        gen[:] = [0] * pool
+
+    def register(i: int, t: float) -> None:
+        """D's PUSH_REG (after any hold): P WRITEs if it still holds the blocks, else the registration waits."""
+        nonlocal d_inc
+        r = reqs[i]
+        late = held_lost(line, r.params, held_for(faults, i)[1], t)
+        if late is not None:
+            out[i] = Outcome(i, *late)
+            return
+        if len(d_free) < blocks_per_request:
+            out[i] = Outcome(i, "hang", d_pool_hang(len(d_free) + sum(len(x.d_blocks) for x in reqs.values())))
+            return
+        r.d_blocks = [d_free.pop(0) for _ in range(blocks_per_request)]
+        if d_inc < inc:  # D's cached agent is the dead P's: the PUSH_REG cannot be sent
+            out[i] = Outcome(i, *reg_failed(line, DISCONNECT))
+            if line is CORRECTED:  # re-handshake; the blocks go back (a release keeps them: the receive waits)
+                d_inc = inc
+                d_free.extend(r.d_blocks)
+                r.d_blocks = []
+            return
+        if line is CORRECTED and expiry is not None:
+            push(t + expiry, "watchdog", i)
+        if pick(faults, "abort-d", i):
+            out[i] = Outcome(i, "aborted", abort_detail(line))
+            if line is not CORRECTED:  # freed at once, under the WRITE to come
+                acc.d_freed_in_flight += 1
+                d_free.extend(r.d_blocks)
+                r.d_blocks = []
+        if not r.holding:  # the registration reaches P after the lease freed the blocks
+            acc.late_notifs += 1
+            return
+        if pick(faults, "read-fail", i):  # P's WRITE fails: no notification, its blocks wait for the lease
+            r.failed = True
+            return
+        r.written = True
+        release(i, t)
+        acc.freed += 1
+        if not pick(faults, "drop-notif", i):
+            delay = pick(faults, "delay-notif", i)
+            push(t + (delay.seconds if delay else 0.0), "notif", i)
 
     for i in range(requests):
         push(i / rate, "arrive", i)
@@ -241,36 +360,37 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 out[i] = Outcome(i, *refused)
                 continue
             assert prm is not None
-            if len(d_free) < blocks_per_request:
-                out[i] = Outcome(i, "hang", d_pool_hang(len(d_free) + sum(len(x.d_blocks) for x in reqs.values())))
+            r.params = prm
+            if line is CORRECTED and r.inc > d_inc:
+                d_inc = inc  # newer params than D's handshake: load the P running now first
+            elif line is CORRECTED and r.inc < d_inc:
+                out[i] = Outcome(i, *stale_generation(r.inc, d_inc))
                 continue
-            r.d_blocks = [d_free.pop(0) for _ in range(blocks_per_request)]
-            if line.heartbeat and expiry is not None and "remote_request_id" in prm:
-                acc.heartbeats += 1  # D's scheduler tracks it from here: the lease is renewed
-                if r.holding and t + line.lease_extension(expiry) > r.deadline:
-                    r.deadline = t + line.lease_extension(expiry)
+            hold_s, lost = held_for(faults, i)
+            if line.heartbeat and expiry is not None and "remote_request_id" in prm and not lost and d_inc == inc:
+                # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until the PUSH_REG
+                beats = int(hold_s // (expiry / 6))
+                acc.heartbeats += 1 + beats
+                renewed = t + beats * (expiry / 6) + line.lease_extension(expiry)
+                if r.holding and renewed > r.deadline:
+                    r.deadline = renewed
                     push(r.deadline, "expire", i)
-            if line is CORRECTED and expiry is not None:
-                push(t + expiry, "watchdog", i)
-            if not r.holding:  # the registration reaches P after the lease freed the blocks
-                acc.late_notifs += 1
-                continue
-            r.written = True
-            release(i, t)
-            acc.freed += 1
-            if not pick(faults, "drop-notif", i):
-                delay = pick(faults, "delay-notif", i)
-                push(t + (delay.seconds if delay else 0.0), "notif", i)
+            if hold_s > 0:
+                push(t + hold_s, "register", i)
+            else:
+                register(i, t)
+        elif kind == "register":
+            register(i, t)
         elif kind == "notif":
             assert r is not None
-            if i not in out and t <= horizon:
-                out[i] = Outcome(i, "delivered")
+            if t <= horizon and (i not in out or r.d_blocks):  # an aborted request's kept blocks come back too
+                out.setdefault(i, Outcome(i, "delivered"))
                 d_free.extend(r.d_blocks)
                 r.d_blocks = []
         elif kind == "watchdog":
             assert r is not None
-            if i not in out and expiry is not None:
-                out[i] = Outcome(i, "recomputed", watchdog_detail(expiry))
+            if (i not in out or r.d_blocks) and expiry is not None:
+                out.setdefault(i, Outcome(i, "recomputed", watchdog_detail(expiry)))
                 d_free.extend(r.d_blocks)
                 r.d_blocks = []
         elif kind == "expire":
@@ -282,6 +402,6 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         out[i] = Outcome(i, "hang", hang_detail(line, pool))
     for i, r in reqs.items():
         if i not in out:
-            out[i] = Outcome(i, "hang", HANG_NOTIF if r.written else HANG_UNMATCHED)
+            out[i] = Outcome(i, "hang", HANG_WRITE_FAILED if r.failed else HANG_NOTIF if r.written else HANG_UNMATCHED)
     count_still_held(reqs.values(), acc)
     return [out[i] for i in range(requests)], acc

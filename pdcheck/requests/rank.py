@@ -136,7 +136,7 @@ class RequestsP(RequestsRole):
         epoch = 0  # which line of the run: request ids differ between lines
         mode = "pull"
         d_side: _PushTarget | None = None  # push mode: D's agent and blocks, loaded once (the P->D handshake)
-        notif_faults: dict[int, tuple[bool, float]] = {}  # push mode: the router's drop-notif / delay-notif
+        notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
         idle = HELD_POLL_S
@@ -169,7 +169,7 @@ class RequestsP(RequestsRole):
                 by_id[rid] = i
                 if mode == "push":
                     params = push.params(line, i, blocks, self.spec.engine_id, 5600, 1,
-                                         deadline if expiry is not None else None, gens, rid)
+                                         deadline if expiry is not None else None, gens, rid, inc + 1)
                 else:
                     # vLLM's registration generation is 1 in every P process (one registration at start-up), so
                     # a replaced P hands out the same one; the corrected path counts incarnations.
@@ -205,11 +205,12 @@ class RequestsP(RequestsRole):
                 errors = []
                 kv.clear_all(np.arange(n))
             elif isinstance(msg, m.ReqPrefill):
-                notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s)
+                notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s, msg.write_fail)
                 waiting.append(msg.request)
                 admit()
             elif isinstance(msg, m.ReqEnd):
-                out.send(m.ReqAccount(sorted(held), list(waiting), late, beats, errors))
+                out.send(m.ReqAccount(sorted(held), list(waiting), late, beats, errors,
+                                      d_side.take_failed() if d_side is not None else []))
                 held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
                 waiting.clear()
 
@@ -343,7 +344,9 @@ class RequestsD(RequestsRole):
             self.side = msg  # P was replaced: its side channel now serves the new agent
         elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
             assert self.peer is not None
-            out.add(waiter.register(msg, self.line, self.peer))
+            got = waiter.take(msg, self.line, self.peer)
+            if got is not None:
+                out.add(got)
         elif isinstance(msg, m.ReqDecode):
             got = self.decode(msg)
             if got is not None:
@@ -664,9 +667,10 @@ class _PushTarget:
         self.remote = self.agent.prep(self.d_agent, block_descs(d.base_addrs, d.num_blocks, bl, bl, 0),
                                       role.kv.mem_type, "D's blocks")
         self.local = self.agent.prep(LOCAL, role.kv.descs(bl, 0), role.kv.mem_type, "local")
+        self.failed: list[int] = []
 
     def write(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
-              faults: dict[int, tuple[bool, float]], pending: list[tuple[float, str, bytes]],
+              faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
               errors: list[str]) -> int | None:
         """The request written (its blocks can be freed), None (no held request matches), -1 (dropped/failed)."""
         got = push.parse_registration(raw)
@@ -679,27 +683,41 @@ class _PushTarget:
         if i not in held:
             return None
         h = held[i]
-        drop, delay = faults.get(i, (False, 0.0))
+        drop, delay, fail = faults.get(i, (False, 0.0, False))
         note = push.completion(d_rid)
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
         regions = kv.geometry.num_regions
         try:
+            if fail:
+                # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
+                bad = self.agent.prep(self.d_agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
+                                      kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
+                self.agent.release_dlist(bad)
             self.agent.read(self.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), self.remote,
                             desc_ids(regions, self.d_blocks, np.asarray(d_blocks[:n])),
                             b"" if drop or delay > 0 else note, op="WRITE", context=f"push {d_rid}")
         except (NixlCallError, OverflowError, ValueError) as exc:
-            # transfer_setup_failed on P: D is not told; the lease frees P's blocks
-            errors.append(f"NIXL transfer failure: transfer_setup_failed | push WRITE for {d_rid}: {exc}")
+            # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
+            # lease) and D is not told (the completion rides on the WRITE)
+            errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
+            self.failed.append(i)
             return -1
         if delay > 0 and not drop:
             pending.append((time.time() + delay, self.d_agent, note))
         return i
 
+    def take_failed(self) -> list[int]:
+        """The requests whose WRITE failed in this line (reported with P's accounting)."""
+        out, self.failed = self.failed, []
+        return out
+
 
 class _PushWaiter:
-    """D's side of push mode (push_scheduler.py / push_worker.py): decide, take D's own blocks, heartbeat, send
-    PUSH_REG to P; on P's completion notification check every block by coordinate and generation. A release's D
-    waits without a deadline; the corrected D gives up at the lease and recomputes."""
+    """D's side of push mode (push_scheduler.py / push_worker.py): decide, heartbeat from the moment the scheduler
+    has the request, take D's own blocks and send PUSH_REG to P (at once, or after a hold); on P's completion
+    notification check every block by coordinate and generation. A release's D waits without a deadline; the
+    corrected D gives up at the lease and recomputes. An abort after PUSH_REG frees D's blocks at once (the
+    corrected D keeps them until the completion or the lease)."""
 
     def __init__(self, role: RequestsD) -> None:
         self.role = role
@@ -707,39 +725,90 @@ class _PushWaiter:
         self.expiry_s: float | None = None
         self.free: deque[int] = deque()
         self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
+        self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
+        self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
         self.counts: dict[str, int] = {}
         self.p_engine = ""
 
     @property
     def busy(self) -> bool:
-        return bool(self.waiting)
+        return bool(self.waiting or self.held)
 
     def reset(self, mode: str, expiry_s: float | None) -> None:
         self.mode, self.expiry_s = mode, expiry_s
         self.free = deque(range(self.role.kv.num_blocks))
         self.waiting.clear()  # requests of the last line that never completed stay hung there
+        self.kept.clear()
+        self.held.clear()
         self.counts.clear()
         self.role.kv.clear_all(np.arange(self.role.kv.num_blocks))
 
-    def register(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded:
-        agent, i = self.role.agent, msg.request
+    def take(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded | None:
+        """The scheduler has the request (on_new_request): decide, heartbeat, register now or after the hold."""
+        i = msg.request
         refused = push.decide(line, msg.params, peer.engine_id, time.time())
         if refused is not None:
             return m.ReqDecoded(i, "refused", *refused)
         assert msg.params is not None
+        if line is CORRECTED:  # the registration generation counts P processes: D handshakes with the one running
+            gen = int(msg.params.get("remote_registration_generation", 1))
+            if gen > peer.incarnation + 1:
+                self.role.rehandshake()
+                assert self.role.peer is not None
+                peer = self.role.peer
+            elif gen < peer.incarnation + 1:
+                return m.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
+        self.p_engine = peer.engine_id
+        rid = msg.params.get("remote_request_id")
+        beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
+        if beats:
+            self.role.notify(f"HB:{rid}".encode())  # the lease is renewed
+        if msg.hold_s > 0:
+            now = time.time()
+            interval = (self.expiry_s or 0.0) / 6
+            self.held.append(_Hold(msg, str(rid) if beats else "", now + msg.hold_s, now + interval))
+            return None
+        return self.register(msg, line, peer)
+
+    def register(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded:
+        """update_state_after_alloc and the writer's send: D's blocks, then PUSH_REG to P (a release keeps a
+        request whose PUSH_REG failed waiting, with its blocks)."""
+        i = msg.request
+        assert msg.params is not None
+        late = push.held_lost(line, msg.params, msg.heartbeats_lost, time.time())
+        if late is not None:
+            return m.ReqDecoded(i, "refused", *late)
         k = len(msg.expect_blocks)
         if len(self.free) < k:
             return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
         blocks = [self.free.popleft() for _ in range(k)]
         d_rid = push.d_request_id(msg.request_id)
-        self.p_engine = peer.engine_id
-        rid = msg.params.get("remote_request_id")
-        if line.heartbeat and self.expiry_s is not None and rid is not None:
-            agent.send_notif(peer.agent, f"HB:{rid}".encode())  # on_new_request: the lease is renewed
         deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
         self.waiting[d_rid] = (msg, blocks, deadline)
-        agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, blocks, msg.params))
+        try:
+            self.role.agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, blocks,
+                                                                     msg.params))
+        except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
+            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+                self._drop(d_rid)
+                self.role.rehandshake()
+            return m.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
+        if msg.abort:
+            return self.abort(d_rid, line)
         return m.ReqDecoded(i, "registered", t_read=time.time())
+
+    def abort(self, d_rid: str, line: Lifecycle) -> m.ReqDecoded:
+        """The client aborts right after PUSH_REG, before P can have WRITTEN (P has not seen the registration yet).
+        A release frees D's blocks now, under the WRITE to come (P still WRITEs into them: nothing tells it); the
+        corrected D keeps them until P's completion or its watchdog."""
+        msg, blocks, _ = self.waiting[d_rid]
+        if line is CORRECTED:
+            self.kept.add(d_rid)
+        else:
+            del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
+            self.free.extend(blocks)
+        return m.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
+                            d_freed_in_flight=line is not CORRECTED)
 
     def poll(self, line: Lifecycle) -> list[m.ReqDecoded]:
         if self.mode != "push":
@@ -753,14 +822,42 @@ class _PushWaiter:
                 self.counts[d_rid] = self.counts.get(d_rid, 0) + 1
                 if self.counts[d_rid] < push.expected_notifs():
                     continue
+                if d_rid in self.kept:  # an aborted request's WRITE is done: its blocks go back, no answer
+                    self._drop(d_rid)
+                    continue
                 out.append(self._check(d_rid))
         now = time.time()
         for d_rid in [r for r, w in self.waiting.items() if now >= w[2]]:
-            msg, blocks, _ = self.waiting.pop(d_rid)
-            self.free.extend(blocks)
+            msg = self.waiting[d_rid][0]
+            aborted = d_rid in self.kept
+            self._drop(d_rid)
             assert self.expiry_s is not None
-            out.append(m.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
+            if not aborted:
+                out.append(m.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
+        if self.held:
+            out += self.tick(line, now)
         return out
+
+    def tick(self, line: Lifecycle, now: float) -> list[m.ReqDecoded]:
+        """Held requests: heartbeats every lease/6 (none when lost), the PUSH_REG once the hold is over."""
+        out: list[m.ReqDecoded] = []
+        interval = (self.expiry_s or 0.0) / 6
+        peer = self.role.peer
+        assert peer is not None
+        for h in list(self.held):
+            if now >= h.read_at:
+                self.held.remove(h)
+                out.append(self.register(h.msg, line, peer))
+            elif h.rid and interval > 0 and now >= h.next_hb:
+                self.role.notify(f"HB:{h.rid}".encode())
+                h.next_hb = now + interval
+        return out
+
+    def _drop(self, d_rid: str) -> None:
+        _msg, blocks, _ = self.waiting.pop(d_rid)
+        self.kept.discard(d_rid)
+        self.counts.pop(d_rid, None)
+        self.free.extend(blocks)
 
     def _check(self, d_rid: str) -> m.ReqDecoded:
         msg, blocks, _ = self.waiting.pop(d_rid)

@@ -8,6 +8,7 @@ D's check of every block by coordinate and generation, P's frees, the order of t
 
 from __future__ import annotations
 
+import functools
 import heapq
 import queue
 import threading
@@ -24,7 +25,7 @@ from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, held_for, run_end, simulate
-from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, d_pool
+from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool
 from pdcheck.requests.push import simulate as push_simulate
 
 P_ENGINE = "pdcheck-req-P"
@@ -86,7 +87,6 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
             for name, line in [*releases, ("corrected", CORRECTED)]:
                 # Every line begins with D loading the P that runs now (after a restart-p: the replacement).
                 out.append(_one_line(lau, slot, d, dbox, name, line, opts, slot.ready, d_ready))
-                d_ready = None
         finally:
             for box in (slot.box, dbox):
                 box.send(m.Stop())
@@ -292,7 +292,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                         lost_at.update(dict.fromkeys(dying, time.time()))
                         gone.update(prefilled)
                         restarts += 1
-                        down = _restart_p(lau, slot, to_d, begin, opts)
+                        # push: the new P learns D's agent (the P->D handshake of its first WRITE)
+                        down = _restart_p(lau, slot, to_d, msgspec.structs.replace(begin, peer=d_ready), opts)
                         if msg.request in restarts_due:
                             restarts_due.remove(msg.request)
                         due = [(w + down, s_, a, j) for w, s_, a, j in due]
@@ -314,7 +315,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
                       _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
     seconds = time.time() - t0  # the line's real run, not the verdicts and the model after it
-    judge = _push_verdict if push else _verdict
+    judge = functools.partial(_push_verdict, write_failed=set(acct.write_failed)) if push else _verdict
     outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
@@ -376,21 +377,23 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
         params = apply_bad(params, bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
-    if opts.mode == "push":  # the notification faults hit P's WRITE notification instead (_prefill)
-        return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens)
-    delay = pick(opts.faults, "delay-notif", i)
     hold_s, lost = held_for(opts.faults, i)
+    if opts.mode == "push":  # the notification faults and read-fail hit P's WRITE instead (_prefill)
+        return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
+                           abort=pick(opts.faults, "abort-d", i) is not None)
+    delay = pick(opts.faults, "delay-notif", i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
                        delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
                        pick(opts.faults, "abort-d", i) is not None, any(f.hits(i) for f in opts.faults))
 
 
 def _prefill(i: int, opts: Options) -> m.ReqPrefill:
-    """A request to P; in push mode with the faults on the completion notification P attaches to its WRITE."""
+    """A request to P; in push mode with the faults on P's WRITE: its completion notification, its failure."""
     if opts.mode != "push":
         return m.ReqPrefill(i)
     delay = pick(opts.faults, "delay-notif", i)
-    return m.ReqPrefill(i, pick(opts.faults, "drop-notif", i) is not None, delay.seconds if delay else 0.0)
+    return m.ReqPrefill(i, pick(opts.faults, "drop-notif", i) is not None, delay.seconds if delay else 0.0,
+                        pick(opts.faults, "read-fail", i) is not None)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
@@ -443,16 +446,21 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
 
 def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled],
                   decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed],
-                  owner: dict[tuple[int, int], int]) -> Outcome:
+                  owner: dict[tuple[int, int], int], write_failed: frozenset[int] | set[int] = frozenset()) -> Outcome:
     """Push mode: P frees its blocks once its WRITE is done, before D hears of it, so freed-early does not apply;
-    a request D registered that never completed waits for P's notification (hang), named by what P did."""
+    a request D registered that never completed waits for P's notification (hang), named by what P did (WRITE
+    done, WRITE failed, or no WRITE: the registration came after the lease)."""
     if i not in prefilled:
         return Outcome(i, "hang", hang_detail(line, pool))
     dec = decoded.get(i)
+    if dec is not None and dec.status == "registered":  # PUSH_REG sent (read before a restart): no outcome yet
+        dec = None
     if dec is None:
         f = freed.get(i)
+        if i in write_failed:
+            return Outcome(i, "hang", HANG_WRITE_FAILED)
         return Outcome(i, "hang", HANG_NOTIF if f is not None and f.how == "written" else HANG_UNMATCHED)
-    if dec.status in ("refused", "failed"):
+    if dec.status in ("refused", "failed", "aborted"):
         return Outcome(i, dec.verdict, dec.detail)
     if dec.wrong:
         return _wrong(i, dec, line, owner)
