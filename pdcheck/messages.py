@@ -333,6 +333,8 @@ class ReqSpec(msgspec.Struct, frozen=True):
     num_blocks: int
     tp_rank: int = 0
     incarnation: int = 0  # restart-p: how many times this P rank was replaced (a new process and agent)
+    side_port: int = 0  # P's side-channel port (0: one the OS picks; a replaced P binds the port of the one it replaces)
+    mute_side: bool = False  # test hook: P's side channel takes requests and never answers (a stuck listener)
 
 
 class ReqReady(msgspec.Struct, tag=True):
@@ -344,17 +346,38 @@ class ReqReady(msgspec.Struct, tag=True):
     num_blocks: int
     setup_ms: float
     incarnation: int = 0  # restart-p: which process of this P rank (its registration generation - 1)
+    side_host: str = ""  # P: where its side-channel listener is bound (D: none)
+    side_port: int = 0
+
+
+class ReqSide(msgspec.Struct, frozen=True):
+    """Where P's side channel listens, and how the line's release speaks and waits on it."""
+
+    host: str
+    port: int
+    wire: str  # key into pdcheck.wire.FORMATS
+    compat_hash: str | None  # G/H eras: NixlHandshakePayload.compatibility_hash
+    timeout_ms: int | None  # the release's recv timeout (None: a blocking recv())
+
+
+class ReqHandshook(msgspec.Struct, tag=True):
+    """D made one side-channel handshake (error: why it failed, "" when it loaded P's metadata)."""
+
+    endpoint: str
+    wire: str
+    error: str = ""
 
 
 class ReqBegin(msgspec.Struct, tag=True):
-    """A release line's run starts: P empties its blocks and takes this lease; D learns P (first time)."""
+    """A release line's run starts: P empties its blocks and takes this lease; D handshakes with P over `side`."""
 
     line: str
     lease_s: float | None  # None: the line's default (or no expiry)
     blocks_per_request: int
-    peer: ReqReady | None = None
+    peer: ReqReady | None = None  # push mode, to P: D's agent and blocks (P WRITEs into them)
     failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
     mode: str = "pull"  # "push": D registers (PUSH_REG), P WRITEs into D's blocks and notifies D
+    side: ReqSide | None = None  # P's side channel: P serves this line's wire on it, D handshakes over it
 
 
 class ReqPrefill(msgspec.Struct, tag=True):
@@ -418,7 +441,7 @@ class ReqEnd(msgspec.Struct, tag=True):
 class ReqBatch(msgspec.Struct, tag=True):
     """Request-path messages of one loop turn, in order, in one pipe write (a wake-up per turn, not per request)."""
 
-    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed]
+    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook]
 
 
 class ReqAccount(msgspec.Struct, tag=True):
@@ -433,7 +456,7 @@ class ReqAccount(msgspec.Struct, tag=True):
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
        | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount
-       | ReqBatch)
+       | ReqBatch | ReqHandshook)
 
 _enc = msgspec.msgpack.Encoder()
 _dec = msgspec.msgpack.Decoder(Msg)

@@ -179,23 +179,13 @@ class PrefillRole(_HandshakeRole):
 
     def ready(self) -> m.Msg:
         spec, agent, kv = self.spec, self.agent, self.kv
-        g = kv.geometry
         if spec.tag_blocks:
             # A real decode instance reads blocks without asking: tag them before the side channel opens.
             every = np.arange(min(spec.tag_blocks, spec.num_blocks))
             for region in range(len(kv.views)):  # region by region: bounds the pattern's memory
                 kv.tag(engine_tag(spec.engine_id), spec.tp_rank, region, every)
-        values = AnyMeta(
-            engine_id=spec.engine_id, agent_metadata=agent.metadata(), kv_caches_base_addr=kv.base_addrs,
-            num_blocks=spec.num_blocks, tp_size=spec.tp_size, block_len=g.block_len,
-            block_lens=[g.block_len] * g.num_regions, block_strides=[g.row_len] * g.num_regions,
-            attn_backend_name=g.attn_backend, kv_cache_layout=spec.kv_cache_layout,
-            device_id=spec.device_id, block_size=g.block_size, ssm_sizes=g.ssm_sizes,
-            physical_blocks_per_logical_kv_block=1,
-            # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
-            region_names=g.region_layers(), region_members=[[n] for n in g.region_layers()],
-            region_group_ids=g.region_group_ids() if g.groups else None,
-        )
+        values = served_metadata(spec.engine_id, agent, kv, tp_size=spec.tp_size,
+                                 kv_cache_layout=spec.kv_cache_layout, device_id=spec.device_id)
         return m.Ready(spec.tp_rank, agent.name, self.setup_ms(), values)
 
     def run(self) -> None:
@@ -213,7 +203,7 @@ class PrefillRole(_HandshakeRole):
                 own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
                 # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
                 log = _request_log(ls) if spec.log_requests else None
-                listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, _replier(fmt, frames, own), log))
+                listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, replier(fmt, frames, own), log))
         except Exception as exc:
             for lst in listeners:
                 lst.close()
@@ -274,6 +264,23 @@ class PrefillRole(_HandshakeRole):
         m.send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
 
 
+def served_metadata(engine_id: str, agent: Agent, kv: KVCache, *, tp_size: int, kv_cache_layout: str,
+                    device_id: int) -> AnyMeta:
+    """What a P rank serves on its side channel, every era's fields (wire.build_metadata keeps an era's own)."""
+    g = kv.geometry
+    return AnyMeta(
+        engine_id=engine_id, agent_metadata=agent.metadata(), kv_caches_base_addr=kv.base_addrs,
+        num_blocks=kv.num_blocks, tp_size=tp_size, block_len=g.block_len,
+        block_lens=[g.block_len] * g.num_regions, block_strides=[g.row_len] * g.num_regions,
+        attn_backend_name=g.attn_backend, kv_cache_layout=kv_cache_layout,
+        device_id=device_id, block_size=g.block_size, ssm_sizes=g.ssm_sizes,
+        physical_blocks_per_logical_kv_block=1,
+        # 0.30+: the layer each region belongs to (0.30 - 0.33 compare names, 0.34 pairs regions by them)
+        region_names=g.region_layers(), region_members=[[n] for n in g.region_layers()],
+        region_group_ids=g.region_group_ids() if g.groups else None,
+    )
+
+
 def _request_log(ls: m.ListenerSpec) -> Any:
     def log(identity: bytes, request: bytes, rank: int | None, nbytes: int) -> None:
         # Raw eras (A-E) do not name a rank: the listener answers for its own.
@@ -284,7 +291,7 @@ def _request_log(ls: m.ListenerSpec) -> Any:
     return log
 
 
-def _replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -> Any:
+def replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -> Any:
     def reply(rank: int | None) -> list[bytes]:
         out = own if rank is None else frames[rank]
         if fmt.reply_frames == 2:  # era H: the listener's perf_counter at reply time, for D's clock sync

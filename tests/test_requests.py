@@ -40,6 +40,12 @@ def test_lost_notification_leaks_before_0_10_and_table_agrees_with_json(pdcheck)
     verdicts = [ln.split("│")[2].strip() for ln in rows]  # the table's verdict column, every release in order
     assert verdicts == [x["verdict"] for r in doc["releases"] for x in r["rows"]]
     assert "exit 1" in table.out
+    # one handshake per line over P's side channel, the same in both
+    shakes = [r["handshake"] for r in [*doc["releases"], doc["corrected"]]]
+    assert [(h["handshakes"], h["wire"]) for h in shakes] == [(1, "B"), (1, "G"), (1, "H34")]
+    line = next(ln for ln in table.out.splitlines() if "handshakes over P's side channel" in ln)
+    assert shakes[0]["endpoint"].startswith("tcp://127.0.0.1:") and "side channel tcp://127.0.0.1:" in line
+    assert "0.9.1 1 (era B), 0.14.0 1 (era G), corrected 1 (era H34)" in line
 
 
 @pytest.mark.parametrize(("policy", "third"), [(None, "error"), ("recompute", "recomputed")])
@@ -158,6 +164,12 @@ def test_prefill_restart_real_new_process_and_agent(pdcheck):
     # corrected: the new P's side channel served a new agent (a later registration generation); D loaded it
     assert "re-handshook (registration generation" in by["corrected"]["rows"][2]["detail"]
     assert by["corrected"]["accounting"]["freed"] == 4
+    # D's handshakes went over P's side channel: one per line, and corrected's re-handshake a second, from the
+    # replacement P on the port of the one it replaced, in each release's wire era
+    shakes = {k: (r["handshake"]["handshakes"], r["handshake"]["wire"], r["handshake"]["failed"]) for k, r in by.items()}
+    assert shakes == {"0.9.1": (1, "B", ""), "0.11.1": (1, "F", ""), "0.34.0": (1, "H34", ""),
+                      "corrected": (2, "H34", "")}
+    assert len({r["handshake"]["endpoint"] for r in by.values()}) == 1
 
 
 def test_heartbeat_loss_frees_blocks_a_held_request_has_and_the_plot(pdcheck, tmp_path):

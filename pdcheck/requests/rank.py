@@ -15,16 +15,19 @@ from collections import deque
 from multiprocessing.connection import Connection
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import BlockCheck, KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL, int32_ids, no_memory_hooks
-from pdcheck.ranks import Role, run_rank
+from pdcheck.ranks import Role, run_rank, served_metadata
 from pdcheck.requests import push
+from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.requests.model import GEN_WRAP, abort_detail, decide, on_failure, params_for
+from pdcheck.wire import AnyMeta
 
 POLL_S = 0.002
 HELD_POLL_S = 0.00005  # P holding blocks drives its UCX worker this often: D's READs progress only then
@@ -118,7 +121,14 @@ class _Held:
 
 class RequestsP(RequestsRole):
     """P's scheduler and worker in one: request_finished (allocate, tag, hand out params), _get_new_notifs (free on
-    the done notification, renew on a heartbeat) and the expiry sweep."""
+    the done notification, renew on a heartbeat) and the expiry sweep; and its side channel (handshake.PSide)."""
+
+    def ready(self) -> m.Msg:
+        # Bound before P reports ready: a replaced P takes its port back before the router sends it anything.
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=1, kv_cache_layout="HND",
+                                 device_id=0)
+        self.side = PSide(self.host, self.spec.side_port, values, self.spec.mute_side)
+        return msgspec.structs.replace(super().ready(), side_host=self.side.host, side_port=self.side.port)
 
     def run(self) -> None:
         kv, tag = self.kv, engine_tag(self.spec.engine_id)
@@ -140,6 +150,7 @@ class RequestsP(RequestsRole):
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
         idle = HELD_POLL_S
+        side = self.side
         next_expiry = float("inf")  # no held request expires before this (heartbeats only push deadlines out)
 
         def admit() -> None:
@@ -189,6 +200,9 @@ class RequestsP(RequestsRole):
                 mode = msg.mode
                 if msg.peer is not None and d_side is None:
                     d_side = _PushTarget(self, msg.peer)
+                if msg.side is not None:
+                    side.begin(msg.side)  # this line's era from now on; D handshakes once the parent hears so
+                    out.send(m.Serving(self.spec.tp_rank, [side.port]))
                 notif_faults.clear()
                 pending.clear()
                 line = line_of(msg.line)
@@ -226,6 +240,7 @@ class RequestsP(RequestsRole):
             for msg in msgs:
                 if isinstance(msg, m.Stop):
                     out.flush()
+                    side.close()
                     return
                 handle(msg)
             notifs = self.agent.notifs()
@@ -260,6 +275,7 @@ class RequestsP(RequestsRole):
                     else:
                         late += 1
             now = time.time()
+            side.poll(now)
             for when, agent, note in [x for x in pending if x[0] <= now]:
                 pending.remove((when, agent, note))
                 self.agent.send_notif(agent, note)
@@ -279,7 +295,10 @@ class RequestsD(RequestsRole):
     def run(self) -> None:
         self.line: Lifecycle = CORRECTED
         self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
-        self.side: m.ReqReady | None = None  # what P's side channel serves now (a replaced P: the new one)
+        self.side: m.ReqSide | None = None  # P's side channel and the line's wire
+        self.hs = DSide()
+        self.unreached: HandshakeFailed | None = None  # the last handshake failed: no P to read from
+        self.registrations = 0  # P's registrations D has loaded (a replaced P's agent: the next generation)
         self.remote: Any = None
         self.local: Any = None
         self.expiry_s: float | None = None
@@ -306,6 +325,7 @@ class RequestsD(RequestsRole):
                     self.start_reads()
                     self.settle()
                     out.flush()
+                    self.hs.close()
                     return
                 self.turn(msg, waiter)
                 if out.due():
@@ -335,13 +355,12 @@ class RequestsD(RequestsRole):
             self.held.clear()
             self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
             waiter.reset(msg.mode, self.expiry_s)
-            if msg.peer is not None:
-                self.side = msg.peer
-                if self.peer is None or msg.peer.agent != self.peer.agent:
-                    self.load(msg.peer)  # a new line is a fresh deployment: D handshakes with the P running now
+            if msg.side is not None:
+                self.side = msg.side
+                self.handshake()  # a new line is a fresh deployment: D handshakes with the P running now
             out.send(m.Ack())  # D is ready for the line (restart-p waits for this handshake)
-        elif isinstance(msg, m.ReqReady):
-            self.side = msg  # P was replaced: its side channel now serves the new agent
+        elif isinstance(msg, m.ReqDecode) and self.unreached is not None:  # no P loaded: the handshake failed
+            out.add(m.ReqDecoded(msg.request, "refused", *self.unreached.verdict(self.line, msg.request, msg.params)))
         elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
             assert self.peer is not None
             got = waiter.take(msg, self.line, self.peer)
@@ -352,7 +371,26 @@ class RequestsD(RequestsRole):
             if got is not None:
                 out.add(got)
 
-    def load(self, peer: m.ReqReady) -> None:
+    def handshake(self) -> bool:
+        """Fetch P's metadata over its side channel (decoded as the release decodes it) and load it when P's
+        registration changed. False when the handshake failed (self.unreached says why) or P did not change."""
+        side = self.side
+        assert side is not None
+        try:
+            meta = self.hs.fetch(side)
+        except HandshakeFailed as exc:
+            self.unreached = exc
+            self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
+            return False
+        self.unreached = None
+        self.out.add(m.ReqHandshook(endpoint(side), side.wire))
+        if self.peer is not None and meta.agent_metadata == self.peer.metadata:
+            return False
+        self.registrations += 1
+        self.load(meta)
+        return True
+
+    def load(self, meta: AnyMeta) -> None:
         """The handshake's end: load P's agent and prep its blocks (dropping a replaced agent first)."""
         agent, kv = self.agent, self.kv
         if self.peer is not None:
@@ -363,11 +401,13 @@ class RequestsD(RequestsRole):
                 pass  # its process is gone; forgetting it is all that is left to do
         if self.local is None:
             self.local = agent.prep(LOCAL, kv.descs(kv.block_len, 0), kv.mem_type, "local")
-        agent.add_remote(peer.metadata)
-        bl = kv.block_len
-        self.remote = agent.prep(peer.agent, block_descs(peer.base_addrs, peer.num_blocks, bl, bl, 0), kv.mem_type,
-                                 "P's blocks")
-        self.peer = peer
+        name = agent.add_remote(meta.agent_metadata)
+        # P's block length as it served it (era A serves none: the same as D's)
+        bl = meta.block_lens[0] if meta.block_lens else meta.block_len or kv.block_len
+        self.remote = agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, bl, 0),
+                                 kv.mem_type, "P's blocks")
+        self.peer = m.ReqReady(0, meta.engine_id, name, meta.agent_metadata, meta.kv_caches_base_addr,
+                               meta.num_blocks, 0.0, self.registrations - 1)
 
     def notify(self, note: bytes) -> bool:
         """A notification to P; a dead P's agent answers NIXL_ERR_REMOTE_DISCONNECT (vLLM logs it and goes on)."""
@@ -422,10 +462,11 @@ class RequestsD(RequestsRole):
                 self.out.add(got)
 
     def rehandshake(self) -> str:
-        """The corrected path: load what P's side channel serves now."""
-        if self.side is not None and (self.peer is None or self.side.agent != self.peer.agent):
-            self.load(self.side)
-            return f"D re-handshook (registration generation {self.side.incarnation + 1})"
+        """The corrected path: handshake again over P's side channel; load what it serves now."""
+        if self.handshake():
+            return f"D re-handshook (registration generation {self.registrations})"
+        if self.unreached is not None:
+            return f"D's re-handshake failed: {self.unreached}"
         return "no newer P to re-handshake with"
 
     def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck.requests.handshake import SideLog
 from pdcheck.requests.model import VERDICTS, Accounting
 from pdcheck.requests.plan import RequestsPlan
 from pdcheck.requests.run import LineRun
@@ -46,6 +47,7 @@ class ReleaseReport(msgspec.Struct):
     router_lag_s: float  # how late the parent (the router) got a request to P or D at worst
     timeline: list[tuple[float, int]] = []  # (seconds into the run, P's blocks held): what --plot draws
     latency_s: list[float | None] = []  # per request: P's allocation to D's answer (None: never answered)
+    handshake: SideLog | None = None  # D's side-channel handshakes with P (endpoint, wire era, count)
 
 
 class Expectation(msgspec.Struct):
@@ -88,7 +90,7 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
         line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting,
         run.expiry_log[:3], run.notif_errors[:3], all(not r.model for r in rows), run.seconds, run.router_lag_s,
-        run.timeline, run.latency_s)
+        run.timeline, run.latency_s, run.handshake)
 
 
 def _notification(line: Any, mode: str) -> str:
@@ -161,6 +163,14 @@ def render(rep: RequestsReport, console: Any) -> None:
     for r in [*rep.releases, rep.corrected]:
         for line in r.expiry_log[:1] + r.notif_errors[:1]:
             console.print(f"[dim]{escape(r.release)} P:[/] {escape(line)}")
+    shakes = [r for r in [*rep.releases, rep.corrected] if r.handshake is not None]
+    if shakes:
+        where = ", ".join(dict.fromkeys(r.handshake.endpoint for r in shakes if r.handshake))
+        console.print(f"[dim]D's handshakes over P's side channel {escape(where)}:[/] " + ", ".join(
+            f"{escape(r.release)} {r.handshake.handshakes} (era {r.handshake.wire})" for r in shakes if r.handshake))
+        for r in shakes:
+            if r.handshake and r.handshake.failed:
+                console.print(f"[dim]{escape(r.release)}:[/] [red]handshake failed[/]: {escape(r.handshake.failed)}")
     for r in [*rep.releases, rep.corrected]:
         acc = r.accounting
         if acc.restarts:

@@ -23,6 +23,7 @@ from pdcheck.errors import HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
+from pdcheck.requests.handshake import SideLog, endpoint, side_for
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, held_for, run_end, simulate
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool
@@ -45,6 +46,7 @@ class Options(msgspec.Struct, frozen=True):
     settle_s: float = 0.5
     start_timeout_s: float = 60.0
     mode: str = "pull"  # "push": NixlPushConnector (0.26+), pdcheck.requests.push
+    mute_side: bool = False  # test hook: P's side channel never answers (D's handshake times out)
 
 
 class LineRun(msgspec.Struct):
@@ -64,6 +66,7 @@ class LineRun(msgspec.Struct):
     timeline: list[tuple[float, int]] = []  # (seconds into the line, P's blocks held from then on)
     latency_s: list[float | None] = []  # per request: arrival to D's answer (None: never answered)
     mode: str = "pull"
+    handshake: SideLog | None = None  # D's side-channel handshakes with P in this line
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -76,7 +79,8 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
     warm_up()
     out: list[LineRun] = []
     with launcher() as lau:
-        p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool)))
+        p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool,
+                                                                          mute_side=opts.mute_side)))
         d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
         d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, d_blocks)))
         got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
@@ -85,8 +89,8 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         dbox = _Outbox(d)
         try:
             for name, line in [*releases, ("corrected", CORRECTED)]:
-                # Every line begins with D loading the P that runs now (after a restart-p: the replacement).
-                out.append(_one_line(lau, slot, d, dbox, name, line, opts, slot.ready, d_ready))
+                # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
+                out.append(_one_line(lau, slot, d, dbox, name, line, opts, d_ready))
         finally:
             for box in (slot.box, dbox):
                 box.send(m.Stop())
@@ -102,10 +106,10 @@ class _PSlot:
         self.incarnation = 0
 
 
-def _restart_p(lau: Any, slot: _PSlot, dbox: _Outbox, begin: m.ReqBegin, opts: Options) -> float:
-    """Kill P's process and start its replacement on the one launcher: the same engine id and blocks, a new agent.
-    The new P takes the line (begin); D learns what the side channel now serves (the new P's metadata) but loads
-    it only where the release re-handshakes. Returns the seconds it took (the router holds requests meanwhile)."""
+def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> float:
+    """Kill P's process and start its replacement on the one launcher: the same engine id, blocks and side-channel
+    port, a new agent. The new P takes the line (begin) and serves its metadata on that port; D reads it there
+    only where the release re-handshakes. Returns the seconds it took (the router holds requests meanwhile)."""
     import os
     import signal
 
@@ -118,19 +122,28 @@ def _restart_p(lau: Any, slot: _PSlot, dbox: _Outbox, begin: m.ReqBegin, opts: O
     old.done = True
     slot.incarnation += 1
     log = getattr(lau, "log_dir", None)
-    p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool,
-                                                                      incarnation=slot.incarnation)),
+    spec = m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool, incarnation=slot.incarnation,
+                     side_port=slot.ready.side_port, mute_side=opts.mute_side)
+    p = lau.start("P", 0, _target(), msgspec.msgpack.encode(spec),
                   **({"log": f"{log}/P0.r{slot.incarnation}.log"} if log else {}))
     ready = orc.gather(lau, [p], m.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
     slot.rank, slot.box, slot.ready = p, _Outbox(p), ready[p.id][1]
-    slot.box.send(begin)
-    dbox.send(slot.ready)
+    _begin_p(lau, slot, begin, opts)
     return time.time() - t0
+
+
+def _begin_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> None:
+    """P takes the line, and its side channel serves the line's wire once P says so (m.Serving): only then may D
+    handshake, or it could read the last line's era."""
+    slot.box.send(begin)
+    orc.gather(lau, [slot.rank], m.Serving, opts.start_timeout_s, _stage("the side channel's start",
+                                                                         opts.start_timeout_s))
 
 
 def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[int, m.ReqPrefilled],
                            decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
-                           opts: Options, d_began: list[bool], timeout_s: float = 10.0) -> None:
+                           opts: Options, d_began: list[bool], shakes: list[m.ReqHandshook],
+                           timeout_s: float = 10.0) -> None:
     """Before P is killed: D finished its handshake with it (answered the line's ReqBegin), and the requests
     before `req` finish as the model has them: D answered each, and P freed each one D read and notified at once
     (a restart is deterministic: it never races the handshake or an earlier READ)."""
@@ -154,17 +167,19 @@ def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[i
             if got is None or isinstance(got, m.Failed):
                 return  # the main loop reports it
             for msg in m.unbatch(got):
-                _record(msg, decoded, freed, logs, d_began)
+                _record(msg, decoded, freed, logs, d_began, shakes)
             break
 
 
 def _record(msg: m.Msg, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
-            d_began: list[bool]) -> None:
-    """What the ranks report besides P's prefills: D's answers, D's handshake done, P's frees."""
+            d_began: list[bool], shakes: list[m.ReqHandshook]) -> None:
+    """What the ranks report besides P's prefills: D's answers, D's handshakes and the line's begun, P's frees."""
     if isinstance(msg, m.ReqDecoded):
         decoded[msg.request] = msg
     elif isinstance(msg, m.Ack):
         d_began[0] = True
+    elif isinstance(msg, m.ReqHandshook):
+        shakes.append(msg)
     elif isinstance(msg, m.ReqFreed):
         freed.setdefault(msg.request, msg)
         if msg.log:
@@ -211,13 +226,16 @@ def _target() -> Any:
 
 
 def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Lifecycle,
-              opts: Options, peer: m.ReqReady | None, d_ready: m.ReqReady | None = None) -> LineRun:
+              opts: Options, d_ready: m.ReqReady | None = None) -> LineRun:
     t0 = time.time()
     push = opts.mode == "push"
+    # The replacement after a restart-p binds the same port: one side channel for the whole run.
+    side = side_for(name, slot.ready.side_host, slot.ready.side_port, GEOMETRY)
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
-                       mode=opts.mode)
-    slot.box.send(msgspec.structs.replace(begin, peer=d_ready))
-    to_d.send(msgspec.structs.replace(begin, peer=peer))
+                       mode=opts.mode, side=side)
+    _begin_p(lau, slot, msgspec.structs.replace(begin, peer=d_ready), opts)
+    to_d.send(begin)  # D handshakes over P's side channel, then answers (m.Ack)
+    shakes: list[m.ReqHandshook] = []
     restarts = 0
     lost = 0
     gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
@@ -286,14 +304,14 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                         # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                         # still held dies with it; the schedule pauses while the new P starts.
                         _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
-                                               d_began)
+                                               d_began, shakes)
                         dying = [j for j in prefilled if j not in freed and j not in gone]
                         lost += len(dying)
                         lost_at.update(dict.fromkeys(dying, time.time()))
                         gone.update(prefilled)
                         restarts += 1
                         # push: the new P learns D's agent (the P->D handshake of its first WRITE)
-                        down = _restart_p(lau, slot, to_d, msgspec.structs.replace(begin, peer=d_ready), opts)
+                        down = _restart_p(lau, slot, msgspec.structs.replace(begin, peer=d_ready), opts)
                         if msg.request in restarts_due:
                             restarts_due.remove(msg.request)
                         due = [(w + down, s_, a, j) for w, s_, a, j in due]
@@ -307,7 +325,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                     registered.add(msg.request)
                     last_answer = time.time()
                 else:
-                    _record(msg, decoded, freed, logs, d_began)
+                    _record(msg, decoded, freed, logs, d_began, shakes)
                     if isinstance(msg, m.ReqDecoded):
                         last_answer = answered[msg.request] = time.time()
             break  # back to the schedule after every pipe message
@@ -326,8 +344,10 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
+    failed = next((s.error for s in shakes if s.error), "")
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
-                   lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode)
+                   lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode,
+                   SideLog(endpoint(side), side.wire, len(shakes), failed))
 
 
 def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],

@@ -1,0 +1,107 @@
+"""`pdcheck requests`' side-channel handshake: D fetches P's metadata over real ZMQ (P's Listener, D's fetch and
+the release's strict decoder); a P whose listener never answers is each release's verdict within its timeout,
+never a hang of the run; a reply in another era is the release's decode error."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+import pytest
+
+from pdcheck import messages as m
+from pdcheck.requests.handshake import HANG_WAIT_MS, DSide, HandshakeFailed, PSide, side_for
+from pdcheck.requests.lines import line_of
+from pdcheck.requests.run import GEOMETRY, Options, run
+from pdcheck.wire import AnyMeta
+
+
+def test_unanswered_side_channel_is_each_releases_verdict_within_its_timeout():
+    t0 = time.monotonic()
+    out = run([("0.9.1", line_of("0.9.1")), ("0.34.0", line_of("0.34.0"))],
+              Options(requests=3, rate=20.0, mute_side=True))
+    took = time.monotonic() - t0
+    by = {r.release: r for r in out}
+    # 0.9.1's recv() has no timeout: its requests wait for the handshake for ever (pdcheck reports it)
+    assert [o.verdict for o in by["0.9.1"].outcomes] == ["hang"] * 3
+    assert "blocks in recv() with no timeout" in by["0.9.1"].outcomes[0].detail
+    # 0.34.0 gives up after its 5 s recv timeout: handshake_failed under kv_load_failure_policy fail
+    assert [o.verdict for o in by["0.34.0"].outcomes] == ["error"] * 3
+    assert "NIXL transfer failure: handshake_failed | zmq.error.Again" in by["0.34.0"].outcomes[0].detail
+    assert [o.verdict for o in by["corrected"].outcomes] == ["recomputed"] * 3
+    for r in out:
+        assert r.handshake is not None and r.handshake.handshakes == 1 and r.handshake.failed
+    assert by["0.34.0"].handshake.wire == "H34" and by["0.9.1"].handshake.wire == "B"
+    # three lines, each one handshake that waits its release's timeout; nothing waits for the run's own limit
+    assert took < 60, took
+
+
+def _serve(p: PSide, stop: threading.Event) -> None:
+    while not stop.is_set():
+        p.poll(time.time())
+        time.sleep(0.001)
+
+
+@pytest.mark.parametrize(("served", "asked", "needle"), [
+    ("0.9.1", "0.13.0", "RuntimeError: Failed to decode NixlHandshakePayload"),  # a bare era-B map, no wrapper
+    ("0.9.1", "0.34.0", "AssertionError: len(reply_parts) == 2"),  # era H wants its timestamp frame
+    ("0.26.0", "0.28.0", "RuntimeError: NIXL compatibility hash mismatch"),  # one era, another release
+    # an era-H listener cannot unpack an era-G request: its thread ends (H15), D's recv times out
+    ("0.34.0", "0.14.0", "zmq.error.Again: Resource temporarily unavailable"),
+    ("0.11.1", "0.11.1", ""),  # the same era: decoded and validated
+])
+def test_reply_in_another_era_is_the_releases_decode_error(served, asked, needle):
+    values = AnyMeta(engine_id="pdcheck-req-P", agent_metadata=b"agent", kv_caches_base_addr=[4096, 8192],
+                     num_blocks=8, tp_size=1, block_len=GEOMETRY.block_len, block_lens=[GEOMETRY.block_len] * 2,
+                     block_strides=[GEOMETRY.row_len] * 2, attn_backend_name="FLASH_ATTN", kv_cache_layout="HND",
+                     device_id=0, block_size=16, ssm_sizes=(0, 0), physical_blocks_per_logical_kv_block=1)
+    p = PSide("127.0.0.1", 0, values)
+    p.begin(side_for(served, "127.0.0.1", p.port, GEOMETRY))
+    stop = threading.Event()
+    t = threading.Thread(target=_serve, args=(p, stop), daemon=True)
+    t.start()
+    d = DSide()
+    try:
+        side = side_for(asked, "127.0.0.1", p.port, GEOMETRY)
+        if not needle:
+            meta = d.fetch(side)
+            assert (meta.agent_metadata, meta.kv_caches_base_addr, meta.num_blocks) == (b"agent", [4096, 8192], 8)
+            assert meta.block_lens == [GEOMETRY.block_len] * 2
+            return
+        with pytest.raises(HandshakeFailed, match=re.escape(needle)) as got:
+            d.fetch(side)
+        line = line_of(asked)
+        verdict, detail = got.value.verdict(line, 0, {"remote_block_ids": [0]})
+        # handshake_failed under the release's policy: 0.13 recomputes, 0.34 fails the request
+        assert verdict == ("recomputed" if line.on_failure == "recompute" else "error") and needle in detail
+        assert "handshake_failed" in detail
+    finally:
+        stop.set()
+        t.join(5)
+        d.close()
+        p.close()
+
+
+def test_no_reply_on_a_release_without_a_recv_timeout_is_a_hang_after_pdchecks_wait():
+    p = PSide("127.0.0.1", 0, AnyMeta(engine_id="e", agent_metadata=b"", kv_caches_base_addr=[], num_blocks=0))
+    d = DSide()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(HandshakeFailed) as got:  # nobody polls P's listener
+            d.fetch(side_for("0.10.1", "127.0.0.1", p.port, GEOMETRY))
+        assert HANG_WAIT_MS / 1e3 <= time.monotonic() - t0 < HANG_WAIT_MS / 1e3 + 2
+        assert got.value.verdict(line_of("0.10.1"), 0, {})[0] == "hang"
+        assert got.value.verdict(line_of("0.10.1"), 0, None)[0] == "recomputed"  # no params: D never needed P
+    finally:
+        d.close()
+        p.close()
+
+
+def test_side_for_maps_each_release_to_its_wire_era_and_corrected_to_the_newest():
+    eras = {r: side_for(r, "h", 1, GEOMETRY) for r in ("0.9.0", "0.11.1", "0.15.1", "0.18.0", "0.26.0", "corrected")}
+    assert {r: s.wire for r, s in eras.items()} == {"0.9.0": "A", "0.11.1": "F", "0.15.1": "G", "0.18.0": "G18",
+                                                    "0.26.0": "H", "corrected": "H34"}
+    assert eras["0.9.0"].timeout_ms is None and eras["0.11.1"].timeout_ms == 5000
+    assert eras["0.9.0"].compat_hash is None and eras["corrected"].compat_hash
+    assert isinstance(eras["corrected"], m.ReqSide)
