@@ -171,6 +171,23 @@ def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[i
             break
 
 
+def _await_handshake(lau: Any, d: Any, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed],
+                     logs: list[str], d_began: list[bool], shakes: list[m.ReqHandshook], stage: orc.Stage) -> None:
+    """The line's set-up: D answers its ReqBegin once its handshake over P's side channel is done (or failed:
+    the requests then get the release's verdict). The line's requests arrive after it."""
+    deadline = time.monotonic() + stage.timeout_s
+    while not d_began[0]:
+        if time.monotonic() > deadline:
+            raise stage.late([d.id])
+        for rank, got in lau.events([d], min(deadline, time.monotonic() + 0.05)):
+            if got is None:
+                raise stage.died(rank)
+            if isinstance(got, m.Failed):
+                raise stage.failed(rank, got)
+            for msg in m.unbatch(got):
+                _record(msg, decoded, freed, logs, d_began, shakes)
+
+
 def _record(msg: m.Msg, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
             d_began: list[bool], shakes: list[m.ReqHandshook]) -> None:
     """What the ranks report besides P's prefills: D's answers, D's handshakes and the line's begun, P's frees."""
@@ -227,7 +244,6 @@ def _target() -> Any:
 
 def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Lifecycle,
               opts: Options, d_ready: m.ReqReady | None = None) -> LineRun:
-    t0 = time.time()
     push = opts.mode == "push"
     # The replacement after a restart-p binds the same port: one side channel for the whole run.
     side = side_for(name, slot.ready.side_host, slot.ready.side_port, GEOMETRY)
@@ -236,11 +252,17 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     _begin_p(lau, slot, msgspec.structs.replace(begin, peer=d_ready), opts)
     to_d.send(begin)  # D handshakes over P's side channel, then answers (m.Ack)
     shakes: list[m.ReqHandshook] = []
+    decoded: dict[int, m.ReqDecoded] = {}
+    freed: dict[int, m.ReqFreed] = {}
+    logs: list[str] = []
+    d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
+    _await_handshake(lau, d, decoded, freed, logs, d_began, shakes, _stage(f"vLLM {name}'s handshake",
+                                                                          opts.start_timeout_s))
+    t0 = time.time()  # the line's requests arrive from now on, as the raw loop's clock starts after its set-up
     restarts = 0
     lost = 0
     gone: set[int] = set()  # requests a replaced P held or had freed: no longer P's to free
     lost_at: dict[int, float] = {}  # request -> when its blocks died with a replaced P
-    d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
     restarts_due = sorted(f.request for f in opts.faults if f.name == "restart-p" and f.request is not None)
     parked: list[tuple[float, int]] = []  # prefills held back until P's restart
     answered: dict[int, float] = {}
@@ -250,9 +272,6 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     heapq.heapify(due)
     seq = n
     prefilled: dict[int, m.ReqPrefilled] = {}
-    decoded: dict[int, m.ReqDecoded] = {}
-    freed: dict[int, m.ReqFreed] = {}
-    logs: list[str] = []
     owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P allocated it to
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
     # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
