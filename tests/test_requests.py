@@ -252,3 +252,16 @@ def test_push_prefill_restart_registrations_hit_the_dead_agent(pdcheck):
     # corrected: D re-handshook on the disconnect, and the new P (given D's agent) WRITEs requests 3 and 4
     assert [r["verdict"] for r in corr["rows"]] == ["delivered"] * 2 + ["recomputed"] + ["delivered"] * 2
     assert (corr["accounting"]["freed"], corr["accounting"]["expired"]) == (4, 0)
+
+
+def test_many_reads_in_flight_on_a_small_pool_every_block_checked(pdcheck):
+    # 60 requests at once, 3 blocks each, on 8 blocks: P reuses every block many times, and D's ring of 8 blocks
+    # wraps with a gap (3 does not divide 8) while up to 2 READs are in flight. Every request is delivered:
+    # D checked each of its blocks by coordinate and generation after the block was reused.
+    doc = pdcheck("requests", "--vllm", "0.34.0", "--requests", "60", "--rate", "10000", "--pool", "8",
+                  "--blocks-per-request", "3", "--json", timeout=120).json()
+    rel = doc["releases"][0]
+    assert rel["counts"] == {"delivered": 60} and rel["model_agrees"]
+    acc = rel["accounting"]
+    assert (acc["allocated"], acc["freed"], acc["expired"]) == (180, 60, 0) and acc["reused"] >= 170
+    assert doc["corrected"]["counts"] == {"delivered": 60}
