@@ -392,7 +392,9 @@ class ReqPrefilled(msgspec.Struct, tag=True):
     request_id: str  # P's id for it (unique across the lines a run plays: late notifications match nothing)
     blocks: list[int]
     gens: list[int]
-    params: dict[str, Any]
+    # kv_transfer_params as P encoded them: the router forwards them to D without decoding them (Raw), and decodes
+    # only to corrupt them (bad-params); D decodes them into a dict (ReqDecode.params)
+    params: msgspec.Raw
     t: float  # time.time() at allocation
 
 
@@ -401,7 +403,7 @@ class ReqDecode(msgspec.Struct, tag=True):
 
     request: int
     request_id: str  # the proxy's id (D notifies with it where the release has no remote_request_id)
-    params: dict[str, Any] | None
+    params: dict[str, Any] | None  # the router may set P's encoded params (msgspec.Raw): they encode as that dict
     expect_blocks: list[int]
     expect_gens: list[int]
     drop_notif: bool = False

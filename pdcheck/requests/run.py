@@ -272,7 +272,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     heapq.heapify(due)
     seq = n
     prefilled: dict[int, m.ReqPrefilled] = {}
-    owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P allocated it to
+    restarting = any(f.name == "restart-p" for f in opts.faults)
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
     # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
     end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s) + ((expiry or 0.0) if push else 0.0)
@@ -288,7 +288,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
         while due and due[0][0] <= now:
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
-            if action == "prefill" and any(r < i for r in restarts_due):
+            if action == "prefill" and restarts_due and restarts_due[0] < i:
                 parked.append((when, i))  # P restarts after an earlier request: this one goes to the new P
             elif action == "prefill":
                 to_p.append(_prefill(i, opts))
@@ -311,12 +311,13 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                 raise faults.failed(rank, got)
             # A rank's loop turn, in order; a prefill after which P restarts goes last (what P sent after it, e.g.
             # a free, counts before the restart, as _settle_before_restart would have read it from the pipe).
-            for msg in sorted(m.unbatch(got), key=lambda x: isinstance(x, m.ReqPrefilled)
-                              and pick(opts.faults, "restart-p", x.request) is not None):
+            msgs = m.unbatch(got)
+            if restarting:
+                msgs.sort(key=lambda x: isinstance(x, m.ReqPrefilled) and pick(opts.faults, "restart-p", x.request)
+                          is not None)
+            for msg in msgs:
                 if isinstance(msg, m.ReqPrefilled):
                     prefilled[msg.request] = msg
-                    for b, g in zip(msg.blocks, msg.gens, strict=True):
-                        owner[(b, g)] = msg.request
                     slow = pick(opts.faults, "slow-decode", msg.request)
                     t_decode = msg.t + (slow.seconds if slow else 0.0)
                     if pick(opts.faults, "restart-p", msg.request):
@@ -352,6 +353,10 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
                       _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
     seconds = time.time() - t0  # the line's real run, not the verdicts and the model after it
+    owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P last allocated it to
+    for pf in prefilled.values():  # in the order P handed them out
+        for b, g in zip(pf.blocks, pf.gens, strict=True):
+            owner[(b, g)] = pf.request
     judge = functools.partial(_push_verdict, write_failed=set(acct.write_failed)) if push else _verdict
     outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
@@ -409,11 +414,11 @@ class _Closing(orc.Stage):
 def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.ReqDecode:
     """The router: forward P's params to D, as the faults say."""
     pf = prefilled[i]
-    params: dict[str, Any] | None = dict(pf.params)
+    params: dict[str, Any] | msgspec.Raw | None = pf.params  # forwarded as P encoded them
     bad = pick(opts.faults, "bad-params", i)
-    if bad is not None and params is not None:
+    if bad is not None:
         earlier = prefilled[i - 1].blocks if i - 1 in prefilled else None
-        params = apply_bad(params, bad.kind, opts.pool, earlier)
+        params = apply_bad(msgspec.msgpack.decode(pf.params), bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
     hold_s, lost = held_for(opts.faults, i)
