@@ -24,6 +24,7 @@ import queue
 import re
 import sys
 import textwrap
+import threading
 import types
 from collections import defaultdict
 from pathlib import Path
@@ -203,6 +204,7 @@ class Wheel:
                                                                 "_handle_failed_transfer", "_log_failure",
                                                                 "_try_release_xfer_handle", "_send_heartbeats"))
         self._expire_fn = self._expiry_sweep()
+        self._loader: type | None = None
 
     # ---- facts the release states as literals
     def abort_timeout_default(self) -> float | None:
@@ -331,11 +333,69 @@ class Wheel:
         wk._send_heartbeats(NS(heartbeat_by_engine=s._heartbeat_by_engine))
         return [msg for _agent, msg in wk.nixl_wrapper.sent]
 
+    def load(self, metadata: Any, known: bool) -> tuple[str, Any]:
+        """D's worker takes the scheduler's metadata (start_load_kv, as the release wrote it) with P's engine
+        already handshaken (known) or not: ("read", what it looked up: the state recorded at the handshake) when
+        it goes on to the READ, ("handshake", the tp_size it hands the handshake) when it starts one."""
+        if self._loader is None:
+            self._loader = self._cls("Loader", self.worker_src, ("start_load_kv", "_read_blocks_for_req",
+                                                                "_read_blocks"))
+        w = self._loader()
+
+        def handshake(*a: Any) -> None:
+            meta = a[2] if len(a) == 3 else None  # (req_id, engine_id, meta); 0.9.1's _nixl_handshake(host, port)
+            raise Reached("handshake", getattr(meta, "tp_size", None))
+
+        def read(_req_id: str, _meta: Any) -> None:
+            raise Reached("read", "_read_blocks_for_req")
+
+        # start_load_kv checks _remote_agents itself (0.9.2 - 0.26): its _read_blocks_for_req is the READ; else
+        # the release's own read path runs up to its first look at the engine's recorded state.
+        checks = "_remote_agents" in self.worker_src["start_load_kv"]
+        w.__dict__.update(
+            engine_id="D", tp_rank=0, world_size=1, _remote_agents={"P": {0: "P-agent"}} if known else {},
+            _handshake_lock=threading.Lock(), _ready_requests=queue.Queue(), _recving_metadata={},
+            _reqs_to_process=set(), _reqs_to_send={}, _background_nixl_handshake=handshake,
+            _nixl_handshake=handshake, _send_heartbeats=lambda m: None, _invalid_remote_engines=set(),
+            # what D's handshake with P left behind (0.34: the first request's registration generation, 1)
+            _remote_registration_generations={"P": 1} if known else {}, _engine_last_active={},
+            _bidirectional_kv_xfer_enabled=False, _physical_blocks_per_logical_kv_block=1, pcp_rank=0,
+            pcp_dcp_sharded=False, transfer_topo=NS(), _logical_to_kernel_block_ids=lambda ids, *a: ids,
+            _tp_size=_Recorded("_tp_size", {"D": 1}), tp_mappings=_Recorded("tp_mappings", {}))
+        if checks:
+            w._read_blocks_for_req = read
+        try:
+            w.start_load_kv(metadata)
+        except Reached as got:
+            return got.what, got.value
+        raise AssertionError(f"{self.release}: start_load_kv neither read nor handshook")
+
     def expire(self, w: Any) -> set[str]:
         done: set[str] = set()
         if self._expire_fn is not None:
             self._expire_fn(w, done)
         return done
+
+
+class Reached(Exception):
+    """Where D's worker went with a request: stops the release's code there."""
+
+    def __init__(self, what: str, value: Any) -> None:
+        super().__init__(what)
+        self.what, self.value = what, value
+
+
+class _Recorded(dict):  # type: ignore[type-arg]
+    """State the release recorded at its handshake: looking up a remote engine's entry is the READ's first step."""
+
+    def __init__(self, name: str, own: dict[str, Any]) -> None:
+        super().__init__(own)
+        self.name = name
+
+    def __getitem__(self, k: str) -> Any:
+        if k in self:
+            return super().__getitem__(k)  # D's own entry (0.9.1's `_tp_size[self.engine_id]`)
+        raise Reached("read", f"{self.name}[{k!r}]")
 
 
 def _tp_ratio(remote_tp: int, local_tp: int = 1) -> int:

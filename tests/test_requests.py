@@ -61,6 +61,23 @@ def test_bad_params_real_nixl_error_and_reused_ids(pdcheck, policy, third):
     assert [r["corrected"] for r in rows] == ["delivered", "recomputed", "recomputed", "delivered"]
 
 
+def test_wrong_tp_real_reads_with_the_handshakes_tp_corrected_refuses(pdcheck):
+    # D handshook with P (TP 1) at the line's start; request 1's params say tp_size 2. The releases never look:
+    # D's real READ of request 1 runs, its blocks check out, and its done notification frees P's blocks; no
+    # second handshake. The corrected path refuses it before any READ, so P frees those blocks at the lease.
+    doc = pdcheck("requests", "--vllm", "0.9.2,0.34.0", "--requests", "3", "--lease", "0.4", "--fault",
+                  "bad-params:wrong-tp:1", "--json", timeout=120).json()
+    for rel in doc["releases"]:
+        assert [r["verdict"] for r in rel["rows"]] == ["delivered"] * 3 and rel["model_agrees"]
+        assert rel["accounting"]["freed"] == 3 and rel["handshake"]["handshakes"] == 1
+        assert rel["rows"][1]["corrected"] == "recomputed"
+    cor = doc["corrected"]
+    assert [r["verdict"] for r in cor["rows"]] == ["delivered", "recomputed", "delivered"]
+    assert "tp_size 2, but engine pdcheck-req-P's handshake recorded TP 1" in cor["rows"][1]["detail"]
+    assert cor["accounting"]["freed"] == 2 and cor["accounting"]["expired"] + cor["accounting"]["held"] == 1
+    assert doc["exit_code"] == 0
+
+
 @pytest.mark.parametrize(("args", "needle"), [
     (["--fault", "nope"], "unknown fault 'nope'"),
     (["--lease", "0"], "lease = 0"),

@@ -206,13 +206,13 @@ def test_heartbeat_message(release: str) -> None:
 
 
 # ---- D's side: the params a router forwards
-D_CASES = ("ok", "drop-params", "missing-request-id", "out-of-range", "wrong-engine", "reused-ids")
+D_CASES = ("ok", "drop-params", "missing-request-id", "out-of-range", "wrong-engine", "reused-ids", "wrong-tp")
 
 
-def _release_d(w: Wheel, params: dict[str, Any] | None) -> tuple[str, str]:
+def _release_d(w: Wheel, params: dict[str, Any] | None, built: list[Any] | None = None) -> tuple[str, str]:
     """What D's scheduler does: ("local", ...) prefill it itself; ("recv", ...) schedule the READ; ("parked",
     warning) ask for an async load but schedule no receive (the request waits in WAITING_FOR_REMOTE_KVS with
-    nothing to finish it); ("raise", exc) the scheduler raises."""
+    nothing to finish it); ("raise", exc) the scheduler raises. built: gets the worker's metadata."""
     s = w.scheduler()
     r = request("d-3", params, status=RequestStatus.WAITING)
     try:
@@ -224,6 +224,8 @@ def _release_d(w: Wheel, params: dict[str, Any] | None) -> tuple[str, str]:
             meta = w.g["NixlConnectorMetadata"]()
             add = getattr(meta, "add_new_req_to_recv", None) or meta.add_new_req
             add(request_id="d-3", local_block_ids=[5, 6], kv_transfer_params=r.kv_transfer_params)
+            if built is not None:
+                built.append(meta)
     except Exception as exc:  # noqa: BLE001 - the release's own exception is the outcome
         return "raise", f"{type(exc).__name__}: {exc}"
     if "d-3" in s._reqs_need_recv:
@@ -261,6 +263,29 @@ def test_d_side_params(release: str, case: str, request: pytest.FixtureRequest) 
             assert mine is None, (case, mine)
     else:
         assert mine is not None and mine[0] == "hang", (theirs, detail, mine)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_wrong_tp_never_reaches_the_read(release: str) -> None:
+    """bad-params:wrong-tp (tp_size 2, P runs TP 1): the release's scheduler schedules the READ, its worker's
+    start_load_kv reads with the TP recorded at the handshake when the engine is known (the request path's D
+    handshook at the line's start), and hands the params' tp_size only to a first handshake. pdcheck: read,
+    delivered; the corrected path refuses it."""
+    w, line = wheel(release), line_of(release)
+    p = apply_bad(params_for(line, 3, [3, 4], "P", 5600, 1, None, [1, 1]), "wrong-tp", 8, None)
+    built: list[Any] = []
+    assert _release_d(w, dict(p), built) == ("recv", "")
+    what, looked = w.load(built[0], known=True)
+    assert what == "read", (what, looked)
+    for fn in ("_read_blocks_for_req", "_read_blocks"):  # the READ itself never looks at the params' tp_size
+        assert "meta.tp_size" not in w.worker_src.get(fn, ""), fn
+    assert w.load(built[0], known=False) == ("handshake", None if key(release) < (0, 9, 2) else 2)
+    assert decide(line, 3, dict(p), "P", 8, 0.0) is None
+    out, _acc = simulate(line, 4, 10.0, 2, 8, 0.5, (Fault("bad-params", kind="wrong-tp", request=1),))
+    assert [o.verdict for o in out] == ["delivered"] * 4
+    corrected = line_of("corrected")
+    assert decide(corrected, 3, params_for(corrected, 3, [3, 4], "P", 5600, 2, None, [1, 1]), "P", 8, 0.0) == (
+        "recomputed", "kv_transfer_params say tp_size 2, but engine P's handshake recorded TP 1: refused, recomputed")
 
 
 # ---- the failure policy

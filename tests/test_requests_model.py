@@ -7,7 +7,7 @@ import pytest
 from pdcheck.errors import BadInput
 from pdcheck.requests.faults import parse, parse_all
 from pdcheck.requests.lines import CORRECTED, LINES, line_of
-from pdcheck.requests.model import decide, params_for, simulate
+from pdcheck.requests.model import apply_bad, decide, params_for, simulate
 
 
 def verdicts(version: str, faults: list[str], n: int = 8, lease: float | None = 0.5) -> list[str]:
@@ -98,6 +98,28 @@ def test_bad_params() -> None:
     assert verdicts("0.9.1", ["bad-params:missing-request-id:1"])[1] == "delivered"  # no such key yet
 
 
+def test_wrong_tp_is_ignored_by_every_release_and_refused_by_the_corrected_path() -> None:
+    f = parse("bad-params:wrong-tp:2", 4)
+    assert (f.kind, f.request, f.text()) == ("wrong-tp", 2, "bad-params:wrong-tp:2")
+    for ln in LINES:  # D knows the engine from its handshake: the params' tp_size never reaches the READ
+        v = verdicts(ln.line, ["bad-params:wrong-tp:1"])
+        assert v == ["delivered"] * 8, (ln.line, v)
+        p = apply_bad(params_for(ln, 1, [2, 3], "P", 5600, 1, None, [1, 1]), "wrong-tp", 8, None)
+        assert p["tp_size"] == 2 and decide(ln, 1, p, "P", 8, 0.0) is None
+    out, acc = simulate(CORRECTED, 8, 10.0, 2, 8, 0.5, parse_all(["bad-params:wrong-tp:1"], 8))
+    assert [o.verdict for o in out] == ["delivered", "recomputed"] + ["delivered"] * 6
+    assert out[1].detail == ("kv_transfer_params say tp_size 2, but engine P's handshake recorded TP 1: refused, "
+                             "recomputed")
+    assert acc.freed == 7 and acc.expired + acc.held == 1  # unread: P frees at the lease
+    ok = params_for(CORRECTED, 1, [2, 3], "P", 5600, 1, None, [1, 1])
+    assert decide(CORRECTED, 1, ok, "P", 8, 0.0) is None
+    assert decide(CORRECTED, 1, ok, "P", 8, 0.0, p_tp=2) == (  # P's real TP differs from what P handed out
+        "recomputed", "kv_transfer_params say tp_size 1, but engine P's handshake recorded TP 2: refused, recomputed")
+    del ok["tp_size"]
+    got = decide(CORRECTED, 1, ok, "P", 8, 0.0)
+    assert got is not None and "lack tp_size" in got[1]  # H12's fix: required, never `.get("tp_size", 1)`
+
+
 def test_dropped_params_recompute_and_p_holds_until_expiry() -> None:
     assert set(verdicts("0.34.0", ["drop-params"])) == {"recomputed"}
     _, acc = simulate(line_of("0.34.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-params"], 8))
@@ -169,7 +191,7 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
                                        "requests-push-lost-completion.toml", "requests-push-slow-decode.toml",
                                        "requests-prefill-restart.toml", "requests-heartbeat-loss.toml",
                                        "requests-read-failure.toml", "requests-abort-mid-transfer.toml",
-                                       "requests-push-write-failure.toml"}
+                                       "requests-push-write-failure.toml", "requests-wrong-tp-52276.toml"}
     assert smoke.requests_files(scenarios / "requests") == files
     plans = smoke.requests_plans(scenarios)
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
@@ -290,6 +312,9 @@ def test_push_bad_and_dropped_params() -> None:
     assert push_verdicts("0.26.0", ["bad-params:missing-request-id:1"])[1] == "delivered"  # no heartbeat only
     assert push_verdicts("corrected", ["bad-params:missing-request-id:1"])[1] == "recomputed"
     assert push_verdicts("0.34.0", ["bad-params:wrong-engine:1"])[1] == "error"  # push_reg_handshake_failed
+    # PUSH_REG's remote_tp_size only feeds a known engine's no-op _ensure_handshake; P WRITEs by decode_tp_size
+    assert push_verdicts("0.26.0", ["bad-params:wrong-tp:1"])[1] == "delivered"
+    assert push_verdicts("corrected", ["bad-params:wrong-tp:1"])[1] == "recomputed"
     from pdcheck.requests import push
 
     out, acc = push.simulate(line_of("0.34.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-params"], 8))

@@ -28,7 +28,7 @@ EPILOG = """[bold]Examples[/]
 
 Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request, p=SHARE: that fraction of them picked
 by --seed, default every one): slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
-bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id, drop-params, restart-p:REQ[:rank=R],
+bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id|wrong-tp, drop-params, restart-p:REQ[:rank=R],
 read-fail, hold:SECONDS, heartbeat-loss:SECONDS, abort-d. In push mode drop-notif and delay-notif hit P's
 completion notification to D.
 

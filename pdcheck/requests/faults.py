@@ -10,7 +10,7 @@ import msgspec
 
 from pdcheck.errors import BadInput
 
-BAD_KINDS = ("out-of-range", "reused-ids", "wrong-engine", "missing-request-id")
+BAD_KINDS = ("out-of-range", "reused-ids", "wrong-engine", "missing-request-id", "wrong-tp")
 MAX_SECONDS = 600.0
 
 # name -> (takes seconds, takes a kind, usage)

@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from pdcheck.releases.rules import msg_engine_id
-from pdcheck.requests.faults import Fault, pick
+from pdcheck.requests.faults import P_RANKS, Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read
 
 VERDICTS = ("delivered", "wrong", "freed-early", "hang", "error", "recomputed", "aborted")
@@ -75,7 +75,22 @@ def apply_bad(params: dict[str, Any], kind: str, p_blocks: int, earlier: list[in
         out["remote_engine_id"] = f"{params['remote_engine_id']}-other"
     elif kind == "missing-request-id":
         out.pop("remote_request_id", None)
+    elif kind == "wrong-tp":
+        # P runs TP P_RANKS; a router (or a hand-made request) says twice that. Lines before 0.9.2 hand out no
+        # tp_size, but a router can still add one (they never read it from the params).
+        out["tp_size"] = 2 * P_RANKS
     return out
+
+
+def tp_refusal(params: dict[str, Any], p_tp: int) -> str | None:
+    """The corrected path's tp_size check (H12's fix: require tp_size and cross-check it against the TP D recorded
+    at its handshake with that engine). vLLM, with the engine already known, never looks: see lines.py."""
+    tp = params.get("tp_size")
+    if tp == p_tp:
+        return None
+    said = "lack tp_size" if tp is None else f"say tp_size {tp!r}"
+    return f"kv_transfer_params {said}, but engine {params.get('remote_engine_id')}'s handshake recorded TP " \
+           f"{p_tp}: refused, recomputed"
 
 
 def on_failure(line: Lifecycle, req: int, failure_type: str, error: str) -> tuple[str, str]:
@@ -89,8 +104,9 @@ def on_failure(line: Lifecycle, req: int, failure_type: str, error: str) -> tupl
 
 
 def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: str, p_blocks: int,
-           now: float) -> tuple[str, str] | None:
-    """What D does with the params before any READ: None (read), or (verdict, detail)."""
+           now: float, p_tp: int = P_RANKS) -> tuple[str, str] | None:
+    """What D does with the params before any READ: None (read), or (verdict, detail). p_tp: P's TP as D's
+    handshake with the engine recorded it (the request path's P runs P_RANKS ranks)."""
     if params is None:
         return "recomputed", "no kv_transfer_params: D prefills the prompt itself"
     if "remote_request_id" in line.keys and "remote_request_id" not in params:
@@ -110,6 +126,9 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
         if bad:
             return "recomputed", f"remote block id {bad[0]} out of range (P has {p_blocks} blocks): refused, " \
                                  "recomputed"
+        wrong_tp = tp_refusal(params, p_tp)
+        if wrong_tp is not None:
+            return "recomputed", wrong_tp
     return None
 
 

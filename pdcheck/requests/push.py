@@ -52,7 +52,7 @@ from typing import Any
 import msgspec
 
 from pdcheck.releases.rules import msg_engine_id
-from pdcheck.requests.faults import Fault, pick
+from pdcheck.requests.faults import P_RANKS, Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 from pdcheck.requests.model import (
     DISCONNECT,
@@ -67,6 +67,7 @@ from pdcheck.requests.model import (
     on_failure,
     params_for,
     run_end,
+    tp_refusal,
 )
 
 MODES = ("pull", "push")
@@ -159,10 +160,12 @@ def expected_notifs(p_tp: int = 1, d_world: int = 1, pp_size: int = 1) -> int:
     return pp_size * max(1, p_tp // d_world)
 
 
-def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: float) -> tuple[str, str] | None:
+def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: float,
+           p_tp: int = P_RANKS) -> tuple[str, str] | None:
     """What D does with the params before it registers: None (register), or (verdict, detail). The block ids do not
     matter (D never reads P's memory); a missing remote_request_id only stops the heartbeats, except on the
-    corrected path, which checks every key."""
+    corrected path, which checks every key. A wrong tp_size goes into PUSH_REG's remote_tp_size, which only feeds
+    D's _ensure_handshake (a no-op for a known engine); P WRITEs by decode_tp_size (0.26.0, 0.34.0 push code)."""
     if params is None:
         return "recomputed", "no kv_transfer_params: D prefills the prompt itself (no PUSH_REG)"
     if line is CORRECTED:
@@ -171,6 +174,9 @@ def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: f
         expiry = params.get("remote_blocks_expiry_time")
         if expiry is not None and now >= expiry:
             return "recomputed", "lease passed before D got the params: no PUSH_REG, prefill recomputed"
+        wrong_tp = tp_refusal(params, p_tp)
+        if wrong_tp is not None:
+            return "recomputed", wrong_tp
     if params.get("remote_engine_id") != p_engine:
         return on_failure(line, 0, "push_reg_handshake_failed", "RuntimeError: "
                           + msg_engine_id(str(params.get("remote_engine_id")), p_engine))
