@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -257,10 +257,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         nonlocal inc
         inc += 1
         acc.restarts += 1
-        for r in reqs.values():
-            if r.holding:
-                r.holding, r.deadline = False, math.inf
-                acc.lost += 1
+        lose_held(reqs.values(), acc)
         free[:] = range(pool)
         owner.clear()
         gen[:] = [0] * pool
@@ -350,14 +347,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             r.params = params
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and not lost:
-                # D's scheduler tracks it from here: heartbeats every lease/6 until the read, each pushing the
-                # lease to at least its time + the release's extension
-                beats = int(hold_s // (expiry / 6))
-                acc.heartbeats += 1 + beats
-                renewed = t + beats * (expiry / 6) + line.lease_extension(expiry)
-                if r.holding and renewed > r.deadline:
-                    r.deadline = renewed
-                    push(r.deadline, "expire", i)
+                # D's scheduler tracks it from here: heartbeats until the read
+                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i))
             if hold_s > 0:
                 push(t + hold_s, "read", i)
             else:
@@ -381,6 +372,27 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         out[i] = Outcome(i, "hang", hang_detail(line, pool))
     count_still_held(reqs.values(), acc)
     return [out[i] for i in range(requests)], acc
+
+
+def renew(line: Lifecycle, expiry: float, t: float, hold_s: float, r: Any, acc: Accounting,
+          expire_at: Callable[[float], None]) -> None:
+    """D's scheduler heartbeats request r from when it takes it (t) every lease/6 until its READ (pull) or its
+    PUSH_REG (push), hold_s later: P counts them and its lease runs to at least the last one's time + the
+    release's extension (expire_at: the expiry event, moved there)."""
+    beats = int(hold_s // (expiry / 6))
+    acc.heartbeats += 1 + beats
+    renewed = t + beats * (expiry / 6) + line.lease_extension(expiry)
+    if r.holding and renewed > r.deadline:
+        r.deadline = renewed
+        expire_at(renewed)
+
+
+def lose_held(reqs: Iterable[Any], acc: Accounting) -> None:
+    """restart-p: the blocks every request held die with P's old process (lost; nothing frees them now)."""
+    for r in reqs:
+        if r.holding:
+            r.holding, r.deadline = False, math.inf
+            acc.lost += 1
 
 
 def count_still_held(reqs: Iterable[Any], acc: Accounting) -> None:

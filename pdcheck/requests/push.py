@@ -64,8 +64,10 @@ from pdcheck.requests.model import (
     count_still_held,
     hang_detail,
     held_for,
+    lose_held,
     on_failure,
     params_for,
+    renew,
     run_end,
     tp_refusal,
 )
@@ -295,10 +297,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         nonlocal inc
         inc += 1
         acc.restarts += 1
-        for r in reqs.values():
-            if r.holding:
-                r.holding, r.deadline = False, math.inf
-                acc.lost += 1
+        lose_held(reqs.values(), acc)
         free[:] = range(pool)
         gen[:] = [0] * pool
 
@@ -375,12 +374,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and "remote_request_id" in prm and not lost and d_inc == inc:
                 # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until the PUSH_REG
-                beats = int(hold_s // (expiry / 6))
-                acc.heartbeats += 1 + beats
-                renewed = t + beats * (expiry / 6) + line.lease_extension(expiry)
-                if r.holding and renewed > r.deadline:
-                    r.deadline = renewed
-                    push(r.deadline, "expire", i)
+                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i))
             if hold_s > 0:
                 push(t + hold_s, "register", i)
             else:
