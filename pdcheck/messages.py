@@ -346,7 +346,7 @@ class ReqReady(msgspec.Struct, tag=True):
     num_blocks: int
     setup_ms: float
     incarnation: int = 0  # restart-p: which process of this P rank (its registration generation - 1)
-    side_host: str = ""  # P: where its side-channel listener is bound (D: none)
+    side_host: str = ""  # where its side-channel listener is bound (D's serves in push mode)
     side_port: int = 0
 
 
@@ -361,7 +361,8 @@ class ReqSide(msgspec.Struct, frozen=True):
 
 
 class ReqHandshook(msgspec.Struct, tag=True):
-    """D made one side-channel handshake (error: why it failed, "" when it loaded P's metadata)."""
+    """One side-channel handshake (D with P; in push mode P with D too) (error: why it failed, "" when it loaded
+    the peer's metadata)."""
 
     endpoint: str
     wire: str
@@ -374,7 +375,6 @@ class ReqBegin(msgspec.Struct, tag=True):
     line: str
     lease_s: float | None  # None: the line's default (or no expiry)
     blocks_per_request: int
-    peer: ReqReady | None = None  # push mode, to P: D's agent and blocks (P WRITEs into them)
     failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
     mode: str = "pull"  # "push": D registers (PUSH_REG), P WRITEs into D's blocks and notifies D
     side: ReqSide | None = None  # P's side channel: P serves this line's wire on it, D handshakes over it
@@ -453,6 +453,8 @@ class ReqAccount(msgspec.Struct, tag=True):
     heartbeats: int
     notif_errors: list[str]
     write_failed: list[int] = []  # push mode: requests whose WRITE failed on P (D is never told)
+    handshakes: list[ReqHandshook] = []  # push mode: P's handshakes with D over D's side channel in this line
+    handshake_failed: list[int] = []  # push mode: requests whose WRITE P skipped (its handshake with D failed)
 
 
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal

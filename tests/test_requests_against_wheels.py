@@ -314,3 +314,41 @@ def test_failure_policy(release: str) -> None:
         assert line.failure_log.startswith("NIXL transfer failure: ")
     else:
         assert not line.failure_log.startswith("NIXL transfer failure")
+
+
+# ---- push mode: D's PUSH_REG names D's side channel; P handshakes with D there before its WRITE
+def _push_releases() -> list[str]:
+    from pdcheck.requests import push
+
+    return [r for r in RELEASES if push.available(key(r))
+            and (SRC / r / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/push_worker.py").is_file()]
+
+
+PUSH_RELEASES = _push_releases()
+
+
+@pytest.mark.parametrize("release", PUSH_RELEASES)
+def test_push_registration_names_ds_side_channel_and_p_handshakes_there(release: str) -> None:
+    import ast
+
+    import msgspec
+
+    from pdcheck.requests import push
+
+    nixl = SRC / release / "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+    staged = next(n.value for n in ast.walk(ast.parse((nixl / "push_scheduler.py").read_text()))
+                  if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+                  and "_push_pending_registrations" in ast.unparse(n.targets[0]))
+    fields = {ast.literal_eval(k): ast.unparse(v) for k, v in zip(staged.keys, staged.values, strict=True) if k}
+    ours = msgspec.msgpack.decode(push.registration("r-0a1b2c3d", "D", "h", 7, [1], {})[len(push.PUSH_REG_PREFIX):])
+    assert set(fields) == set(ours)
+    assert (fields["decode_host"], fields["decode_port"]) == ("self.side_channel_host", "self.side_channel_port")
+    worker = (nixl / "push_worker.py").read_text()
+    start = worker[worker.index("def _do_start_push_kv"):]
+    start = start[:start.index("\n    def ", 10)]
+    assert 'registration_data["decode_host"]' in start or "decode_host," in start  # P dials D's side channel
+    line = line_of(release)
+    if push.handshake_joins(line):  # the handshake executor's future; the WRITE deferred until it is done
+        assert "self._ensure_handshake(" in start and 'failure_type="push_handshake_failed"' in start
+    else:  # 0.26: blocking on the writer, one try per request
+        assert "_ensure_d_handshake(" in start and '"Failed handshake to D %s for push %s"' in worker

@@ -1,6 +1,8 @@
 """`pdcheck requests`' side-channel handshake: D fetches P's metadata over real ZMQ (P's Listener, D's fetch and
 the release's strict decoder); a P whose listener never answers is each release's verdict within its timeout,
-never a hang of the run; a reply in another era is the release's decode error."""
+never a hang of the run; a reply in another era is the release's decode error. In push mode P handshakes with D
+over D's side channel (named by D's PUSH_REG) before its first WRITE; a D that never answers is each release's
+hang, never the run's."""
 
 from __future__ import annotations
 
@@ -105,3 +107,44 @@ def test_side_for_maps_each_release_to_its_wire_era_and_corrected_to_the_newest(
     assert eras["0.9.0"].timeout_ms is None and eras["0.11.1"].timeout_ms == 5000
     assert eras["0.9.0"].compat_hash is None and eras["corrected"].compat_hash
     assert isinstance(eras["corrected"], m.ReqSide)
+
+
+def test_push_p_handshakes_with_d_over_ds_side_channel_and_table_agrees_with_json(pdcheck):
+    args = ("requests", "--vllm", "0.26.0,0.34.0", "--mode", "push", "--requests", "4", "--lease", "0.5")
+    doc = pdcheck(*args, "--json", timeout=120).json()
+    for rel in [*doc["releases"], doc["corrected"]]:
+        assert [r["verdict"] for r in rel["rows"]] == ["delivered"] * 4, rel["rows"]
+        p_hs, d_hs = rel["p_handshake"], rel["handshake"]
+        # one handshake per line, at D's first PUSH_REG, to D's own listener (not P's), in the line's wire era
+        assert (p_hs["handshakes"], p_hs["failed"], p_hs["wire"]) == (1, "", d_hs["wire"]), p_hs
+        assert p_hs["endpoint"].startswith("tcp://127.0.0.1:") and p_hs["endpoint"] != d_hs["endpoint"]
+        assert rel["accounting"]["freed"] == 4  # every WRITE went out once the handshake loaded D's agent
+    table = pdcheck(*args, timeout=120)
+    assert table.code == 0, table.err
+    line = next(ln for ln in table.out.splitlines() if ln.startswith("P's handshakes over D's side channel"))
+    assert "tcp://127.0.0.1:" in line
+    assert "0.26.0 1 (era H), 0.34.0 1 (era H34), corrected 1 (era H34)" in line
+
+
+def test_push_d_side_channel_that_never_answers_is_each_releases_hang_not_the_runs():
+    t0 = time.monotonic()
+    out = run([("0.26.0", line_of("0.26.0")), ("0.34.0", line_of("0.34.0"))],
+              Options(requests=2, rate=20.0, lease_s=0.5, mode="push", mute_d_side=True))
+    took = time.monotonic() - t0
+    by = {r.release: r for r in out}
+    for rel in ("0.26.0", "0.34.0"):
+        r = by[rel]
+        # P skips the WRITE: D is never told (a hang), P's blocks wait for the lease
+        assert [o.verdict for o in r.outcomes] == ["hang"] * 2, r.outcomes
+        assert "P's handshake with D's side channel failed (zmq.error.Again" in r.outcomes[0].detail
+        assert (r.accounting.freed, r.accounting.expired) == (0, 2)
+        assert r.p_handshake is not None and "no reply from D's side channel" in r.p_handshake.failed
+        assert r.handshake is not None and not r.handshake.failed  # D's handshake with P went through
+    # 0.26 handshakes per request on its writer thread; 0.28+ requests wait on one handshake's future
+    assert by["0.26.0"].p_handshake.handshakes == 2 and by["0.34.0"].p_handshake.handshakes == 1
+    assert sum("Failed handshake to D pdcheck-req-D for push" in e for e in by["0.26.0"].notif_errors) == 2
+    assert sum("NIXL transfer failure: push_handshake_failed" in e for e in by["0.34.0"].notif_errors) == 2
+    # the corrected D gives up a lease after its PUSH_REG
+    assert [o.verdict for o in by["corrected"].outcomes] == ["recomputed"] * 2
+    # four 5 s handshakes, each the release's recv timeout; nothing waits for the run's own limit
+    assert took < 60, took

@@ -242,18 +242,22 @@ def test_push_registration_and_completion_formats() -> None:
     from pdcheck.requests import push
 
     p = push.params(line_of("0.34.0"), 0, [4, 5], "P", 5600, 1, None, [1, 1], "req-1.0")
-    raw = push.registration(push.d_request_id("req-1.0"), "D", [7, 9], p)
+    raw = push.registration(push.d_request_id("req-1.0"), "D", "127.0.0.1", 5601, [7, 9], p)
     assert raw.startswith(b"PUSH_REG:")
     reg = msgspec.msgpack.decode(raw[len(b"PUSH_REG:"):])
     assert set(reg) == {"request_id", "decode_engine_id", "decode_host", "decode_port", "decode_tp_size",
                         "local_block_ids", "remote_engine_id", "remote_host", "remote_port", "remote_tp_size",
                         "remote_pp_size"}
     assert reg["local_block_ids"] == [[7, 9]] and reg["remote_engine_id"] == "P"
-    rid, blocks = push.parse_registration(raw)
+    assert (reg["decode_host"], reg["decode_port"]) == ("127.0.0.1", 5601)  # D's side channel: P handshakes there
+    got = push.parse_registration(raw)
+    assert isinstance(got, push.Registration) and (got.engine_id, got.host, got.port) == ("D", "127.0.0.1", 5601)
+    rid, blocks = got.request_id, got.blocks
     assert blocks == [7, 9] and rid != "req-1.0" and push.base_id(rid) == "req-1.0"  # vLLM's -<8 hex> suffix
     assert push.base_id("req-1.0") == "req-1.0"
-    assert push.parse_registration(b"PUSH_REG:" + msgspec.msgpack.encode({"request_id": "r", "local_block_ids":
-                                                                          [1, 2]})) == ("r", [1, 2])  # flat: 1 group
+    flat = push.parse_registration(b"PUSH_REG:" + msgspec.msgpack.encode({"request_id": "r", "local_block_ids":
+                                                                          [1, 2]}))
+    assert flat == push.Registration("r", [1, 2])  # flat: 1 group; no side channel named: P's handshake fails
     assert "decode" in push.parse_registration(b"PUSH_REG:\xc1")  # not msgpack: dropped, with vLLM's log line
     assert "missing request_id" in push.parse_registration(b"PUSH_REG:" + msgspec.msgpack.encode([1]))
     assert push.completion("req-1.0-0a1b2c3d") == b"req-1.0-0a1b2c3d:1"

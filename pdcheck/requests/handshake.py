@@ -5,10 +5,16 @@ it with that release's strict decoder (wire.strict_decode: decoding is validatio
 replaced P binds the port of the one it replaces, as a restarted vLLM P keeps its configured port. A handshake
 that fails (no answer within the release's recv timeout, a reply the release cannot decode) is D's verdict for
 the line's requests, never a hang of the run.
+
+In push mode (NixlPushConnector, 0.26+) P also handshakes with D before its first WRITE: D serves its own metadata
+on the same kind of listener (PSide, D's values), its PUSH_REG names that side channel, and P fetches it with the
+same fetch and decoder (DSide(peer="D")), in the background (Background), as vLLM's P does off its engine loop.
 """
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 import msgspec
@@ -104,10 +110,12 @@ class HandshakeFailed(Exception):
 
 
 class DSide:
-    """D's side of the handshake: one ZMQ context, a fresh REQ per handshake (sidechannel.fetch)."""
+    """The fetching side of the handshake: one ZMQ context, a fresh REQ per handshake (sidechannel.fetch). D's in
+    pull mode; P's too in push mode (peer "D": whose side channel it asks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, peer: str = "P") -> None:
         self.ctx = zmq.Context()
+        self.peer = peer
 
     def fetch(self, side: m.ReqSide) -> AnyMeta:
         """P's metadata, decoded as the release decodes it; HandshakeFailed with the release's text."""
@@ -117,11 +125,11 @@ class DSide:
             frames = fetch(self.ctx, side.host, side.port, fmt, 0, wait)
         except FetchTimeout:
             if side.timeout_ms is None:
-                raise HandshakeFailed(f"no reply from P's side channel {endpoint(side)}: this release blocks in "
+                raise HandshakeFailed(f"no reply from {self.peer}'s side channel {endpoint(side)}: this release blocks in "
                                       f"recv() with no timeout (reported after pdcheck's {wait} ms)",
                                       blocking=True) from None
-            raise HandshakeFailed(f"zmq.error.Again: Resource temporarily unavailable (no reply from P's side "
-                                  f"channel {endpoint(side)} within {wait} ms)") from None
+            raise HandshakeFailed(f"zmq.error.Again: Resource temporarily unavailable (no reply from {self.peer}'s "
+                                  f"side channel {endpoint(side)} within {wait} ms)") from None
         except FetchRefused as exc:
             raise HandshakeFailed(f"pdcheck refused the side channel's reply: {exc}") from None
         try:
@@ -132,3 +140,51 @@ class DSide:
 
     def close(self) -> None:
         self.ctx.destroy(0)
+
+
+class Background:
+    """One handshake at a time off the caller's loop (vLLM's P handshakes with D on a background executor, 0.28+,
+    or on its writer thread, 0.26: never on the engine loop). The fetch ends within the release's recv timeout
+    (or pdcheck's HANG_WAIT_MS), so wait() is bounded."""
+
+    def __init__(self, peer: str) -> None:
+        self.fetcher = DSide(peer)
+        self.future: Future[AnyMeta] | None = None
+        self.side: m.ReqSide | None = None
+
+    def start(self, side: m.ReqSide) -> None:
+        fut: Future[AnyMeta] = Future()
+        self.future, self.side = fut, side
+
+        def work() -> None:
+            try:
+                fut.set_result(self.fetcher.fetch(side))
+            except HandshakeFailed as exc:
+                fut.set_exception(exc)
+            except Exception as exc:  # noqa: BLE001 - reported as the handshake's failure, never lost in a thread
+                fut.set_exception(HandshakeFailed(f"{type(exc).__name__}: {exc}"))
+
+        threading.Thread(target=work, name="pdcheck-push-handshake", daemon=True).start()
+
+    @property
+    def busy(self) -> bool:
+        return self.future is not None
+
+    def result(self, wait_s: float | None = 0.0) -> AnyMeta | HandshakeFailed | None:
+        """The finished handshake's metadata or failure (None: none, or still running after wait_s)."""
+        fut = self.future
+        if fut is None or (wait_s == 0.0 and not fut.done()):
+            return None
+        try:
+            exc = fut.exception(timeout=wait_s)
+        except TimeoutError:
+            return None
+        self.future = None
+        if exc is not None:
+            return exc if isinstance(exc, HandshakeFailed) else HandshakeFailed(str(exc))
+        return fut.result()
+
+    def close(self) -> None:
+        if self.future is not None:
+            self.result(wait_s=None)  # bounded by the fetch's own timeout: its socket goes before the context
+        self.fetcher.close()

@@ -8,6 +8,11 @@ Facts from the 0.26.0 and 0.34.0 wheels (nixl/push_scheduler.py, push_worker.py,
   pipeline stage), reg = {request_id (D's), decode_engine_id, decode_host, decode_port, decode_tp_size,
   local_block_ids (D's, per group), remote_engine_id, remote_host, remote_port, remote_tp_size, remote_pp_size}.
   D ignores `remote_block_ids` (it seeds them to ()) and never reads P's memory.
+* P handshakes with D before its first WRITE to it: the PUSH_REG's decode_host / decode_port name D's own side
+  channel, and P's _ensure_handshake (0.28+: on the background executor, the WRITE deferred until it is done, a
+  failure logged as push_handshake_failed; 0.26: _ensure_d_handshake, blocking on the writer, "Failed handshake to
+  D ... for push ...") fetches D's metadata there, cached by D's engine id. A failed handshake skips the WRITE:
+  P's blocks wait for the lease and D waits (nothing tells it).
 * P's writer matches a registration with a finished request by id: exact, then with the `-<8 hex>` suffix
   stripped from both (get_base_request_id). It WRITEs its blocks into D's with notif_msg
   `"{D request id}:{P world_size}"` and frees its blocks when its own WRITE handles are done (no notification
@@ -124,9 +129,21 @@ def base_id(request_id: str) -> str:
     return _SUFFIX.sub("", request_id)
 
 
-def registration(d_rid: str, d_engine: str, d_blocks: list[int], p_params: dict[str, Any]) -> bytes:
-    """D's PUSH_REG notification, as its scheduler stages it and its writer sends it."""
-    reg = {"request_id": d_rid, "decode_engine_id": d_engine, "decode_host": "127.0.0.1", "decode_port": 0,
+class Registration(msgspec.Struct, frozen=True):
+    """What P reads from a PUSH_REG: D's request id and blocks, and D's side channel (P's handshake with D)."""
+
+    request_id: str
+    blocks: list[int]
+    engine_id: str = ""
+    host: str = ""
+    port: int = 0
+
+
+def registration(d_rid: str, d_engine: str, d_host: str, d_port: int, d_blocks: list[int],
+                 p_params: dict[str, Any]) -> bytes:
+    """D's PUSH_REG notification, as its scheduler stages it and its writer sends it: decode_host / decode_port
+    name D's own side channel (side_channel_host / side_channel_port), where P handshakes with D."""
+    reg = {"request_id": d_rid, "decode_engine_id": d_engine, "decode_host": d_host, "decode_port": d_port,
            "decode_tp_size": 1, "local_block_ids": [list(d_blocks)],
            "remote_engine_id": p_params.get("remote_engine_id"), "remote_host": p_params.get("remote_host"),
            "remote_port": p_params.get("remote_port"), "remote_tp_size": p_params.get("tp_size", 1),
@@ -134,8 +151,8 @@ def registration(d_rid: str, d_engine: str, d_blocks: list[int], p_params: dict[
     return PUSH_REG_PREFIX + msgspec.msgpack.encode(reg)
 
 
-def parse_registration(raw: bytes) -> tuple[str, list[int]] | str:
-    """P's side: (D's request id, D's blocks), or why P drops it (its log line). msgpack only, never pickle."""
+def parse_registration(raw: bytes) -> Registration | str:
+    """P's side: the registration, or why P drops it (its log line). msgpack only, never pickle."""
     try:
         reg = msgspec.msgpack.decode(raw[len(PUSH_REG_PREFIX):])
     except msgspec.DecodeError:
@@ -149,7 +166,29 @@ def parse_registration(raw: bytes) -> tuple[str, list[int]] | str:
     blocks = groups[0] if groups else []
     if not all(isinstance(b, int) and not isinstance(b, bool) for b in blocks):
         return f"PUSH_REG for {rid}: block ids are not integers; dropping"
-    return rid, [int(b) for b in blocks]
+    host, port, engine = reg.get("decode_host"), reg.get("decode_port"), reg.get("decode_engine_id")
+    if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool) or not 0 <= port < 65536:
+        host, port = "", 0  # P's handshake with D then fails (vLLM's would raise on the KeyError / bad path)
+    return Registration(rid, [int(b) for b in blocks], engine if isinstance(engine, str) else "", host, port)
+
+
+def handshake_joins(line: Lifecycle) -> bool:
+    """0.28+ (and the corrected path): P's handshake with D runs on the background executor and every PUSH_REG
+    that comes while it runs waits on the same future (_ensure_handshake), so one failure fails them all. 0.26:
+    the writer thread handshakes per request (_ensure_d_handshake, blocking), so each waiting request tries again."""
+    return line is CORRECTED or line.first >= (0, 28, 0)
+
+
+def handshake_failure_log(line: Lifecycle, d_engine: str, d_rid: str, error: str) -> str:
+    """What P logs for a request whose handshake with D failed (its WRITE is skipped)."""
+    if handshake_joins(line):
+        return f"NIXL transfer failure: push_handshake_failed | request {d_rid}: {error}"
+    return f"Failed handshake to D {d_engine} for push {d_rid}: {error}"
+
+
+def hang_handshake(log: str) -> str:
+    return (f"P's handshake with D's side channel failed ({log}): P never WRITEs, its blocks wait for the lease, "
+            f"and D waits ({WATCHDOG} only drops the registration)")
 
 
 def completion(d_rid: str, p_world: int = 1) -> bytes:

@@ -23,8 +23,9 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import BlockCheck, KVCache, block_descs, check_blocks, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL, int32_ids, no_memory_hooks
 from pdcheck.ranks import Role, run_rank, served_metadata
+from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests import push
-from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
+from pdcheck.requests.handshake import Background, DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.requests.model import GEN_WRAP, abort_detail, decide, on_failure, params_for
 from pdcheck.wire import AnyMeta
@@ -157,7 +158,7 @@ class RequestsP(RequestsRole):
         by_id: dict[str, int] = {}
         epoch = 0  # which line of the run: request ids differ between lines
         mode = "pull"
-        d_side: _PushTarget | None = None  # push mode: D's agent and blocks, loaded once (the P->D handshake)
+        d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
         notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
@@ -210,8 +211,9 @@ class RequestsP(RequestsRole):
             nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side
             if isinstance(msg, m.ReqBegin):
                 mode = msg.mode
-                if msg.peer is not None and d_side is None:
-                    d_side = _PushTarget(self, msg.peer)
+                if mode == "push":
+                    d_side = d_side or _PushTarget(self)
+                    d_side.begin(line_of(msg.line), msg.side)
                 if msg.side is not None:
                     side.begin(msg.side)  # this line's era from now on; D handshakes once the parent hears so
                     out.send(m.Serving(self.spec.tp_rank, [side.port]))
@@ -235,8 +237,11 @@ class RequestsP(RequestsRole):
                 waiting.append(msg.request)
                 admit()
             elif isinstance(msg, m.ReqEnd):
+                if d_side is not None:  # a handshake with D still running ends first (within its timeout)
+                    for i in d_side.finish(held, notif_faults, pending, errors):
+                        release(i, "written")
                 out.send(m.ReqAccount(sorted(held), list(waiting), late, beats, errors,
-                                      d_side.take_failed() if d_side is not None else []))
+                                      *(d_side.take() if d_side is not None else ())))
                 held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
                 waiting.clear()
 
@@ -253,6 +258,8 @@ class RequestsP(RequestsRole):
                 if isinstance(msg, m.Stop):
                     out.flush()
                     side.close()
+                    if d_side is not None:
+                        d_side.hs.close()
                     return
                 handle(msg)
             notifs = self.agent.notifs()
@@ -261,9 +268,9 @@ class RequestsP(RequestsRole):
                 for raw in got:
                     if raw.startswith(push.PUSH_REG_PREFIX):  # push mode: D registered its blocks
                         if d_side is None:
-                            errors.append("PUSH_REG before P knows D's agent; dropping")
+                            errors.append("PUSH_REG outside push mode; dropping")
                             continue
-                        done = d_side.write(raw, held, by_id, notif_faults, pending, errors)
+                        done = d_side.register(raw, held, by_id, notif_faults, pending, errors)
                         if done is None:
                             late += 1  # no held request matches it: the lease freed the blocks first
                         elif done >= 0:
@@ -286,6 +293,9 @@ class RequestsP(RequestsRole):
                         release(i, "notif")
                     else:
                         late += 1
+            if d_side is not None and d_side.hs.busy:  # push: the WRITEs that waited for P's handshake with D
+                for i in d_side.poll(held, notif_faults, pending, errors):
+                    release(i, "written")
             now = time.time()
             side.poll(now)
             for when, agent, note in [x for x in pending if x[0] <= now]:
@@ -302,7 +312,14 @@ class RequestsP(RequestsRole):
 
 
 class RequestsD(RequestsRole):
-    """D's scheduler and worker: decide on the forwarded params, heartbeat, READ, check, notify."""
+    """D's scheduler and worker: decide on the forwarded params, heartbeat, READ, check, notify; in push mode D
+    also serves its own side channel (handshake.PSide with D's metadata), where P handshakes with D."""
+
+    def ready(self) -> m.Msg:
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=1, kv_cache_layout="HND",
+                                 device_id=0)
+        self.own = PSide(self.host, 0, values, self.spec.mute_side)
+        return msgspec.structs.replace(super().ready(), side_host=self.own.host, side_port=self.own.port)
 
     def run(self) -> None:
         self.line: Lifecycle = CORRECTED
@@ -338,6 +355,7 @@ class RequestsD(RequestsRole):
                     self.settle()
                     out.flush()
                     self.hs.close()
+                    self.own.close()
                     return
                 self.turn(msg, waiter)
                 if out.due():
@@ -366,7 +384,7 @@ class RequestsD(RequestsRole):
             self.pending.clear()  # a delayed notification of the last line is never sent into this one
             self.held.clear()
             self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
-            waiter.reset(msg.mode, self.expiry_s)
+            waiter.reset(msg.mode, self.expiry_s, msg.side)
             if msg.side is not None:
                 self.side = msg.side
                 self.handshake()  # a new line is a fresh deployment: D handshakes with the P running now
@@ -406,18 +424,10 @@ class RequestsD(RequestsRole):
         """The handshake's end: load P's agent and prep its blocks (dropping a replaced agent first)."""
         agent, kv = self.agent, self.kv
         if self.peer is not None:
-            agent.release_dlist(self.remote)
-            try:
-                agent.remove_remote(self.peer.agent)
-            except NixlCallError:
-                pass  # its process is gone; forgetting it is all that is left to do
+            _forget(agent, self.remote, self.peer.agent)
         if self.local is None:
             self.local = agent.prep(LOCAL, kv.descs(kv.block_len, 0), kv.mem_type, "local")
-        name = agent.add_remote(meta.agent_metadata)
-        # P's block length as it served it (era A serves none: the same as D's)
-        bl = meta.block_lens[0] if meta.block_lens else meta.block_len or kv.block_len
-        self.remote = agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, bl, 0),
-                                 kv.mem_type, "P's blocks")
+        name, self.remote = _load_remote(agent, kv, meta, "P's blocks")
         self.peer = m.ReqReady(0, meta.engine_id, name, meta.agent_metadata, meta.kv_caches_base_addr,
                                meta.num_blocks, 0.0, self.registrations - 1)
 
@@ -691,6 +701,23 @@ class RequestsD(RequestsRole):
         return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
 
 
+def _load_remote(agent: Any, kv: KVCache, meta: AnyMeta, what: str) -> tuple[str, Any]:
+    """The end of a handshake: load the peer's agent and prep its blocks as it served them (its block length; era
+    A serves none: the same as ours)."""
+    name = agent.add_remote(meta.agent_metadata)
+    bl = meta.block_lens[0] if meta.block_lens else meta.block_len or kv.block_len
+    return name, agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, bl, 0), kv.mem_type,
+                            what)
+
+
+def _forget(agent: Any, dlist: Any, name: str) -> None:
+    agent.release_dlist(dlist)
+    try:
+        agent.remove_remote(name)
+    except NixlCallError:
+        pass  # its process is gone; forgetting it is all that is left to do
+
+
 class _Flight:
     """A READ D posted and has not finished."""
 
@@ -709,33 +736,108 @@ class _Hold:
 
 
 class _PushTarget:
-    """P's side of push mode (push_worker.py): D's agent and prepped blocks, matching D's PUSH_REG with a held
-    request, the WRITE of its coordinate/generation-tagged blocks with the completion notification attached."""
+    """P's side of push mode (push_worker.py): match D's PUSH_REG with a held request, handshake with D over D's
+    side channel (the PUSH_REG's decode_host / decode_port) before the first WRITE to it, in the background, the
+    WRITEs waiting for it; then WRITE the coordinate/generation-tagged blocks with the completion notification
+    attached. Once per line (a line is a fresh deployment; vLLM caches the handshake by D's engine id)."""
 
-    def __init__(self, role: RequestsP, d: m.ReqReady) -> None:
+    def __init__(self, role: RequestsP) -> None:
         self.role, self.agent = role, role.agent
-        self.d_agent = self.agent.add_remote(d.metadata)
-        bl = role.kv.block_len
-        self.d_blocks = d.num_blocks
-        self.remote = self.agent.prep(self.d_agent, block_descs(d.base_addrs, d.num_blocks, bl, bl, 0),
-                                      role.kv.mem_type, "D's blocks")
-        self.local = self.agent.prep(LOCAL, role.kv.descs(bl, 0), role.kv.mem_type, "local")
-        self.failed: list[int] = []
+        self.hs = Background("D")
+        self.line: Lifecycle = CORRECTED
+        self.side: m.ReqSide | None = None  # the line's wire: P speaks it on D's side channel
+        self.d_agent, self.d_meta, self.d_blocks = "", b"", 0
+        self.remote: Any = None
+        self.local = self.agent.prep(LOCAL, role.kv.descs(role.kv.block_len, 0), role.kv.mem_type, "local")
+        self.ready = False  # this line's handshake with D is done
+        self.deferred: list[tuple[int, push.Registration]] = []  # matched, waiting for the handshake
+        self.failed: list[int] = []  # WRITE failed
+        self.hs_failed: list[int] = []  # P's handshake with D failed: no WRITE
+        self.shakes: list[m.ReqHandshook] = []
 
-    def write(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
-              faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
-              errors: list[str]) -> int | None:
-        """The request written (its blocks can be freed), None (no held request matches), -1 (dropped/failed)."""
+    def begin(self, line: Lifecycle, side: m.ReqSide | None) -> None:
+        self.line, self.side, self.ready = line, side, False
+        self.deferred, self.failed, self.hs_failed, self.shakes = [], [], [], []
+
+    def register(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
+                 faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                 errors: list[str]) -> int | None:
+        """A PUSH_REG: the request written (its blocks can be freed), None (no held request matches), -1 (dropped,
+        failed, or waiting for the handshake with D)."""
         got = push.parse_registration(raw)
         if isinstance(got, str):
             errors.append(got)
             return -1
-        d_rid, d_blocks = got
         # _pop_matching_finished_blocks: the exact id, then the id without vLLM's random suffix
-        i = by_id.get(d_rid, by_id.get(push.base_id(d_rid), -1))
+        i = by_id.get(got.request_id, by_id.get(push.base_id(got.request_id), -1))
         if i not in held:
             return None
+        if self.ready:
+            return self.write(i, got, held, faults, pending, errors)
+        self.deferred.append((i, got))
+        if not self.hs.busy:
+            self._start(got)
+        return -1
+
+    def _start(self, reg: push.Registration) -> None:
+        assert self.side is not None
+        self.hs.start(msgspec.structs.replace(self.side, host=reg.host, port=reg.port))
+
+    def poll(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+             pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
+        """The handshake, if it ended: the requests written now."""
+        got = self.hs.result()
+        return [] if got is None else self._settle(got, held, faults, pending, errors)
+
+    def finish(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+               pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
+        """The line's end: every handshake still running, to its end (each within the release's timeout)."""
+        out: list[int] = []
+        while self.hs.busy:
+            got = self.hs.result(wait_s=None)
+            if got is not None:
+                out += self._settle(got, held, faults, pending, errors)
+        return out
+
+    def _settle(self, got: AnyMeta | HandshakeFailed, held: dict[int, _Held],
+                faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                errors: list[str]) -> list[int]:
+        side = self.hs.side
+        assert side is not None and self.deferred
+        expected = self.deferred[0][1].engine_id
+        if not isinstance(got, HandshakeFailed) and got.engine_id != expected:
+            got = HandshakeFailed(f"RuntimeError: {msg_engine_id(expected, got.engine_id)}")
+        self.shakes.append(m.ReqHandshook(endpoint(side), side.wire, str(got) if isinstance(got, HandshakeFailed)
+                                          else ""))
+        if isinstance(got, HandshakeFailed):
+            # 0.28+: every request waiting on the handshake's future fails with it; 0.26: one request per attempt.
+            # The WRITE is skipped: P's blocks wait for the lease, D is never told.
+            n = len(self.deferred) if push.handshake_joins(self.line) else 1
+            for i, reg in self.deferred[:n]:
+                errors.append(push.handshake_failure_log(self.line, reg.engine_id, reg.request_id, str(got)))
+                self.hs_failed.append(i)
+            del self.deferred[:n]
+            if self.deferred:
+                self._start(self.deferred[0][1])
+            return []
+        if got.agent_metadata != self.d_meta:  # D never changes in a run: loaded once, kept across lines
+            if self.d_agent:
+                _forget(self.agent, self.remote, self.d_agent)
+            self.d_agent, self.remote = _load_remote(self.agent, self.role.kv, got, "D's blocks")
+            self.d_meta, self.d_blocks = got.agent_metadata, got.num_blocks
+        self.ready = True
+        # A request whose lease ended while the handshake ran is no longer P's to WRITE (a loopback handshake
+        # takes milliseconds; vLLM would WRITE from the freed blocks).
+        done = [self.write(i, reg, held, faults, pending, errors) for i, reg in self.deferred if i in held]
+        self.deferred = []
+        return [i for i in done if i >= 0]
+
+    def write(self, i: int, reg: push.Registration, held: dict[int, _Held],
+              faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+              errors: list[str]) -> int:
+        """P's WRITE into D's registered blocks: the request (its blocks can be freed), or -1 (it failed)."""
         h = held[i]
+        d_rid, d_blocks = reg.request_id, reg.blocks
         drop, delay, fail = faults.get(i, (False, 0.0, False))
         note = push.completion(d_rid)
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
@@ -759,9 +861,10 @@ class _PushTarget:
             pending.append((time.time() + delay, self.d_agent, note))
         return i
 
-    def take_failed(self) -> list[int]:
-        """The requests whose WRITE failed in this line (reported with P's accounting)."""
-        out, self.failed = self.failed, []
+    def take(self) -> tuple[list[int], list[m.ReqHandshook], list[int]]:
+        """This line's failed WRITEs, P's handshakes with D, and the requests that handshake failed for."""
+        out = (self.failed, self.shakes, self.hs_failed)
+        self.failed, self.shakes, self.hs_failed = [], [], []
         return out
 
 
@@ -787,8 +890,10 @@ class _PushWaiter:
     def busy(self) -> bool:
         return bool(self.waiting or self.held)
 
-    def reset(self, mode: str, expiry_s: float | None) -> None:
+    def reset(self, mode: str, expiry_s: float | None, side: m.ReqSide | None) -> None:
         self.mode, self.expiry_s = mode, expiry_s
+        if mode == "push" and side is not None:
+            self.role.own.begin(side)  # D's side channel serves this line's wire: P handshakes there
         self.free = deque(range(self.role.kv.num_blocks))
         self.waiting.clear()  # requests of the last line that never completed stay hung there
         self.kept.clear()
@@ -839,8 +944,9 @@ class _PushWaiter:
         deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
         self.waiting[d_rid] = (msg, blocks, deadline)
         try:
-            self.role.agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, blocks,
-                                                                     msg.params))
+            own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
+            self.role.agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, own.host,
+                                                                     own.port, blocks, msg.params))
         except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
             if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 self._drop(d_rid)
@@ -866,6 +972,7 @@ class _PushWaiter:
     def poll(self, line: Lifecycle) -> list[m.ReqDecoded]:
         if self.mode != "push":
             return []
+        self.role.own.poll(time.time())  # P's handshake with D
         out: list[m.ReqDecoded] = []
         for _peer, got in self.role.agent.notifs().items():
             for raw in got:

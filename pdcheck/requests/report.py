@@ -48,6 +48,7 @@ class ReleaseReport(msgspec.Struct):
     timeline: list[tuple[float, int]] = []  # (seconds into the run, P's blocks held): what --plot draws
     latency_s: list[float | None] = []  # per request: P's allocation to D's answer (None: never answered)
     handshake: SideLog | None = None  # D's side-channel handshakes with P (endpoint, wire era, count)
+    p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel
 
 
 class Expectation(msgspec.Struct):
@@ -90,7 +91,7 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
         line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting,
         run.expiry_log[:3], run.notif_errors[:3], all(not r.model for r in rows), run.seconds, run.router_lag_s,
-        run.timeline, run.latency_s, run.handshake)
+        run.timeline, run.latency_s, run.handshake, run.p_handshake)
 
 
 def _notification(line: Any, mode: str) -> str:
@@ -122,6 +123,21 @@ def _name(release: str) -> str:
 
 _STYLE = {"delivered": "green", "recomputed": "yellow", "aborted": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
           "error": "red"}
+
+
+def _handshakes(console: Any, title: str, logs: list[tuple[str, SideLog | None]]) -> None:
+    """One line per direction: where, and each line's handshake count and wire era; then each failure."""
+    from rich.markup import escape
+
+    shakes = [(rel, s) for rel, s in logs if s is not None]
+    if not shakes:
+        return
+    where = ", ".join(dict.fromkeys(s.endpoint for _rel, s in shakes if s.endpoint)) or "(none reached)"
+    console.print(f"[dim]{title} {escape(where)}:[/] " + ", ".join(
+        f"{escape(rel)} {s.handshakes} (era {s.wire})" for rel, s in shakes))
+    for rel, s in shakes:
+        if s.failed:
+            console.print(f"[dim]{escape(rel)}:[/] [red]handshake failed[/]: {escape(s.failed)}")
 
 
 def _v(verdict: str) -> str:
@@ -163,14 +179,9 @@ def render(rep: RequestsReport, console: Any) -> None:
     for r in [*rep.releases, rep.corrected]:
         for line in r.expiry_log[:1] + r.notif_errors[:1]:
             console.print(f"[dim]{escape(r.release)} P:[/] {escape(line)}")
-    shakes = [r for r in [*rep.releases, rep.corrected] if r.handshake is not None]
-    if shakes:
-        where = ", ".join(dict.fromkeys(r.handshake.endpoint for r in shakes if r.handshake))
-        console.print(f"[dim]D's handshakes over P's side channel {escape(where)}:[/] " + ", ".join(
-            f"{escape(r.release)} {r.handshake.handshakes} (era {r.handshake.wire})" for r in shakes if r.handshake))
-        for r in shakes:
-            if r.handshake and r.handshake.failed:
-                console.print(f"[dim]{escape(r.release)}:[/] [red]handshake failed[/]: {escape(r.handshake.failed)}")
+    lines = [*rep.releases, rep.corrected]
+    _handshakes(console, "D's handshakes over P's side channel", [(r.release, r.handshake) for r in lines])
+    _handshakes(console, "P's handshakes over D's side channel", [(r.release, r.p_handshake) for r in lines])
     for r in [*rep.releases, rep.corrected]:
         acc = r.accounting
         if acc.restarts:

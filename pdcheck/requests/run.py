@@ -26,7 +26,7 @@ from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.handshake import SideLog, endpoint, side_for
 from pdcheck.requests.lines import CORRECTED, Lifecycle
 from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, held_for, run_end, simulate
-from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool
+from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool, hang_handshake
 from pdcheck.requests.push import simulate as push_simulate
 
 P_ENGINE = "pdcheck-req-P"
@@ -47,6 +47,7 @@ class Options(msgspec.Struct, frozen=True):
     start_timeout_s: float = 60.0
     mode: str = "pull"  # "push": NixlPushConnector (0.26+), pdcheck.requests.push
     mute_side: bool = False  # test hook: P's side channel never answers (D's handshake times out)
+    mute_d_side: bool = False  # test hook, push mode: D's side channel never answers (P's handshake times out)
 
 
 class LineRun(msgspec.Struct):
@@ -67,6 +68,7 @@ class LineRun(msgspec.Struct):
     latency_s: list[float | None] = []  # per request: arrival to D's answer (None: never answered)
     mode: str = "pull"
     handshake: SideLog | None = None  # D's side-channel handshakes with P in this line
+    p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel in this line
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -82,15 +84,15 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool,
                                                                           mute_side=opts.mute_side)))
         d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
-        d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, d_blocks)))
+        d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, d_blocks,
+                                                                          mute_side=opts.mute_d_side)))
         got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
         slot = _PSlot(p, _Outbox(p), got[p.id][1])
-        d_ready: m.ReqReady | None = got[d.id][1] if opts.mode == "push" else None  # push: P handshakes with D
         dbox = _Outbox(d)
         try:
             for name, line in [*releases, ("corrected", CORRECTED)]:
                 # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
-                out.append(_one_line(lau, slot, d, dbox, name, line, opts, d_ready))
+                out.append(_one_line(lau, slot, d, dbox, name, line, opts))
         finally:
             for box in (slot.box, dbox):
                 box.send(m.Stop())
@@ -243,13 +245,13 @@ def _target() -> Any:
 
 
 def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Lifecycle,
-              opts: Options, d_ready: m.ReqReady | None = None) -> LineRun:
+              opts: Options) -> LineRun:
     push = opts.mode == "push"
     # The replacement after a restart-p binds the same port: one side channel for the whole run.
     side = side_for(name, slot.ready.side_host, slot.ready.side_port, GEOMETRY)
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
                        mode=opts.mode, side=side)
-    _begin_p(lau, slot, msgspec.structs.replace(begin, peer=d_ready), opts)
+    _begin_p(lau, slot, begin, opts)  # push: P learns D's side channel from D's PUSH_REG, as vLLM's P does
     to_d.send(begin)  # D handshakes over P's side channel, then answers (m.Ack)
     shakes: list[m.ReqHandshook] = []
     decoded: dict[int, m.ReqDecoded] = {}
@@ -330,8 +332,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                         lost_at.update(dict.fromkeys(dying, time.time()))
                         gone.update(prefilled)
                         restarts += 1
-                        # push: the new P learns D's agent (the P->D handshake of its first WRITE)
-                        down = _restart_p(lau, slot, msgspec.structs.replace(begin, peer=d_ready), opts)
+                        # push: the new P handshakes with D on D's first PUSH_REG to it
+                        down = _restart_p(lau, slot, begin, opts)
                         if msg.request in restarts_due:
                             restarts_due.remove(msg.request)
                         due = [(w + down, s_, a, j) for w, s_, a, j in due]
@@ -357,7 +359,9 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     for pf in prefilled.values():  # in the order P handed them out
         for b, g in zip(pf.blocks, pf.gens, strict=True):
             owner[(b, g)] = pf.request
-    judge = functools.partial(_push_verdict, write_failed=set(acct.write_failed)) if push else _verdict
+    hs_error = next((s.error for s in acct.handshakes if s.error), "")
+    judge = functools.partial(_push_verdict, write_failed=set(acct.write_failed),
+                              hs_failed=set(acct.handshake_failed), hs_error=hs_error) if push else _verdict
     outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
@@ -369,9 +373,13 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
     failed = next((s.error for s in shakes if s.error), "")
+    p_side = None
+    if push:  # D's side channel, as P's handshakes found it (none: no PUSH_REG reached P)
+        p_side = SideLog(acct.handshakes[0].endpoint if acct.handshakes else "", side.wire, len(acct.handshakes),
+                         hs_error)
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode,
-                   SideLog(endpoint(side), side.wire, len(shakes), failed))
+                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side)
 
 
 def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],
@@ -490,10 +498,11 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
 
 def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled],
                   decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed],
-                  owner: dict[tuple[int, int], int], write_failed: frozenset[int] | set[int] = frozenset()) -> Outcome:
+                  owner: dict[tuple[int, int], int], write_failed: frozenset[int] | set[int] = frozenset(),
+                  hs_failed: frozenset[int] | set[int] = frozenset(), hs_error: str = "") -> Outcome:
     """Push mode: P frees its blocks once its WRITE is done, before D hears of it, so freed-early does not apply;
     a request D registered that never completed waits for P's notification (hang), named by what P did (WRITE
-    done, WRITE failed, or no WRITE: the registration came after the lease)."""
+    done, WRITE failed, no WRITE: P's handshake with D failed, or the registration came after the lease)."""
     if i not in prefilled:
         return Outcome(i, "hang", hang_detail(line, pool))
     dec = decoded.get(i)
@@ -503,6 +512,8 @@ def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.Req
         f = freed.get(i)
         if i in write_failed:
             return Outcome(i, "hang", HANG_WRITE_FAILED)
+        if i in hs_failed:
+            return Outcome(i, "hang", hang_handshake(hs_error))
         return Outcome(i, "hang", HANG_NOTIF if f is not None and f.how == "written" else HANG_UNMATCHED)
     if dec.status in ("refused", "failed", "aborted"):
         return Outcome(i, dec.verdict, dec.detail)
