@@ -325,7 +325,7 @@ class FrameworkFinal(msgspec.Struct, tag=True):
     body: bytes
 
 
-# ------------------------------------------------------------------ `pdcheck requests` (pdcheck.requests.rank)
+# ------------------------------------------------------------------ `pdcheck requests` (pdcheck.requests.rank, prefill, decode)
 class ReqSpec(msgspec.Struct, frozen=True):
     role: str  # "P" or "D"
     engine_id: str

@@ -1,0 +1,602 @@
+"""The request path's D rank: take the params the router forwards, decide as the release does
+(pdcheck.requests.model.decide), handshake with P over its side channel, heartbeat, READ the blocks with the done
+notification riding on each READ (the one Agent, real NIXL; many in flight on a ring of D's blocks), check every
+block by coordinate and generation (kvcache.check_blocks) and answer; in push mode register with P and wait for
+its WRITEs (_PushWaiter)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from pdcheck import messages as m
+from pdcheck.errors import NixlCallError
+from pdcheck.kvcache import BlockCheck, check_blocks, desc_ids, engine_tag
+from pdcheck.nixlagent import LOCAL, int32_ids
+from pdcheck.ranks import served_metadata
+from pdcheck.requests import push
+from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
+from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
+from pdcheck.requests.model import abort_detail, decide, on_failure
+from pdcheck.requests.role import POLL_S, Outgoing, RequestsRole, forget_remote, load_remote
+from pdcheck.wire import AnyMeta
+
+MAX_FLIGHT = 32  # D's READs in flight at once (vLLM's D posts every scheduled request's READ before it polls)
+READ_POLL_S = 0.00005  # D with READs in flight looks at them again this often (when no message comes first)
+READ_TIMEOUT_S = 30.0  # a READ not done by then is answered as failed (TIMEOUT), never a hang
+
+
+class RequestsD(RequestsRole):
+    """D's scheduler and worker: decide on the forwarded params, heartbeat, READ, check, notify; in push mode D
+    also serves its own side channel (handshake.PSide with D's metadata), where P handshakes with D."""
+
+    def ready(self) -> m.Msg:
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=1, kv_cache_layout="HND",
+                                 device_id=0)
+        self.own = PSide(self.host, 0, values, self.spec.mute_side)
+        return msgspec.structs.replace(super().ready(), side_host=self.own.host, side_port=self.own.port)
+
+    def run(self) -> None:
+        self.line: Lifecycle = CORRECTED
+        self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
+        self.side: m.ReqSide | None = None  # P's side channel and the line's wire
+        self.hs = DSide()
+        self.unreached: HandshakeFailed | None = None  # the last handshake failed: no P to read from
+        self.registrations = 0  # P's registrations D has loaded (a replaced P's agent: the next generation)
+        self.remote: Any = None
+        self.local: Any = None
+        self.expiry_s: float | None = None
+        self.pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
+        self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
+        self.flight: deque[_Flight] = deque()  # READs posted and not reaped, oldest first
+        self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
+        self._local_ids: dict[tuple[int, int], np.ndarray] = {}
+        self._remote_ids: dict[tuple[int, ...], np.ndarray] = {}
+        self.beats: list[str] = []  # this turn's requests whose leases the heartbeat renews
+        self.todo: list[tuple[m.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
+        waiter = _PushWaiter(self)
+        self.out = out = Outgoing(self.conn)
+        while True:
+            # READs in flight: a short look at the pipe, then at the READs again. D never spins on one READ: P
+            # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
+            first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or waiter.busy
+                              else 0.05)
+            msgs = m.unbatch(first)
+            while first is not None and self.queued():  # everything queued: its READs go out together
+                msgs += m.unbatch(first := m.recv(self.conn))
+            for msg in msgs or [None]:
+                if isinstance(msg, m.Stop):
+                    self.start_reads()
+                    self.settle()
+                    out.flush()
+                    self.hs.close()
+                    self.own.close()
+                    return
+                self.turn(msg, waiter)
+                if out.due():
+                    out.flush()
+            self.start_reads()
+            self.reap()
+            out.flush()
+
+    def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
+        """One message from the parent (None: none came), after the timers: push completions, delayed
+        notifications, held requests."""
+        out = self.out
+        for final in waiter.poll(self.line):
+            out.add(final)
+        if self.pending:
+            now = time.time()
+            for when, note in [p for p in self.pending if p[0] <= now]:
+                self.pending.remove((when, note))
+                self.notify(note)
+        if self.held:
+            self.tick(time.time())
+        if isinstance(msg, m.ReqBegin):
+            self.start_reads()  # the last line's requests, before this line begins
+            self.settle()
+            self.line = with_policy(line_of(msg.line), msg.failure_policy)
+            self.pending.clear()  # a delayed notification of the last line is never sent into this one
+            self.held.clear()
+            self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
+            waiter.reset(msg.mode, self.expiry_s, msg.side)
+            if msg.side is not None:
+                self.side = msg.side
+                self.handshake()  # a new line is a fresh deployment: D handshakes with the P running now
+            out.send(m.Ack())  # D is ready for the line (restart-p waits for this handshake)
+        elif isinstance(msg, m.ReqDecode) and self.unreached is not None:  # no P loaded: the handshake failed
+            out.add(m.ReqDecoded(msg.request, "refused", *self.unreached.verdict(self.line, msg.request, msg.params)))
+        elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
+            assert self.peer is not None
+            got = waiter.take(msg, self.line, self.peer)
+            if got is not None:
+                out.add(got)
+        elif isinstance(msg, m.ReqDecode):
+            got = self.decode(msg)
+            if got is not None:
+                out.add(got)
+
+    def handshake(self) -> bool:
+        """Fetch P's metadata over its side channel (decoded as the release decodes it) and load it when P's
+        registration changed. False when the handshake failed (self.unreached says why) or P did not change."""
+        side = self.side
+        assert side is not None
+        try:
+            meta = self.hs.fetch(side)
+        except HandshakeFailed as exc:
+            self.unreached = exc
+            self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
+            return False
+        self.unreached = None
+        self.out.add(m.ReqHandshook(endpoint(side), side.wire))
+        if self.peer is not None and meta.agent_metadata == self.peer.metadata:
+            return False
+        self.registrations += 1
+        self.load(meta)
+        return True
+
+    def load(self, meta: AnyMeta) -> None:
+        """The handshake's end: load P's agent and prep its blocks (dropping a replaced agent first)."""
+        agent, kv = self.agent, self.kv
+        if self.peer is not None:
+            forget_remote(agent, self.remote, self.peer.agent)
+        if self.local is None:
+            self.local = agent.prep(LOCAL, kv.descs(kv.block_len, 0), kv.mem_type, "local")
+        name, self.remote = load_remote(agent, kv, meta, "P's blocks")
+        self.peer = m.ReqReady(0, meta.engine_id, name, meta.agent_metadata, meta.kv_caches_base_addr,
+                               meta.num_blocks, 0.0, self.registrations - 1)
+
+    def notify(self, note: bytes) -> bool:
+        """A notification to P; a dead P's agent answers NIXL_ERR_REMOTE_DISCONNECT (vLLM logs it and goes on)."""
+        assert self.peer is not None
+        try:
+            self.agent.send_notif(self.peer.agent, note)
+            return True
+        except NixlCallError:
+            return False
+
+    def tick(self, now: float) -> None:
+        """Held requests: heartbeats every lease/6 (unless lost), and the READ once the hold is over."""
+        interval = (self.expiry_s or 0.0) / 6
+        for h in list(self.held):
+            if now >= h.read_at:
+                self.held.remove(h)
+                got = self.read(h.msg, h.rid)
+                if got is not None:
+                    self.out.add(got)
+            elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
+                self.notify(f"HB:{h.rid}".encode())
+                h.next_hb = now + interval
+
+    def decode(self, msg: m.ReqDecode) -> m.ReqDecoded | None:
+        """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
+        line, peer = self.line, self.peer
+        assert peer is not None
+        refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time())
+        if refused is not None:
+            return m.ReqDecoded(msg.request, "refused", *refused)
+        assert msg.params is not None
+        rid = str(msg.params.get("remote_request_id", msg.request_id))
+        if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
+            self.beats.append(rid)  # the scheduler now tracks it: start_reads() renews its lease
+        if msg.hold_s > 0:
+            now = time.time()
+            self.held.append(_Hold(msg, rid, now + msg.hold_s, now + (self.expiry_s or 0.0) / 6))
+            return None
+        self.todo.append((msg, rid))
+        return None
+
+    def start_reads(self) -> None:
+        """The turn's heartbeat, one notification naming every request the scheduler took ("HB:id1,id2", as
+        vLLM's worker sends it), then their READs, in order."""
+        if self.beats:
+            self.notify(("HB:" + ",".join(self.beats)).encode())
+            self.beats = []
+        todo, self.todo = self.todo, []
+        for msg, rid in todo:
+            got = self.read(msg, rid)
+            if got is not None:
+                self.out.add(got)
+
+    def rehandshake(self) -> str:
+        """The corrected path: handshake again over P's side channel; load what it serves now."""
+        if self.handshake():
+            return f"D re-handshook (registration generation {self.registrations})"
+        if self.unreached is not None:
+            return f"D's re-handshake failed: {self.unreached}"
+        return "no newer P to re-handshake with"
+
+    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+        """Post request msg's READ into D's next free blocks: its answer now (refused, failed, aborted), or None
+        (in flight: reap() checks it once it is done). A request a fault touches is read alone, in order."""
+        if msg.alone:
+            self.settle()
+        out = self.post(msg, rid)
+        if msg.alone:
+            self.settle()
+        elif len(self.flight) >= MAX_FLIGHT:
+            self.reap(block=True)
+        return out
+
+    def room(self, k: int) -> int:
+        """Where in D's ring of blocks a READ of k blocks lands: k free blocks in a row, after the READs in flight
+        (waiting for the oldest of them while there is no such run)."""
+        n = self.kv.num_blocks
+        while self.flight:
+            tail, head = self.flight[0].lo, self.next_block
+            if head > tail:  # in use: [tail, head)
+                if n - head >= k:
+                    return head
+                if tail >= k:
+                    return 0
+            elif head < tail and tail - head >= k:  # in use: [tail, n) and [0, head)
+                return head
+            self.reap(block=True)
+        return 0
+
+    def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+        kv, agent, i, line = self.kv, self.agent, msg.request, self.line
+        peer = self.peer
+        assert peer is not None and msg.params is not None
+        if line is CORRECTED:
+            gen = int(msg.params.get("remote_registration_generation", 1))
+            if gen > peer.incarnation + 1:
+                self.rehandshake()  # P was replaced since D's handshake: load the new one before reading
+                peer = self.peer
+                assert peer is not None
+            elif gen < peer.incarnation + 1:
+                return m.ReqDecoded(i, "refused", "recomputed", f"P restarted after handing out these params "
+                                    f"(registration generation {gen} < {peer.incarnation + 1}): its blocks died "
+                                    "with it; recomputed")
+            expiry = msg.params.get("remote_blocks_expiry_time")
+            if msg.heartbeats_lost and expiry is not None and time.time() >= expiry:
+                return m.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
+                                    "acknowledged: its heartbeats were lost): blocks not read, recomputed")
+        ids = [int(b) for b in msg.params["remote_block_ids"]]
+        lo = self.room(len(ids))
+        mine = np.arange(lo, lo + len(ids))  # D's own blocks for this request
+        t_read = time.time()
+        try:
+            if msg.read_fail:
+                # A READ over memory P never registered: NIXL itself refuses it.
+                bad = agent.prep(peer.agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64), kv.mem_type,
+                                 f"request {i}: P's memory (read-fail)")
+                agent.release_dlist(bad)
+            if msg.abort:
+                return self.aborted(msg, rid, mine, ids, t_read)
+            ctx = f"request {i}"
+            h = agent.make_read(self.local, self.local_ids(mine), self.remote, self.remote_ids(ids, peer.num_blocks, ctx),
+                                self.note(msg, rid), ctx)
+            try:
+                agent.start(h, ctx)  # its state is read by reap()
+            except NixlCallError:
+                agent.release(h)
+                raise
+        except NixlCallError as exc:
+            return self.failed(i, exc, t_read)
+        except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
+            verdict, detail = on_failure(line, i, "transfer_setup_failed", f"{type(exc).__name__}: {exc}")
+            return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+        self.flight.append(_Flight(h, msg, rid, mine, lo, t_read, peer))
+        self.next_block = lo + len(ids)
+        return None
+
+    def note(self, msg: m.ReqDecode, rid: str) -> bytes:
+        """The done notification that rides on the READ, as vLLM's _read_blocks sends it (NIXL delivers it to P
+        once the READ is done); none when the router's faults drop or delay it."""
+        return b"" if msg.drop_notif or msg.notif_delay_s > 0 else self.line.notification(rid, 1)
+
+    def local_ids(self, mine: np.ndarray) -> np.ndarray:
+        """D's descriptor ids of its blocks `mine` (a run of blocks), as NIXL takes them: the same few runs serve
+        every READ."""
+        key = (int(mine[0]), len(mine)) if len(mine) else (0, 0)
+        got = self._local_ids.get(key)
+        if got is None:
+            got = self._local_ids[key] = int32_ids(desc_ids(self.kv.geometry.num_regions, self.kv.num_blocks, mine),
+                                                   "D's blocks")
+        return got
+
+    def remote_ids(self, ids: list[int], stride: int, context: str) -> np.ndarray:
+        """P's descriptor ids of the blocks a request names, as NIXL takes them. P hands out the same few runs of
+        blocks again and again (its free list), so they are kept, a bounded number."""
+        key = (stride, *ids)
+        got = self._remote_ids.get(key)
+        if got is None:
+            got = int32_ids(desc_ids(self.kv.geometry.num_regions, stride, np.asarray(ids, dtype=np.int64)), context)
+            if len(self._remote_ids) >= 4096:
+                self._remote_ids.clear()
+            self._remote_ids[key] = got
+        return got
+
+    def settle(self) -> None:
+        """Every READ in flight to its end (a READ alone, a new line, the end): D's ring starts over empty."""
+        while self.flight:
+            self.reap(block=True)
+        self.next_block = 0
+
+    def reap(self, block: bool = False) -> None:
+        """The READs in flight that are done, oldest first (block: waiting for the oldest): check each
+        request's blocks and answer. A failed READ is answered as the release answers it."""
+        landed: list[_Flight] = []
+        while self.flight:
+            f = self.flight[0]
+            ctx = f"request {f.msg.request}"
+            try:
+                done = self.agent.done(f.h, ctx)
+                if not done and (landed or not block):
+                    break
+                if not done:
+                    self.wait_read(f, ctx)
+                landed.append(f)
+            except NixlCallError as exc:
+                self.out.add(self.failed(f.msg.request, exc, f.t_read))
+            self.flight.popleft()
+            self.agent.release(f.h)
+        self.answer(landed)
+
+    def wait_read(self, f: _Flight, ctx: str) -> None:
+        """The oldest READ, to its end: D needs its blocks (or must answer in order)."""
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while not self.agent.done(f.h, ctx):
+            if time.monotonic() > deadline:
+                raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {READ_TIMEOUT_S:g} s", ctx)
+            time.sleep(READ_POLL_S)  # not a spin: P, which must drive the READ, may need this core
+
+    def answer(self, landed: list[_Flight]) -> None:
+        """Check the blocks these READs brought, by coordinate and generation, and answer for each request. One
+        check per run of D's blocks covers every READ that landed there; only a run with a wrong block is
+        checked request by request."""
+        runs: list[list[_Flight]] = []
+        for f in landed:
+            if runs and runs[-1][-1].lo + len(runs[-1][-1].mine) == f.lo:
+                runs[-1].append(f)
+            else:
+                runs.append([f])
+        regions = self.kv.geometry.num_regions
+        for run in runs:
+            clean = self.check(run).wrong == 0
+            for f in run:
+                if clean:
+                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
+                else:
+                    chk = self.check([f])
+                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked,
+                                       wrong=chk.wrong)
+                    if chk.first is not None:
+                        w = chk.first.found
+                        out.found_block, out.found_gen, out.found_valid = w.block, w.gen, w.valid
+                self.done(f.msg, f.rid)
+                self.out.add(out)
+                if self.out.due():  # the parent times each answer: no answer waits long for the rest
+                    self.out.flush()
+
+    def failed(self, i: int, exc: NixlCallError, t_read: float) -> m.ReqDecoded:
+        line = self.line
+        if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+            return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
+                                "recomputed", t_read)
+        verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
+        return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def check(self, flights: list[_Flight]) -> BlockCheck:
+        """Every block these READs brought, by coordinate and generation."""
+        kv = self.kv
+        one = len(flights) == 1
+        mine = flights[0].mine if one else np.concatenate([f.mine for f in flights])
+        blocks = flights[0].msg.expect_blocks if one else [b for f in flights for b in f.msg.expect_blocks]
+        gens = flights[0].msg.expect_gens if one else [g for f in flights for g in f.msg.expect_gens]
+        return check_blocks(kv, mine, blocks, engine_tag(flights[0].peer.engine_id), 0, read_len=kv.block_len,
+                            view=kv.view, gens=gens)
+
+    def done(self, msg: m.ReqDecode, rid: str) -> None:
+        """delay-notif: the done notification goes notif_delay_s after the READ instead of riding on it."""
+        if not msg.drop_notif and msg.notif_delay_s > 0:
+            self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, 1)))
+
+    def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
+        """abort-d: the READ is posted, then the client aborts. Before the 0.24 line D's scheduler frees the
+        request's blocks at once, under the READ; from it, only once the READ is done. The READ completes
+        either way and P is notified (vLLM's notification rides on the READ)."""
+        kv, agent, peer = self.kv, self.agent, self.peer
+        assert peer is not None
+        regions = kv.geometry.num_regions
+        h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
+                            desc_ids(regions, peer.num_blocks, np.asarray(ids)), self.note(msg, rid),
+                            f"request {msg.request}")
+        try:
+            state = at_abort = agent.post(h)
+            freed_under = not abort_waits_read(self.line)  # the abort: freed now, whatever the READ's state
+            deadline = time.time() + 30.0
+            while state == "PROC" and time.time() < deadline:
+                state = agent.state(h)
+        finally:
+            agent.release(h)
+        self.done(msg, rid)
+        detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
+        return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
+
+
+class _Flight:
+    """A READ D posted and has not finished."""
+
+    __slots__ = ("h", "lo", "mine", "msg", "peer", "rid", "t_read")
+
+    def __init__(self, h: Any, msg: m.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
+                 peer: m.ReqReady) -> None:
+        self.h, self.msg, self.rid, self.mine, self.lo, self.t_read, self.peer = h, msg, rid, mine, lo, t_read, peer
+
+
+class _Hold:
+    __slots__ = ("msg", "next_hb", "read_at", "rid")
+
+    def __init__(self, msg: m.ReqDecode, rid: str, read_at: float, next_hb: float) -> None:
+        self.msg, self.rid, self.read_at, self.next_hb = msg, rid, read_at, next_hb
+
+
+class _PushWaiter:
+    """D's side of push mode (push_scheduler.py / push_worker.py): decide, heartbeat from the moment the scheduler
+    has the request, take D's own blocks and send PUSH_REG to P (at once, or after a hold); on P's completion
+    notification check every block by coordinate and generation. A release's D waits without a deadline; the
+    corrected D gives up at the lease and recomputes. An abort after PUSH_REG frees D's blocks at once (the
+    corrected D keeps them until the completion or the lease)."""
+
+    def __init__(self, role: RequestsD) -> None:
+        self.role = role
+        self.mode = "pull"
+        self.expiry_s: float | None = None
+        self.free: deque[int] = deque()
+        self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
+        self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
+        self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
+        self.counts: dict[str, int] = {}
+        self.p_engine = ""
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.held)
+
+    def reset(self, mode: str, expiry_s: float | None, side: m.ReqSide | None) -> None:
+        self.mode, self.expiry_s = mode, expiry_s
+        if mode == "push" and side is not None:
+            self.role.own.begin(side)  # D's side channel serves this line's wire: P handshakes there
+        self.free = deque(range(self.role.kv.num_blocks))
+        self.waiting.clear()  # requests of the last line that never completed stay hung there
+        self.kept.clear()
+        self.held.clear()
+        self.counts.clear()
+        self.role.kv.clear_all(np.arange(self.role.kv.num_blocks))
+
+    def take(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded | None:
+        """The scheduler has the request (on_new_request): decide, heartbeat, register now or after the hold."""
+        i = msg.request
+        refused = push.decide(line, msg.params, peer.engine_id, time.time())
+        if refused is not None:
+            return m.ReqDecoded(i, "refused", *refused)
+        assert msg.params is not None
+        if line is CORRECTED:  # the registration generation counts P processes: D handshakes with the one running
+            gen = int(msg.params.get("remote_registration_generation", 1))
+            if gen > peer.incarnation + 1:
+                self.role.rehandshake()
+                assert self.role.peer is not None
+                peer = self.role.peer
+            elif gen < peer.incarnation + 1:
+                return m.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
+        self.p_engine = peer.engine_id
+        rid = msg.params.get("remote_request_id")
+        beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
+        if beats:
+            self.role.notify(f"HB:{rid}".encode())  # the lease is renewed
+        if msg.hold_s > 0:
+            now = time.time()
+            interval = (self.expiry_s or 0.0) / 6
+            self.held.append(_Hold(msg, str(rid) if beats else "", now + msg.hold_s, now + interval))
+            return None
+        return self.register(msg, line, peer)
+
+    def register(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded:
+        """update_state_after_alloc and the writer's send: D's blocks, then PUSH_REG to P (a release keeps a
+        request whose PUSH_REG failed waiting, with its blocks)."""
+        i = msg.request
+        assert msg.params is not None
+        late = push.held_lost(line, msg.params, msg.heartbeats_lost, time.time())
+        if late is not None:
+            return m.ReqDecoded(i, "refused", *late)
+        k = len(msg.expect_blocks)
+        if len(self.free) < k:
+            return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
+        blocks = [self.free.popleft() for _ in range(k)]
+        d_rid = push.d_request_id(msg.request_id)
+        deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
+        self.waiting[d_rid] = (msg, blocks, deadline)
+        try:
+            own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
+            self.role.agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, own.host,
+                                                                     own.port, blocks, msg.params))
+        except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
+            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+                self._drop(d_rid)
+                self.role.rehandshake()
+            return m.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
+        if msg.abort:
+            return self.abort(d_rid, line)
+        return m.ReqDecoded(i, "registered", t_read=time.time())
+
+    def abort(self, d_rid: str, line: Lifecycle) -> m.ReqDecoded:
+        """The client aborts right after PUSH_REG, before P can have WRITTEN (P has not seen the registration yet).
+        A release frees D's blocks now, under the WRITE to come (P still WRITEs into them: nothing tells it); the
+        corrected D keeps them until P's completion or its watchdog."""
+        msg, blocks, _ = self.waiting[d_rid]
+        if line is CORRECTED:
+            self.kept.add(d_rid)
+        else:
+            del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
+            self.free.extend(blocks)
+        return m.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
+                            d_freed_in_flight=line is not CORRECTED)
+
+    def poll(self, line: Lifecycle) -> list[m.ReqDecoded]:
+        if self.mode != "push":
+            return []
+        self.role.own.poll(time.time())  # P's handshake with D
+        out: list[m.ReqDecoded] = []
+        for _peer, got in self.role.agent.notifs().items():
+            for raw in got:
+                d_rid, _, _world = raw.decode(errors="replace").rpartition(":")
+                if d_rid not in self.waiting:
+                    continue  # "Unrecognized request %s notif (may have expired)."
+                self.counts[d_rid] = self.counts.get(d_rid, 0) + 1
+                if self.counts[d_rid] < push.expected_notifs():
+                    continue
+                if d_rid in self.kept:  # an aborted request's WRITE is done: its blocks go back, no answer
+                    self._drop(d_rid)
+                    continue
+                out.append(self._check(d_rid))
+        now = time.time()
+        for d_rid in [r for r, w in self.waiting.items() if now >= w[2]]:
+            msg = self.waiting[d_rid][0]
+            aborted = d_rid in self.kept
+            self._drop(d_rid)
+            assert self.expiry_s is not None
+            if not aborted:
+                out.append(m.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
+        if self.held:
+            out += self.tick(line, now)
+        return out
+
+    def tick(self, line: Lifecycle, now: float) -> list[m.ReqDecoded]:
+        """Held requests: heartbeats every lease/6 (none when lost), the PUSH_REG once the hold is over."""
+        out: list[m.ReqDecoded] = []
+        interval = (self.expiry_s or 0.0) / 6
+        peer = self.role.peer
+        assert peer is not None
+        for h in list(self.held):
+            if now >= h.read_at:
+                self.held.remove(h)
+                out.append(self.register(h.msg, line, peer))
+            elif h.rid and interval > 0 and now >= h.next_hb:
+                self.role.notify(f"HB:{h.rid}".encode())
+                h.next_hb = now + interval
+        return out
+
+    def _drop(self, d_rid: str) -> None:
+        _msg, blocks, _ = self.waiting.pop(d_rid)
+        self.kept.discard(d_rid)
+        self.counts.pop(d_rid, None)
+        self.free.extend(blocks)
+
+    def _check(self, d_rid: str) -> m.ReqDecoded:
+        msg, blocks, _ = self.waiting.pop(d_rid)
+        self.counts.pop(d_rid, None)
+        kv = self.role.kv
+        chk = check_blocks(kv, np.asarray(blocks), msg.expect_blocks, engine_tag(self.p_engine), 0,
+                           read_len=kv.block_len, view=kv.view, gens=msg.expect_gens)
+        self.free.extend(blocks)
+        out = m.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
+        if chk.first is not None:
+            f = chk.first.found
+            out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
+        return out

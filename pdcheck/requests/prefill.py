@@ -1,0 +1,347 @@
+"""The request path's P rank: request_finished (allocate K blocks from a free list, tag them with the coordinate
+pattern and each block's generation, hand out the release's kv_transfer_params), _get_new_notifs (free on D's done
+notification, renew on a heartbeat), the expiry sweep, P's side channel; in push mode its WRITEs into D's blocks
+(_PushTarget)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from pdcheck import messages as m
+from pdcheck.errors import NixlCallError
+from pdcheck.kvcache import desc_ids, engine_tag, pattern
+from pdcheck.nixlagent import LOCAL
+from pdcheck.ranks import served_metadata
+from pdcheck.releases.rules import msg_engine_id
+from pdcheck.requests import push
+from pdcheck.requests.handshake import Background, HandshakeFailed, PSide, endpoint
+from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of
+from pdcheck.requests.model import GEN_WRAP, params_for
+from pdcheck.requests.role import POLL_S, Outgoing, RequestsRole, forget_remote, load_remote
+from pdcheck.wire import AnyMeta
+
+HELD_POLL_S = 0.00005  # P holding blocks drives its UCX worker this often: D's READs progress only then
+
+
+class _Held:
+    __slots__ = ("blocks", "deadline", "gens")
+
+    def __init__(self, blocks: list[int], gens: list[int], deadline: float) -> None:
+        self.blocks, self.gens, self.deadline = blocks, gens, deadline
+
+
+class RequestsP(RequestsRole):
+    """P's scheduler and worker in one: request_finished (allocate, tag, hand out params), _get_new_notifs (free on
+    the done notification, renew on a heartbeat) and the expiry sweep; and its side channel (handshake.PSide)."""
+
+    def ready(self) -> m.Msg:
+        # Bound before P reports ready: a replaced P takes its port back before the router sends it anything.
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=1, kv_cache_layout="HND",
+                                 device_id=0)
+        self.side = PSide(self.host, self.spec.side_port, values, self.spec.mute_side)
+        return msgspec.structs.replace(super().ready(), side_host=self.side.host, side_port=self.side.port)
+
+    def run(self) -> None:
+        kv, tag = self.kv, engine_tag(self.spec.engine_id)
+        n = self.spec.num_blocks
+        line: Lifecycle = CORRECTED
+        expiry: float | None = None
+        per_req = 1
+        free: deque[int] = deque()
+        gen = np.zeros(n, dtype=np.int64)
+        held: dict[int, _Held] = {}
+        waiting: deque[int] = deque()
+        late = beats = 0
+        errors: list[str] = []
+        by_id: dict[str, int] = {}
+        epoch = 0  # which line of the run: request ids differ between lines
+        mode = "pull"
+        d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
+        notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE
+        pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
+        out = Outgoing(self.conn)
+        idle = HELD_POLL_S
+        side = self.side
+        next_expiry = float("inf")  # no held request expires before this (heartbeats only push deadlines out)
+
+        def admit() -> None:
+            nonlocal next_expiry
+            take = min(len(waiting), len(free) // per_req)
+            if not take:
+                return
+            # Every request that fits now takes its blocks in arrival order, tagged in one pass.
+            admitted = [waiting.popleft() for _ in range(take)]
+            taken = [free.popleft() for _ in range(take * per_req)]
+            gen[taken] = gen[taken] % GEN_WRAP + 1
+            all_gens = [int(g) for g in gen[taken]]
+            regions = kv.geometry.num_regions
+            reg = np.repeat(np.arange(regions), len(taken))
+            blk = np.tile(np.asarray(taken), regions)
+            assert kv.blocks3 is not None
+            kv.blocks3[reg, blk] = pattern(tag, 0, reg, blk, 0, kv.block_len, kv.view, np.tile(all_gens, regions))
+            now = time.time()
+            for k, i in enumerate(admitted):
+                blocks = taken[k * per_req:(k + 1) * per_req]
+                gens = all_gens[k * per_req:(k + 1) * per_req]
+                deadline = now + expiry if expiry is not None else float("inf")
+                held[i] = _Held(blocks, gens, deadline)
+                next_expiry = min(next_expiry, deadline)
+                inc = self.spec.incarnation
+                rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
+                by_id[rid] = i
+                if mode == "push":
+                    params = push.params(line, i, blocks, self.spec.engine_id, 5600, 1,
+                                         deadline if expiry is not None else None, gens, rid, inc + 1)
+                else:
+                    # vLLM's registration generation is 1 in every P process (one registration at start-up), so
+                    # a replaced P hands out the same one; the corrected path counts incarnations.
+                    params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
+                                        deadline if expiry is not None else None, gens, rid,
+                                        inc + 1 if line is CORRECTED else 1)
+                out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
+
+        def release(i: int, how: str, log: str = "") -> None:
+            h = held.pop(i)
+            free.extend(h.blocks)
+            out.add(m.ReqFreed(i, how, time.time(), log))
+
+        def handle(msg: m.Msg | None) -> None:
+            nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side
+            if isinstance(msg, m.ReqBegin):
+                mode = msg.mode
+                if mode == "push":
+                    d_side = d_side or _PushTarget(self)
+                    d_side.begin(line_of(msg.line), msg.side)
+                if msg.side is not None:
+                    side.begin(msg.side)  # this line's era from now on; D handshakes once the parent hears so
+                    out.send(m.Serving(self.spec.tp_rank, [side.port]))
+                notif_faults.clear()
+                pending.clear()
+                line = line_of(msg.line)
+                expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
+                                                             else line.expiry_s)
+                per_req = msg.blocks_per_request
+                epoch += 1
+                free = deque(range(n))
+                gen[:] = 0
+                held.clear()
+                waiting.clear()
+                by_id.clear()
+                late = beats = 0
+                errors = []
+                kv.clear_all(np.arange(n))
+            elif isinstance(msg, m.ReqPrefill):
+                notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s, msg.write_fail)
+                waiting.append(msg.request)
+                admit()
+            elif isinstance(msg, m.ReqEnd):
+                if d_side is not None:  # a handshake with D still running ends first (within its timeout)
+                    for i in d_side.finish(held, notif_faults, pending, errors):
+                        release(i, "written")
+                out.send(m.ReqAccount(sorted(held), list(waiting), late, beats, errors,
+                                      *(d_side.take() if d_side is not None else ())))
+                held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
+                waiting.clear()
+
+        while True:
+            # D's READs complete only as this loop drives P's UCX worker (agent.notifs(); no progress thread, which
+            # would spin a core): while blocks are held a READ may be under way, so look often. P never spins: D
+            # keeps many READs in flight and one turn here serves them all, and a spinning P would take D's core.
+            # A turn that found nothing doubles the next look's delay (a slow decode, a hold), up to POLL_S.
+            first = self.wait(idle if held else POLL_S)
+            msgs = m.unbatch(first)
+            while first is not None and self.queued():  # every queued message before the next sweep
+                msgs += m.unbatch(first := m.recv(self.conn))
+            for msg in msgs:
+                if isinstance(msg, m.Stop):
+                    out.flush()
+                    side.close()
+                    if d_side is not None:
+                        d_side.hs.close()
+                    return
+                handle(msg)
+            notifs = self.agent.notifs()
+            idle = HELD_POLL_S if msgs or notifs else min(POLL_S, 2 * idle)
+            for _peer, got in notifs.items():
+                for raw in got:
+                    if raw.startswith(push.PUSH_REG_PREFIX):  # push mode: D registered its blocks
+                        if d_side is None:
+                            errors.append("PUSH_REG outside push mode; dropping")
+                            continue
+                        done = d_side.register(raw, held, by_id, notif_faults, pending, errors)
+                        if done is None:
+                            late += 1  # no held request matches it: the lease freed the blocks first
+                        elif done >= 0:
+                            release(done, "written")
+                        continue
+                    if raw.startswith(b"HB:"):  # 0.24+: D's heartbeat renews the lease of each id it names
+                        beats += 1
+                        for rid in raw[3:].decode(errors="replace").split(","):
+                            i = by_id.get(rid, -1)
+                            if i in held and expiry is not None:
+                                held[i].deadline = max(held[i].deadline, time.time() + line.lease_extension(expiry))
+                        continue
+                    try:
+                        rid, _consumers = line.parse_notification(raw)
+                    except ValueError as exc:
+                        errors.append(f"{raw!r}: ValueError: {exc}")
+                        continue
+                    i = by_id.get(rid, -1)
+                    if i in held:
+                        release(i, "notif")
+                    else:
+                        late += 1
+            if d_side is not None and d_side.hs.busy:  # push: the WRITEs that waited for P's handshake with D
+                for i in d_side.poll(held, notif_faults, pending, errors):
+                    release(i, "written")
+            now = time.time()
+            side.poll(now)
+            for when, agent, note in [x for x in pending if x[0] <= now]:
+                pending.remove((when, agent, note))
+                self.agent.send_notif(agent, note)
+            if now >= next_expiry:
+                for i in [i for i, h in held.items() if now >= h.deadline]:
+                    rid = next((k for k, v in by_id.items() if v == i), str(i))
+                    release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
+                next_expiry = min((h.deadline for h in held.values()), default=float("inf"))
+            if waiting and free:
+                admit()
+            out.flush()
+
+
+class _PushTarget:
+    """P's side of push mode (push_worker.py): match D's PUSH_REG with a held request, handshake with D over D's
+    side channel (the PUSH_REG's decode_host / decode_port) before the first WRITE to it, in the background, the
+    WRITEs waiting for it; then WRITE the coordinate/generation-tagged blocks with the completion notification
+    attached. Once per line (a line is a fresh deployment; vLLM caches the handshake by D's engine id)."""
+
+    def __init__(self, role: RequestsP) -> None:
+        self.role, self.agent = role, role.agent
+        self.hs = Background("D")
+        self.line: Lifecycle = CORRECTED
+        self.side: m.ReqSide | None = None  # the line's wire: P speaks it on D's side channel
+        self.d_agent, self.d_meta, self.d_blocks = "", b"", 0
+        self.remote: Any = None
+        self.local = self.agent.prep(LOCAL, role.kv.descs(role.kv.block_len, 0), role.kv.mem_type, "local")
+        self.ready = False  # this line's handshake with D is done
+        self.deferred: list[tuple[int, push.Registration]] = []  # matched, waiting for the handshake
+        self.failed: list[int] = []  # WRITE failed
+        self.hs_failed: list[int] = []  # P's handshake with D failed: no WRITE
+        self.shakes: list[m.ReqHandshook] = []
+
+    def begin(self, line: Lifecycle, side: m.ReqSide | None) -> None:
+        self.line, self.side, self.ready = line, side, False
+        self.deferred, self.failed, self.hs_failed, self.shakes = [], [], [], []
+
+    def register(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
+                 faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                 errors: list[str]) -> int | None:
+        """A PUSH_REG: the request written (its blocks can be freed), None (no held request matches), -1 (dropped,
+        failed, or waiting for the handshake with D)."""
+        got = push.parse_registration(raw)
+        if isinstance(got, str):
+            errors.append(got)
+            return -1
+        # _pop_matching_finished_blocks: the exact id, then the id without vLLM's random suffix
+        i = by_id.get(got.request_id, by_id.get(push.base_id(got.request_id), -1))
+        if i not in held:
+            return None
+        if self.ready:
+            return self.write(i, got, held, faults, pending, errors)
+        self.deferred.append((i, got))
+        if not self.hs.busy:
+            self._start(got)
+        return -1
+
+    def _start(self, reg: push.Registration) -> None:
+        assert self.side is not None
+        self.hs.start(msgspec.structs.replace(self.side, host=reg.host, port=reg.port))
+
+    def poll(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+             pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
+        """The handshake, if it ended: the requests written now."""
+        got = self.hs.result()
+        return [] if got is None else self._settle(got, held, faults, pending, errors)
+
+    def finish(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+               pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
+        """The line's end: every handshake still running, to its end (each within the release's timeout)."""
+        out: list[int] = []
+        while self.hs.busy:
+            got = self.hs.result(wait_s=None)
+            if got is not None:
+                out += self._settle(got, held, faults, pending, errors)
+        return out
+
+    def _settle(self, got: AnyMeta | HandshakeFailed, held: dict[int, _Held],
+                faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                errors: list[str]) -> list[int]:
+        side = self.hs.side
+        assert side is not None and self.deferred
+        expected = self.deferred[0][1].engine_id
+        if not isinstance(got, HandshakeFailed) and got.engine_id != expected:
+            got = HandshakeFailed(f"RuntimeError: {msg_engine_id(expected, got.engine_id)}")
+        self.shakes.append(m.ReqHandshook(endpoint(side), side.wire, str(got) if isinstance(got, HandshakeFailed)
+                                          else ""))
+        if isinstance(got, HandshakeFailed):
+            # 0.28+: every request waiting on the handshake's future fails with it; 0.26: one request per attempt.
+            # The WRITE is skipped: P's blocks wait for the lease, D is never told.
+            n = len(self.deferred) if push.handshake_joins(self.line) else 1
+            for i, reg in self.deferred[:n]:
+                errors.append(push.handshake_failure_log(self.line, reg.engine_id, reg.request_id, str(got)))
+                self.hs_failed.append(i)
+            del self.deferred[:n]
+            if self.deferred:
+                self._start(self.deferred[0][1])
+            return []
+        if got.agent_metadata != self.d_meta:  # D never changes in a run: loaded once, kept across lines
+            if self.d_agent:
+                forget_remote(self.agent, self.remote, self.d_agent)
+            self.d_agent, self.remote = load_remote(self.agent, self.role.kv, got, "D's blocks")
+            self.d_meta, self.d_blocks = got.agent_metadata, got.num_blocks
+        self.ready = True
+        # A request whose lease ended while the handshake ran is no longer P's to WRITE (a loopback handshake
+        # takes milliseconds; vLLM would WRITE from the freed blocks).
+        done = [self.write(i, reg, held, faults, pending, errors) for i, reg in self.deferred if i in held]
+        self.deferred = []
+        return [i for i in done if i >= 0]
+
+    def write(self, i: int, reg: push.Registration, held: dict[int, _Held],
+              faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+              errors: list[str]) -> int:
+        """P's WRITE into D's registered blocks: the request (its blocks can be freed), or -1 (it failed)."""
+        h = held[i]
+        d_rid, d_blocks = reg.request_id, reg.blocks
+        drop, delay, fail = faults.get(i, (False, 0.0, False))
+        note = push.completion(d_rid)
+        kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
+        regions = kv.geometry.num_regions
+        try:
+            if fail:
+                # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
+                bad = self.agent.prep(self.d_agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
+                                      kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
+                self.agent.release_dlist(bad)
+            self.agent.read(self.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), self.remote,
+                            desc_ids(regions, self.d_blocks, np.asarray(d_blocks[:n])),
+                            b"" if drop or delay > 0 else note, op="WRITE", context=f"push {d_rid}")
+        except (NixlCallError, OverflowError, ValueError) as exc:
+            # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
+            # lease) and D is not told (the completion rides on the WRITE)
+            errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
+            self.failed.append(i)
+            return -1
+        if delay > 0 and not drop:
+            pending.append((time.time() + delay, self.d_agent, note))
+        return i
+
+    def take(self) -> tuple[list[int], list[m.ReqHandshook], list[int]]:
+        """This line's failed WRITEs, P's handshakes with D, and the requests that handshake failed for."""
+        out = (self.failed, self.shakes, self.hs_failed)
+        self.failed, self.shakes, self.hs_failed = [], [], []
+        return out
