@@ -32,7 +32,7 @@ MSG_UNIFY = ("ValueError: Hybrid KV cache manager is disabled but failed to conv
 # kv_connector/factory.py, 0.14.0 (0.11.1 has the check too, but its config forces HMA off before it runs)
 MSG_NOT_HMA = ("ValueError: Connector NixlConnector does not support HMA but HMA is enabled. Please set "
                "`--disable-hybrid-kv-cache-manager`.")
-# nixl/base_worker.py __init__, 0.26.0 and 0.34.0: a bare assert
+# the worker's __init__, a bare assert present from 0.18.0; only 0.34 reaches it (earlier releases raise MSG_UNIFY first)
 MSG_HMA_REQUIRED = "AssertionError: assert self._is_hma_required (Mamba layers with the hybrid manager off)"
 # the worker's __init__ with Mamba layers: read in 0.20.0 - 0.26.0 and 0.34.0, absent from 0.18.0 and 0.19.0
 MSG_DS_LAYOUT = ("AssertionError: 3-read Mamba conv transfer requires DS conv state layout. Set "
