@@ -8,8 +8,9 @@ What each release line prints, as read from the release wheels (no vLLM code is 
   `vLLM API server version <release>` (up to 0.1x) or `vLLM server version <release>, serving model ...` (later);
   the API server's `non-default args: {...}` with tensor_parallel_size, pipeline_parallel_size, data_parallel_size,
   block_size, kv_cache_dtype and kv_transfer_config (0.9.2 prints data_parallel_size only there).
-* 0.26+: per worker, INFO `Detected kv cache layout HND` (0.34: `LBHNC`/`LBNHC`; DEBUG before 0.26) and
-  `Detected attention backend(s) ['FLASH_ATTN']`. At DEBUG (0.14+): `NIXL compatibility hash: <h> (model=..,
+* 0.18+: per worker, INFO `Detected kv cache layout HND` (0.34: `LBHNC`/`LBNHC`; DEBUG before 0.18) and
+  `Detected attention backend(s) ['FLASH_ATTN']` (0.18 - 0.20: `Detected attention backend FLASH_ATTN`; read in
+  the wheels of 0.17.0 - 0.26.0). At DEBUG (0.14+): `NIXL compatibility hash: <h> (model=..,
   dtype=.., num_kv_heads=N, cache_dtype=.., attn_backend=..)`, N the model's total KV heads.
 * 0.9.1 - 0.10.x: per worker, INFO `Registering KV_Caches: use_mla: .., num_blocks: N, block_shape:
   torch.Size([block_size, kv_heads_per_rank, head_dim]), per_layer_kv_cache_shape: torch.Size([...])`
@@ -50,7 +51,8 @@ _ENGINE_INIT = re.compile(r"Initializing a V1 LLM engine \(v(?P<ver>[^)\s]+)\) w
 _SERVER_VER = re.compile(r"vLLM (?:API )?server version (?P<ver>[0-9][\w.+-]*?)(?:,|\s|$)")
 _NON_DEFAULT = re.compile(r"non-default args: (?P<args>\{.*\})")
 _LAYOUT = re.compile(r"Detected kv cache layout (?P<layout>[A-Z]{3,6})\b")
-_DETECTED_BACKEND = re.compile(r"Detected attention backend\(s\) \[['\"](?P<name>[A-Z0-9_]+)['\"]")
+# 0.21+: a list of the backends' names; 0.18 - 0.20: the first backend's name alone
+_DETECTED_BACKEND = re.compile(r"Detected attention backend(?:\(s\) \[['\"]| )(?P<name>[A-Z0-9_]+)\b")
 _COMPAT = re.compile(r"NIXL compatibility hash: \S+ \(model=(?P<model>.*?), dtype=(?P<dtype>[\w.]+), "
                      r"num_kv_heads=(?P<heads>\d+), cache_dtype=(?P<cache>\w+), attn_backend=(?P<backend>\w+)\)")
 _BACKEND_09 = re.compile(r"Using (?P<name>Flash Attention|FlashInfer|FlashMLA|Triton MLA|Cutlass MLA|Triton|"
@@ -311,7 +313,7 @@ def parse(lines: Iterable[str], name: str, dp_rank: int | None = None) -> LogFac
             backends.append(Found(m.group("backend"), f"{name}:{n}: NIXL compatibility hash attn_backend="
                                   f"{m.group('backend')}"))
         elif "Detected attention backend" in line and (m := _DETECTED_BACKEND.search(line)) is not None:
-            backends.append(Found(m.group("name"), f"{name}:{n}: Detected attention backend(s) [{m.group('name')!r}]"))
+            backends.append(Found(m.group("name"), f"{name}:{n}: Detected attention backend {m.group('name')}"))
         elif "backend" in line and (m := _BACKEND_09.search(line) or _BACKEND.search(line)) is not None:
             nm = m.group("name")
             backends.append(Found(_BACKEND_NAMES.get(nm, nm), f"{name}:{n}: Using {nm} backend"))
@@ -468,7 +470,7 @@ SCENARIO_KEYS = ("tp_size", "dp_size", "pp_size", "num_blocks", "block_size", "l
 # defaults vLLM prints nothing else for).
 OPTIONAL_KEYS = ("dp_rank", "model", "dp_size", "pp_size", "cache_dtype", "enable_permute_local_kv")
 ALWAYS_MISSING = {"layers": "not logged by any release",
-                  "kv_cache_layout": "not logged at INFO before 0.26 ('Detected kv cache layout')"}
+                  "kv_cache_layout": "not logged at INFO before 0.18 ('Detected kv cache layout')"}
 # Keys P and D share when they serve one model: read on one side only, the other side takes that value
 # rather than a default that would differ from it and raise a mismatch the deployment does not have.
 SHARED_MODEL_KEYS = ("kv_heads", "head_dim", "dtype", "use_mla", "attn_backend", "model", "block_size")

@@ -54,7 +54,7 @@ class Geometry(msgspec.Struct, frozen=True):
     groups: tuple[KVGroup, ...] = ()  # hybrid models: KV-cache groups in layer order; () is one full group
     # --[no-]disable-hybrid-kv-cache-manager as deployed: None leaves it to vLLM (releases.hybrid.hma_enabled)
     hma: bool | None = None
-    ssm_conv_layout: str = "SD"  # VLLM_SSM_CONV_STATE_LAYOUT (unset: SD); 0.26+ NIXL needs DS for Mamba
+    ssm_conv_layout: str = "SD"  # VLLM_SSM_CONV_STATE_LAYOUT (unset: SD); 0.20+ NIXL needs DS for Mamba (releases.hybrid)
     # Bytes from one block's start to the next (block_strides on the 0.29+ wire); 0: blocks abut (block_len). A
     # compressed MLA cache (fp8_ds_mla) pads each storage row past its page: NIXL connector version 10 (0.30+)
     # reads only the block_len-byte page of every block_stride-byte row, a "dense virtual page".

@@ -168,6 +168,10 @@ class Wheel:
             sched_files = [nixl / "base_scheduler.py", nixl / "pull_scheduler.py"]
             worker_files = [nixl / "base_worker.py", nixl / "pull_worker.py"]
             meta_files = [nixl / "metadata.py", nixl / "utils.py"]
+        elif (v1 / "nixl" / "scheduler.py").exists():  # 0.20 - 0.23: the package before the pull/push split
+            nixl = v1 / "nixl"
+            sched_files, worker_files = [nixl / "scheduler.py"], [nixl / "worker.py"]
+            meta_files = [nixl / "metadata.py", nixl / "utils.py"]
         else:
             sched_files = worker_files = meta_files = [v1 / "nixl_connector.py"]
         self.worker_text = "\n".join(p.read_text() for p in worker_files)

@@ -350,6 +350,15 @@ def test_dp_pp_cache_dtype_layout_and_heads_from_a_0_26_log() -> None:
     assert v["kv_heads"] == 4 and v["use_mla"] is False and v["num_blocks"] == 8192 // 16
 
 
+def test_0_18_to_0_20_bare_backend_line() -> None:
+    """0.18 - 0.20 log the first backend's name alone, 0.21+ a list (read in the wheels): both give attn_backend."""
+    pre = "(Worker_TP0 pid=5) INFO 01-01 00:00:00 [worker.py:318] "
+    for line in ("Detected attention backend FLASHINFER", "Detected attention backend(s) ['FLASHINFER']"):
+        facts = _parse("\n".join([pre + line, pre + "Detected kv cache layout NHD"]))
+        assert facts.fields["attn_backend"].value == "FLASHINFER", line
+        assert facts.fields["kv_cache_layout"].value == "NHD"
+
+
 def test_mla_from_a_0_26_log_is_one_latent_head() -> None:
     facts = _parse("\n".join(_log_0_26("p", dp=1, mla=True)))
     v = {k: f.value for k, f in facts.fields.items()}

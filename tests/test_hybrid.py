@@ -69,16 +69,21 @@ def test_startup_refusal_grid(rel) -> None:
     mamba, ds = _g(MAMBA), _g(MAMBA, ssm_conv_layout="DS")
     assert h.startup_refusal(rel, _g(SW)) is None  # sliding window: unified or clipped, never refused
     if v < (0, 22):
-        assert h.startup_refusal(rel, ds) == h.MSG_UNIFY  # dynamo #10741: HMA off with any connector
+        assert h.startup_refusal(rel, ds) == h.MSG_UNIFY  # dynamo #10741: HMA off by default with any connector
         assert not h.hma_enabled(rel, ds)
     else:
         assert h.startup_refusal(rel, ds) is None and h.hma_enabled(rel, ds)
         off = _g(MAMBA, ssm_conv_layout="DS", hma=False)
         assert h.startup_refusal(rel, off) == (h.MSG_HMA_REQUIRED if (0, 34) <= v < (99,) else h.MSG_UNIFY)
-        assert h.startup_refusal(rel, mamba) == (h.MSG_DS_LAYOUT if (0, 26) <= v < (99,) else None)
-    # an explicit --no-disable-hybrid-kv-cache-manager: refused by 0.14 - 0.21's factory, ignored before 0.14
+        assert h.startup_refusal(rel, mamba) == (h.MSG_DS_LAYOUT if (0, 20) <= v < (99,) else None)
+    # an explicit --no-disable-hybrid-kv-cache-manager: refused by 0.14 - 0.17's factory, ignored before 0.14,
+    # honoured from 0.18 (NixlConnector is SupportsHMA), the conv layout asserted from 0.20
     on = h.startup_refusal(rel, _g(SW, hma=True))
-    assert on == (h.MSG_NOT_HMA if (0, 14) <= v < (0, 22) else None)
+    assert on == (h.MSG_NOT_HMA if (0, 14) <= v < (0, 18) else None)
+    assert h.hma_enabled(rel, _g(SW, hma=True)) == (v >= (0, 18))
+    if (0, 18) <= v < (0, 22):
+        assert h.startup_refusal(rel, _g(MAMBA, hma=True, ssm_conv_layout="DS")) is None
+        assert h.startup_refusal(rel, _g(MAMBA, hma=True)) == (h.MSG_DS_LAYOUT if v >= (0, 20) else None)
 
 
 def test_group_reads_per_release() -> None:
@@ -91,23 +96,29 @@ def test_group_reads_per_release() -> None:
     assert h.group_reads(resolve("0.34.0"), _g(MAMBA, ssm_conv_layout="DS"))[1] == h.GroupRead(1, 2, 5, 1)
 
 
-def test_hma_block_size_assert_only_0_26_to_0_33() -> None:
+def test_hma_block_size_assert_only_0_18_to_0_33() -> None:
     g = _g(SW, block_size=32)
     assert h.handshake_refusal(resolve("0.26.0"), g, 16) == h.MSG_HMA_BLOCK_SIZE
     assert h.handshake_refusal(resolve("0.30.0"), g, 16) == h.MSG_HMA_BLOCK_SIZE
+    assert h.handshake_refusal(resolve("0.22.0"), g, 16) == h.MSG_HMA_BLOCK_SIZE
     assert h.handshake_refusal(resolve("0.34.0"), g, 16) is None  # remote-block granularity
     assert h.handshake_refusal(resolve("0.26.0"), _g((), block_size=32), 16) is None  # not hybrid: no HMA
     assert h.handshake_refusal(resolve("0.26.0"), _g(SW, block_size=32, hma=False), 16) is None
     assert h.handshake_refusal(resolve("0.14.0"), g, 16) is None
+    # 0.18 - 0.21: only with the manager explicitly on (off by default with a connector)
+    assert h.handshake_refusal(resolve("0.18.0"), g, 16) is None
+    assert h.handshake_refusal(resolve("0.18.0"), _g(SW, block_size=32, hma=True), 16) == h.MSG_HMA_BLOCK_SIZE
+    assert h.handshake_refusal(resolve("0.17.0"), _g(SW, block_size=32, hma=True), 16) is None
 
 
 def test_is_hma_enabled_in_the_hash_per_deployment() -> None:
     for name, factor in (("0.14.0", False), ("0.18.0", True), ("0.26.0", True), ("0.34.0", True)):
         rel = resolve(name)
         assert ("is_hma_enabled" in rel.hash_factors) == factor
-        on, off = compat_hash_for(rel, _g(SW)), compat_hash_for(rel, _g(SW, hma=False))
-        differ = factor and h.supports_hma(rel)  # 0.18 - 0.21 hash False whatever the flag (forced off)
-        assert (on != off) == differ, name
+        on, off = compat_hash_for(rel, _g(SW, hma=True)), compat_hash_for(rel, _g(SW, hma=False))
+        assert (on != off) == factor, name  # 0.14 has no factor (and refuses hma=True at start-up)
+        # no flag: 0.18 - 0.21 turn the manager off for any connector, 0.22+ leave it on
+        assert compat_hash_for(rel, _g(SW)) == (off if name in ("0.14.0", "0.18.0") else on), name
     line = h.effects(resolve("0.26.0"), _g(SW), _g(SW, hma=False))
     assert any("is_hma_enabled True (prefill) vs False (decode)" in x for x in line)
 

@@ -115,13 +115,21 @@ def test_hybrid_transfer_facts(release: str) -> None:
     conn = _conn(release)
     clips = "cdiv(n_tokens, block_size) + 1 if n_tokens else 0" in conn
     assert clips == hybrid.supports_hma(rel)
-    assert (hybrid.MSG_DS_LAYOUT.split(": ", 1)[1] in conn) == hybrid.supports_hma(rel)
     from pdcheck.geometry import Geometry, KVGroup
 
+    # the manager explicitly on (0.18 - 0.21 need the flag; 0.14 - 0.17 refuse it at start-up, <= 0.13 ignore it)
+    mamba = Geometry(tp_size=1, block_size=16, layers=2, total_kv_heads=1, head_dim=64, dtype="bfloat16",
+                     attn_backend="FLASH_ATTN", use_mla=False, hma=True, ssm_conv_layout="SD",
+                     groups=(KVGroup(kind="full", layers=1), KVGroup(kind="mamba", layers=1)))
+    ds = re.search(r"assert is_conv_state_dim_first\(\), \(\s*\"" +
+                   re.escape(hybrid.MSG_DS_LAYOUT.split(": ", 1)[1]), conn)
+    assert (hybrid.startup_refusal(rel, mamba) == hybrid.MSG_DS_LAYOUT) == (ds is not None)
     g = Geometry(tp_size=1, block_size=32, layers=2, total_kv_heads=1, head_dim=64, dtype="bfloat16",
-                 attn_backend="FLASH_ATTN", use_mla=False,
+                 attn_backend="FLASH_ATTN", use_mla=False, hma=True,
                  groups=(KVGroup(kind="full", layers=1), KVGroup(kind="sliding_window", layers=1, window=64)))
-    assert (hybrid.handshake_refusal(rel, g, 16) is not None) == (hybrid.MSG_HMA_BLOCK_SIZE in conn)
+    asserts = re.search(r"if self\._is_hma_required:\s*assert block_size_ratio == 1, \(\s*\"" +
+                        re.escape(hybrid.MSG_HMA_BLOCK_SIZE), conn)
+    assert (hybrid.handshake_refusal(rel, g, 16) is not None) == (asserts is not None)
     hashed = "is_hma_enabled = not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager" in conn
     assert hashed == ("is_hma_enabled" in rel.hash_factors)
 
@@ -172,9 +180,11 @@ def test_hybrid_clipping_runs_as_the_wheel_does(release: str) -> None:
         assert name is None
         return
     assert name is not None
-    clip = _function(release, "distributed/kv_transfer/kv_connector/v1/nixl/base_scheduler.py", name)
+    # nixl_connector.py (0.18 - 0.19), nixl/scheduler.py (0.20 - 0.23), nixl/base_scheduler.py (0.24+)
+    where = next(p for g in _CONN for p in sorted((SRC / release / "vllm").glob(g)) if f"def {name}(" in p.read_text())
+    clip = _function(release, str(where.relative_to(SRC / release / "vllm")), name)
     g = Geometry(tp_size=1, block_size=16, layers=3, total_kv_heads=1, head_dim=64, dtype="bfloat16",
-                 attn_backend="FLASH_ATTN", use_mla=False, ssm_conv_layout="DS",
+                 attn_backend="FLASH_ATTN", use_mla=False, hma=True, ssm_conv_layout="DS",
                  groups=(KVGroup(kind="full", layers=1), KVGroup(kind="sliding_window", layers=1, window=64),
                          KVGroup(kind="mamba", layers=1)))
     n_sw = hybrid.sw_blocks(64, 16)
@@ -273,12 +283,18 @@ def test_from_logs_reads_the_release_lines(release: str) -> None:
     sample = fmt % tuple(["True", "cuda", "False", "64", "torch.Size([64, 576])", "torch.Size([64, 64, 576])"][:n])
     facts = fromlogs.parse([f"(Worker_TP0 pid=5) INFO 01-01 00:00:00 [x.py:1] {sample}"], "x.log")
     assert facts.fields["use_mla"].value is True and facts.fields["kv_heads"].value == 1
-    # 0.26+: the layout and backend at INFO
-    if 'logger.info("Detected kv cache layout %s"' in conn:
-        assert _v(release) >= (0, 26)
+    # 0.18+: the layout and backend at INFO (read: DEBUG in 0.17.0, INFO in 0.18.0 - 0.26.0, 0.34.0)
+    assert ('logger.info("Detected kv cache layout %s"' in conn) == (_v(release) >= (0, 18))
+    if _v(release) >= (0, 18):
         facts = fromlogs.parse(["(Worker_TP0 pid=5) INFO 01-01 00:00:00 [x.py:1] Detected kv cache layout LBHNC"],
                                "x.log")
         assert facts.fields["kv_cache_layout"].value == "LBHNC"
+        bm = re.search(r'logger\.info\(\s*"(Detected attention backend[^"]*)",\s*(\[?)', conn)
+        assert bm is not None
+        # 0.21+ log a list of names, 0.18 - 0.20 the first name alone
+        said = bm.group(1) % (["FLASH_ATTN"] if bm.group(2) else "FLASH_ATTN")
+        facts = fromlogs.parse([f"(Worker_TP0 pid=5) INFO 01-01 00:00:00 [x.py:1] {said}"], "x.log")
+        assert facts.fields["attn_backend"].value == "FLASH_ATTN"
     # the DEBUG compat-hash line (0.13+)
     hm = re.search(r'"(NIXL compatibility hash: %s \(model=%s, dtype=%s, num_kv_heads=%d, cache_dtype=%s, '
                    r'attn_backend=%s\))"', conn)

@@ -196,9 +196,9 @@ class ReleaseModel:
     version: str = ""  # the exact release modelled (resolve() fills it in); hashed as vllm_version in G/H
     connector_version: int | None = None  # NIXL_CONNECTOR_VERSION (G/H)
     hash_factors: tuple[str, ...] = ()  # compatibility-hash factor keys (G/H); empty: no hash on the wire
-    # The is_hma_enabled factor a GPU deployment with NixlConnector hashes (0.18+): `not disable_hybrid_kv_cache_
-    # manager`, which 0.18 - 0.21 turn on for any --kv-transfer-config and 0.22+ leave off (NixlConnector is
-    # SupportsHMA, CUDA supports the hybrid manager).
+    # The is_hma_enabled factor a GPU deployment with NixlConnector hashes (0.18+) when no HMA flag is given: `not
+    # disable_hybrid_kv_cache_manager`, which 0.18 - 0.21 set (False) for any --kv-transfer-config and 0.22+ leave
+    # unset (True: NixlConnector is SupportsHMA, CUDA supports the hybrid manager). hybrid.hma_enabled applies flags.
     is_hma_enabled: bool = False
     # How FlashAttention lays out and registers KV (geometry.KVRegions): "split" K and V regions up to 0.22,
     # "blocks_first" [num_blocks, 2, ...] from 0.23, "packed" [num_blocks, heads, block_size, 2 * head_dim] from 0.26.

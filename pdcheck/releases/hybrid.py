@@ -1,20 +1,22 @@
 """What each release does with a hybrid model's KV-cache groups (issue #17): sliding-window and Mamba/SSM groups
-beside full attention. Read from the release wheels (0.9.2, 0.11.1, 0.14.0, 0.26.0, 0.34.0); the one home of
-these per-release facts: the engine asks it for start-up and handshake refusals, the transfer proof for the blocks
-of each group a D rank reads, hazards and the compatibility hash for is_hma_enabled.
+beside full attention. Read from the release wheels (0.9.2, 0.11.1, 0.14.0 - 0.26.0 each minor, 0.34.0); the one
+home of these per-release facts: the engine asks it for start-up and handshake refusals, the transfer proof for
+the blocks of each group a D rank reads, hazards and the compatibility hash for is_hma_enabled.
 
 The hybrid KV cache manager (HMA) with NixlConnector, per release (vllm/config):
 - up to 0.13: any --kv-transfer-config turns it off, whatever the flag says;
-- 0.14 - 0.21: off by default with a connector; --no-disable-hybrid-kv-cache-manager is refused at start-up by the
+- 0.14 - 0.17: off by default with a connector; --no-disable-hybrid-kv-cache-manager is refused at start-up by the
   connector factory (NixlConnector is not SupportsHMA);
-- 0.22+: NixlConnector is SupportsHMA, so it stays on unless --disable-hybrid-kv-cache-manager.
+- 0.18 - 0.21: NixlConnector is SupportsHMA, but any connector still turns the manager off by default; an explicit
+  --no-disable-hybrid-kv-cache-manager turns it on (the factory accepts it);
+- 0.22+: config asks the connector (supports_hma), so it stays on unless --disable-hybrid-kv-cache-manager.
 With it off, unify_hybrid_kv_cache_specs turns sliding-window layers into full attention (every block of every
 layer is kept and transferred: correct, no memory saved); Mamba/SSM layers cannot be converted: 0.9.2 - 0.26
 raise "Hybrid KV cache manager is disabled but failed to convert ..." at start-up (dynamo #10741), 0.34 no longer
 raises there and the NIXL worker's `assert self._is_hma_required` stops it instead.
-With it on (0.26+): P clips each sliding-window group's blocks to its window (get_sw_clipped_blocks:
-cdiv(window, block_size) + 1 blocks), a Mamba group is one whole state page per request ("SSM can only have one
-local block"), full-attention groups send every block.
+With it on (0.18+): P clips each sliding-window group's blocks to its window (get_sw_clipped_blocks:
+cdiv(window, block_size) + 1 blocks), a Mamba group is one whole state page per request, full-attention groups
+send every block.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ MSG_UNIFY = ("ValueError: Hybrid KV cache manager is disabled but failed to conv
 # kv_connector/factory.py, 0.14.0 (0.11.1 has the check too, but its config forces HMA off before it runs)
 MSG_NOT_HMA = ("ValueError: Connector NixlConnector does not support HMA but HMA is enabled. Please set "
                "`--disable-hybrid-kv-cache-manager`.")
-# nixl/base_worker.py __init__, 0.26.0 and 0.34.0: a bare assert
+# the worker's __init__, a bare assert present from 0.18.0; only 0.34 reaches it (earlier releases raise MSG_UNIFY first)
 MSG_HMA_REQUIRED = "AssertionError: assert self._is_hma_required (Mamba layers with the hybrid manager off)"
+# the worker's __init__ with Mamba layers: read in 0.20.0 - 0.26.0 and 0.34.0, absent from 0.18.0 and 0.19.0
 MSG_DS_LAYOUT = ("AssertionError: 3-read Mamba conv transfer requires DS conv state layout. Set "
                  "VLLM_SSM_CONV_STATE_LAYOUT=DS")
-# nixl/base_worker.py add_remote_agent, 0.26.0 (0.34.0 transfers at remote-block granularity instead)
+# the worker's _validate_remote_agent_handshake, `if self._is_hma_required: assert block_size_ratio == 1`: read in
+# 0.18.0 and 0.19.0 (nixl_connector.py), 0.20.0 - 0.23.0 (nixl/worker.py), 0.24.0 - 0.26.0 (nixl/base_worker.py);
+# absent from 0.17.0 (no HMA path) and 0.34.0 (transfers at remote-block granularity instead)
 MSG_HMA_BLOCK_SIZE = "HMA does not support different remote block size yet"
 # the engine's warning when it converts sliding-window layers (every release that unifies)
 MSG_UNIFIED = ("Hybrid KV cache manager is disabled for this hybrid model, This means we do not enable any "
@@ -50,15 +55,18 @@ def _v(rel: ReleaseModel) -> tuple[int, ...]:
 
 
 def supports_hma(rel: ReleaseModel) -> bool:
-    """NixlConnector is SupportsHMA (0.22+; the model lines hash is_hma_enabled True from there)."""
-    return rel.flow == "corrected" or rel.is_hma_enabled
+    """NixlConnector is SupportsHMA: 0.18+ (read: `class NixlConnector(KVConnectorBase_V1, SupportsHMA)` in 0.18.0,
+    not in 0.17.0)."""
+    return rel.flow == "corrected" or _v(rel) >= (0, 18)
 
 
 def hma_enabled(rel: ReleaseModel, g: Geometry) -> bool:
     """The deployment's `not disable_hybrid_kv_cache_manager` with NixlConnector (is_hma_enabled in the hash)."""
     if not supports_hma(rel):
-        return False  # off by default (0.14 - 0.21: an explicit enable is refused at start-up) or forced off
-    return g.hma is not False
+        return False  # forced off (up to 0.13), or off with an explicit enable refused at start-up (0.14 - 0.17)
+    if g.hma is None:  # no flag: the release's default with a connector (off 0.18 - 0.21, on 0.22+)
+        return rel.flow == "corrected" or rel.is_hma_enabled
+    return g.hma
 
 
 def hma_required(rel: ReleaseModel, g: Geometry) -> bool:
@@ -75,16 +83,16 @@ def startup_refusal(rel: ReleaseModel, g: Geometry) -> str | None:
     if not hma_enabled(rel, g):
         # corrected too: Mamba state cannot live in a unified full-attention pool, so it refuses as 0.26 does
         return MSG_HMA_REQUIRED if (0, 34) <= _v(rel) < (99,) else MSG_UNIFY
-    if (0, 26) <= _v(rel) < (99,) and g.ssm_conv_layout != "DS":  # 0.22 - 0.25: no wheel read, not modelled
+    if (0, 20) <= _v(rel) < (99,) and g.ssm_conv_layout != "DS":  # 0.18 - 0.19 have no 3-read conv transfer
         return MSG_DS_LAYOUT
     return None
 
 
 def handshake_refusal(rel: ReleaseModel, local: Geometry, remote_block_size: int | None) -> str | None:
-    """A refusal at the handshake (so on the first request): 0.26 - 0.33 assert equal block sizes with HMA."""
+    """A refusal at the handshake (so on the first request): 0.18 - 0.33 assert equal block sizes with HMA."""
     if remote_block_size is None or remote_block_size == local.block_size or rel.flow == "corrected":
         return None
-    if hma_required(rel, local) and (0, 26) <= _v(rel) < (0, 34) and local.block_size % remote_block_size == 0:
+    if hma_required(rel, local) and (0, 18) <= _v(rel) < (0, 34) and local.block_size % remote_block_size == 0:
         return MSG_HMA_BLOCK_SIZE
     return None
 

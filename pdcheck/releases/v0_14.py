@@ -63,7 +63,8 @@ MODEL = ReleaseModel(
 MODEL_0_16 = replace(MODEL, name="0.16.0", versions=("0.16.0", "0.17.0"), version="0.16.0",
                      hash_factors=HASH_0_16)
 
-# 0.18: ssm_sizes in the metadata (wire G18, no version bump), is_hma_enabled hashed: False, since 0.18 - 0.21
-# disable the hybrid KV cache manager whenever --kv-transfer-config is set.
+# 0.18: ssm_sizes in the metadata (wire G18, no version bump), is_hma_enabled hashed: False by default, since 0.18 -
+# 0.21 disable the hybrid KV cache manager whenever --kv-transfer-config is set; NixlConnector is SupportsHMA from
+# 0.18 (read in 0.18.0, not 0.17.0), so an explicit --no-disable-hybrid-kv-cache-manager turns it on (releases.hybrid).
 MODEL_0_18 = replace(MODEL_0_16, name="0.18.0", versions=("0.18.0", "0.19.0"), wire="G18", version="0.18.0",
                      hash_factors=HASH_0_18)

@@ -4,8 +4,9 @@ Replication is strict from 0.20 (`remote_tp_size > total_num_kv_heads`), the val
 `remote_info.remote_tp_size == remote_tp_size`, and heterogeneous TP (|tp_ratio| != 1, KV not replicated, not
 MLA) raises unless the LOCAL layout is HND. 0.21 stops asserting the P TP > D TP replication for MLA; 0.24 checks
 block lengths per region with per-rank physical head counts (#45330). Connector version: 2 (0.20), 3 (0.21, +
-physical_blocks_per_logical_kv_block), 4 (0.22+). is_hma_enabled hashes True from 0.22 (NixlConnector is
-SupportsHMA; 0.20 - 0.21 still turn the hybrid manager off for any connector).
+physical_blocks_per_logical_kv_block), 4 (0.22+). is_hma_enabled hashes True by default from 0.22 (config asks
+the connector, and NixlConnector is SupportsHMA); 0.20 - 0.21 still turn the hybrid manager off for any connector
+unless --no-disable-hybrid-kv-cache-manager (releases.hybrid).
 Checked against the wheels of 0.20.0, 0.20.1, 0.20.2, 0.21.0, 0.22.0, 0.22.1, 0.23.0, 0.24.0, 0.25.0, 0.25.1.
 """
 
