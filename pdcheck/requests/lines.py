@@ -3,15 +3,17 @@ frees the blocks, and what a failed load does.
 
 Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and from the 0.13.0 and 0.34.0 wheels
 (nixl_connector.py; nixl/pull_scheduler.py, base_scheduler.py, base_worker.py, pull_worker.py; config/kv_transfer.py):
-* kv_transfer_params keys: 0.9.0 six keys; 0.9.2 + tp_size; 0.13 + remote_request_id; 0.24 + remote_num_tokens;
+* kv_transfer_params keys: 0.9.0 six keys; 0.9.2 + tp_size; 0.13 + remote_request_id; 0.21 + remote_num_tokens;
   0.26 + remote_blocks_expiry_time (None in what P returns); 0.28 + transfer_mode; 0.34 + dcp_size, pp_size,
   remote_registration_generation (0.24.0, 0.25.0, 0.26.0 wheels: pull_scheduler.request_finished).
 * done notification: 0.9.0 "{req}"; 0.9.1-0.12 "{req}:{tp_ratio}"; 0.13 "{remote_request_id}:{tp_ratio}";
   0.14 "{remote_request_id}:{world}"; 0.34 "{remote_request_id}:{expected_consumers}" (and "HB:<ids>" heartbeats).
 * freeing without a notification: never before 0.10 (a leak); VLLM_NIXL_ABORT_REQUEST_TIMEOUT 120 s in 0.10.x
   and 0.11.0, 480 s from 0.11.1 ("Releasing expired KV blocks for request %s which were retrieved by %d decode
-  worker(s) within %d seconds."); from 0.24 a lease, kv_lease_duration (30 s), renewed by D's heartbeats every
+  worker(s) within %d seconds."); from 0.22 a lease, kv_lease_duration (30 s), renewed by D's heartbeats every
   lease // 6 s for requests D's scheduler tracks ("... retrieved by %d remote worker(s) before lease expired.").
+  (0.15.0 - 0.25.0 wheels, nixl_connector.py / nixl/scheduler.py, worker.py: remote_num_tokens from 0.21.0, the
+  lease, HB: and _lease_extension = lease * 2 // 3 from 0.22.0 in place of the abort timeout.)
 * a failed load: before 0.11.1 the worker raises (engine crash); 0.11.1 marks the blocks invalid and recomputes
   (#26171); 0.13 kv_load_failure_policy exists (default recompute, still in 0.14.0, 0.15.0, 0.15.1 and
   0.16.0); default fail from 0.17.0 (config/kv_transfer.py of each of those wheels); 0.14+ logs
@@ -64,7 +66,7 @@ class Lifecycle(msgspec.Struct, frozen=True):
 
     def lease_extension(self, lease: float) -> float:
         """How far past now a heartbeat pushes the lease (never shortening it): vLLM's `_lease_extension =
-        kv_lease_duration * 2 // 3` (0.24+ base_worker; whole seconds, so a 1 s lease is never extended); a
+        kv_lease_duration * 2 // 3` (0.22+ worker; whole seconds, so a 1 s lease is never extended); a
         sub-second --lease (time scaled down for a test) keeps the 2/3; the corrected path renews the whole lease."""
         if self.line == "corrected":
             return lease
@@ -112,6 +114,11 @@ LINES: tuple[Lifecycle, ...] = (
               _ABORT_LOG, False, "recompute", _FAILURE, "hang", True),
     Lifecycle("0.17.0", (0, 17, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
+    Lifecycle("0.21.0", (0, 21, 0), _K024, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
+    Lifecycle("0.22.0", (0, 22, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "fail", _FAILURE, "hang", True),
+    # the same request path as 0.22; the line carries abort-d's change (ABORT_WAITS_READ_SINCE)
     Lifecycle("0.24.0", (0, 24, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
     Lifecycle("0.26.0", (0, 26, 0), _K026, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
