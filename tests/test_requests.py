@@ -137,7 +137,8 @@ def test_push_lost_completion_scenario_real_writes_and_table_agrees_with_json(pd
     run = pdcheck("requests", path, "--json", timeout=120)
     assert run.code == 1, run.err  # D hangs on requests 2 and 5
     doc = run.json()
-    assert doc["mode"] == "push" and [e["passed"] for e in doc["expectations"]] == [True] * 3, doc["expectations"]
+    assert doc["mode"] == "push" and [e["passed"] for e in doc["expectations"]] == [True] * 4, doc["expectations"]
+    assert [e["release"] for e in doc["expectations"]][:2] == ["0.24.0", "0.26.0"]  # 0.24: push mode too
     for rel in doc["releases"]:
         assert rel["model_agrees"] and "PUSH_REG" in rel["notification"]
         # P frees on its own WRITE (D's real PUSH_REG matched, real NIXL WRITE done), never at the lease

@@ -13,7 +13,9 @@ For every release found there:
   block accounting for one request;
 - D's handling of the params a router forwards (dropped, each bad-params kind) through get_num_new_matched_tokens
   and update_state_after_alloc, against decide();
-- the failure policy (kv_load_failure_policy's default, the failure_type names, a failed READ before the policy).
+- the failure policy (kv_load_failure_policy's default, the failure_type names, a failed READ before the policy);
+- push mode (pdcheck.requests.push): where NixlPushConnector exists (factory.py), and for 0.24+ its params, PUSH_REG
+  fields, P's handshake with D, failure texts, completion notif_msg, heartbeats, matching, watchdog, notif count.
 Where the release and the model disagree and the fix is not pdcheck's to make here, the case is an xfail naming
 the difference (strict: it fails once the model follows the release).
 """
@@ -340,15 +342,68 @@ def test_push_registration_names_ds_side_channel_and_p_handshakes_there(release:
                   if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
                   and "_push_pending_registrations" in ast.unparse(n.targets[0]))
     fields = {ast.literal_eval(k): ast.unparse(v) for k, v in zip(staged.keys, staged.values, strict=True) if k}
-    ours = msgspec.msgpack.decode(push.registration("r-0a1b2c3d", "D", "h", 7, [1], {})[len(push.PUSH_REG_PREFIX):])
+    line = line_of(release)
+    reg = push.registration("r-0a1b2c3d", "D", "h", 7, [1], {}, line)
+    ours = msgspec.msgpack.decode(reg[len(push.PUSH_REG_PREFIX):])
     assert set(fields) == set(ours)
     assert (fields["decode_host"], fields["decode_port"]) == ("self.side_channel_host", "self.side_channel_port")
     worker = (nixl / "push_worker.py").read_text()
     start = worker[worker.index("def _do_start_push_kv"):]
     start = start[:start.index("\n    def ", 10)]
     assert 'registration_data["decode_host"]' in start or "decode_host," in start  # P dials D's side channel
-    line = line_of(release)
     if push.handshake_joins(line):  # the handshake executor's future; the WRITE deferred until it is done
         assert "self._ensure_handshake(" in start and 'failure_type="push_handshake_failed"' in start
-    else:  # 0.26: blocking on the writer, one try per request
+    else:  # 0.24-0.26: blocking on the writer, one try per request
         assert "_ensure_d_handshake(" in start and '"Failed handshake to D %s for push %s"' in worker
+
+
+def _push_sources(release: str) -> tuple[str, str]:
+    nixl = SRC / release / "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
+    return (nixl / "push_scheduler.py").read_text(), (nixl / "push_worker.py").read_text()
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_push_mode_exists_where_the_model_says(release: str) -> None:
+    """push.available against the wheel: factory.py registers NixlPushConnector exactly from PUSH_SINCE."""
+    from pdcheck.requests import push
+
+    factory = (SRC / release / "vllm/distributed/kv_transfer/kv_connector/factory.py").read_text()
+    assert push.available(key(release)) == ('"NixlPushConnector"' in factory)
+
+
+@pytest.mark.parametrize("release", PUSH_RELEASES)
+def test_push_params_are_the_release_params(release: str) -> None:
+    """The keys of the dict push request_finished returns, against push.keys (0.24/0.25: no pp_size)."""
+    import ast
+
+    from pdcheck.requests import push
+
+    scheduler, _ = _push_sources(release)
+    fn = next(n for n in ast.walk(ast.parse(scheduler))
+              if isinstance(n, ast.FunctionDef) and n.name == "request_finished")
+    returned = next(n.value.elts[1] for n in ast.walk(fn) if isinstance(n, ast.Return)
+                    and isinstance(n.value, ast.Tuple) and isinstance(n.value.elts[1], ast.Call))
+    assert {k.arg for k in returned.keywords} == set(push.keys(line_of(release)))
+    # D-side finishing (abort-d): not a P-side request, so the blocks are not kept for the WRITE to come
+    body = ast.unparse(fn)
+    assert "if not is_p_node:\n        return (False, None)" in body
+
+
+@pytest.mark.parametrize("release", PUSH_RELEASES)
+def test_push_texts_and_completion(release: str) -> None:
+    """The failure_type texts, the completion notif_msg, the heartbeat forwarding, the id matching, the watchdog's
+    default and D's count of completion notifications, against push.py."""
+    from pdcheck.requests import push
+
+    scheduler, worker = _push_sources(release)
+    line = line_of(release)
+    for failure in ("push_reg_handshake_failed", "push_reg_notif_failed", "transfer_setup_failed"):
+        assert f'failure_type="{failure}"' in worker
+    assert f'msg="{push.WRITE_FAIL_LOG.split(". ", 1)[1]}"' in worker
+    assert push.completion("R", 2) == b"R:2" and 'notif_id = f"{remote_request_id}:{self.world_size}"' in worker
+    assert 'if msg.startswith("HB:"):\n' in worker and "self._handle_heartbeat(msg[3:])" in worker
+    assert "get_base_request_id(reg_id) == base_id" in worker and push.base_id("r-0a1b2c3d") == "r"
+    assert '"push_registration_timeout",\n                self.decoder_kv_blocks_ttl,' in scheduler
+    counts = "expected_notifs = meta.pp_size * producers_per_consumer" in worker
+    assert counts == push.has_pp(line)
+    assert push.expected_notifs(4, 1, 2, line) == (8 if counts else 1)

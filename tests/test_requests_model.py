@@ -226,7 +226,7 @@ def test_failure_policy_default_turns_fail_at_0_17() -> None:
         assert out[1].verdict == want, version
 
 
-# Push mode (NixlPushConnector, 0.26+): pdcheck.requests.push
+# Push mode (NixlPushConnector, 0.24+): pdcheck.requests.push
 
 
 def push_verdicts(version: str, faults: list[str], n: int = 8, lease: float | None = 0.5) -> list[str]:
@@ -265,6 +265,8 @@ def test_push_registration_and_completion_formats() -> None:
 
 
 def test_push_params_per_line() -> None:
+    import msgspec
+
     from pdcheck.requests import push
 
     p26 = push.params(line_of("0.26.0"), 0, [1], "P", 5600, 1, 3.0, [1])
@@ -273,13 +275,20 @@ def test_push_params_per_line() -> None:
     assert p34["transfer_mode"] == "push" and "dcp_size" in p34 and "remote_blocks_expiry_time" not in p34
     pc = push.params(CORRECTED, 0, [1], "P", 5600, 1, 3.0, [1])
     assert pc["remote_blocks_expiry_time"] == 3.0 and pc["block_generations"] == [1]
-    assert not push.available((0, 24, 0)) and push.available((0, 26, 0))
+    assert not push.available((0, 23, 0)) and push.available((0, 24, 0))
+    # 0.24/0.25: no pp_size in the params nor remote_pp_size in PUSH_REG; D done at P's first notification
+    p24 = push.params(line_of("0.25.0"), 0, [1], "P", 5600, 1, 3.0, [1])
+    assert set(p26) - set(p24) == {"pp_size"} and set(p24) <= set(p26)
+    reg = {v: msgspec.msgpack.decode(push.registration("r", "D", "h", 1, [1], p, line_of(v))[len(b"PUSH_REG:"):])
+           for v, p in (("0.25.0", p24), ("0.26.0", p26))}
+    assert set(reg["0.26.0"]) - set(reg["0.25.0"]) == {"remote_pp_size"}
+    assert [push.expected_notifs(4, 1, 2, line_of(v)) for v in ("0.24.0", "0.26.0")] == [1, 8]
 
 
 def test_push_no_fault_delivered_and_p_frees_on_its_write() -> None:
     from pdcheck.requests import push
 
-    for version in ("0.26.0", "0.34.0", "corrected"):
+    for version in ("0.24.0", "0.26.0", "0.34.0", "corrected"):
         out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, ())
         assert {o.verdict for o in out} == {"delivered"}
         assert (acc.freed, acc.expired, acc.late_notifs) == (8, 0, 0)
@@ -325,15 +334,17 @@ def test_push_bad_and_dropped_params() -> None:
     assert {o.verdict for o in out} == {"recomputed"} and acc.freed == 0 and acc.expired + acc.held == 8
 
 
-def test_push_mode_plan_refuses_releases_before_0_26() -> None:
+def test_push_mode_plan_refuses_releases_before_0_24() -> None:
     from pdcheck.requests.plan import build
 
-    with pytest.raises(BadInput, match="vLLM 0.24.0 has no push mode"):
-        build(None, {}, "0.24.0,0.34.0", {"mode": "push"}, [])
+    with pytest.raises(BadInput, match=r"vLLM 0.23.0 has no push mode \(NixlPushConnector arrived in 0.24.0\); "
+                                       r"name 0.24\+ releases"):
+        build(None, {}, "0.23.0,0.34.0", {"mode": "push"}, [])
+    assert [r for r, _ in build(None, {}, "0.24.0,0.25.0", {"mode": "push"}, []).releases] == ["0.24.0", "0.25.0"]
     with pytest.raises(BadInput, match="mode must be pull or push"):
         build(None, {"requests": {"mode": "both"}}, "0.34.0", {}, [])
     plan = build(None, {}, "all", {"mode": "push"}, [])  # 'all': every release that has push mode
-    assert plan.options.mode == "push" and plan.releases[0][0] == "0.26.0"
+    assert plan.options.mode == "push" and plan.releases[0][0] == "0.24.0"
     assert build(None, {}, "0.34.0", {}, []).options.mode == "pull"
 
 

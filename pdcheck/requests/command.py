@@ -21,8 +21,8 @@ EPILOG = """[bold]Examples[/]
   pdcheck requests scenarios/requests/requests-freed-early.toml --vllm 0.9.1,0.11.1,0.34.0
   [dim]# no file: flags only[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 --fault slow-decode:1 --fault drop-notif:3
-  [dim]# push mode (0.26+): D registers (PUSH_REG), P WRITEs; P's completion notification lost for request 2[/]
-  pdcheck requests --vllm 0.26.0,0.34.0 --mode push --lease 0.5 --fault drop-notif:2
+  [dim]# push mode (0.24+): D registers (PUSH_REG), P WRITEs; P's completion notification lost for request 2[/]
+  pdcheck requests --vllm 0.24.0,0.34.0 --mode push --lease 0.5 --fault drop-notif:2
   [dim]# P replaced after handing out request 2's params; the timeline as a picture[/]
   pdcheck requests --vllm 0.11.1,0.34.0 --requests 5 --fault restart-p:2 --plot restart.png
 
@@ -63,7 +63,7 @@ def register(app: Any) -> None:
                                                        "release's own: recompute, fail from 0.17).")] = None,
         mode: Annotated[str | None, Opt(metavar="pull|push", rich_help_panel=LOAD, show_default=False,
                                         help="pull (default): D READs; push: D registers and P WRITEs "
-                                             "(NixlPushConnector, 0.26+ only).")] = None,
+                                             "(NixlPushConnector, 0.24+ only).")] = None,
         seed: Annotated[int | None, Opt(metavar="N", rich_help_panel=LOAD, show_default=False,
                                         help="Which requests a fault's p=SHARE picks (default 0).")] = None,
         fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,

@@ -515,7 +515,7 @@ class _PushWaiter:
         try:
             own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
             self.role.agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, own.host,
-                                                                     own.port, blocks, msg.params))
+                                                                     own.port, blocks, msg.params, line))
         except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
             if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 self._drop(d_rid)
@@ -549,7 +549,7 @@ class _PushWaiter:
                 if d_rid not in self.waiting:
                     continue  # "Unrecognized request %s notif (may have expired)."
                 self.counts[d_rid] = self.counts.get(d_rid, 0) + 1
-                if self.counts[d_rid] < push.expected_notifs():
+                if self.counts[d_rid] < push.expected_notifs(line=line):
                     continue
                 if d_rid in self.kept:  # an aborted request's WRITE is done: its blocks go back, no answer
                     self._drop(d_rid)

@@ -32,8 +32,8 @@ _SPECS: dict[str, tuple[bool, bool, str]] = {
 }
 P_RANKS = 1  # the request path runs one P rank (tp_rank 0)
 NAMES = tuple(_SPECS)
-# Every fault applies in push mode too (NixlPushConnector, 0.26+; read in the 0.26.0 and 0.34.0 push code, see
-# pdcheck.requests.push): read-fail is P's WRITE failing, hold / heartbeat-loss a request D's scheduler holds
+# Every fault applies in push mode too (NixlPushConnector, 0.24+; read in the 0.24.0-0.26.0 and 0.34.0 push code,
+# see pdcheck.requests.push): read-fail is P's WRITE failing, hold / heartbeat-loss a request D's scheduler holds
 # before its PUSH_REG, abort-d the client aborting after it, restart-p a PUSH_REG sent to the replaced P's dead
 # agent. So no fault is refused by mode.
 

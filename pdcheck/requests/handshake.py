@@ -6,7 +6,7 @@ replaced P binds the port of the one it replaces, as a restarted vLLM P keeps it
 that fails (no answer within the release's recv timeout, a reply the release cannot decode) is D's verdict for
 the line's requests, never a hang of the run.
 
-In push mode (NixlPushConnector, 0.26+) P also handshakes with D before its first WRITE: D serves its own metadata
+In push mode (NixlPushConnector, 0.24+) P also handshakes with D before its first WRITE: D serves its own metadata
 on the same kind of listener (PSide, D's values), its PUSH_REG names that side channel, and P fetches it with the
 same fetch and decoder (DSide(peer="D")), in the background (Background), as vLLM's P does off its engine loop.
 """

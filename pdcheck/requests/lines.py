@@ -27,7 +27,7 @@ Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and 
   0's metadata; 0.9.2 to 0.34 pass the params' tp_size (`.get("tp_size", 1)`) only to the handshake
   (_background_nixl_handshake / _ensure_handshake), which start_load_kv (0.34: _read_blocks_for_req) starts
   only for an engine missing from _remote_agents; the READ uses the TP recorded at that handshake (_tp_size,
-  transfer_topo's remote_tp_size). Push mode (0.26+): PUSH_REG's remote_tp_size feeds the same no-op
+  transfer_topo's remote_tp_size). Push mode (0.24+): PUSH_REG's remote_tp_size feeds the same no-op
   _ensure_handshake, and P WRITEs by decode_tp_size. So the request is read and delivered. Only a first contact
   (or a re-handshake: engine_ttl 3600 s, 0.34's registration generation) uses it: hazards H11 / H12, the
   handshake command's territory.

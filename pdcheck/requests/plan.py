@@ -12,7 +12,7 @@ File format (every key optional; flags win):
     pool = 8                          # P's KV blocks
     seed = 0                          # which requests a fault's p=SHARE picks
     failure_policy = "recompute"      # kv_load_failure_policy of 0.13+ (default: each release's own)
-    mode = "push"                     # pull (default) | push: NixlPushConnector, 0.26+ releases only
+    mode = "push"                     # pull (default) | push: NixlPushConnector, 0.24+ releases only
 
     [faults]                          # NAME = true | "ARGS" | ["ARGS", ...]  (as --fault NAME:ARGS)
     slow-decode = "1.5"
@@ -145,8 +145,9 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         for r in models:
             if not has_push(r):
                 origin = "--mode push" if flags.get("mode") is not None else f'{where}: [requests] mode = "push"'
+                since = ".".join(map(str, PUSH_SINCE))
                 raise BadInput(f"{origin}: vLLM {r.name} has no push mode (NixlPushConnector arrived in "
-                               f"{'.'.join(map(str, PUSH_SINCE))}); name 0.26+ releases")
+                               f"{since}); name {'.'.join(map(str, PUSH_SINCE[:2]))}+ releases")
     releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
     name = scenario.stem if scenario is not None else "flags"
     return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,

@@ -1,16 +1,17 @@
-"""Push mode (NixlPushConnector, vLLM 0.26+) of the request path, pure: its params, D's PUSH_REG registration,
+"""Push mode (NixlPushConnector, vLLM 0.24+) of the request path, pure: its params, D's PUSH_REG registration,
 P's completion notification, the request-id matching, and a simulator of P's and D's blocks that gives each
 request's expected verdict (simulate), as pdcheck.requests.model does for pull.
 
-Facts from the 0.26.0 and 0.34.0 wheels (nixl/push_scheduler.py, push_worker.py, metadata.py, utils.py):
+Facts from the 0.24.0, 0.25.0, 0.26.0 and 0.34.0 wheels (nixl/push_scheduler.py, push_worker.py, metadata.py,
+utils.py; kv_connector/factory.py registers NixlPushConnector from 0.24.0, 0.23.0 has none):
 * D's scheduler (update_state_after_alloc) allocates its blocks and stages a registration; D's writer thread
   handshakes with P and sends `b"PUSH_REG:" + msgpack(reg)` to every P agent (PP prefill, PR #45880: one per
   pipeline stage), reg = {request_id (D's), decode_engine_id, decode_host, decode_port, decode_tp_size,
-  local_block_ids (D's, per group), remote_engine_id, remote_host, remote_port, remote_tp_size, remote_pp_size}.
-  D ignores `remote_block_ids` (it seeds them to ()) and never reads P's memory.
+  local_block_ids (D's, per group), remote_engine_id, remote_host, remote_port, remote_tp_size, and from 0.26
+  remote_pp_size}. D ignores `remote_block_ids` (it seeds them to ()) and never reads P's memory.
 * P handshakes with D before its first WRITE to it: the PUSH_REG's decode_host / decode_port name D's own side
   channel, and P's _ensure_handshake (0.28+: on the background executor, the WRITE deferred until it is done, a
-  failure logged as push_handshake_failed; 0.26: _ensure_d_handshake, blocking on the writer, "Failed handshake to
+  failure logged as push_handshake_failed; 0.24-0.26: _ensure_d_handshake, blocking on the writer, "Failed handshake to
   D ... for push ...") fetches D's metadata there, cached by D's engine id. A failed handshake skips the WRITE:
   P's blocks wait for the lease and D waits (nothing tells it).
 * P's writer matches a registration with a finished request by id: exact, then with the `-<8 hex>` suffix
@@ -18,15 +19,17 @@ Facts from the 0.26.0 and 0.34.0 wheels (nixl/push_scheduler.py, push_worker.py,
   `"{D request id}:{P world_size}"` and frees its blocks when its own WRITE handles are done (no notification
   from D). Unmatched finished blocks are freed at the lease (kv_lease_duration, renewed by D's `HB:` heartbeats);
   a registration that arrives after that is kept unmatched and never answered.
-* D counts `pp_size * max(1, P_tp // D_world)` completion notifications, then the request is done. D's only
+* D counts `pp_size * max(1, P_tp // D_world)` completion notifications (0.26+; 0.24 and 0.25: done at the
+  first one), then the request is done. D's only
   deadline is the registration watchdog (`push_registration_timeout`, default `decoder_kv_blocks_ttl` = 480 s):
   it drops the registration and logs a warning, and the request keeps waiting (the lost-notification class of
   vLLM PR #50754).
-* params: 0.26 {do_remote_prefill, do_remote_decode, remote_block_ids, remote_engine_id, remote_request_id,
-  remote_host, remote_port, tp_size, pp_size, remote_num_tokens}; 0.34 + dcp_size, transfer_mode ("push").
+* params: 0.24 {do_remote_prefill, do_remote_decode, remote_block_ids, remote_engine_id, remote_request_id,
+  remote_host, remote_port, tp_size, remote_num_tokens}; 0.26 + pp_size; 0.34 + dcp_size, transfer_mode ("push").
   No remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
   on_new_request); the push scheduler never reads it.
-* Before 0.26 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
+* Before 0.24 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
+  0.24/0.25 otherwise differ from 0.26 only in PP and MLA (0.26 WRITEs MLA to every D rank): not modelled here.
 
 The faults, from the same code:
 * A failed WRITE (read-fail in push mode): _xfer_blocks catches the error of make_prepped_xfer / transfer and logs
@@ -78,12 +81,14 @@ from pdcheck.requests.model import (
 )
 
 MODES = ("pull", "push")
-PUSH_SINCE = (0, 26, 0)
+PUSH_SINCE = (0, 24, 0)
+PP_SINCE = (0, 26, 0)  # pp_size in the params, remote_pp_size in PUSH_REG, D counting P's notifications
 PUSH_REG_PREFIX = b"PUSH_REG:"
 D_POOL_MAX = 4096  # D's blocks in push mode: one request's blocks stay held while it waits for P's WRITE
 
-_KEYS_026 = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-             "remote_host", "remote_port", "tp_size", "pp_size", "remote_num_tokens")
+_KEYS_024 = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
+             "remote_host", "remote_port", "tp_size", "remote_num_tokens")
+_KEYS_026 = (*_KEYS_024[:-1], "pp_size", _KEYS_024[-1])
 _SUFFIX = re.compile(r"-[0-9a-f]{8}$", re.IGNORECASE)
 WATCHDOG = "push_registration_timeout (default decoder_kv_blocks_ttl, 480 s)"
 HANG_NOTIF = ("P's WRITE completed and P freed its blocks, but its completion notification never reached D: D "
@@ -96,6 +101,11 @@ def available(version: tuple[int, ...]) -> bool:
     return version >= PUSH_SINCE
 
 
+def has_pp(line: Lifecycle | None) -> bool:
+    """0.26+ (and the corrected path): the push code knows P's pipeline stages. None: the newest behaviour."""
+    return line is None or line is CORRECTED or line.first >= PP_SINCE
+
+
 def d_pool(requests: int, blocks_per_request: int, pool: int) -> int:
     """D's KV blocks in push mode: enough for every request to hold its own (a hung one never gives them back)."""
     return max(pool, min(requests * blocks_per_request, D_POOL_MAX))
@@ -106,7 +116,7 @@ def keys(line: Lifecycle) -> tuple[str, ...]:
     the corrected path adds the expiry time and the block generations)."""
     extra = ("dcp_size", "transfer_mode") if line is not CORRECTED else (
         "transfer_mode", "remote_blocks_expiry_time", "block_generations", "remote_registration_generation")
-    return (*_KEYS_026, *(k for k in extra if k in line.keys))
+    return (*(_KEYS_026 if has_pp(line) else _KEYS_024), *(k for k in extra if k in line.keys))
 
 
 def params(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
@@ -140,14 +150,17 @@ class Registration(msgspec.Struct, frozen=True):
 
 
 def registration(d_rid: str, d_engine: str, d_host: str, d_port: int, d_blocks: list[int],
-                 p_params: dict[str, Any]) -> bytes:
+                 p_params: dict[str, Any], line: Lifecycle | None = None) -> bytes:
     """D's PUSH_REG notification, as its scheduler stages it and its writer sends it: decode_host / decode_port
-    name D's own side channel (side_channel_host / side_channel_port), where P handshakes with D."""
+    name D's own side channel (side_channel_host / side_channel_port), where P handshakes with D. remote_pp_size
+    from 0.26 (line None: 0.26+)."""
     reg = {"request_id": d_rid, "decode_engine_id": d_engine, "decode_host": d_host, "decode_port": d_port,
            "decode_tp_size": 1, "local_block_ids": [list(d_blocks)],
            "remote_engine_id": p_params.get("remote_engine_id"), "remote_host": p_params.get("remote_host"),
            "remote_port": p_params.get("remote_port"), "remote_tp_size": p_params.get("tp_size", 1),
            "remote_pp_size": p_params.get("pp_size", 1)}
+    if not has_pp(line):
+        del reg["remote_pp_size"]
     return PUSH_REG_PREFIX + msgspec.msgpack.encode(reg)
 
 
@@ -174,7 +187,7 @@ def parse_registration(raw: bytes) -> Registration | str:
 
 def handshake_joins(line: Lifecycle) -> bool:
     """0.28+ (and the corrected path): P's handshake with D runs on the background executor and every PUSH_REG
-    that comes while it runs waits on the same future (_ensure_handshake), so one failure fails them all. 0.26:
+    that comes while it runs waits on the same future (_ensure_handshake), so one failure fails them all. 0.24-0.26:
     the writer thread handshakes per request (_ensure_d_handshake, blocking), so each waiting request tries again."""
     return line is CORRECTED or line.first >= (0, 28, 0)
 
@@ -196,9 +209,10 @@ def completion(d_rid: str, p_world: int = 1) -> bytes:
     return f"{d_rid}:{p_world}".encode()
 
 
-def expected_notifs(p_tp: int = 1, d_world: int = 1, pp_size: int = 1) -> int:
-    """How many completion notifications D waits for: one per producer rank writing into it."""
-    return pp_size * max(1, p_tp // d_world)
+def expected_notifs(p_tp: int = 1, d_world: int = 1, pp_size: int = 1, line: Lifecycle | None = None) -> int:
+    """How many completion notifications D waits for: one per producer rank writing into it (0.26+); 0.24 and
+    0.25 call the request done at the first one."""
+    return pp_size * max(1, p_tp // d_world) if has_pp(line) else 1
 
 
 def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: float,
@@ -206,7 +220,7 @@ def decide(line: Lifecycle, params: dict[str, Any] | None, p_engine: str, now: f
     """What D does with the params before it registers: None (register), or (verdict, detail). The block ids do not
     matter (D never reads P's memory); a missing remote_request_id only stops the heartbeats, except on the
     corrected path, which checks every key. A wrong tp_size goes into PUSH_REG's remote_tp_size, which only feeds
-    D's _ensure_handshake (a no-op for a known engine); P WRITEs by decode_tp_size (0.26.0, 0.34.0 push code)."""
+    D's _ensure_handshake (a no-op for a known engine); P WRITEs by decode_tp_size (0.24.0-0.34.0 push code)."""
     if params is None:
         return "recomputed", "no kv_transfer_params: D prefills the prompt itself (no PUSH_REG)"
     if line is CORRECTED:
