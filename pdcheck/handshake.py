@@ -59,15 +59,15 @@ def run(plan: Plan) -> RunResult:
         ready = orc.await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
         values = {r: ready[orc.RankId("P", r)][1] for r in p_ranks}
         orc.release_served(reserved, ports)
+        # (a Ray run's nodes are other machines: nothing of theirs is held here)
+        listeners = orc.reserve_head_node(held, p_host, ports.listeners) if p.nodes > 1 else ports.listeners
         for r, rank in p_ranks.items():
-            rank.send(m.Serve(ports.listeners[r], values))
-        bound = orc.await_serving(lau, p_ranks, ports.listeners, opts.start_timeout_s, opts.progress)
+            rank.send(m.Serve(listeners[r], values))
+        bound = orc.await_serving(lau, p_ranks, listeners, opts.start_timeout_s, opts.progress)
         hold = lau.hold_host or p.host
         go = orc.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound, reserved)
         go = msgspec.structs.replace(go, host=hold, hosts={
             ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
-        if p.nodes > 1:  # (a Ray run's nodes are other machines: nothing of theirs is held here)
-            orc.hold_head_node(held, p_host, ports.listeners, go)
         t_ready = time.perf_counter()
         orc.send_all(d_ranks.values(), go)
         results, p_final = orc.route_tags(lau, p_ranks, d_ranks, opts.run_timeout_s, harness,

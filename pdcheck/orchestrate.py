@@ -18,6 +18,8 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+import msgspec
+
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 from pdcheck.placement import RankHandle, RankId, ids
@@ -185,18 +187,24 @@ def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool,
     return m.Go(ports, catch_all.getsockname()[1])
 
 
-def hold_head_node(held: ExitStack, p_host: dict[int, str], listeners: dict[int, list[m.ListenerSpec]],
-                   go: m.Go) -> None:
-    """A P spanning nodes: hold silent, on the head node's address (P rank 0's), every port a P rank on another
-    node really listens on. A release that dials the head node for that rank (releases.multinode) then reaches
-    pdcheck's silent socket, never another process of this machine that happens to hold the port there."""
+def reserve_head_node(held: ExitStack, p_host: dict[int, str], listeners: dict[int, list[m.ListenerSpec]]
+                      ) -> dict[int, list[m.ListenerSpec]]:
+    """A P spanning nodes: every listener of a P rank on another node takes its port from the head node (P rank
+    0's address), where pdcheck holds it silent for the run, before that rank binds the same number on its own
+    address. A release that dials the head node for that rank (releases.multinode) then reaches pdcheck's
+    silent socket, never another process of this machine; and holding first means no other process can have
+    taken the port on the head node in between. bind_port 0: a port the OS picks; else that port."""
     from pdcheck.sidechannel import hold_silent  # zmq: see hold_the_rest
 
     head = p_host[0]
+    out: dict[int, list[m.ListenerSpec]] = {}
     for r, specs in listeners.items():
-        if p_host[r] != head:
-            for ls in specs:
-                held.enter_context(hold_silent(head, go.ports[ls.port]))
+        if p_host[r] == head:
+            out[r] = specs
+            continue
+        out[r] = [msgspec.structs.replace(ls, bind_port=held.enter_context(hold_silent(head, ls.bind_port))
+                                          .getsockname()[1]) for ls in specs]
+    return out
 
 
 def route_tags(lau: Events, p_ranks: dict[int, R], d_ranks: dict[int, R], run_timeout_s: float,

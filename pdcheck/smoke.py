@@ -14,7 +14,7 @@ from rich.table import Table
 
 from pdcheck import handshake as hs
 from pdcheck import report
-from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput, HarnessError
 from pdcheck.plan import Plan, RunOptions, build
 from pdcheck.releases import CORRECTED, resolve
 from pdcheck.scenario import load, read_toml
@@ -120,11 +120,17 @@ def discover(directory: Path, opts: RunOptions) -> list[Any]:
 def run_one(plan: Plan) -> list[Case]:
     sc = plan.scenario
     t0 = time.perf_counter()
-    rep = report.build(hs.run(plan))
+    try:
+        rep = report.build(hs.run(plan))
+    except HarnessError as exc:  # this scenario could not run (a port taken, a rank that never started): its
+        # cases fail with the reason, and the job goes on to the other scenarios
+        secs = time.perf_counter() - t0
+        return [Case(sc.name, sc.source, release, False, _want(sc, exp), [], secs, f"harness error: {exc}")
+                for release, exp in sc.expect.items()]
     secs = time.perf_counter() - t0
     cases = []
     for release, exp in sc.expect.items():
-        want = list(exp) if isinstance(exp, list) else [exp] * (sc.decode.tp_size * sc.decode.dp_size)
+        want = _want(sc, exp)
         got = rep.matrix.get(resolve(release).name if release != CORRECTED.name else release, [])
         msg = "; ".join(rep.harness_errors)
         if got != want and not msg:
@@ -132,6 +138,11 @@ def run_one(plan: Plan) -> list[Case]:
             msg = ", ".join(diff) or f"{len(got)} decode ranks reported, {len(want)} expected"
         cases.append(Case(sc.name, sc.source, release, got == want and not rep.harness_errors, want, got, secs, msg))
     return cases
+
+
+def _want(sc: Any, exp: str | list[str]) -> list[str]:
+    """A release's expected verdict per decode rank (one verdict: the same for every rank)."""
+    return list(exp) if isinstance(exp, list) else [exp] * (sc.decode.tp_size * sc.decode.dp_size)
 
 
 def _run_sglang(plan: Any) -> list[Case]:

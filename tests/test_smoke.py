@@ -49,3 +49,32 @@ def test_smoke_bad_input_exit_2(pdcheck, tmp_path):
     (tmp_path / "x.toml").write_text('[prefill]\nnum_blocks = 4\n[decode]\nnum_blocks = 4\n')
     run = pdcheck("smoke", str(tmp_path))
     assert run.code == 2 and "x.toml" in run.err and "expect" in run.err
+
+
+def test_a_scenario_that_cannot_run_fails_its_cases_and_the_job_goes_on(pdcheck, tmp_path):
+    # One scenario's P side channel port is taken by another process (a harness error for that run); smoke
+    # names it in that scenario's cases and still runs the next scenario.
+    import socket
+
+    d = tmp_path / "sc"
+    d.mkdir()
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    text = (SCENARIOS / "decode-fewer-blocks.toml").read_text()
+    (d / "a-blocked.toml").write_text(text.replace('name = "decode-fewer-blocks"', 'name = "blocked"')
+                                      .replace('engine_id = "prefill-5808"',
+                                               f'engine_id = "prefill-5808"\nbase_port = {port}'))
+    shutil.copy(SCENARIOS / "decode-fewer-blocks.toml", d / "b-good.toml")
+    try:
+        run = pdcheck("smoke", str(d), "--json")
+    finally:
+        taken.close()
+    assert run.code == 1, run.err
+    doc = run.json()
+    blocked = [c for c in doc["cases"] if c["scenario"] == "blocked"]
+    good = [c for c in doc["cases"] if c["scenario"] == "decode-fewer-blocks"]
+    assert blocked and all(not c["passed"] and "harness error" in c["message"] and "in use" in c["message"]
+                           for c in blocked), blocked
+    assert good and all(c["passed"] for c in good), good
