@@ -4,7 +4,7 @@ A directory SRC/<release>/vllm/... holds the .py files of one wheel. From it thi
 wrote them, the NixlConnector methods of the request path:
 - scheduler: request_finished (the kv_transfer_params P hands out, whether it delays freeing, the expiry it
   stamps), get_num_new_matched_tokens + update_state_after_alloc + build_connector_meta (what D does with the
-  params a router forwards), on_new_request (0.24+: heartbeat tracking);
+  params a router forwards), on_new_request (0.22+: heartbeat tracking);
 - worker: _get_new_notifs (P's parsing of D's done notification and of "HB:" heartbeats), the expiry sweep (the
   `while self._reqs_to_send` loop of get_finished, or _reap_expired_send_leases), _handle_heartbeat,
   _pop_done_transfers (what a failed READ does), and the f-string D's _read_blocks builds its notification from.

@@ -201,7 +201,7 @@ def test_fault_grid_p_side(release: str, case: str) -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_heartbeat_message(release: str) -> None:
-    """0.24+: D's heartbeat names P's request ids after "HB:", as pdcheck's D sends it (f"HB:{rid}")."""
+    """0.22+: D's heartbeat names P's request ids after "HB:", as pdcheck's D sends it (f"HB:{rid}")."""
     w, line = wheel(release), line_of(release)
     params = params_for(line, 7, [3, 4], "P", 5600, 1, None, [1, 1], request_id="req-7")
     assert w.heartbeats(params) == ([b"HB:req-7"] if line.heartbeat else [])

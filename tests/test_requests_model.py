@@ -384,11 +384,11 @@ def test_restart_p_every_release_reads_from_the_dead_agent_corrected_rehandshake
     assert "NIXL_ERR_REMOTE_DISCONNECT" in out[3].detail and "kv_load_failure_policy fail" in out[3].detail
 
 
-def test_hold_renews_the_lease_from_0_24_heartbeat_loss_frees_under_it() -> None:
+def test_hold_renews_the_lease_from_0_22_heartbeat_loss_frees_under_it() -> None:
     faults = ["hold:1.2:1", "heartbeat-loss:1.2:3"]
     assert verdicts("0.14.0", faults, 6) == ["delivered", "freed-early", "delivered", "freed-early", "delivered",
                                               "delivered"]
-    for version in ("0.24.0", "0.34.0"):
+    for version in ("0.22.0", "0.24.0", "0.34.0"):
         assert verdicts(version, faults, 6) == ["delivered"] * 3 + ["freed-early"] + ["delivered"] * 2
     assert verdicts("corrected", faults, 6) == ["delivered"] * 3 + ["recomputed"] + ["delivered"] * 2
     assert verdicts("0.9.1", faults, 6) == ["delivered"] * 6
@@ -405,10 +405,11 @@ def test_read_fail_per_release_policy_and_p_never_told() -> None:
     assert acc.leaked == 1  # the notification rides on the READ: nothing frees its blocks before 0.10
 
 
-def test_abort_d_frees_under_the_read_before_the_0_24_line() -> None:
+def test_abort_d_frees_under_the_read_before_0_16() -> None:
     from pdcheck.requests.lines import abort_waits_read
 
-    for version, under in (("0.14.0", 1), ("0.24.0", 0), ("0.34.0", 0), ("corrected", 0)):
+    for version, under in (("0.14.0", 1), ("0.15.0", 1), ("0.16.0", 0), ("0.24.0", 0), ("0.34.0", 0),
+                           ("corrected", 0)):
         out, acc = simulate(line_of(version), 4, 10.0, 2, 8, None, parse_all(["abort-d:1"], 4))
         assert [o.verdict for o in out] == ["delivered", "aborted", "delivered", "delivered"]
         assert acc.d_freed_in_flight == under and acc.freed == 4, version  # P is notified either way

@@ -398,7 +398,7 @@ class RequestsD(RequestsRole):
             self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, 1)))
 
     def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
-        """abort-d: the READ is posted, then the client aborts. Before the 0.24 line D's scheduler frees the
+        """abort-d: the READ is posted, then the client aborts. Before 0.16 D's scheduler frees the
         request's blocks at once, under the READ; from it, only once the READ is done. The READ completes
         either way and P is notified (vLLM's notification rides on the READ)."""
         kv, agent, peer = self.kv, self.agent, self.peer

@@ -112,13 +112,16 @@ LINES: tuple[Lifecycle, ...] = (
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "hang", True),
     Lifecycle("0.14.0", (0, 14, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _FAILURE, "hang", True),
+    # the same request path as 0.14; an aborted request's blocks wait for its READ (ABORT_WAITS_READ_SINCE)
+    Lifecycle("0.16.0", (0, 16, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "recompute", _FAILURE, "hang", True),
     Lifecycle("0.17.0", (0, 17, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
     Lifecycle("0.21.0", (0, 21, 0), _K024, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
     Lifecycle("0.22.0", (0, 22, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
-    # the same request path as 0.22; the line carries abort-d's change (ABORT_WAITS_READ_SINCE)
+    # the same request path as 0.22; push mode (NixlPushConnector, push.PUSH_SINCE) starts here
     Lifecycle("0.24.0", (0, 24, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
     Lifecycle("0.26.0", (0, 26, 0), _K026, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
@@ -136,10 +139,10 @@ CORRECTED = Lifecycle("corrected", (99, 0, 0), (*_K034, "block_generations"), _N
                       "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE, "recompute", True)
 
 
-# abort-d: the 0.26.0 scheduler's finish_requests keeps the blocks of a request aborted in WAITING_FOR_REMOTE_KVS
-# until its READ is done (delay_free_blocks); 0.14.0's frees them at once, under the READ. Between the two no
-# wheel was read: pdcheck puts the change at the 0.24 line.
-ABORT_WAITS_READ_SINCE = (0, 24, 0)
+# abort-d: from 0.16.0 the scheduler's finish_requests keeps the blocks of a request aborted in
+# WAITING_FOR_REMOTE_KVS until its READ is done (delay_free_blocks); 0.14.0's and 0.15.0's free them at once,
+# under the READ (vllm/v1/core/sched/scheduler.py of every x.y.0 wheel from 0.14.0 to 0.26.0).
+ABORT_WAITS_READ_SINCE = (0, 16, 0)
 
 
 def abort_waits_read(line: Lifecycle) -> bool:

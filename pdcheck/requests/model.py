@@ -43,7 +43,7 @@ class Accounting(msgspec.Struct):
     leaked: int = 0  # requests still holding blocks that nothing will free (no expiry)
     held: int = 0  # requests still holding blocks with an expiry still to come
     late_notifs: int = 0  # notifications for requests P had already freed
-    heartbeats: int = 0  # lease renewals P received (0.24+, corrected)
+    heartbeats: int = 0  # lease renewals P received (0.22+, corrected)
     restarts: int = 0  # restart-p: P processes replaced
     lost: int = 0  # requests whose blocks died with a replaced P (neither freed nor expired)
     d_freed_in_flight: int = 0  # abort-d: requests whose D blocks were freed under their in-flight READ

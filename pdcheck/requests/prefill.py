@@ -179,7 +179,7 @@ class RequestsP(RequestsRole):
                         elif done >= 0:
                             release(done, "written")
                         continue
-                    if raw.startswith(b"HB:"):  # 0.24+: D's heartbeat renews the lease of each id it names
+                    if raw.startswith(b"HB:"):  # 0.22+: D's heartbeat renews the lease of each id it names
                         beats += 1
                         for rid in raw[3:].decode(errors="replace").split(","):
                             i = by_id.get(rid, -1)
