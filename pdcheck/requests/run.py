@@ -13,6 +13,7 @@ import heapq
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -173,23 +174,6 @@ def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[i
             break
 
 
-def _await_handshake(lau: Any, d: Any, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed],
-                     logs: list[str], d_began: list[bool], shakes: list[m.ReqHandshook], stage: orc.Stage) -> None:
-    """The line's set-up: D answers its ReqBegin once its handshake over P's side channel is done (or failed:
-    the requests then get the release's verdict). The line's requests arrive after it."""
-    deadline = time.monotonic() + stage.timeout_s
-    while not d_began[0]:
-        if time.monotonic() > deadline:
-            raise stage.late([d.id])
-        for rank, got in lau.events([d], min(deadline, time.monotonic() + 0.05)):
-            if got is None:
-                raise stage.died(rank)
-            if isinstance(got, m.Failed):
-                raise stage.failed(rank, got)
-            for msg in m.unbatch(got):
-                _record(msg, decoded, freed, logs, d_began, shakes)
-
-
 def _record(msg: m.Msg, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
             d_began: list[bool], shakes: list[m.ReqHandshook]) -> None:
     """What the ranks report besides P's prefills: D's answers, D's handshakes and the line's begun, P's frees."""
@@ -199,7 +183,12 @@ def _record(msg: m.Msg, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.Req
         d_began[0] = True
     elif isinstance(msg, m.ReqHandshook):
         shakes.append(msg)
-    elif isinstance(msg, m.ReqFreed):
+    else:
+        _record_free(msg, freed, logs)
+
+
+def _record_free(msg: m.Msg, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
+    if isinstance(msg, m.ReqFreed):
         freed.setdefault(msg.request, msg)
         if msg.log:
             logs.append(msg.log)
@@ -258,8 +247,12 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     freed: dict[int, m.ReqFreed] = {}
     logs: list[str] = []
     d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
-    _await_handshake(lau, d, decoded, freed, logs, d_began, shakes, _stage(f"vLLM {name}'s handshake",
-                                                                          opts.start_timeout_s))
+    # The line's set-up: D answers its ReqBegin once its handshake over P's side channel is done (or failed: the
+    # requests then get the release's verdict); what it reports meanwhile (its handshakes) is recorded.
+    orc.gather(lau, [d], m.Ack, opts.start_timeout_s,
+               _Recording(_stage(f"vLLM {name}'s handshake", opts.start_timeout_s),
+                          lambda msg: _record(msg, decoded, freed, logs, d_began, shakes)))
+    d_began[0] = True
     t0 = time.time()  # the line's requests arrive from now on, as the raw loop's clock starts after its set-up
     restarts = 0
     lost = 0
@@ -353,7 +346,8 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
             break  # back to the schedule after every pipe message
     slot.box.send(m.ReqEnd())
     acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
-                      _Closing(f"vLLM {name}'s accounting", freed, logs))[slot.rank.id][1]
+                      _Recording(_stage(f"vLLM {name}'s accounting", 30.0),
+                                 lambda msg: _record_free(msg, freed, logs)))[slot.rank.id][1]
     seconds = time.time() - t0  # the line's real run, not the verdicts and the model after it
     owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P last allocated it to
     for pf in prefilled.values():  # in the order P handed them out
@@ -401,21 +395,17 @@ def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, 
     return out
 
 
-class _Closing(orc.Stage):
-    """The wait for P's accounting: a block P freed after the parent's last look still counts."""
+class _Recording(orc.Stage):
+    """A wait for one message during which what the ranks report besides it still counts (record), e.g. a block
+    P freed after the parent's last look, before P's accounting."""
 
-    def __init__(self, what: str, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
-        base = _stage(what, 30.0)
+    def __init__(self, base: orc.Stage, record: Callable[[m.Msg], None]) -> None:
         super().__init__(base.failed_text, base.died_text, base.late_text, base.timeout_s)
-        object.__setattr__(self, "_freed", freed)
-        object.__setattr__(self, "_logs", logs)
+        object.__setattr__(self, "_record", record)
 
     def stray(self, rank: Any, got: m.Msg) -> Exception | None:
         for msg in m.unbatch(got):
-            if isinstance(msg, m.ReqFreed):
-                self._freed.setdefault(msg.request, msg)  # type: ignore[attr-defined]
-                if msg.log:
-                    self._logs.append(msg.log)  # type: ignore[attr-defined]
+            self._record(msg)  # type: ignore[attr-defined]
         return None
 
 
