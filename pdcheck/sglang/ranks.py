@@ -373,7 +373,10 @@ class SgPrefillRole(Role):
             except NixlCallError as exc:
                 return self._err(f"NIXL transfer encountered ERR room={room}: {exc.status}")
         if rel.completion != "kv_status":
-            self.agent.send_notif(peer, wire.aux_notif(room).encode())
+            try:
+                self.agent.send_notif(peer, wire.aux_notif(room).encode())
+            except NixlCallError as exc:  # D already gone (hetero TP: it may finish on the other P rank's pages)
+                return self._err(f"NIXL transfer encountered ERR room={room}: {exc.status}")
         return None
 
     def _post(self, local: list[tuple[int, int]], remote: list[tuple[int, int]], peer: str, notif: bytes,
