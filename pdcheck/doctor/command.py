@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from typing import Annotated, Any
 
 import typer
@@ -68,12 +69,17 @@ def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: f
     with progress.stderr_progress(enabled=not json_out, refresh_thread=False) as tick:
         report = run.node_checks(multi_node=where is not None or target is not None, tick=tick,
                                  transfer=not no_transfer and where is None and target is None)
+        t0, before = time.monotonic(), len(report.checks)
         if where is not None:
             report.mode = "listen"
             pair.listen(report, where, timeout, advertise)
         elif target is not None:
             report.mode = "peer"
             pair.dial(report, target, timeout)
+        took = time.monotonic() - t0
+        for c in report.checks[before:]:
+            c.seconds = round(took, 3)
+        report.seconds = round(report.seconds + took, 3)
     code = run.finish(report)
     if json_out:
         from pdcheck.envelope import write_json

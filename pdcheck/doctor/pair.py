@@ -348,8 +348,11 @@ def dial(report: Any, target: tuple[str, int], timeout: float) -> None:
     local = _route_to(host)
     pair = _Pair("D", local, timeout)
     try:
-        frames = request_reply(ctx, _endpoint(host, port), host,
-                               msgspec.msgpack.encode(Hello(PROTOCOL, __version__, _shape())), timeout)
+        try:
+            frames = request_reply(ctx, _endpoint(host, port), host,
+                                   msgspec.msgpack.encode(Hello(PROTOCOL, __version__, _shape())), timeout)
+        except PeerError as exc:
+            raise type(exc)(f"{where}: {exc} (is `pdcheck doctor --listen` running there?)") from None
         offer = _expect(frames, Offer, where)
         if len(offer.agent_name) > bounds.MAX_PEER_STR or len(offer.ucx) > bounds.MAX_PEER_STR:
             raise PeerError(f"{where}: an agent name or UCX version over {bounds.MAX_PEER_STR} characters")
@@ -376,8 +379,11 @@ def dial(report: Any, target: tuple[str, int], timeout: float) -> None:
 
         lat = np.frombuffer(row.lat_ns, dtype="<i8")
         p50 = float(np.median(lat)) / 1e3 if lat.size else 0.0
-        frames = request_reply(ctx, _endpoint(ahost, aport), ahost, msgspec.msgpack.encode(
-            Result(row.checked, row.wrong, row.first_wrong, gbps, p50, mine)), timeout)
+        try:
+            frames = request_reply(ctx, _endpoint(ahost, aport), ahost, msgspec.msgpack.encode(
+                Result(row.checked, row.wrong, row.first_wrong, gbps, p50, mine)), timeout)
+        except PeerError as exc:
+            raise type(exc)(f"{where} (advertised {adv}): no evidence back: {exc}") from None
         theirs = _expect(frames, Evidence, f"{where} (advertised {adv})").end
         _record(report, "peer", dialled, adv, row.checked, row.wrong, row.first_wrong, gbps, p50, mine,
                 _clean(theirs))
