@@ -30,7 +30,7 @@ Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 # Commands whose modules are imported only when that command runs (or --help/completion lists it): `handshake`
 # should not pay for probe's, serve's and transfer-bench's imports. Name -> (module, its register(app)).
 LAZY = {"probe": "pdcheck.probe", "serve": "pdcheck.serve", "transfer-bench": "pdcheck.bench.command",
-        "requests": "pdcheck.requests.command"}
+        "requests": "pdcheck.requests.command", "doctor": "pdcheck.doctor.command"}
 _lazy_loaded: dict[str, Any] = {}  # name -> its click command, or None (transfer-bench not in this tree)
 
 
