@@ -20,7 +20,7 @@ COMMANDS = [("handshake",), ("smoke",), ("scenario", "from-logs")]
 def _command(path: tuple[str, ...]):
     cmd = typer.main.get_command(app)
     for name in path:
-        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        cmd = cmd.get_command(None, name)  # type: ignore[attr-defined]  (commands load lazily)
     return cmd
 
 
@@ -125,7 +125,7 @@ def _params_with_brackets() -> list[tuple[str, str, str]]:
     out = []
     root = typer.main.get_command(app)
     cmds = {**{n: c for n, c in root.commands.items() if n != "scenario"},  # type: ignore[attr-defined]
-            **{n: _lazy_command(n) for n in LAZY},
+            **{n: _lazy_command(n) for n in LAZY},  # every command loads lazily
             "scenario from-logs": _command(("scenario", "from-logs"))}
     for name, cmd in cmds.items():
         for p in getattr(cmd, "params", []):
