@@ -19,8 +19,10 @@ SIGNALS = "130/143/129 interrupted (SIGINT/SIGTERM/SIGHUP)."
 
 def exit_codes(ok: str, fail: str) -> str:
     """The epilog's exit-code paragraph, lines within 80 columns."""
-    return (f"Exit codes: 0 {ok}, 1 {fail},\n"
-            f"2 bad input, 3 harness failure, {SIGNALS}")
+    import textwrap
+
+    return textwrap.fill(f"Exit codes: 0 {ok}, 1 {fail}, 2 bad input, 3 harness failure, {SIGNALS}", 80,
+                         break_on_hyphens=False, break_long_words=False)
 
 
 def console(stderr: bool = False, **kw: Any) -> Any:

@@ -19,7 +19,8 @@ EPILOG = f"""[bold]Examples[/]
   [dim]# SGLang servers' logs, for two SGLang releases[/]
   pdcheck scenario from-logs p.log d.log --sglang 0.5.8,0.5.23 -o sg.toml
 
-Exit codes: 0 written, 2 bad input, {SIGNALS}"""
+Exit codes: 0 written, 2 bad input,
+{SIGNALS}"""
 
 
 def register(app: typer.Typer) -> None:

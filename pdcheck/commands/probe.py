@@ -23,7 +23,8 @@ EPILOG = f"""[bold]Examples[/]
   [dim]# an SGLang prefill's bootstrap server, its release read from it[/]
   pdcheck probe http://p-node:8998 --sglang auto
 
-Read-only. {exit_codes("ok", "the release fails (handshake's rule) or a reply is refused")}"""
+{exit_codes("ok", "the release fails (handshake's rule) or a reply is refused")}
+Read-only: no memory registered, no block read."""
 
 
 def register(app: typer.Typer) -> None:
