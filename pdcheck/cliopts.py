@@ -181,3 +181,39 @@ def scenario_flags(func: F) -> F:
     if new_sig.return_annotation is not inspect.Signature.empty:
         wrapper.__annotations__["return"] = new_sig.return_annotation
     return wrapper  # type: ignore[return-value]
+
+
+def release_flags(command: str, metavar: str = "RELEASES", panel: str = "Run") -> Callable[[F], F]:
+    """Decorator: one release flag per registered framework that takes one in `command` (--vllm, --sglang, ...,
+    help from the framework: pdcheck.frameworks), in place of the command's `releases` parameter, which the
+    command then gets as {framework name: the flag's value or None}. Built when the command is, so a framework
+    registered before then has its flag."""
+    from pdcheck import frameworks
+
+    def deco(func: F) -> F:
+        sig = inspect.signature(func, eval_str=True)
+        params = list(sig.parameters.values())
+        names = [p.name for p in params]
+        if "releases" not in names:
+            raise TypeError(f"{func.__qualname__}: @release_flags needs a `releases` parameter")
+        flags = {fw.name: fw.flag.lstrip("-").replace("-", "_") for fw in frameworks.supporting(command)
+                 if fw.commands[command] is not None}
+        fws = {fw.name: fw for fw in frameworks.supporting(command)}
+        at = names.index("releases")
+        kw = [p.replace(kind=p.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in params]
+        added = [inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
+                     str | None, typer.Option(fws[name].flag, metavar=metavar, rich_help_panel=panel,
+                                              show_default=False, help=fws[name].commands[command])])
+                 for name, param in flags.items()]
+        new_sig = sig.replace(parameters=[*kw[:at], *added, *kw[at + 1:]])
+
+        @functools.wraps(func)
+        def wrapper(**kwargs: Any) -> Any:
+            return func(releases={name: kwargs.pop(param, None) for name, param in flags.items()}, **kwargs)
+
+        wrapper.__signature__ = new_sig  # type: ignore[attr-defined]
+        wrapper.__annotations__ = {p.name: p.annotation for p in new_sig.parameters.values()
+                                   if p.annotation is not inspect.Parameter.empty}
+        return wrapper  # type: ignore[return-value]
+
+    return deco

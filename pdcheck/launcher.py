@@ -23,8 +23,7 @@ from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.placement import Named, Place, RankLauncher, rounds
 
-_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.ranks", "pdcheck.bench.rank",
-            "pdcheck.sglang.ranks", "pdcheck.requests.rank"]
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.bench.rank"]  # + every framework's rank modules
 _CTX: mp.context.BaseContext | None = None
 
 
@@ -32,7 +31,9 @@ def _context() -> mp.context.BaseContext:
     global _CTX
     if _CTX is None:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
+        from pdcheck import frameworks
+
+        ctx.set_forkserver_preload(list(dict.fromkeys([*_PRELOAD, *frameworks.rank_modules()])))
         _CTX = ctx
     return _CTX
 

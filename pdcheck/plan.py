@@ -218,26 +218,6 @@ def _check_inject(inject: m.Inject, g: Geometry, blocks: list[int]) -> None:
                            f"regions and {blocks[p_rank]} blocks")
 
 
-# ------------------------------------------------------------------------------------------- framework
-FRAMEWORKS = ("vllm", "sglang")  # vLLM's plan is Plan above; SGLang's is pdcheck.sglang.plan.SgPlan
-
-
-def framework_of(declared: object, vllm: str | None, sglang: str | None, where: str) -> str:
-    """Which framework a run models: --vllm / --sglang (one of them), else the scenario's `framework` key
-    (absent: vllm). A flag for the other framework than the scenario declares is bad input."""
-    if vllm is not None and sglang is not None:
-        raise BadInput("--vllm and --sglang: name releases of one framework per run, not both")
-    if declared is not None and declared not in FRAMEWORKS:
-        raise BadInput(f"{where}: framework: expected one of {', '.join(FRAMEWORKS)}, got {declared!r}")
-    if sglang is not None:
-        if declared == "vllm":
-            raise BadInput(f"--sglang: {where} is a vLLM scenario (framework = \"vllm\")")
-        return "sglang"
-    if vllm is not None and declared == "sglang":
-        raise BadInput(f"--vllm: {where} is an SGLang scenario (framework = \"sglang\"); use --sglang")
-    return str(declared or "vllm")
-
-
 # ------------------------------------------------------------------------------------------------ serve
 class ServeOptions(msgspec.Struct, frozen=True):
     port: int | None = None  # base port; None: OS-chosen

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-import typer
 import zmq
 
 from pdcheck import __version__, releases
@@ -36,17 +35,6 @@ from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
-
-Opt = typer.Option
-PROBE = "Probe"
-EPILOG = """[bold]Examples[/]
-  pdcheck probe p-node:5600 --vllm 0.11.1 --tp-size 8
-  [dim]# hazards against a decode configuration (scenario and/or flags)[/]
-  pdcheck probe p-node:5600 --vllm 0.26.0 --tp-size 4 --scenario my.toml --json
-  [dim]# release read from P's API server before any side-channel request[/]
-  pdcheck probe p-node:5600 --vllm auto --version-url http://p-node:8000/version
-
-Read-only. Exit codes: 0 ok, 1 the release fails (handshake's rule) or a reply is refused, 2 bad input, 3 no reply."""
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
@@ -481,110 +469,6 @@ def render(rep: ProbeReport, console: Any) -> None:
         per = ", ".join(f"D{r} {s}" for r, s in enumerate(rep.decode_status))
         console.print(f"  decode handshakes as vLLM {rep.release}: {per}", highlight=False)
     console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
-
-
-# --------------------------------------------------------------------------------------------------- CLI
-def register(app: Any) -> None:
-    from pdcheck.cliopts import Command, scenario_flags
-
-    @app.command(cls=Command, epilog=EPILOG)
-    @scenario_flags
-    def probe(
-        endpoint: Annotated[str, typer.Argument(metavar="HOST:PORT", help="HOST:PORT of P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/"
-                                                     "PORT; the base port, before any DP offset).")],
-        *,
-        overrides: dict[str, Any],
-        vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=PROBE, show_default=False,
-                                        help="P's vLLM release: only that era's requests are sent. 'auto': read it "
-                                             "from --version-url first.")] = None,
-        sglang: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=PROBE, show_default=False,
-                                          help="Instead of --vllm: ENDPOINT is an SGLang prefill's bootstrap server "
-                                               "(http://HOST:8998), read with GETs only; its release, or 'auto'.")] = None,
-        decode_sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=PROBE, show_default=False,
-                                                 help="With --sglang: the decode release(s) to check against it "
-                                                      "(default: the prefill's).")] = None,
-        dp_rank: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
-                                    help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
-        dp_size: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
-                                    help="Ask N DP ranks from --dp-rank on, each at its own side-channel port, and "
-                                         "check their engine ids (_dp<N>).")] = 1,
-        tp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
-                                           help="P's TP size (default: discovered where that is safe).")] = None,
-        timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PROBE,
-                                      help="Seconds for each side-channel exchange, and for the whole "
-                                           "--version-url request.")] = 2.0,
-        max_tp: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
-                                   help="Most P ranks asked, and the largest tp_size accepted from P; up to "
-                                        f"{b.HARD_MAX_TP}.")] = b.MAX_TP,
-        version_url: Annotated[str | None, Opt(metavar="URL", rich_help_panel=PROBE, show_default=False,
-                                               help="With --vllm auto: P's API server /version URL (read before "
-                                                    "any side-channel request).")] = None,
-        scenario: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel="Scenario", show_default=False,
-                                             help="Scenario whose \\[decode] table (and kv_transfer_params) the "
-                                                  "hazards are evaluated against.")] = None,
-        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel="Output",
-                                      help="One JSON document on stdout instead of tables.")] = False,
-    ) -> None:
-        """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
-        import sys
-
-        from pdcheck.console import console
-
-        if sglang is not None:
-            if vllm is not None:
-                raise BadInput("--vllm and --sglang: probe one framework's prefill, not both")
-            from pdcheck.sglang.probe import command
-
-            raise typer.Exit(command(endpoint, sglang, decode_sglang, scenario, timeout, json_out))
-        if vllm is None:
-            raise BadInput("probe: name the prefill's release: --vllm RELEASE (or --sglang RELEASE)")
-        host, port = parse_endpoint(endpoint)
-        source = "--vllm"
-        b.check_seconds("--timeout", timeout, b.PROBE_TIMEOUT_S)
-        b.check_max_tp(max_tp)
-        if tp_size is not None and tp_size > max_tp:
-            raise BadInput(f"--tp-size: {tp_size} is above --max-tp {max_tp}")
-        if vllm.strip() == "auto":
-            if version_url is None:
-                raise BadInput(
-                    "--vllm auto needs --version-url (P's API server, e.g. http://HOST:8000/version): no order of "
-                    "trial requests is safe on a live side channel (raw bytes kill an F-H listener, a 2-tuple "
-                    "kills H, a 3-tuple kills F-G)")
-            vllm = release_from_url(version_url, timeout)
-            source = version_url
-        release = releases.resolve(vllm)
-        if release is releases.CORRECTED:
-            raise BadInput("--vllm: name the release P runs (corrected is not a release)")
-        if dp_rank < 0 or (tp_size is not None and tp_size < 1):
-            raise BadInput("--dp-rank must be >= 0 and --tp-size >= 1")
-        if not 1 <= dp_size <= b.MAX_DP_SIZE:
-            raise BadInput(f"--dp-size: {dp_size} is out of range (1 to {b.MAX_DP_SIZE})")
-        decode_sc, where = decode_config(scenario, overrides)
-        if dp_size > 1:
-            reps = [run(host, port, release, dp_rank=k, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
-                        decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
-                    for k in range(dp_rank, dp_rank + dp_size)]
-            notes = dp_notes(reps, dp_size)
-            code = max([r.exit_code for r in reps] + [1 if notes else 0])
-            dp_rep = DpProbeReport(tool="pdcheck", command="probe", endpoint=f"{host}:{port}", dp_size=dp_size,
-                                   dp_ranks=reps, notes=notes, exit_code=code)
-            if json_out:
-                sys.stdout.buffer.write(msgspec.json.encode(dp_rep) + b"\n")
-            else:
-                out = console()
-                for r in reps:
-                    render(r, out)
-                for n in notes:
-                    out.print(f"[red]DP:[/] {n}", highlight=False)
-                out.print(f"{dp_size} DP ranks; exit {code}")
-            raise typer.Exit(code)
-        rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
-                  decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
-        if json_out:
-            sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
-        else:
-            render(rep, console())
-        raise typer.Exit(rep.exit_code)
 
 
 def release_from_url(url: str, timeout_s: float) -> str:

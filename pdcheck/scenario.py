@@ -300,12 +300,16 @@ def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> 
 BUNDLED = Path(__file__).parent / "scenarios"
 
 
-BUNDLED_SUBDIRS = ("sglang", "requests")
-
-
 def bundled() -> list[Path]:
     """The bundled scenario files, by name."""
     return sorted(BUNDLED.glob("*.toml"))
+
+
+def bundled_subdirs() -> list[str]:
+    """The subdirectories every registered framework keeps its bundled scenarios in."""
+    from pdcheck import frameworks
+
+    return list(dict.fromkeys(d for fw in frameworks.all_frameworks() for d in fw.scenario_dirs if d))
 
 
 def locate(path: Path) -> Path:
@@ -317,11 +321,12 @@ def locate(path: Path) -> Path:
     except (OSError, ValueError):  # a name too long, a NUL byte: read_scenario_text says what is wrong
         return path
     name = path.name if path.suffix == ".toml" else f"{path.name}.toml"
-    # vLLM's handshake scenarios at the top; SGLang's in sglang/, `pdcheck requests`' in requests/
-    for found in (BUNDLED / name, *(BUNDLED / sub / name for sub in BUNDLED_SUBDIRS)):
+    # the top level, then each framework's subdirectories (pdcheck.frameworks: Framework.scenario_dirs)
+    subs = bundled_subdirs()
+    for found in (BUNDLED / name, *(BUNDLED / sub / name for sub in subs)):
         if found.is_file():
             return found
-    names = ", ".join(p.stem for p in [*bundled(), *(f for sub in BUNDLED_SUBDIRS
+    names = ", ".join(p.stem for p in [*bundled(), *(f for sub in subs
                                                      for f in sorted((BUNDLED / sub).glob("*.toml")))])
     raise BadInput(f"{path}: no such scenario file, and no bundled scenario of that name (bundled: {names})")
 

@@ -16,35 +16,20 @@ import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import msgspec
-import typer
 
 from pdcheck import __version__
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.bounds import MIN_BASE_PORT, SERVE_DURATION_S, check_seconds
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
-from pdcheck.plan import TAG_BLOCKS, ServeOptions, ServePlan, build_serve
+from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
 from pdcheck.ranks import prefill_main
-from pdcheck.releases import resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.scenario import Scenario
-
-Opt = typer.Option
-SERVE = "Serve"
-EPILOG = """[bold]Examples[/]
-  pdcheck serve seed-19338-tp8 --vllm 0.11.1 --port 5600
-  [dim]# first stdout line: the ready document (endpoints, kv_transfer_params)[/]
-  pdcheck serve --prefill-tp 2 --prefill-blocks 3008,2992 --vllm 0.26.0 --json
-  [dim]# pdcheck's own decode ranks against it[/]
-  pdcheck handshake --vllm 0.26.0 --decode-blocks 3000 \\
-      --prefill-endpoint 127.0.0.1:PORT
-
-Serves until Ctrl-C (exit 130), SIGTERM (exit 143) or --duration (exit 0); every rank is reaped."""
 
 
 class Endpoint(msgspec.Struct):
@@ -282,66 +267,6 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
     c.print("  " + msgspec.json.encode(doc.kv_transfer_params).decode(), highlight=False, soft_wrap=True)
     c.print("[dim]serving; Ctrl-C or SIGTERM stops every rank[/]")
     sys.stdout.flush()
-
-
-def register(app: Any) -> None:
-    from pdcheck.cliopts import Command, scenario_flags
-
-    @app.command(cls=Command, epilog=EPILOG)
-    @scenario_flags
-    def serve(
-        scenario: Annotated[Path | None, typer.Argument(metavar="SCENARIO", help="Scenario TOML file; its \\[prefill] table is served.")
-                            ] = None,
-        *,
-        overrides: dict[str, Any],
-        vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=SERVE, show_default=False,
-                                        help="The release P speaks (default: the scenario's prefill.vllm, else its "
-                                             "first release).")] = None,
-        port: Annotated[int | None, Opt(metavar="PORT", rich_help_panel=SERVE, show_default=False,
-                                        help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
-                                             "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
-                                             "default: OS-chosen.")] = None,
-        tag_blocks: Annotated[int, Opt(metavar="N", rich_help_panel=SERVE,
-                                       help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
-        duration: Annotated[float | None, Opt(metavar="SECONDS", rich_help_panel=SERVE, show_default=False,
-                                              help="Stop after this many seconds (default: run until a signal).")
-                            ] = None,
-        api_port: Annotated[int | None, Opt(metavar="PORT", rich_help_panel=SERVE, show_default=False,
-                                            help="Also answer GET /version on this port (0: OS-chosen), as vLLM's "
-                                                 "API server does (for probe --vllm auto).")] = None,
-        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel="Output",
-                                      help="The ready document as one JSON line on stdout.")] = False,
-        sglang: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=SERVE, show_default=False,
-                                          help="Serve fake SGLang P ranks of this release and their bootstrap "
-                                               "server (--port: its port) instead of vLLM's.")] = None,
-    ) -> None:
-        """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
-        from pdcheck.scenario import load, read_toml
-
-        if sglang is not None:
-            if vllm is not None:
-                raise BadInput("--vllm and --sglang: serve one framework's prefill, not both")
-            from pdcheck.sglang.serve import command
-
-            raise typer.Exit(command(scenario, sglang, port, duration, json_out))
-
-        sc = load_prefill(scenario, overrides, read_toml, load)
-        name = vllm if vllm is not None else sc.prefill.vllm or sc.vllm[0]
-        if "," in name or name.strip() in ("all", "corrected"):
-            raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
-        release = resolve(name)
-        if port is not None and not MIN_BASE_PORT <= port <= 65535:
-            raise BadInput(f"--port: {port} is outside {MIN_BASE_PORT}-65535")
-        if tag_blocks < 0:
-            raise BadInput("--tag-blocks must be >= 0")
-        if duration is not None:
-            check_seconds("--duration", duration, SERVE_DURATION_S)  # nan would end the run at once
-        if api_port is not None and not 0 <= api_port <= 65535:
-            raise BadInput(f"--api-port: {api_port} is not a port")
-        plan = build_serve(sc, release, ServeOptions(port=port, tag_blocks=tag_blocks, duration_s=duration,
-                                                     api_port=api_port))
-        code = run(plan, lambda doc: _print_ready(doc, json_out), log_line)
-        raise typer.Exit(code)
 
 
 def load_prefill(path: Path | None, overrides: dict[str, Any], read_toml: Any, load: Any) -> Scenario:

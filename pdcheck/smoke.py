@@ -1,4 +1,5 @@
-"""`pdcheck smoke`: run every scenario of a directory and check each one's [expect] table, for CI."""
+"""`pdcheck smoke`: run every scenario of a directory and check each one's [expect] table, for CI. The file's
+`framework` key picks the framework (pdcheck.frameworks) that plans and runs it and yields its cases."""
 
 from __future__ import annotations
 
@@ -12,12 +13,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pdcheck import handshake as hs
-from pdcheck import report
-from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput, HarnessError
-from pdcheck.plan import Plan, RunOptions, build
-from pdcheck.releases import CORRECTED, resolve
-from pdcheck.scenario import load, read_toml
+from pdcheck import frameworks
+from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck.frameworks import Framework, SmokeOptions
+from pdcheck.scenario import read_toml
 
 
 class Case(msgspec.Struct):
@@ -42,121 +41,40 @@ class SmokeReport(msgspec.Struct):
 
 
 MAX_SCENARIOS = 1000
-REQUESTS_PREFIX = "requests-"  # scenarios of `pdcheck requests` (pdcheck.requests.plan's format)
-REQUESTS_DIR = "requests"  # ... and every scenario of this subdirectory (the bundled ones live in scenarios/requests)
 
 
-def requests_files(directory: Path) -> list[Path]:
-    """`pdcheck requests` scenarios: requests-*.toml here, and every *.toml of ./requests (or of this directory
-    when it is a requests/ directory)."""
-    try:
-        if directory.name == REQUESTS_DIR:
-            return sorted(directory.glob("*.toml"))
-        sub = directory / REQUESTS_DIR
-        return sorted({*directory.glob(f"{REQUESTS_PREFIX}*.toml"), *(sub.glob("*.toml") if sub.is_dir() else [])})
-    except OSError:
-        return []
-
-
-def requests_plans(directory: Path) -> list[object]:
-    """Every requests-*.toml's plan, checked before anything runs; each must have an [expect] table."""
-    from pdcheck.requests.command import build_plan
-
-    plans = []
-    for f in requests_files(directory)[:MAX_SCENARIOS]:
-        plan = build_plan(f, None, {}, [])
-        if not plan.expect:
-            raise BadInput(f"{f}: expect: no expected outcomes (add an [expect] table)")
-        plans.append(plan)
-    return plans
-
-
-def run_requests(plan: object) -> list[Case]:
-    """One request-path scenario: a case per [expect] release (verdict per request)."""
-    from pdcheck.requests.command import execute
-
-    t0 = time.perf_counter()
-    rep = execute(plan)
-    secs = time.perf_counter() - t0
-    return [Case(rep.scenario, plan.source, e.release, e.passed, e.expected, e.got, secs,  # type: ignore[attr-defined]
-                 "" if e.passed else ", ".join(f"request {i}: {g} (expected {w})" for i, (g, w) in
-                                               enumerate(zip(e.got, e.expected, strict=False)) if g != w)
-                 or f"{len(e.got)} requests reported, {len(e.expected)} expected")
-            for e in rep.expectations]
-
-
-def discover(directory: Path, opts: RunOptions) -> list[Any]:
-    """The plan of every *.toml of the directory (its [expect] releases), validated exactly as `handshake`
-    validates a file, before anything runs."""
+def scenario_files(directory: Path) -> list[Path]:
+    """Every *.toml of the directory and of each registered framework's scenario subdirectories."""
     try:
         if not directory.is_dir():
             raise BadInput(f"{directory}: not a directory of scenarios")
-        # SGLang's scenarios (framework = "sglang") live in a sglang/ folder beside vLLM's
-        files = sorted(directory.glob("*.toml")) + sorted(directory.glob("sglang/*.toml"))
+        subs = dict.fromkeys(d for fw in frameworks.all_frameworks() for d in fw.scenario_dirs if d)
+        files = sorted(directory.glob("*.toml"))
+        for sub in subs:
+            files += sorted(directory.glob(f"{sub}/*.toml"))
     except OSError as exc:
         raise BadInput(f"{directory}: cannot list: {exc.strerror}") from None
-    req = set(requests_files(directory))
-    files = [f for f in files if f not in req]  # `pdcheck requests` scenarios: run_requests
-    if not files and not requests_files(directory):
+    if not files:
         raise BadInput(f"{directory}: no *.toml scenarios")
     if len(files) > MAX_SCENARIOS:
         raise BadInput(f"{directory}: {len(files)} scenarios; at most {MAX_SCENARIOS}")
-    plans: list[Any] = []
-    scenarios = []
-    for f in files:
-        if read_toml(f).get("framework") == "sglang":  # SGLang's plan (pdcheck.sglang.smoke)
-            from pdcheck.sglang import smoke as sg
+    return files
 
-            plans.append(sg.plan_of(f, opts.hang_timeout_ms))
-        else:
-            scenarios.append(load(f))
-    for sc in scenarios:
-        if not sc.expect:
-            raise BadInput(f"{sc.source}: expect: no expected outcomes (add an [expect] table)")
-        plans.append(build(sc, ",".join(r for r in sc.expect if r != CORRECTED.name), opts, where=sc.source))
+
+def discover(directory: Path, opts: SmokeOptions) -> list[tuple[Framework, Any]]:
+    """(framework, plan) of every scenario file, each validated by its framework (the file's `framework`
+    key picks it) exactly as its commands validate a file, before anything runs."""
+    plans = []
+    for f in scenario_files(directory):
+        fw, _ = frameworks.pick(read_toml(f).get("framework"), {}, str(f), command="smoke")
+        plans.append((fw, fw.smoke_plan(f, opts)))
     return plans
 
 
-def run_one(plan: Plan) -> list[Case]:
-    sc = plan.scenario
-    t0 = time.perf_counter()
-    try:
-        rep = report.build(hs.run(plan))
-    except HarnessError as exc:  # this scenario could not run (a port taken, a rank that never started): its
-        # cases fail with the reason, and the job goes on to the other scenarios
-        secs = time.perf_counter() - t0
-        return [Case(sc.name, sc.source, release, False, _want(sc, exp), [], secs, f"harness error: {exc}")
-                for release, exp in sc.expect.items()]
-    secs = time.perf_counter() - t0
-    cases = []
-    for release, exp in sc.expect.items():
-        want = _want(sc, exp)
-        got = rep.matrix.get(resolve(release).name if release != CORRECTED.name else release, [])
-        msg = "; ".join(rep.harness_errors)
-        if got != want and not msg:
-            diff = [f"D{i}: {g} (expected {w})" for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
-            msg = ", ".join(diff) or f"{len(got)} decode ranks reported, {len(want)} expected"
-        cases.append(Case(sc.name, sc.source, release, got == want and not rep.harness_errors, want, got, secs, msg))
-    return cases
-
-
-def _want(sc: Any, exp: str | list[str]) -> list[str]:
-    """A release's expected verdict per decode rank (one verdict: the same for every rank)."""
-    return list(exp) if isinstance(exp, list) else [exp] * (sc.decode.tp_size * sc.decode.dp_size)
-
-
-def _run_sglang(plan: Any) -> list[Case]:
-    from pdcheck.sglang import smoke as sg
-
-    return sg.run_one(plan, Case)
-
-
-def run(directory: Path, opts: RunOptions) -> SmokeReport:
+def run(directory: Path, opts: SmokeOptions) -> SmokeReport:
     plans = discover(directory, opts)
-    req_plans = requests_plans(directory)
     t0 = time.perf_counter()
-    cases = [c for plan in plans for c in (run_one(plan) if isinstance(plan, Plan) else _run_sglang(plan))]
-    cases += [c for plan in req_plans for c in run_requests(plan)]
+    cases = [c for fw, plan in plans for c in fw.smoke_run(plan, Case)]
     failed = sum(not c.passed for c in cases)
     return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
                        EXIT_OK if not failed else EXIT_HAZARD)

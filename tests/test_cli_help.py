@@ -20,7 +20,7 @@ COMMANDS = [("handshake",), ("smoke",), ("scenario", "from-logs")]
 def _command(path: tuple[str, ...]):
     cmd = typer.main.get_command(app)
     for name in path:
-        cmd = cmd.commands[name]  # type: ignore[attr-defined]
+        cmd = cmd.get_command(None, name)  # type: ignore[attr-defined]  (commands load lazily)
     return cmd
 
 
@@ -125,7 +125,7 @@ def _params_with_brackets() -> list[tuple[str, str, str]]:
     out = []
     root = typer.main.get_command(app)
     cmds = {**{n: c for n, c in root.commands.items() if n != "scenario"},  # type: ignore[attr-defined]
-            **{n: _lazy_command(n) for n in LAZY},
+            **{n: _lazy_command(n) for n in LAZY},  # every command loads lazily
             "scenario from-logs": _command(("scenario", "from-logs"))}
     for name, cmd in cmds.items():
         for p in getattr(cmd, "params", []):
@@ -204,3 +204,39 @@ def test_from_logs_output_refuses_an_existing_file_unless_forced(pdcheck, tmp_pa
     assert "[prefill]" in deep.read_text()
     # the command to run it next is one line, the path whole
     assert f"run it with: pdcheck handshake {deep}\n" in run.err
+
+
+ALL_COMMANDS = [("handshake",), ("smoke",), ("probe",), ("serve",), ("transfer-bench",), ("requests",),
+                ("scenario", "from-logs")]
+
+
+@pytest.mark.parametrize("path", ALL_COMMANDS, ids=" ".join)
+def test_every_epilog_has_its_own_examples_within_80_columns_and_the_exit_codes(path: tuple[str, ...]) -> None:
+    import re
+
+    epilog = _command(path).epilog
+    plain = re.sub(r"\[/?(bold|dim)?\]", "", epilog).replace("\\[", "[")
+    too_long = [ln for ln in plain.splitlines() if len(ln) > 80]
+    assert not too_long, f"{' '.join(path)}: lines over 80 columns: {too_long}"
+    examples = [ln.strip() for ln in plain.split("Examples", 1)[1].splitlines() if ln.strip().startswith("pdcheck ")]
+    assert any(ex.startswith(f"pdcheck {' '.join(path)}") for ex in examples), examples  # its own, not another's
+    flat = " ".join(plain.split())
+    assert "130/143/129" in flat and "2 bad input" in flat
+    assert ("0 written" if path == ("scenario", "from-logs") else "3 harness failure") in flat
+
+
+def test_one_spelling_of_the_scenario_argument_and_flags() -> None:
+    for path in [("handshake",), ("serve",), ("requests",)]:
+        arg = next(p for p in _command(path).params if p.param_type_name == "argument")
+        assert arg.metavar == "SCENARIO", path
+    assert next(p for p in _command(("smoke",)).params if p.param_type_name == "argument").metavar == "DIRECTORY"
+    assert next(p for p in _command(("probe",)).params if p.param_type_name == "argument").metavar == "HOST:PORT"
+    hang = {path: next(p.default for p in _command(path).params if p.name == "hang_timeout")
+            for path in [("handshake",), ("smoke",)]}
+    assert set(hang.values()) == {3.0}, hang
+    for path in [("handshake",), ("transfer-bench",)]:
+        opts = {o for p in _command(path).params if not getattr(p, "hidden", False) for o in p.opts}
+        assert "--use-mla" in opts and "--dtype" in opts and "--mla" not in opts, path
+    probe_tp = {o for p in _command(("probe",)).params if not getattr(p, "hidden", False) for o in p.opts
+                if "tp" in o}
+    assert "--tp-size" not in probe_tp and "--prefill-tp" in probe_tp, probe_tp  # one P TP flag

@@ -182,18 +182,19 @@ def test_share_picks_the_same_requests_per_seed() -> None:
 def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> None:
     from pathlib import Path
 
-    from pdcheck import smoke
+    from pdcheck.frameworks import SmokeOptions
+    from pdcheck.frameworks import vllm as fw
 
     scenarios = Path(__file__).resolve().parent.parent / "scenarios"
-    files = smoke.requests_files(scenarios)
+    files = fw.requests_files(scenarios)
     assert {f.name for f in files} == {"requests-freed-early.toml", "requests-lost-notification.toml",
                                        "requests-bad-params.toml", "requests-params-dropped.toml",
                                        "requests-push-lost-completion.toml", "requests-push-slow-decode.toml",
                                        "requests-prefill-restart.toml", "requests-heartbeat-loss.toml",
                                        "requests-read-failure.toml", "requests-abort-mid-transfer.toml",
                                        "requests-push-write-failure.toml", "requests-wrong-tp-52276.toml"}
-    assert smoke.requests_files(scenarios / "requests") == files
-    plans = smoke.requests_plans(scenarios)
+    assert fw.requests_files(scenarios / "requests") == files
+    plans = [fw.FRAMEWORK.smoke_plan(f, SmokeOptions()) for f in files]
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
     assert not any(f.parent.name == "requests" for f in scenarios.glob("*.toml"))  # handshake globs stay clean
 

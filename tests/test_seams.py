@@ -306,3 +306,97 @@ def test_refusal_names_the_same_bytes_in_table_and_hazard_line(release: str) -> 
     h08 = next(h for h in doc["hazards"] if h["id"] == "H08")
     assert h08["applies"] and len(refusals) == 1
     assert refusals.pop().startswith(h08["effects"]["corrected"] + " ("), h08["effects"]["corrected"]
+
+
+# ---- the framework seam: no fork outside the registry; a third framework is one package + one registry line --
+PKG = ROOT / "pdcheck"
+FRAMEWORK_NAMES = {"vllm", "sglang"}
+# The registry and the frameworks' own packages may name a framework; nothing else may branch on one.
+OWN = ("frameworks/", "sglang/")
+
+
+def _literals(node: Any) -> set[str]:
+    import ast
+
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value}
+    if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        return {s for e in node.elts for s in _literals(e)}
+    return set()
+
+
+def framework_forks(source: str) -> list[str]:
+    """Where a module branches on a framework: `x == "sglang"`, `x in ("vllm", "sglang")`, `if sglang ...`,
+    or an import of a framework's package or adapter."""
+    import ast
+
+    from pdcheck.frameworks import BUILTIN
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [
+                node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
+            bad = [x for x in mods if x.startswith("pdcheck.sglang") or x in BUILTIN.values()]
+            if bad:
+                found.append(f"line {node.lineno}: imports {bad[0]}")
+        elif isinstance(node, ast.Compare):
+            sides = [(op, right) for op, right in zip(node.ops, node.comparators, strict=True)]
+            for op, right in sides:
+                named = (_literals(right) | _literals(node.left)) if isinstance(op, (ast.Eq, ast.NotEq)) else (
+                    _literals(right) if isinstance(op, (ast.In, ast.NotIn)) else set())
+                if named & FRAMEWORK_NAMES:
+                    found.append(f"line {node.lineno}: compares with {sorted(named & FRAMEWORK_NAMES)}")
+        elif isinstance(node, (ast.If, ast.IfExp, ast.While)):
+            if any(isinstance(n, ast.Name) and n.id == "sglang" for n in ast.walk(node.test)):
+                found.append(f"line {node.lineno}: branches on `sglang`")
+    return found
+
+
+def test_no_framework_fork_outside_the_registry() -> None:
+    forks = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG).as_posix()
+        if not rel.startswith(OWN) and (found := framework_forks(path.read_text())):
+            forks[rel] = found
+    assert not forks, f"framework forks outside pdcheck/frameworks (ask the registry instead): {forks}"
+
+
+def test_the_fork_finder_finds_forks() -> None:
+    for fork in ('if framework == "sglang":\n    pass', 'x = a if fw in ("vllm", "sglang") else b',
+                 "if sglang is not None:\n    pass", "from pdcheck.sglang import plan",
+                 "import pdcheck.frameworks.vllm"):
+        assert framework_forks(fork), fork
+    assert not framework_forks('ok = "vllm" in doc\nname = "sglang"\nfrom pdcheck import frameworks')
+
+
+TOY = ROOT / "tests" / "data" / "toy" / "toy-header.toml"
+
+
+def _toy(*args: str) -> subprocess.CompletedProcess[str]:
+    """pdcheck with the toy framework (tests/toyfw.py) registered before the CLI starts, as a plug-in would."""
+    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", COLUMNS="200")
+    entry = "import sys, toyfw; toyfw.install(); sys.argv[0] = 'pdcheck'; from pdcheck.__main__ import main; main()"
+    return subprocess.run([sys.executable, "-c", entry, *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=180)
+
+
+def test_a_toy_framework_runs_through_handshake_smoke_and_json(tmp_path: Any) -> None:
+    table, js = _toy("handshake", str(TOY)), _toy("handshake", str(TOY), "--json")
+    assert table.returncode == js.returncode == 1, table.stderr + js.stderr  # release 2.0 asserts
+    assert "'1.0': ['ok'], '2.0': ['assert']" in table.stdout
+    doc = json.loads(js.stdout)
+    assert doc["framework"] == "toy" and doc["command"] == "handshake" and doc["exit_code"] == 1
+    assert doc["matrix"] == {"1.0": ["ok"], "2.0": ["assert"]}
+    one = _toy("handshake", str(TOY), "--toy", "1.0", "--json")
+    assert one.returncode == 0 and json.loads(one.stdout)["matrix"] == {"1.0": ["ok"]}
+    (tmp_path / "toy").mkdir()
+    (tmp_path / "toy" / TOY.name).write_text(TOY.read_text())
+    smoke = _toy("smoke", str(tmp_path), "--json")
+    assert smoke.returncode == 0, smoke.stdout + smoke.stderr
+    cases = json.loads(smoke.stdout)["cases"]
+    assert [(c["framework"], c["release"], c["passed"], c["got"]) for c in cases] == [
+        ("toy", "1.0", True, ["ok"]), ("toy", "2.0", True, ["assert"])]
+    wrong = _toy("handshake", str(TOY), "--vllm", "0.9.1")
+    assert wrong.returncode == 2 and "is a Toy scenario" in wrong.stderr and "use --toy" in wrong.stderr
+    assert len(wrong.stderr.strip().splitlines()) == 1

@@ -186,12 +186,9 @@ def render(rep: SgProbeReport, console: Any) -> None:
         console.print(f"[yellow]note:[/] {escape(n)}")
 
 
-def command(endpoint: str, p_release: str, decode_releases: str | None, scenario: Any, timeout_s: float,
-            json_out: bool) -> int:
-    """The `probe --sglang` command body; returns the exit code."""
-    import sys
-
-    from pdcheck.console import console
+def probe_report(endpoint: str, p_release: str, decode_releases: str | None, scenario: Any,
+                 timeout_s: float) -> SgProbeReport:
+    """The `probe --sglang` command body: the report (the command layer prints it)."""
     from pdcheck.sglang.releases import resolve_many
     from pdcheck.sglang.scenario import load
 
@@ -204,8 +201,4 @@ def command(endpoint: str, p_release: str, decode_releases: str | None, scenario
     rep = run(host, port, named, [], decode, timeout_s)
     if rep.p_release is not None:
         rep = run(host, port, named, resolve_many(d_text or rep.p_release, "--decode-sglang"), decode, timeout_s)
-    if json_out:
-        sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
-    else:
-        render(rep, console())
-    return rep.exit_code
+    return rep

@@ -8,20 +8,20 @@ from typing import Annotated, Any
 
 import typer
 
-Opt = typer.Option
-RUN = "Run"
-PAIR = "Two nodes"
-OUTPUT = "Output"
+from pdcheck.commands import OUTPUT, RUN, Opt, exit_codes
 
-EPILOG = """[bold]Examples[/]
-  [dim]# this node: versions, NIXL plugins, RDMA ports and NICs, environment, a real loopback transfer[/]
+PAIR = "Two nodes"
+
+EPILOG = f"""[bold]Examples[/]
+  [dim]# this node: versions, NIXL plugins, NICs, environment, a loopback transfer[/]
   pdcheck doctor
-  [dim]# two nodes: a real transfer between them, with the transport as UCX reports it on both ends[/]
+  [dim]# two nodes: a real transfer, the transport as UCX reports it on both ends[/]
   pdcheck doctor --listen 10.0.0.5:7777          [dim]# on node A[/]
   pdcheck doctor --peer 10.0.0.5:7777            [dim]# on node B[/]
 
-Exit codes: 0 every check PASS, WARN or SKIP, 1 a check FAILs, 2 bad input, 3 harness failure (a peer that
-is dead, silent, lies about its address or breaks the protocol)."""
+{exit_codes("every check PASS, WARN or SKIP", "a check FAILs")}
+Exit 3 also names a peer that is dead, silent, lies about its address or breaks
+the protocol."""
 
 
 def register(app: Any) -> None:

@@ -1,0 +1,87 @@
+"""`pdcheck requests`: the request lifecycle after the handshake, on real ranks (pdcheck.requests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from pdcheck.cliopts import Command, release_flags
+from pdcheck.commands import OUTPUT, Opt, emit, exit_codes
+from pdcheck.requests.faults import NAMES
+
+LOAD = "Requests"
+
+EPILOG = f"""[bold]Examples[/]
+  [dim]# blocks freed before a slow decode reads them, per release[/]
+  pdcheck requests requests-freed-early --vllm 0.9.1,0.11.1,0.34.0
+  [dim]# no file: flags only[/]
+  pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 \\
+      --fault slow-decode:1 --fault drop-notif:3
+  [dim]# push mode (0.24+): D registers, P WRITEs; request 2's completion lost[/]
+  pdcheck requests --vllm 0.24.0,0.34.0 --mode push --lease 0.5 \\
+      --fault drop-notif:2
+  [dim]# P replaced after handing out request 2's params; the timeline drawn[/]
+  pdcheck requests --vllm 0.11.1,0.34.0 --requests 5 --fault restart-p:2 \\
+      --plot restart.png
+
+Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request,
+p=SHARE: that fraction of them picked by --seed, default every one):
+slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
+bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id|wrong-tp,
+drop-params, restart-p:REQ[:rank=R], read-fail, hold:SECONDS,
+heartbeat-loss:SECONDS, abort-d. In push mode drop-notif and delay-notif hit
+P's completion notification to D.
+
+{exit_codes("every request delivered or recomputed, no block leaked", "otherwise")}"""
+
+
+def register(app: typer.Typer) -> None:
+
+    @app.command(cls=Command, epilog=EPILOG)
+    @release_flags("requests")
+    def requests(
+        scenario: Annotated[Path | None, typer.Argument(
+            metavar="SCENARIO", show_default=False,
+            help="A bundled requests scenario's name or a requests TOML file (flags override it).")] = None,
+        *,
+        releases: dict[str, str | None],
+        n_requests: Annotated[int | None, Opt("--requests", metavar="N", rich_help_panel=LOAD, show_default=False,
+                                              help="Requests per release (default 8).")] = None,
+        rate: Annotated[float | None, Opt(metavar="QPS", rich_help_panel=LOAD, show_default=False,
+                                          help="Arrivals per second (default 10).")] = None,
+        lease: Annotated[float | None, Opt(metavar="SECONDS", rich_help_panel=LOAD, show_default=False,
+                                           help="Abort timeout / lease for every release that has one (default: "
+                                                "each release's own, 120-480 s).")] = None,
+        blocks_per_request: Annotated[int | None, Opt(metavar="K", rich_help_panel=LOAD, show_default=False,
+                                                      help="KV blocks per request (default 2).")] = None,
+        pool: Annotated[int | None, Opt(metavar="B", rich_help_panel=LOAD, show_default=False,
+                                        help="P's KV blocks (default 8).")] = None,
+        failure_policy: Annotated[str | None, Opt(metavar="fail|recompute", rich_help_panel=LOAD, show_default=False,
+                                                  help="kv_load_failure_policy of 0.13+ releases (default: each "
+                                                       "release's own: recompute, fail from 0.17).")] = None,
+        mode: Annotated[str | None, Opt(metavar="pull|push", rich_help_panel=LOAD, show_default=False,
+                                        help="pull (default): D READs; push: D registers and P WRITEs "
+                                             "(NixlPushConnector, 0.24+ only).")] = None,
+        seed: Annotated[int | None, Opt(metavar="N", rich_help_panel=LOAD, show_default=False,
+                                        help="Which requests a fault's p=SHARE picks (default 0).")] = None,
+        fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,
+                                               help=f"A fault ({', '.join(NAMES)}); repeatable.")] = None,
+        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
+                                      help="One JSON document on stdout instead of tables.")] = False,
+        plot: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
+                                         help="Also draw P's blocks held over time and each request's latency "
+                                              "per release (.png/.svg/.pdf; needs matplotlib: "
+                                              "pdcheck\\[plot]).")] = None,
+    ) -> None:
+        """The request lifecycle after the handshake: real P and D ranks, real NIXL READs and notifications; a
+        verdict per request per release, the corrected path beside it, P's block accounting."""
+        from pdcheck import frameworks
+
+        fw, rels = frameworks.pick(None, releases, str(scenario or "command line"), command="requests")
+        outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot,
+                               "flags": {"requests": n_requests, "rate": rate, "lease": lease,
+                                         "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
+                                         "failure_policy": failure_policy, "mode": mode}})
+        emit("requests", fw.name, outcome, json_out)

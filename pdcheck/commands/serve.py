@@ -1,0 +1,67 @@
+"""`pdcheck serve`: a scenario's fake prefill ranks for real decode instances, until a signal."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from pdcheck.cliopts import Command, release_flags, scenario_flags
+from pdcheck.commands import OUTPUT, SIGNALS, Opt
+from pdcheck.plan import TAG_BLOCKS
+
+SERVE = "Serve"
+EPILOG = f"""[bold]Examples[/]
+  pdcheck serve seed-19338-tp8 --vllm 0.11.1 --port 5600
+  [dim]# first stdout line: the ready document (endpoints, kv_transfer_params)[/]
+  pdcheck serve --prefill-tp 2 --prefill-blocks 3008,2992 \\
+      --vllm 0.26.0 --json
+  [dim]# pdcheck's own decode ranks against it[/]
+  pdcheck handshake --vllm 0.26.0 --decode-blocks 3000 \\
+      --prefill-endpoint 127.0.0.1:PORT
+  [dim]# SGLang: fake P ranks and their bootstrap server[/]
+  pdcheck serve sglang-hetero-tp --sglang 0.5.8 --port 8998
+
+Serves until a signal or --duration; every rank is reaped.
+Exit codes: 0 --duration ended, 2 bad input, 3 harness failure,
+{SIGNALS}"""
+
+
+def register(app: typer.Typer) -> None:
+
+    @app.command(cls=Command, epilog=EPILOG)
+    @scenario_flags
+    @release_flags("serve", metavar="RELEASE", panel=SERVE)
+    def serve(
+        scenario: Annotated[Path | None, typer.Argument(
+            metavar="SCENARIO", show_default=False,
+            help="A bundled scenario's name or a scenario TOML file; its \\[prefill] table is served.")] = None,
+        *,
+        overrides: dict[str, Any],
+        releases: dict[str, str | None],
+        port: Annotated[int | None, Opt(metavar="PORT", rich_help_panel=SERVE, show_default=False,
+                                        help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
+                                             "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
+                                             "default: OS-chosen.")] = None,
+        tag_blocks: Annotated[int, Opt(metavar="N", rich_help_panel=SERVE,
+                                       help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
+        duration: Annotated[float | None, Opt(metavar="SECONDS", rich_help_panel=SERVE, show_default=False,
+                                              help="Stop after this many seconds (default: run until a signal).")
+                            ] = None,
+        api_port: Annotated[int | None, Opt(metavar="PORT", rich_help_panel=SERVE, show_default=False,
+                                            help="Also answer GET /version on this port (0: OS-chosen), as vLLM's "
+                                                 "API server does (for probe --vllm auto).")] = None,
+        json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
+                                      help="The ready document as one JSON line on stdout.")] = False,
+    ) -> None:
+        """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
+        from pdcheck import frameworks
+        from pdcheck.scenario import read_toml
+
+        declared = read_toml(scenario).get("framework") if scenario is not None else None
+        fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"), command="serve",
+                                   one="serve one framework's prefill")
+        raise typer.Exit(fw.serve({"scenario": scenario, "releases": rels, "overrides": overrides, "port": port,
+                                   "tag_blocks": tag_blocks, "duration": duration, "api_port": api_port,
+                                   "json_out": json_out}))

@@ -1,0 +1,111 @@
+"""SGLang's NIXL disaggregation behind the framework seam: a thin adapter over pdcheck.sglang (scenario, plan,
+runner, report, probe, serve, fromlogs, smoke). Every heavy import is inside a method."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeOptions, unsupported
+
+
+class SGLang(Framework):
+    name = "sglang"
+    title = "SGLang"
+    flag = "--sglang"
+    scenario_dirs: tuple[str, ...] = ("sglang",)
+    rank_modules: tuple[str, ...] = ("pdcheck.sglang.ranks",)
+    commands: dict[str, str | None] = {
+        "handshake": "SGLang release(s) to model instead of vLLM: 0.5.8, '0.4.7,0.5.23' or 'all' (or "
+                     "framework = \"sglang\" in the scenario).",
+        "smoke": None,
+        "probe": "Instead of --vllm: HOST:PORT is an SGLang prefill's bootstrap server (http://HOST:8998), read "
+                 "with GETs only; its release, or 'auto'.",
+        "serve": "Serve fake SGLang P ranks of this release and their bootstrap server (--port: its port) instead "
+                 "of vLLM's.",
+        "from-logs": "The logs are SGLang servers' (their server_args line): write an SGLang scenario for these "
+                     "releases.",
+    }
+
+    def load(self, path: Path | None, overrides: dict[str, Any]) -> Any:
+        from pdcheck.sglang.scenario import load
+
+        return load(path, overrides)
+
+    # ----------------------------------------------------------------------------------------- handshake
+    def handshake_plan(self, a: HandshakeArgs) -> Any:
+        from pdcheck.sglang import plan as sp
+
+        unsupported(self, {"--from-logs": a.from_logs, "--ray": a.ray, "--prefill-vllm": a.prefill_release,
+                           "--inject": a.inject}, "docs/sglang.md")
+        live = None
+        if a.prefill_endpoint is not None:
+            from pdcheck.sglang.probe import parse_url
+
+            live = sp.LiveBootstrap(*parse_url(a.prefill_endpoint))
+        return sp.build(self.load(a.scenario, a.overrides), a.releases,
+                        sp.SgOptions(hang_timeout_s=a.hang_timeout, start_timeout_s=a.timeout,
+                                     run_timeout_s=a.timeout), live)
+
+    def handshake_run(self, plan: Any, show_progress: bool) -> Outcome:
+        from pdcheck.sglang import report as sr
+        from pdcheck.sglang import runner
+
+        rep = sr.build(runner.run(plan))
+        return Outcome(rep.exit_code, rep, lambda console: sr.render(rep, console))
+
+    # --------------------------------------------------------------------------------------------- smoke
+    def smoke_plan(self, path: Path, options: SmokeOptions) -> Any:
+        from pdcheck.sglang import smoke as sg
+
+        return sg.plan_of(path, options.hang_timeout_ms)
+
+    def smoke_run(self, plan: Any, case: Callable[..., Any]) -> list[Any]:
+        from pdcheck.sglang import smoke as sg
+
+        return sg.run_one(plan, case)
+
+    # ------------------------------------------------------------------------------------- probe, serve
+    def probe(self, o: dict[str, Any]) -> Outcome:
+        from pdcheck.sglang import probe as sp
+
+        rep = sp.probe_report(o["endpoint"], o["releases"], o["decode_sglang"], o["scenario"], o["timeout"])
+        return Outcome(rep.exit_code, rep, lambda console: sp.render(rep, console))
+
+    def serve(self, o: dict[str, Any]) -> int:
+        from pdcheck.sglang.serve import command
+
+        release = o["releases"]
+        if release is None:  # the scenario's: its prefill's own release, else its first
+            sc = self.load(o["scenario"], {})
+            release = sc.prefill.sglang or sc.sglang[0]
+        return command(o["scenario"], release, o["port"], o["duration"], o["json_out"])
+
+    # ----------------------------------------------------------------------------------------- from-logs
+    def from_logs(self, o: dict[str, Any]) -> Outcome:
+        import sys
+
+        from pdcheck.console import console
+        from pdcheck.sglang import fromlogs as sgl
+        from pdcheck.sglang.releases import resolve_many
+
+        output = o["output"]
+        names = [r.name for r in resolve_many(o["releases"])]
+        p_f, d_f = sgl.parse(o["prefill_log"], "prefill"), sgl.parse(o["decode_log"], "decode")
+        text = sgl.to_toml(p_f, d_f, names)
+        doc = {"framework": self.name, "prefill": p_f, "decode": d_f, "sglang": names,
+               "notes": p_f.notes + d_f.notes, "output": str(output) if output is not None else None}
+        from rich.markup import escape
+
+        for note in p_f.notes + d_f.notes:
+            console(True, highlight=False).print(f"note: {escape(note)}")
+
+        def render(_console: Any) -> None:
+            if output is None:
+                sys.stdout.write(text)
+
+        return Outcome(0, doc, render, text)
+
+
+FRAMEWORK = SGLang()
