@@ -76,7 +76,7 @@ def node_checks(*, multi_node: bool, tick: Tick = _noop, transfer: bool = True) 
     tick("doctor", 3, steps, "environment")
     env = dict(os.environ)
     out += timed("environment", lambda: envcheck.all_checks(
-        env, devs, vllm=vers.vllm is not None, multi_node=multi_node)) or []  # type: ignore[union-attr, arg-type]
+        env, devs, vllm=vers.frameworks.get("vllm") is not None, multi_node=multi_node)) or []  # type: ignore[union-attr, arg-type]
     tick("doctor", 4, steps, "loopback transfer")
     transfers: list[loopback.Transfer] = []
     if transfer:

@@ -8,6 +8,7 @@ from importlib import metadata
 
 import msgspec
 
+from pdcheck import frameworks
 from pdcheck.doctor.model import Check, check
 from pdcheck.errors import BadInput
 
@@ -21,8 +22,8 @@ class Versions(msgspec.Struct):
     ucx: str | None  # as the NIXL wheel's libucp reports it (filled by the plugin check)
     torch: str | None
     cuda_driver: str | None
-    vllm: str | None
-    sglang: str | None
+    # framework name -> its installed release (None: not installed), for every registered framework
+    frameworks: dict[str, str | None] = {}
 
 
 def installed(dist: str) -> str | None:
@@ -50,8 +51,9 @@ def collect() -> Versions:
 
     nixl = {w: v for w in NIXL_WHEELS if (v := installed(w)) is not None}
     return Versions(pdcheck=__version__, python=platform.python_version(), nixl=nixl, ucx=None,
-                    torch=installed("torch"), cuda_driver=cuda_driver(), vllm=installed("vllm"),
-                    sglang=installed("sglang"))
+                    torch=installed("torch"), cuda_driver=cuda_driver(),
+                    frameworks={fw.name: installed(fw.distribution) for fw in frameworks.all_frameworks()
+                                if fw.distribution})
 
 
 def checks(v: Versions) -> list[Check]:
@@ -70,32 +72,24 @@ def checks(v: Versions) -> list[Check]:
     drv = f"CUDA driver {v.cuda_driver}" if v.cuda_driver else "no NVIDIA driver"
     out.append(check("versions", "PASS", f"pdcheck {v.pdcheck}, Python {v.python}, torch {v.torch or 'absent'}, "
                      f"{drv}"))
-    out.append(_framework("vLLM", v.vllm))
-    out.append(_framework("SGLang", v.sglang))
+    out += [_framework(frameworks.get(name), version) for name, version in v.frameworks.items()]
     return out
 
 
-def _framework(name: str, version: str | None) -> Check:
-    label = f"{name} release"
+def _framework(fw: frameworks.Framework, version: str | None) -> Check:
+    label = f"{fw.title} release"
     if version is None:
-        return check(label, "SKIP", f"{name} is not installed here")
+        return check(label, "SKIP", f"{fw.title} is not installed here")
     try:
-        if name == "vLLM":
-            from pdcheck.releases import resolve
-
-            model = resolve(version)
-        else:
-            from pdcheck.sglang.releases import resolve as sg_resolve
-
-            model = sg_resolve(version)
+        line = fw.release_line(version)
     except BadInput as exc:
-        return check(label, "WARN", f"{name} {version}: pdcheck does not model it ({exc})",
-                     f"reproduce with the nearest modelled release (pdcheck handshake --{name.lower()} ...)")
-    return check(label, "PASS", f"{name} {version}, modelled by pdcheck as {getattr(model, 'name', model)}")
+        return check(label, "WARN", f"{fw.title} {version}: pdcheck does not model it ({exc})",
+                     f"reproduce with the nearest modelled release (pdcheck handshake {fw.flag} ...)")
+    return check(label, "PASS", f"{fw.title} {version}, modelled by pdcheck as {line}")
 
 
 def collect_fallback() -> Versions:
     """What is known without package metadata (the versions check overran its deadline)."""
     from pdcheck import __version__
 
-    return Versions(__version__, platform.python_version(), {}, None, None, None, None, None)
+    return Versions(__version__, platform.python_version(), {}, None, None, None)

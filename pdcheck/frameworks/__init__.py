@@ -75,6 +75,11 @@ class Framework:
     scenario_dirs: tuple[str, ...] = ()  # subdirectories of a scenario directory that hold its scenarios
     rank_modules: tuple[str, ...] = ()  # its rank bodies, preloaded by the forkserver
     commands: dict[str, str | None] = {}
+    distribution: str = ""  # its pip distribution ("vllm"): what `pdcheck doctor` looks for installed
+
+    def release_line(self, release: str) -> str:
+        """The modelled release line a typed release resolves to (its name); BadInput when not modelled."""
+        raise NotImplementedError
 
     def load(self, path: Path | None, overrides: dict[str, Any]) -> Any:
         """A scenario file (and flag overrides) as this framework's scenario; BadInput when invalid."""

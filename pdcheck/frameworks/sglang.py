@@ -14,6 +14,7 @@ class SGLang(Framework):
     name = "sglang"
     title = "SGLang"
     flag = "--sglang"
+    distribution = "sglang"
     scenario_dirs: tuple[str, ...] = ("sglang",)
     rank_modules: tuple[str, ...] = ("pdcheck.sglang.ranks",)
     commands: dict[str, str | None] = {
@@ -27,6 +28,11 @@ class SGLang(Framework):
         "from-logs": "The logs are SGLang servers' (their server_args line): write an SGLang scenario for these "
                      "releases.",
     }
+
+    def release_line(self, release: str) -> str:
+        from pdcheck.sglang.releases import resolve
+
+        return resolve(release, self.flag).name
 
     def load(self, path: Path | None, overrides: dict[str, Any]) -> Any:
         from pdcheck.sglang.scenario import load

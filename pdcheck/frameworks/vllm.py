@@ -31,6 +31,7 @@ class VLLM(Framework):
     name = "vllm"
     title = "vLLM"
     flag = "--vllm"
+    distribution = "vllm"
     scenario_dirs: tuple[str, ...] = ("", REQUESTS_DIR)
     rank_modules: tuple[str, ...] = ("pdcheck.ranks", "pdcheck.requests.rank")
     commands: dict[str, str | None] = {
@@ -43,6 +44,11 @@ class VLLM(Framework):
     }
 
     # ------------------------------------------------------------------------------------------ scenario
+    def release_line(self, release: str) -> str:
+        from pdcheck.releases import resolve
+
+        return resolve(release, self.flag).name
+
     def load(self, path: Path | None, overrides: dict[str, Any], max_tp: int | None = None) -> Any:
         from pdcheck.bounds import MAX_TP
         from pdcheck.scenario import load
