@@ -9,6 +9,7 @@ from typing import Annotated, Any
 import typer
 from typer.core import TyperGroup
 
+from pdcheck import envelope
 from pdcheck.cliopts import Command, Device, Group, scenario_flags
 from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, BadInput, PdcheckError, one_line, usage_error_types
 
@@ -250,7 +251,7 @@ def handshake(
     with progress.stderr_progress(enabled=not json_out) as tick:
         rep = report.build(runner(run_plan.with_progress(tick)))
     if json_out:
-        sys.stdout.buffer.write(report.to_json(rep) + b"\n")
+        envelope.write_json("handshake", "vllm", rep.exit_code, rep)
     elif len(run_plan.releases) > 2:
         console = _console()
         report.render_matrix(rep, console)
@@ -288,7 +289,7 @@ def _sglang_handshake(scenario: Path | None, sglang: str | None, overrides: dict
                     sp.SgOptions(hang_timeout_s=hang_timeout, start_timeout_s=timeout, run_timeout_s=timeout), live)
     rep = sr.build(runner.run(plan))
     if json_out:
-        sys.stdout.buffer.write(sr.to_json(rep) + b"\n")
+        envelope.write_json("handshake", "sglang", rep.exit_code, rep)
     else:
         sr.render(rep, _console())
     raise typer.Exit(rep.exit_code)
@@ -362,11 +363,9 @@ def scenario_from_logs(
         text = sgl.to_toml(p_f, d_f, names)
         _write(output, text)
         if json_out:
-            import msgspec
-
-            doc = {"framework": "sglang", "prefill": p_f, "decode": d_f, "sglang": names,
+            doc = {"prefill": p_f, "decode": d_f, "sglang": names,
                    "notes": p_f.notes + d_f.notes, "output": str(output) if output is not None else None}
-            sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
+            envelope.write_json("scenario from-logs", "sglang", 0, doc)
         elif output is None:
             sys.stdout.write(text)
         for note in p_f.notes + d_f.notes:
@@ -377,12 +376,10 @@ def scenario_from_logs(
     text = fromlogs.to_toml(fl, overrides)
     _write(output, text)
     if json_out:
-        import msgspec
-
         doc = {"scenario": fromlogs.scenario_doc(fl, overrides), "sources": fl.sources,
                "missing": fromlogs.missing_report(fl, overrides), "notes": fl.notes,
                "output": str(output) if output is not None else None}
-        sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
+        envelope.write_json("scenario from-logs", "vllm", 0, doc)
         return
     if output is None:
         sys.stdout.write(text)
@@ -424,9 +421,7 @@ def smoke(
         except OSError as exc:
             raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
     if json_out:
-        import msgspec
-
-        sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+        envelope.write_json("smoke", None, rep.exit_code, rep)
     else:
         sm.render(rep, _console())
     raise typer.Exit(rep.exit_code)

@@ -21,11 +21,12 @@ import msgspec
 import typer
 import zmq
 
-from pdcheck import __version__, releases
 from pdcheck import bounds as b
+from pdcheck import releases
 from pdcheck import verdict as verdict_rule
 from pdcheck.engine import FetchRefused, FetchTimeout, Params
 from pdcheck.engine import run as engine_run
+from pdcheck.envelope import write_json
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
@@ -35,6 +36,7 @@ from pdcheck.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
+from pdcheck.verdict import RankVerdict
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
 Opt = typer.Option
@@ -50,9 +52,9 @@ Read-only. Exit codes: 0 ok, 1 the release fails (handshake's rule) or a reply i
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
-    tool: str
-    version: str
-    command: str
+    """The body of `probe`'s --json (vLLM, one DP rank); the envelope (pdcheck.envelope) adds tool, version,
+    schema, command and framework."""
+
     endpoint: str
     release: str
     release_source: str  # "--vllm", or the /version URL it was read from (--vllm auto)
@@ -69,6 +71,7 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     # Each decode rank's handshake outcome under the release (the engine, against P's replies), by D rank;
     # None without a decode configuration. The verdict comes from these (pdcheck.verdict), as in `handshake`.
     decode_status: list[str] | None = None
+    verdicts: list[RankVerdict] = []  # decode_status in the shape every command shares (empty: no decode)
 
 
 def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
@@ -91,13 +94,12 @@ def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
 class DpProbeReport(msgspec.Struct, kw_only=True):
     """`probe --dp-size N`: one report per DP rank's side channel, and what the engine ids say about the layout."""
 
-    tool: str
-    command: str
     endpoint: str
     dp_size: int
     dp_ranks: list[ProbeReport]
     notes: list[str]
     exit_code: int
+    verdicts: list[RankVerdict] = []  # every DP rank's, rank "DP<k>/D<i>"
 
 
 def dp_notes(reports: list[ProbeReport], dp_size: int) -> list[str]:
@@ -390,12 +392,14 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
     fires = not verdict_rule.survives(statuses, d_tp) if statuses is not None else len(engines) > 1
     verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
     return ProbeReport(
-        tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
+        endpoint=f"{host}:{port}", release=release.name,
         release_source=release_source,
         wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
         num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
         decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
         exit_code=verdict_rule.exit_code([verdict == "ok"]), decode_status=statuses,
+        verdicts=[RankVerdict(release=release.name, rank=verdict_rule.rank_label(i), status=st)
+                  for i, st in enumerate(statuses or [])],
     )
 
 
@@ -526,7 +530,6 @@ def register(app: Any) -> None:
                                       help="One JSON document on stdout instead of tables.")] = False,
     ) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
-        import sys
 
         from pdcheck.console import console
 
@@ -565,11 +568,13 @@ def register(app: Any) -> None:
                         decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
                     for k in range(dp_rank, dp_rank + dp_size)]
             notes = dp_notes(reps, dp_size)
-            code = max([r.exit_code for r in reps] + [1 if notes else 0])
-            dp_rep = DpProbeReport(tool="pdcheck", command="probe", endpoint=f"{host}:{port}", dp_size=dp_size,
-                                   dp_ranks=reps, notes=notes, exit_code=code)
+            code = verdict_rule.exit_code([r.exit_code == 0 for r in reps] + [not notes])
+            dp_rep = DpProbeReport(endpoint=f"{host}:{port}", dp_size=dp_size, dp_ranks=reps, notes=notes,
+                                   exit_code=code, verdicts=[
+                                       msgspec.structs.replace(v, rank=f"DP{r.dp_rank}/{v.rank}")
+                                       for r in reps for v in r.verdicts])
             if json_out:
-                sys.stdout.buffer.write(msgspec.json.encode(dp_rep) + b"\n")
+                write_json("probe", "vllm", code, dp_rep)
             else:
                 out = console()
                 for r in reps:
@@ -581,7 +586,7 @@ def register(app: Any) -> None:
         rep = run(host, port, release, dp_rank=dp_rank, tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)),
                   decode_sc=decode_sc, decode_from=where, release_source=source, max_tp=max_tp)
         if json_out:
-            sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+            write_json("probe", "vllm", rep.exit_code, rep)
         else:
             render(rep, console())
         raise typer.Exit(rep.exit_code)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -89,9 +88,9 @@ def register(app: Any) -> None:
         if plot is not None:
             plotting.write(rep, plot)
         if json_out:
-            import msgspec
+            from pdcheck.envelope import write_json
 
-            sys.stdout.buffer.write(msgspec.json.encode(rep) + b"\n")
+            write_json("requests", "vllm", rep.exit_code, rep)
         else:
             from pdcheck.console import console
             from pdcheck.requests.report import render
