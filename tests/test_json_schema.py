@@ -95,6 +95,16 @@ def test_handshake_vllm() -> None:
                                                                        for d in rep.decode_ranks]
 
 
+def test_handshake_vllm_dp_rank_ids() -> None:
+    p = cli("handshake", "dp2-wrong-port-27083", "--vllm", "0.14.0", "--no-transfer", "--json")
+    rep = doc(p, Report, "handshake", "vllm")
+    one_shape(rep.verdicts)
+    assert [(v.rank, v.status) for v in rep.verdicts] == [("DP0/D0", "ok"), ("DP0/D1", "ok"), ("DP1/D0", "error"),
+                                                           ("DP1/D1", "error")]
+    assert "engine ID mismatch" in rep.verdicts[2].detail and rep.verdicts[2].proof is None
+    assert p.returncode == 1 == verdict.exit_code_of(rep.verdicts)
+
+
 def test_handshake_sglang() -> None:
     p = cli("handshake", "sglang-page-size-mismatch", "--sglang", "0.5.3,0.5.8", "--json")
     rep = doc(p, SgReport, "handshake", "sglang")
