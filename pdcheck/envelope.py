@@ -5,6 +5,7 @@ through write_json, so no command's JSON can lack or disagree on these fields.""
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -13,7 +14,19 @@ SCHEMA = "pdcheck/1"
 ENVELOPE_KEYS = ("tool", "version", "schema", "command", "framework", "exit_code")
 
 
-def document(command: str, framework: str | None, exit_code: int, body: Any) -> dict[str, Any]:
+class Envelope(msgspec.Struct, kw_only=True):
+    """The envelope's fields as a type: decoding a document with it checks them (the body's fields are
+    decoded with the command's own Struct)."""
+
+    tool: str
+    version: str
+    schema: str
+    command: str  # "handshake", "scenario from-logs", "transfer-bench", ...
+    framework: str | None  # "vllm" | "sglang"; None where no framework applies (smoke, transfer-bench)
+    exit_code: int | None  # the process's exit code; None only in serve's ready document (written while serving)
+
+
+def document(command: str, framework: str | None, exit_code: int | None, body: Any) -> dict[str, Any]:
     """The envelope's fields first, then the body's (a msgspec Struct or a dict); a body field that repeats
     an envelope key must agree with it."""
     from pdcheck import __version__
@@ -29,7 +42,15 @@ def document(command: str, framework: str | None, exit_code: int, body: Any) -> 
     return {**head, **{k: v for k, v in rest.items() if k not in head}}
 
 
-def write_json(command: str, framework: str | None, exit_code: int, body: Any) -> None:
+def write_json(command: str, framework: str | None, exit_code: int | None, body: Any) -> None:
     """One JSON document on stdout, one line."""
     sys.stdout.buffer.write(msgspec.json.encode(document(command, framework, exit_code, body)) + b"\n")
+    sys.stdout.buffer.flush()
+
+
+def write_jsonl(command: str, framework: str | None, exit_code: int, bodies: Iterable[Any]) -> None:
+    """JSON lines (transfer-bench --jsonl): every line carries the whole envelope, so any one line read alone
+    says which tool, schema and run wrote it; the lines are written when the run's exit code is known."""
+    out = b"".join(msgspec.json.encode(document(command, framework, exit_code, b)) + b"\n" for b in bodies)
+    sys.stdout.buffer.write(out)
     sys.stdout.buffer.flush()

@@ -20,8 +20,8 @@ from typing import Any
 import msgspec
 import zmq
 
-from pdcheck import __version__, releases
 from pdcheck import bounds as b
+from pdcheck import releases
 from pdcheck import verdict as verdict_rule
 from pdcheck.engine import FetchRefused, FetchTimeout, Params
 from pdcheck.engine import run as engine_run
@@ -34,13 +34,14 @@ from pdcheck.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
+from pdcheck.verdict import RankVerdict
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
 
 class ProbeReport(msgspec.Struct, kw_only=True):
-    tool: str
-    version: str
-    command: str
+    """The body of `probe`'s --json (vLLM, one DP rank); the envelope (pdcheck.envelope) adds tool, version,
+    schema, command and framework."""
+
     endpoint: str
     release: str
     release_source: str  # "--vllm", or the /version URL it was read from (--vllm auto)
@@ -57,6 +58,7 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     # Each decode rank's handshake outcome under the release (the engine, against P's replies), by D rank;
     # None without a decode configuration. The verdict comes from these (pdcheck.verdict), as in `handshake`.
     decode_status: list[str] | None = None
+    verdicts: list[RankVerdict] = []  # decode_status in the shape every command shares (empty: no decode)
 
 
 def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
@@ -79,13 +81,12 @@ def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
 class DpProbeReport(msgspec.Struct, kw_only=True):
     """`probe --dp-size N`: one report per DP rank's side channel, and what the engine ids say about the layout."""
 
-    tool: str
-    command: str
     endpoint: str
     dp_size: int
     dp_ranks: list[ProbeReport]
     notes: list[str]
     exit_code: int
+    verdicts: list[RankVerdict] = []  # every DP rank's, rank "DP<k>/D<i>"
 
 
 def dp_notes(reports: list[ProbeReport], dp_size: int) -> list[str]:
@@ -378,12 +379,14 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
     fires = not verdict_rule.survives(statuses, d_tp) if statuses is not None else len(engines) > 1
     verdict = "unreadable" if unreadable else "hazard" if fires else "ok"
     return ProbeReport(
-        tool="pdcheck", version=__version__, command="probe", endpoint=f"{host}:{port}", release=release.name,
+        endpoint=f"{host}:{port}", release=release.name,
         release_source=release_source,
         wire=fmt.name, dp_rank=dp_rank, ports=sorted({r.port for r in ranks}), prefill_ranks=ranks,
         num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
         decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
         exit_code=verdict_rule.exit_code([verdict == "ok"]), decode_status=statuses,
+        verdicts=[RankVerdict(release=release.name, rank=verdict_rule.rank_label(i), status=st)
+                  for i, st in enumerate(statuses or [])],
     )
 
 

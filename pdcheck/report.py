@@ -1,5 +1,6 @@
-"""The handshake report: built from a run's results, one msgspec document (--json) and a rich rendering of the
-same data."""
+"""The handshake report: built from a run's results, one msgspec document (--json, docs/json.md) and a rich
+rendering of the same data. Everything the rendering shows is decided in build: the verdicts, the hazards,
+the exit code; render only draws the Report."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from pdcheck import __version__, verdict
 from pdcheck import messages as m
+from pdcheck import verdict
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.releases import CORRECTED, shapes
 from pdcheck.results import Live, RunResult, Timings
@@ -50,16 +51,18 @@ class FailSpan(msgspec.Struct):
 
 
 class Report(msgspec.Struct):
-    tool: str
-    version: str
+    """The body of handshake's --json (vLLM); the envelope (pdcheck.envelope) adds tool, version, schema,
+    command and framework."""
+
     scenario: str
     source: str
     releases: list[str]
     device: str
+    verdicts: list[verdict.RankVerdict]  # per modelled release and D rank, the shape every framework shares
     decode_ranks: list[DecodeRank]
     prefill_ranks: list[PrefillRank]
     num_blocks_spread: dict[str, NumBlocksSpread]
-    hazards: list[Hazard]
+    hazards: list[Hazard]  # evaluated once, in build; the table and the JSON read this list
     requests: list[m.Req]
     harness_errors: list[str]
     survives: dict[str, bool]  # release -> every decode rank ok
@@ -114,14 +117,29 @@ def build(res: RunResult) -> Report:
     matrix = {n: [d.verdicts[n].status for d in decode] for n in [*names, CORRECTED.name]}
     spans = fail_spans(survives) if not harness else []
     return Report(
-        tool="pdcheck", version=__version__, scenario=sc.name, source=sc.source, releases=names, device=res.device,
-        decode_ranks=decode, prefill_ranks=prefill,
+        scenario=sc.name, source=sc.source, releases=names, device=res.device,
+        verdicts=rank_verdicts(decode, names, sc.decode.dp_size > 1), decode_ranks=decode, prefill_ranks=prefill,
         num_blocks_spread={"prefill": spread(sc.prefill.blocks()), "decode": spread(sc.decode.blocks())},
         hazards=evaluate(sc, releases), requests=res.requests, harness_errors=harness, survives=survives,
         matrix=matrix, first_surviving=next((n for n in names if survives[n]), None), exit_code=code,
         timings=res.timings, fails=[n for sp in spans for n in sp.fails], fixed_in=spans[-1].fixed_in if spans else None,
         fail_spans=spans, live=res.live,
     )
+
+
+def rank_verdicts(decode: list[DecodeRank], names: list[str], dp: bool) -> list[verdict.RankVerdict]:
+    """The common per-rank list (pdcheck.verdict.RankVerdict): release by release, D rank by D rank."""
+    out = []
+    for n in names:
+        for d in decode:
+            v = d.verdicts[n]
+            t = (d.transfer or {}).get(n)
+            out.append(verdict.RankVerdict(
+                release=n, rank=verdict.rank_label(d.tp_rank, d.dp_rank, dp), status=v.status,
+                detail="" if v.status == "ok" else _detail(v) + (f" ({d.when[n]})" if n in d.when else ""),
+                stage=None if v.handshake is None else f"handshake {v.handshake}", contacted=list(v.contacted),
+                proof=None if t is None else verdict.Proof(status=t.status, blocks=t.blocks, wrong=t.wrong)))
+    return out
 
 
 def _release_key(name: str) -> tuple[int, ...]:
@@ -141,10 +159,6 @@ def fail_spans(survives: dict[str, bool]) -> list[FailSpan]:
     if run:
         spans.append(FailSpan(run, None))
     return spans
-
-
-def to_json(rep: Report) -> bytes:
-    return msgspec.json.encode(rep)
 
 
 # ------------------------------------------------------------------------------------------------ rich
@@ -342,7 +356,7 @@ def render(rep: Report, console: Console) -> None:
                 fm = t.first_mismatch
                 line += f"; first mismatch: expected {fm.expected}, found {fm.found}"
             console.print(line, highlight=False)
-    ht = hazard_table(rep.hazards, "Hazards that apply (reference §11)")
+    ht = hazard_table(rep.hazards, "Hazards that apply")
     if ht is not None:
         console.print(ht)
     for e in rep.harness_errors:

@@ -20,9 +20,9 @@ from typing import Any
 
 import msgspec
 
-from pdcheck import __version__
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
+from pdcheck.envelope import write_json
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
@@ -49,8 +49,9 @@ class ServedRank(msgspec.Struct):
 
 
 class Ready(msgspec.Struct):
-    tool: str
-    version: str
+    """The body of serve's ready document (--json, docs/json.md): written while serving, so the envelope's
+    exit_code is null."""
+
     event: str  # "ready"
     pid: int
     scenario: str
@@ -162,7 +163,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                 ]
                 rport = g.remote_port
                 docs.append(Ready(
-                    tool="pdcheck", version=__version__, event="ready", pid=os.getpid(), scenario=sc.name,
+                    event="ready", pid=os.getpid(), scenario=sc.name,
                     release=release.name, wire=release.wire, engine_id=gp.engine_id, host=host, base_port=base,
                     remote_port=rport, tp_size=tp, dp_rank=gp.dp_rank, compat_hash=chash,
                     endpoints=[Endpoint(host, ls.port, ls.ranks) for r in range(tp) for ls in listeners[k * tp + r]],
@@ -244,8 +245,7 @@ def version_server(host: str, port: int, version: str) -> Any:
 # --------------------------------------------------------------------------------------------------- CLI
 def _print_ready(doc: Ready, json_out: bool) -> None:
     if json_out:
-        sys.stdout.buffer.write(msgspec.json.encode(doc) + b"\n")
-        sys.stdout.flush()
+        write_json("serve", "vllm", None, doc)
         return
     from pdcheck.console import console
 

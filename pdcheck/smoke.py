@@ -13,31 +13,37 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pdcheck import frameworks
-from pdcheck.errors import EXIT_BAD_INPUT, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck import frameworks, verdict
+from pdcheck.errors import EXIT_BAD_INPUT, BadInput
 from pdcheck.frameworks import Framework, SmokeOptions
 from pdcheck.scenario import read_toml
 
 
 class Case(msgspec.Struct):
-    scenario: str
-    file: str
-    release: str
-    passed: bool
-    expected: list[str]
-    got: list[str]
-    seconds: float
-    message: str = ""
-    framework: str = "vllm"
+    """One [expect] entry of one scenario: a release's expected verdicts against the ones the run gave
+    (docs/json.md)."""
+
+    scenario: str  # the scenario's name
+    file: str  # the scenario file it came from
+    release: str  # the [expect] key as written ("0.9.1", "corrected")
+    passed: bool  # got == expected, and the harness did not fail
+    expected: list[str]  # per D rank (`requests` scenarios: per request), the verdict the file expects
+    got: list[str]  # ... and the one the run gave ([] when the scenario could not run)
+    seconds: float  # the whole scenario's run, shared by its cases
+    message: str = ""  # why it failed: the ranks that differ, or the harness error
+    framework: str = "vllm"  # "vllm" | "sglang"
 
 
 class SmokeReport(msgspec.Struct):
+    """The body of smoke's --json; the envelope (pdcheck.envelope) adds tool, version, schema, command and
+    framework (null: a directory may mix frameworks; each case names its own)."""
+
     directory: str
     cases: list[Case]
     passed: int
     failed: int
     seconds: float
-    exit_code: int
+    exit_code: int  # pdcheck.verdict's rule over the cases: 0 every case passed, else 1
 
 
 MAX_SCENARIOS = 1000
@@ -77,7 +83,7 @@ def run(directory: Path, opts: SmokeOptions) -> SmokeReport:
     cases = [c for fw, plan in plans for c in fw.smoke_run(plan, Case)]
     failed = sum(not c.passed for c in cases)
     return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
-                       EXIT_OK if not failed else EXIT_HAZARD)
+                       verdict.exit_code(c.passed for c in cases))
 
 
 def junit(rep: SmokeReport) -> bytes:

@@ -19,6 +19,7 @@ import msgspec
 import numpy as np
 import pytest
 
+from pdcheck import envelope
 from pdcheck.bench import measure, schema, tables
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
@@ -72,7 +73,7 @@ def test_json_follows_schema_and_every_block_arrives() -> None:
     assert p.returncode == 0, p.stderr
     report = msgspec.json.decode(p.stdout, type=schema.Report)  # strict: every field, every type
     doc = json.loads(p.stdout)
-    assert doc["schema"] == schema.SCHEMA and doc["ok"] is True
+    assert doc["schema"] == envelope.SCHEMA and doc["ok"] is True and doc["exit_code"] == p.returncode
     assert [r["block_tokens"] for r in doc["rows"]] == [16, 32]
     for r, blocks in zip(doc["rows"], (16, 8), strict=True):
         for key in ("block_bytes", "bytes", "desc_count", "desc_count_merged", "gbps", "p50_us", "p99_us",

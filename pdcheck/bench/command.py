@@ -11,12 +11,12 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from pdcheck import bounds, figure, progress
+from pdcheck import bounds, envelope, figure, progress, verdict
 from pdcheck.bench import output, schema
 from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig, check_flags
 from pdcheck.bench.transport import preset
-from pdcheck.errors import EXIT_HAZARD, EXIT_INTERRUPTED, EXIT_OK, BadInput, PdcheckError
+from pdcheck.errors import EXIT_INTERRUPTED, BadInput, PdcheckError
 
 
 class Interrupted(PdcheckError):
@@ -88,10 +88,11 @@ def _run(o: dict[str, Any]) -> int:
         floors=schema.Floors(min_bw_gbps=o["min_bw"], max_p99_us=o["max_p99"], failures=failures),
         warnings=outcome.warnings,
     )
+    code = verdict.exit_code([report.ok])
     if o["json_out"]:
-        sys.stdout.buffer.write(output.to_json(report) + b"\n")
+        envelope.write_json("transfer-bench", None, code, report)
     elif o["jsonl"]:
-        sys.stdout.buffer.write(output.to_jsonl(report))
+        envelope.write_jsonl("transfer-bench", None, code, output.jsonl_lines(report))
     elif o["csv_out"]:
         sys.stdout.write(output.to_csv(report))
     else:
@@ -104,7 +105,7 @@ def _run(o: dict[str, Any]) -> int:
     sys.stdout.flush()
     if o["plot"] is not None:
         output.plot(report, o["plot"])
-    return EXIT_OK if report.ok else EXIT_HAZARD
+    return code
 
 
 def _with_progress(cfg: BenchConfig, quiet: bool) -> Any:

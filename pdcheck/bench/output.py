@@ -7,7 +7,6 @@ import io
 import math
 from pathlib import Path
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
@@ -101,16 +100,14 @@ def render(report: schema.Report, console: Console) -> None:
         console.print(f"! {w}", style="yellow", highlight=False, markup=False, soft_wrap=True)
 
 
-def to_json(report: schema.Report) -> bytes:
-    return msgspec.json.encode(report)
-
-
-def to_jsonl(report: schema.Report) -> bytes:
-    lines = [schema.Header(config=report.config, env=report.env, transport=report.transport)]
+def jsonl_lines(report: schema.Report) -> list[schema.Header | schema.RowLine | schema.SummaryLine]:
+    """--jsonl's bodies: a header, one line per row, then the summary (each written under the envelope)."""
+    lines: list[schema.Header | schema.RowLine | schema.SummaryLine] = [
+        schema.Header(config=report.config, env=report.env, transport=report.transport)]
     lines += [schema.RowLine(row=r) for r in report.rows]
     lines.append(schema.SummaryLine(ok=report.ok, ceilings=report.ceilings, floors=report.floors,
                                     warnings=report.warnings))
-    return b"".join(msgspec.json.encode(x) + b"\n" for x in lines)
+    return lines
 
 
 def to_csv(report: schema.Report) -> str:

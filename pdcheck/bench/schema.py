@@ -1,4 +1,5 @@
-"""The transfer-bench output document (msgspec Structs). Bump SCHEMA on any incompatible change.
+"""The transfer-bench output document (msgspec Structs): the body under pdcheck.envelope's envelope, whose
+`schema` (envelope.SCHEMA) is bumped on any incompatible change (docs/json.md).
 
 Units: bytes are bytes, GB/s is decimal (1e9 bytes/s), times are microseconds unless named *_ms.
 With several decode ranks, bytes, descriptors and GB/s are sums over decode ranks (they pull at once)
@@ -8,8 +9,6 @@ and latencies pool every rank's transfers.
 from __future__ import annotations
 
 import msgspec
-
-SCHEMA = "pdcheck.transfer-bench/1"
 
 
 class Row(msgspec.Struct, kw_only=True):
@@ -116,7 +115,6 @@ class Env(msgspec.Struct, kw_only=True):
 
 
 class Report(msgspec.Struct, kw_only=True):
-    schema: str = SCHEMA
     ok: bool
     config: Config
     env: Env
@@ -127,21 +125,18 @@ class Report(msgspec.Struct, kw_only=True):
     warnings: list[str]
 
 
-# --jsonl: a header, one line per row, then the summary.
+# --jsonl: a header, one line per row, then the summary; each line under the whole envelope.
 class Header(msgspec.Struct, kw_only=True, tag="header"):
-    schema: str = SCHEMA
     config: Config
     env: Env
     transport: Transport
 
 
 class RowLine(msgspec.Struct, kw_only=True, tag="row"):
-    schema: str = SCHEMA
     row: Row
 
 
 class SummaryLine(msgspec.Struct, kw_only=True, tag="summary"):
-    schema: str = SCHEMA
     ok: bool
     ceilings: Ceilings
     floors: Floors

@@ -154,9 +154,11 @@ class VLLM(Framework):
 
     # --------------------------------------------------------------------------------------------- probe
     def probe(self, o: dict[str, Any]) -> Outcome:
+        import msgspec
+
         from pdcheck import bounds as b
         from pdcheck import probe as pr
-        from pdcheck import releases
+        from pdcheck import releases, verdict
 
         unsupported_probe = {"--decode-sglang": o.get("decode_sglang")}
         for flag, val in unsupported_probe.items():
@@ -194,9 +196,11 @@ class VLLM(Framework):
         if dp_size > 1:
             reps = [pr.run(host, port, release, dp_rank=k, **kw) for k in range(dp_rank, dp_rank + dp_size)]
             notes = pr.dp_notes(reps, dp_size)
-            code = max([r.exit_code for r in reps] + [1 if notes else 0])
-            dp_rep = pr.DpProbeReport(tool="pdcheck", command="probe", endpoint=f"{host}:{port}", dp_size=dp_size,
-                                      dp_ranks=reps, notes=notes, exit_code=code)
+            code = verdict.exit_code([r.exit_code == 0 for r in reps] + [not notes])
+            dp_rep = pr.DpProbeReport(endpoint=f"{host}:{port}", dp_size=dp_size, dp_ranks=reps, notes=notes,
+                                      exit_code=code, verdicts=[
+                                          msgspec.structs.replace(v, rank=f"DP{r.dp_rank}/{v.rank}")
+                                          for r in reps for v in r.verdicts])
 
             def render_dp(out: Any) -> None:
                 for r in reps:

@@ -12,7 +12,7 @@ from pdcheck.requests.handshake import SideLog
 from pdcheck.requests.model import VERDICTS, Accounting
 from pdcheck.requests.plan import RequestsPlan
 from pdcheck.requests.run import LineRun
-from pdcheck.verdict import exit_code, survives
+from pdcheck.verdict import RankVerdict, exit_code, rank_label, survives
 
 LAG_NOTE_S = 0.05  # a router this late changes which blocks a timing-bound fault meets
 OK = ("delivered", "recomputed")  # the answer is right (recomputed: slower)
@@ -59,6 +59,9 @@ class Expectation(msgspec.Struct):
 
 
 class RequestsReport(msgspec.Struct):
+    """The body of `requests`' --json; the envelope (pdcheck.envelope) adds tool, version, schema, command and
+    framework."""
+
     scenario: str
     issue: str
     requests: int
@@ -71,6 +74,9 @@ class RequestsReport(msgspec.Struct):
     corrected: ReleaseReport
     expectations: list[Expectation]
     exit_code: int
+    # One per modelled release and request (D rank D0: the request path runs one TP rank per side), the shape
+    # every command shares; releases[].rows carry the same verdicts with the corrected path's beside them.
+    verdicts: list[RankVerdict] = []
     mode: str = "pull"  # "push": NixlPushConnector (pdcheck.requests.push)
 
 
@@ -111,8 +117,10 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
                     for rel, want in plan.expect.items() if _name(rel) in got]
     code = exit_code([r.survived for r in rels])
     o = plan.options
+    verdicts = [RankVerdict(release=r.release, rank=rank_label(0), status=row.verdict, detail=row.detail,
+                            request=row.request) for r in rels for row in r.rows]
     return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
-                          [f.text() for f in o.faults], rels, corr, expectations, code, mode=o.mode)
+                          [f.text() for f in o.faults], rels, corr, expectations, code, verdicts, mode=o.mode)
 
 
 def _name(release: str) -> str:

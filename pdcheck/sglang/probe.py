@@ -13,11 +13,12 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK, BadInput
+from pdcheck.errors import BadInput
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang.engine import Side
 from pdcheck.sglang.releases import MODELLED, resolve
 from pdcheck.sglang.releases.base import SglangRelease
+from pdcheck.verdict import RankVerdict, exit_code, rank_label
 
 MAX_RANKS = 1024  # per-rank GETs; a layout claiming more is reported, not walked
 
@@ -48,6 +49,7 @@ class SgProbeReport(msgspec.Struct):
     decode: list[DecodeCheck]
     notes: list[str]
     exit_code: int
+    verdicts: list[RankVerdict] = []  # decode in the shape every command shares (docs/json.md)
 
 
 def parse_url(text: str) -> tuple[str, int]:
@@ -123,7 +125,7 @@ def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRele
         rel = named if rel is None or rel.bootstrap == named.bootstrap else rel
     if rel is None:
         return SgProbeReport("sglang", endpoint, None, None, {}, [], [], [
-            f"no SGLang bootstrap answer at {endpoint}/route ({why or 'nothing understood'})"], EXIT_HARNESS)
+            f"no SGLang bootstrap answer at {endpoint}/route ({why or 'nothing understood'})"], exit_code([], harness=True))
     if why:
         notes.append(f"not every P rank has registered yet: {why}")
     ranks: list[ProbeRank] = []
@@ -156,8 +158,10 @@ def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRele
                 checks.append(DecodeCheck(d_rel.name, r, status, e.message))
                 continue
             checks.append(DecodeCheck(d_rel.name, r, "ok", found.warning, [t[0] for t in found.targets]))
-    code = EXIT_HAZARD if any(c.status != "ok" for c in checks) else EXIT_OK
-    return SgProbeReport("sglang", endpoint, rel.bootstrap, rel.name, info, ranks, checks, notes, code)
+    code = exit_code(c.status == "ok" for c in checks)
+    return SgProbeReport("sglang", endpoint, rel.bootstrap, rel.name, info, ranks, checks, notes, code, [RankVerdict(
+        release=c.d_release, rank=rank_label(c.d_rank), status=c.status, detail=c.message or "", stage="bootstrap",
+        contacted=c.p_ranks) for c in checks])
 
 
 def render(rep: SgProbeReport, console: Any) -> None:

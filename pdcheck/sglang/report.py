@@ -1,4 +1,5 @@
-"""The SGLang run's report: one typed document (--json) and the rich table rendered from it, never apart."""
+"""The SGLang run's report: one typed document (--json, docs/json.md) and the rich table rendered from it,
+never apart. Its verdicts and exit code come from pdcheck.verdict, as vLLM's do."""
 
 from __future__ import annotations
 
@@ -7,20 +8,23 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK
+from pdcheck import verdict
 from pdcheck.sglang.runner import SgPairResult, SgRunResult
 
 COLOR = {"ok": "green", "silent": "bold red", "assert": "red", "error": "red", "hang": "yellow"}
 
 
 class SgReport(msgspec.Struct):
-    framework: str
+    """The body of `handshake --sglang`'s --json; the envelope (pdcheck.envelope) adds tool, version, schema,
+    command and framework."""
+
     scenario: str
     source: str
     issue: str
     matrix: dict[str, list[str]]  # release -> observed status per D rank
     agree: bool  # the pure engine predicted every observed status
-    pairs: list[SgPairResult]
+    verdicts: list[verdict.RankVerdict]  # per release and D rank, the shape every framework shares
+    pairs: list[SgPairResult]  # SGLang's own section: observed, model and corrected per pair
     harness_errors: list[str]
     seconds: float
     exit_code: int
@@ -30,14 +34,16 @@ def build(res: SgRunResult) -> SgReport:
     harness = [h for p in res.pairs for h in p.harness]
     matrix = {p.release: [v.status for v in p.observed] for p in res.pairs}
     agree = all([v.status for v in p.observed] == [v.status for v in p.model] for p in res.pairs)
-    hazard = any(s != "ok" for row in matrix.values() for s in row)
-    code = EXIT_HARNESS if harness else EXIT_HAZARD if hazard else EXIT_OK
-    return SgReport("sglang", res.scenario, res.source, res.issue, matrix, agree, res.pairs, harness, res.seconds,
+    verdicts = [verdict.RankVerdict(
+        release=p.release, rank=verdict.rank_label(r), status=v.status, detail=v.message or v.warning or "",
+        stage=v.stage, contacted=list(v.p_ranks),
+        proof=None if t is None else verdict.Proof(status=t.status, blocks=t.blocks, wrong=t.wrong))
+        for p in res.pairs for r, v in enumerate(p.observed)
+        for t in [p.transfers[r] if r < len(p.transfers) else None]]
+    code = verdict.exit_code(
+        [verdict.survives([v.status for v in p.observed], len(p.observed)) for p in res.pairs], harness=bool(harness))
+    return SgReport(res.scenario, res.source, res.issue, matrix, agree, verdicts, res.pairs, harness, res.seconds,
                     code)
-
-
-def to_json(rep: SgReport) -> bytes:
-    return msgspec.json.encode(rep)
 
 
 def _cell(status: str) -> str:
