@@ -205,6 +205,18 @@ def test_heartbeat_loss_frees_blocks_a_held_request_has_and_the_plot(pdcheck, tm
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+def test_heartbeats_reach_p_while_d_only_holds_on_the_first_line(pdcheck):
+    # D drives its UCX worker every turn (vLLM's get_finished on every engine step): the heartbeats of a request
+    # it holds past the lease reach P on time, on the first line of the run too (its connection to P is new)
+    doc = pdcheck("requests", "--vllm", "0.34.0,0.26.0", "--requests", "1", "--lease", "2", "--fault", "hold:5",
+                  "--json", timeout=120).json()
+    for rel in doc["releases"]:
+        assert [x["verdict"] for x in rel["rows"]] == ["delivered"], (rel["release"], rel["rows"])
+        acc = rel["accounting"]
+        assert acc["freed"] == 1 and acc["expired"] == 0 and acc["late_notifs"] == 0 and acc["heartbeats"] >= 10
+        assert rel["model_agrees"]
+
+
 def test_read_fail_and_abort_mid_transfer(pdcheck):
     doc = pdcheck("requests", "--vllm", "0.14.0,0.34.0", "--requests", "4", "--lease", "0.5", "--fault",
                   "read-fail:1", "--fault", "abort-d:2", "--json", timeout=180).json()

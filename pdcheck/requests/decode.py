@@ -81,6 +81,11 @@ class RequestsD(RequestsRole):
                     out.flush()
             self.start_reads()
             self.reap()
+            if waiter.mode != "push" and self.peer is not None:
+                # vLLM's D runs get_finished every engine step, and its get_new_notifs drives the UCX worker:
+                # without that, a heartbeat (or a delayed notification) sent while D only holds a request sits
+                # in D's worker until the next READ, and P gets it after the lease. Push mode polls in waiter.
+                self.agent.progress()
             out.flush()
 
     def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
