@@ -480,3 +480,30 @@ def test_push_restart_p_registrations_go_to_the_dead_agent_corrected_rehandshake
     p = push.params(CORRECTED, 0, [1], "P", 5600, 1, 3.0, [1], "r", 2)
     assert p["remote_registration_generation"] == 2  # the corrected path counts P processes
     assert "remote_registration_generation" not in push.params(line_of("0.34.0"), 0, [1], "P", 5600, 1, None, [1])
+
+
+def test_model_and_real_ranks_disagreeing_is_a_harness_error_naming_the_request() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pdcheck.requests import report
+    from pdcheck.requests.model import Accounting, Outcome
+    from pdcheck.requests.plan import RequestsPlan
+    from pdcheck.requests.run import LineRun, Options
+
+    def line_run(release: str, got: list[str], want: list[str]) -> LineRun:
+        return LineRun(release, release, [Outcome(i, v) for i, v in enumerate(got)],
+                       [Outcome(i, v) for i, v in enumerate(want)], Accounting(), Accounting(), 2.0, [], [], 1.0, 0.0)
+
+    plan = RequestsPlan("flags", "flags", "", [("0.34.0", line_of("0.34.0"))], Options(requests=2), {})
+    agree = report.build(plan, [line_run("0.34.0", ["delivered"] * 2, ["delivered"] * 2),
+                                line_run("corrected", ["delivered"] * 2, ["delivered"] * 2)])
+    assert agree.exit_code == 0 and agree.harness_errors == []
+    rep = report.build(plan, [line_run("0.34.0", ["delivered", "freed-early"], ["delivered"] * 2),
+                              line_run("corrected", ["delivered"] * 2, ["delivered"] * 2)])
+    assert rep.exit_code == 3  # not 1: the run's own verdicts cannot be trusted
+    assert rep.harness_errors == ["vLLM 0.34.0 request 1: the real ranks gave freed-early, the model delivered"]
+    buf = io.StringIO()
+    report.render(rep, Console(file=buf, width=200))
+    assert "harness error: vLLM 0.34.0 request 1: the real ranks gave freed-early" in buf.getvalue()
