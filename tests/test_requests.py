@@ -130,6 +130,9 @@ def test_delayed_notification_and_real_heartbeats(pdcheck):
     acc = rel["accounting"]
     # P received D's real "HB:<id>" notifications, then expired the blocks before the late done notification
     assert (acc["heartbeats"], acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 4, 0)
+    # each late notification as 0.34.0's P logs it
+    assert rel["notif_errors"][0] == ("Potentially invalid KV blocks for unrecognized request req-1.0 were retrieved "
+                                      "by a decode worker. They may have expired.")
 
 
 def test_push_lost_completion_scenario_real_writes_and_table_agrees_with_json(pdcheck):
@@ -224,7 +227,14 @@ def test_read_fail_and_abort_mid_transfer(pdcheck):
     assert [x["verdict"] for x in by["0.14.0"]["rows"]] == ["delivered", "recomputed", "aborted", "delivered"]
     assert [x["verdict"] for x in by["0.34.0"]["rows"]] == ["delivered", "error", "aborted", "delivered"]
     assert "NIXL_ERR_NOT_FOUND" in by["0.34.0"]["rows"][1]["detail"]
-    assert "NIXL transfer failure: transfer_setup_failed" in by["0.34.0"]["rows"][1]["detail"]
+    # the release's own _log_failure line and context dict; 0.22+ also warns that it skips post-processing
+    new, old = by["0.34.0"]["rows"][1]["detail"], by["0.14.0"]["rows"][1]["detail"]
+    assert new.startswith("NIXL transfer failure: transfer_setup_failed. Deferring failure reporting until "
+                          "outstanding transfers finish | Context: {'failure_type': 'transfer_setup_failed', "
+                          "'request_id': 'req-2.1', 'engine_id': 'pdcheck-req-D'")
+    assert "'remote_rank': 0}" in new and "Skipping KV post-processing for failed request req-2.1" in new
+    assert old.startswith("NIXL transfer failure: transfer_setup_failed. Marking blocks as invalid | Context: {")
+    assert "Skipping" not in old and old.endswith("-> kv_load_failure_policy recompute")
     # 0.14.0 frees D's blocks under the READ it posted; the 0.24+ lines wait for it: only 0.14.0 fails on it
     assert by["0.14.0"]["accounting"]["d_freed_in_flight"] == 1 and by["0.34.0"]["accounting"]["d_freed_in_flight"] == 0
     assert all(r["model_agrees"] for r in doc["releases"])

@@ -507,3 +507,24 @@ def test_model_and_real_ranks_disagreeing_is_a_harness_error_naming_the_request(
     buf = io.StringIO()
     report.render(rep, Console(file=buf, width=200))
     assert "harness error: vLLM 0.34.0 request 1: the real ranks gave freed-early" in buf.getvalue()
+
+
+def test_log_texts_start_where_the_wheels_print_them() -> None:
+    from pdcheck.requests import texts
+
+    ctx = {"request_id": "r", "engine_id": "D"}
+    assert texts.failure_log("0.13.0", "transfer_setup_failed", ctx) is None  # free text before _log_failure
+    assert texts.failure_log("0.29.0", "transfer_setup_failed", ctx) == (
+        "NIXL transfer failure: transfer_setup_failed. Marking blocks as invalid | Context: "
+        "{'failure_type': 'transfer_setup_failed', 'request_id': 'r', 'engine_id': 'D'}")
+    assert "Deferring failure reporting until outstanding transfers finish |" in str(
+        texts.failure_log("0.30.0", "transfer_setup_failed", ctx))
+    assert texts.failure_log("0.26.0", "transfer_failed", ctx).startswith(  # type: ignore[union-attr]
+        "NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {'failure_type'")
+    assert texts.failure_log("0.34.0", "transfer_failed", ctx).startswith(  # type: ignore[union-attr]
+        "NIXL transfer failure: transfer_failed | Context:")
+    assert texts.skipping("0.21.0", "r") is None and texts.skipping("0.22.0", "r") == (
+        "Skipping KV post-processing for failed request r")
+    assert texts.unrecognized("0.9.2", "r") is None and texts.unrecognized("0.10.0", "r") == (
+        "Potentially invalid KV blocks for unrecognized request r were retrieved by a decode worker. They may "
+        "have expired.")
