@@ -198,6 +198,24 @@ def test_probe_bad_input_and_junk(pdcheck) -> None:
     assert nobody.code == 3 and "no SGLang bootstrap answer" in nobody.json()["notes"][0]
 
 
+def test_probe_of_a_half_registered_server_agrees_with_the_engine() -> None:
+    # a real bootstrap server answering 503 to the parallel-info fetch (one of two P ranks registered): a 0.5.23
+    # decode gives up after its 15 fetches (error), as engine.decide and the real D rank say
+    from pdcheck.sglang import probe
+
+    table = bs.Table(resolve("0.5.23"), 2)
+    table.put(bs.put_body(table.rel, rank=0, tp=2, pp_rank=0, pp=1, ip="127.0.0.1", port=7000, page_size=16,
+                          kv_cache_dtype="auto", agent_name="a"))
+    server = bs.Server(table)
+    try:
+        rep = probe.run("127.0.0.1", server.port, "0.5.23", [resolve("0.5.23")], engine.Side(), 2.0)
+    finally:
+        server.close()
+    assert [c.status for c in rep.decode] == ["error"]
+    assert f"Could not fetch prefill parallel info from 127.0.0.1:{server.port} after 15 attempts" in \
+        str(rep.decode[0].message)
+
+
 def test_probe_bounds_a_huge_rank_list() -> None:
     from pdcheck.sglang import probe
 

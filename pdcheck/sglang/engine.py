@@ -101,7 +101,7 @@ def page_count(p_rel: SglangRelease, d_rel: SglangRelease, p_pages: int, d_pages
                 "written and D is not told", **kw)  # type: ignore[arg-type]
 
 
-def ensure_failed(rel: SglangRelease, addr: str, room: int, why: str, **kw: object) -> SgVerdict:
+def ensure_failed(rel: SglangRelease, addr: str, room: int | str, why: str, **kw: object) -> SgVerdict:
     """0.5.10+: D's scheduler could not fetch P's parallel info ensure_retries times ensure_retry_s apart; it
     aborts the receiver and the request fails (decode.py _ensure_prefill_info)."""
     n = rel.ensure_retries
@@ -113,7 +113,7 @@ def ensure_failed(rel: SglangRelease, addr: str, room: int, why: str, **kw: obje
         f"handshake failed for request ... bootstrap_room={room} with exception {exc}"), **kw)  # type: ignore[arg-type]
 
 
-def receiver_error(rel: SglangRelease, room: int, reason: str) -> str:
+def receiver_error(rel: SglangRelease, room: int | str, reason: str) -> str:
     """What D's scheduler logs after `Decode transfer failed for request …` when the room failed for `reason`."""
     if rel.records_reason:
         return f"KVTransferError(bootstrap_room={room}): {reason}"
