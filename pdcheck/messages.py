@@ -378,6 +378,7 @@ class ReqBegin(msgspec.Struct, tag=True):
     failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
     mode: str = "pull"  # "push": D registers (PUSH_REG), P WRITEs into D's blocks and notifies D
     side: ReqSide | None = None  # P's side channel: P serves this line's wire on it, D handshakes over it
+    release: str = ""  # the release itself (a line spans several): its log texts (pdcheck.requests.texts)
 
 
 class ReqPrefill(msgspec.Struct, tag=True):

@@ -481,3 +481,51 @@ def test_push_restart_p_registrations_go_to_the_dead_agent_corrected_rehandshake
     p = push.params(CORRECTED, 0, [1], "P", 5600, 1, 3.0, [1], "r", 2)
     assert p["remote_registration_generation"] == 2  # the corrected path counts P processes
     assert "remote_registration_generation" not in push.params(line_of("0.34.0"), 0, [1], "P", 5600, 1, None, [1])
+
+
+def test_model_and_real_ranks_disagreeing_is_a_harness_error_naming_the_request() -> None:
+    import io
+
+    from rich.console import Console
+
+    from pdcheck.requests import report
+    from pdcheck.requests.model import Accounting, Outcome
+    from pdcheck.requests.plan import RequestsPlan
+    from pdcheck.requests.run import LineRun, Options
+
+    def line_run(release: str, got: list[str], want: list[str]) -> LineRun:
+        return LineRun(release, release, [Outcome(i, v) for i, v in enumerate(got)],
+                       [Outcome(i, v) for i, v in enumerate(want)], Accounting(), Accounting(), 2.0, [], [], 1.0, 0.0)
+
+    plan = RequestsPlan("flags", "flags", "", [("0.34.0", line_of("0.34.0"))], Options(requests=2), {})
+    agree = report.build(plan, [line_run("0.34.0", ["delivered"] * 2, ["delivered"] * 2),
+                                line_run("corrected", ["delivered"] * 2, ["delivered"] * 2)])
+    assert agree.exit_code == 0 and agree.harness_errors == []
+    rep = report.build(plan, [line_run("0.34.0", ["delivered", "freed-early"], ["delivered"] * 2),
+                              line_run("corrected", ["delivered"] * 2, ["delivered"] * 2)])
+    assert rep.exit_code == 3  # not 1: the run's own verdicts cannot be trusted
+    assert rep.harness_errors == ["vLLM 0.34.0 request 1: the real ranks gave freed-early, the model delivered"]
+    buf = io.StringIO()
+    report.render(rep, Console(file=buf, width=200))
+    assert "harness error: vLLM 0.34.0 request 1: the real ranks gave freed-early" in buf.getvalue()
+
+
+def test_log_texts_start_where_the_wheels_print_them() -> None:
+    from pdcheck.requests import texts
+
+    ctx = {"request_id": "r", "engine_id": "D"}
+    assert texts.failure_log("0.13.0", "transfer_setup_failed", ctx) is None  # free text before _log_failure
+    assert texts.failure_log("0.29.0", "transfer_setup_failed", ctx) == (
+        "NIXL transfer failure: transfer_setup_failed. Marking blocks as invalid | Context: "
+        "{'failure_type': 'transfer_setup_failed', 'request_id': 'r', 'engine_id': 'D'}")
+    assert "Deferring failure reporting until outstanding transfers finish |" in str(
+        texts.failure_log("0.30.0", "transfer_setup_failed", ctx))
+    assert texts.failure_log("0.26.0", "transfer_failed", ctx).startswith(  # type: ignore[union-attr]
+        "NIXL transfer failure: transfer_failed. Marking blocks as invalid | Context: {'failure_type'")
+    assert texts.failure_log("0.34.0", "transfer_failed", ctx).startswith(  # type: ignore[union-attr]
+        "NIXL transfer failure: transfer_failed | Context:")
+    assert texts.skipping("0.21.0", "r") is None and texts.skipping("0.22.0", "r") == (
+        "Skipping KV post-processing for failed request r")
+    assert texts.unrecognized("0.9.2", "r") is None and texts.unrecognized("0.10.0", "r") == (
+        "Potentially invalid KV blocks for unrecognized request r were retrieved by a decode worker. They may "
+        "have expired.")

@@ -212,3 +212,27 @@ def test_failure_class_texts_are_in_the_source(p_name) -> None:
     aux = rel.aux_skew_log and rel.aux_skew_log.replace("{peer}", "%s").replace("{d}", "%d").replace(
         "{p}", "%d").replace("{n}", "%d")
     assert (aux in texts) if aux else not any("metadata buffers but this prefill has" in t for t in texts)
+
+
+@pytest.mark.parametrize("p_name", RELEASES)
+def test_page_count_assert_and_parallel_info_retries_are_the_release_s(p_name) -> None:
+    """P's assert on fewer D pages (to 0.5.11) or its truncating warning (0.5.12+), and D's scheduler's bounded
+    fetch of P's parallel info (0.5.10+): read in the release's nixl/conn.py and decode.py."""
+    import re
+
+    from pdcheck.sglang.releases.base import ENSURE_FAILED, PAGE_COUNT_ASSERT, PAGE_COUNT_WARNING
+
+    rel = resolve(p_name)
+    conn = (SRC / p_name / DIS / "nixl" / "conn.py").read_text()
+    assert (PAGE_COUNT_ASSERT in conn) == rel.page_count_assert
+    if not rel.page_count_assert:  # the f-string's fields, as pdcheck formats them
+        assert PAGE_COUNT_WARNING.format(d="{len(chunked_dst_kv_indice)}",
+                                         p="{len(kv_chunk.prefill_kv_indices)}") in conn
+    decode = (SRC / p_name / DIS / "decode.py").read_text()
+    retries = re.search(r"self\._max_ensure_retries: int = (\d+)", decode)
+    interval = re.search(r"self\._ensure_retry_interval: float = ([0-9.]+)", decode)
+    assert (int(retries.group(1)) if retries else None) == rel.ensure_retries
+    if rel.ensure_retries is not None:
+        assert interval is not None and float(interval.group(1)) == rel.ensure_retry_s
+        assert ENSURE_FAILED.format(addr="{bootstrap_addr}", n="{count}") in decode
+        assert '"Aborted by AbortReq."' in (SRC / p_name / DIS / "common" / "conn.py").read_text()

@@ -37,14 +37,30 @@ def test_same_release_pages_arrive_by_coordinate() -> None:
         assert [v.status for v in pair.model] == ["ok", "ok"]
 
 
-def test_page_size_mismatch_is_silent_then_refused() -> None:
+def test_page_size_mismatch_asserts_on_p_then_refused() -> None:
     res = _run(SgInstance(page_size=16), SgInstance(page_size=32), "0.5.3,0.5.8")
     old, new = res.pairs
-    assert old.observed[0].status == "silent" and old.transfers[0].wrong == old.transfers[0].blocks > 0
-    assert old.transfers[0].first_mismatch is not None  # what D found there, decoded from the pattern
+    # D allocated 2 pages of 32 for P's 4 of 16: P's add_transfer_request asserts, writes nothing, D waits
+    assert old.observed[0].status == "hang" and old.model[0].status == "hang" and old.prefill[0].writes == 0
+    assert old.prefill[0].errors[0].startswith("AssertionError: assert len(chunked_dst_kv_indice) == "
+                                                "len(kv_indices) (add_transfer_request, room 1000: D offered 2 pages "
+                                                "for P's 4)")
     assert (new.observed[0].status, new.observed[0].exception) == ("error", "RuntimeError")
     assert new.observed[0].message.startswith("Page size mismatch: prefill server has page_size=16, but decode")
     assert new.prefill[0].writes == 0  # D stopped before it sent a frame
+
+
+def test_bootstrap_missing_fails_after_the_parallel_info_fetches() -> None:
+    # 0.5.23's D scheduler: 15 fetches of P's parallel info (pdcheck runs them hang_s / 15 apart: only their
+    # count decides), then the abort; 0.5.8 marks the room Failed at once
+    res = _run(SgInstance(), SgInstance(no_bootstrap=True), "0.5.8,0.5.23")
+    old, new = res.pairs
+    assert old.observed[0].status == old.model[0].status == "error"
+    v = new.observed[0]
+    assert (v.status, v.stage, v.exception, v.timeout_s) == ("error", "bootstrap", "KVTransferError", 14.0)
+    assert new.model[0].status == "error"
+    assert "Could not fetch prefill parallel info from 127.0.0.1:" in v.message and "after 15 attempts" in v.message
+    assert v.message.endswith("with exception KVTransferError(bootstrap_room=1000): Aborted by AbortReq.")
 
 
 def test_frame_skew_kills_the_real_listener() -> None:
@@ -182,6 +198,24 @@ def test_probe_bad_input_and_junk(pdcheck) -> None:
     assert nobody.code == 3 and "no SGLang bootstrap answer" in nobody.json()["notes"][0]
 
 
+def test_probe_of_a_half_registered_server_agrees_with_the_engine() -> None:
+    # a real bootstrap server answering 503 to the parallel-info fetch (one of two P ranks registered): a 0.5.23
+    # decode gives up after its 15 fetches (error), as engine.decide and the real D rank say
+    from pdcheck.sglang import probe
+
+    table = bs.Table(resolve("0.5.23"), 2)
+    table.put(bs.put_body(table.rel, rank=0, tp=2, pp_rank=0, pp=1, ip="127.0.0.1", port=7000, page_size=16,
+                          kv_cache_dtype="auto", agent_name="a"))
+    server = bs.Server(table)
+    try:
+        rep = probe.run("127.0.0.1", server.port, "0.5.23", [resolve("0.5.23")], engine.Side(), 2.0)
+    finally:
+        server.close()
+    assert [c.status for c in rep.decode] == ["error"]
+    assert f"Could not fetch prefill parallel info from 127.0.0.1:{server.port} after 15 attempts" in \
+        str(rep.decode[0].message)
+
+
 def test_probe_bounds_a_huge_rank_list() -> None:
     from pdcheck.sglang import probe
 
@@ -199,7 +233,7 @@ def test_probe_bounds_a_huge_rank_list() -> None:
 
 def test_serve_and_prefill_endpoint(tmp_path) -> None:
     """`pdcheck serve --sglang` (a real CLI process: bootstrap server + fake P ranks) and fake D ranks against it
-    with --prefill-endpoint: pages arrive by coordinate for the same release; an 0.5.13 D stops at the bootstrap
+    with --prefill-endpoint: pages arrive by coordinate for the same release; an 0.5.13 D fails at the bootstrap
     (the live P's era is recognised from its answers, read-only)."""
     import os
     import subprocess
@@ -223,8 +257,11 @@ def test_serve_and_prefill_endpoint(tmp_path) -> None:
         same, old = res.pairs
         assert same.p_release == "0.5.23" and [v.status for v in same.observed] == ["ok", "ok"]
         assert all(t.status == "ok" and t.blocks > 0 for t in same.transfers)
-        assert [v.status for v in old.observed] == ["hang", "hang"] and old.observed[0].exception == "TypeError"
-        assert [v.status for v in old.model] == ["hang", "hang"]
+        # PrefillServerInfo(**data) raises TypeError on 0.5.23's keys; 0.5.13's scheduler gives up after 15 fetches
+        assert [v.status for v in old.observed] == ["error", "error"]
+        assert old.observed[0].exception == "KVTransferError"
+        assert "unexpected keyword argument" in old.observed[0].message
+        assert [v.status for v in old.model] == ["error", "error"]
     finally:
         proc.terminate()
         _out, err = proc.communicate(timeout=30)
@@ -245,7 +282,8 @@ def test_scenario_from_logs_cli(pdcheck, tmp_path) -> None:
     assert run.json()["prefill"]["side"]["page_size"] == 16
     res = pdcheck("handshake", str(out), "--json", "--hang-timeout", "1.5")
     assert res.code == 1, res.err
-    assert res.json()["matrix"] == {"0.5.3": ["silent"], "0.5.8": ["error"]}
+    # 0.5.3: D's 2 pages of 32 for P's 4 of 16, P asserts in add_transfer_request; 0.5.8 checks the page size
+    assert res.json()["matrix"] == {"0.5.3": ["hang"], "0.5.8": ["error"]}
 
 
 # ---- failure classes beyond the handshake, on real ranks (reference §11)

@@ -97,9 +97,30 @@ def test_page_size_mismatch(rel) -> None:
         assert (v.status, v.exception) == ("error", "RuntimeError")
         assert v.message == ("Page size mismatch: prefill server has page_size=16, but decode server has "
                              "page_size=32. Both servers must use the same --page-size value.")
+    else:  # D allocates 2 pages of 32 for P's 4 of 16: P's add_transfer_request asserts, writes nothing
+        assert (v.status, v.stage, v.timeout_s) == ("hang", "transfer", None)
+        assert "AssertionError: assert len(chunked_dst_kv_indice) == len(kv_indices)" in v.message
+    assert corrected(Side(page_size=16), Side(page_size=32)).status == "error"
+    # D's page smaller: D offers 8 pages for P's 4; no assert (P pairs its 4 with D's first 4), P's own item length
+    v = decide(rel, rel, Side(page_size=32), Side(page_size=16, num_pages=128), 0)
+    if rel.tag in ("R5", "R6", "R7"):
+        assert (v.status, v.exception) == ("error", "RuntimeError")
     else:
         assert v.status == "silent" and "kv_item_len" in v.message
-    assert corrected(Side(page_size=16), Side(page_size=32)).status == "error"
+
+
+def test_d_allocates_by_its_own_page_size_and_p_asserts_until_0_5_12() -> None:
+    from pdcheck.sglang.engine import d_pages_for
+
+    assert d_pages_for(Side(page_size=16), Side(page_size=32), 4) == 2
+    assert d_pages_for(Side(page_size=16), Side(page_size=8), 4) == 8
+    assert d_pages_for(Side(page_size=16), Side(page_size=48), 4) == 2  # 64 tokens: a partly filled last page
+    assert [r.page_count_assert for r in MODELLED] == [True] * 5 + [False] * 2
+    # a 0.5.13 P (its transfer worker truncates to D's pages) under a 0.5.3 D that checks nothing: it writes
+    from msgspec.structs import replace
+
+    v = decide(R["R6"], replace(R["R6"], checks=()), Side(page_size=16), Side(page_size=32), 0)
+    assert v.status == "silent" and v.warning == "len(chunked_dst_kv_indice) = 2, len(kv_chunk.prefill_kv_indices) = 4"
 
 
 @pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
@@ -165,10 +186,11 @@ def test_completion_skew_hangs() -> None:
 
 def test_strict_prefill_server_info() -> None:
     v = decide(R["R7"], R["R6"], Side(), Side(), 0)  # R7 P answers keys R6 D does not know
-    assert v.status == "hang" and v.exception == "TypeError"
+    # TypeError, logged; D's scheduler retries the fetch 15 times, then aborts the request
+    assert (v.status, v.exception, v.timeout_s) == ("error", "KVTransferError", 14.0)
     assert "unexpected keyword argument 'enable_dsa_cache_layer_split'" in v.message
     v = decide(R["R5"], R["R6"], Side(), Side(), 0)  # an R5 server does not know R6's query parameters
-    assert v.status == "hang" and v.stage == "bootstrap" and "Missing inputs for bootstrap server." in v.message
+    assert v.status == "error" and v.stage == "bootstrap" and "Missing inputs for bootstrap server." in v.message
     table = bs.Table(R["R6"], 1)
     with pytest.raises(bs.DiscoveryError, match=r"missing 1 required positional argument: 'follow_bootstrap_room'"):
         bs.discover(R["R6"], lambda q: (200, '{"attn_tp_size": 1, "attn_cp_size": 1, "dp_size": 1, "pp_size": 1, '
@@ -186,8 +208,9 @@ def test_query_before_all_p_ranks_registered(rel) -> None:
     if status == 503:
         assert text == "Prefill server not fully registered yet (0 workers registered)."
     v = decide(rel, rel, Side(tp_size=2), Side(tp_size=2), 1, registered=1)
+    # 0.5.13+: the parallel-info fetch gets 503 until every P rank registered; D gives up after 15 attempts
     assert v.status == {"R1": "assert", "R2": "assert", "R3": "assert", "R4": "assert", "R5": "assert",
-                        "R6": "hang", "R7": "hang"}[rel.tag]
+                        "R6": "error", "R7": "error"}[rel.tag]
 
 
 def test_bootstrap_missing() -> None:
@@ -202,6 +225,12 @@ def test_bootstrap_missing() -> None:
         errs[rel.tag] = ei.value.exc
     assert errs == {"R1": "AssertionError", "R2": "TypeError", "R3": "TypeError", "R4": "AttributeError",
                     "R5": "Failed", "R6": "retry", "R7": "retry"}
+    # 0.5.13+: the decode scheduler's fetch of P's parallel info, 15 attempts 1 s apart, then the abort
+    for tag in ("R6", "R7"):
+        v = decide(R[tag], R[tag], Side(), Side(), 0, no_bootstrap=True)
+        assert (v.status, v.stage, v.exception, v.timeout_s) == ("error", "bootstrap", "KVTransferError", 14.0)
+        assert "Could not fetch prefill parallel info from 127.0.0.1:8998 after 15 attempts" in v.message
+        assert v.message.endswith("with exception KVTransferError(bootstrap_room=7): Aborted by AbortReq.")
 
 
 def test_put_missing_key_is_500() -> None:

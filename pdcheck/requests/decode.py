@@ -18,7 +18,7 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import BlockCheck, check_blocks, desc_ids, engine_tag
 from pdcheck.nixlagent import LOCAL, int32_ids
 from pdcheck.ranks import served_metadata
-from pdcheck.requests import push
+from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.requests.model import abort_detail, decide, on_failure
@@ -42,6 +42,7 @@ class RequestsD(RequestsRole):
 
     def run(self) -> None:
         self.line: Lifecycle = CORRECTED
+        self.release = "corrected"  # the release under test: its log texts (pdcheck.requests.texts)
         self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
         self.side: m.ReqSide | None = None  # P's side channel and the line's wire
         self.hs = DSide()
@@ -81,6 +82,11 @@ class RequestsD(RequestsRole):
                     out.flush()
             self.start_reads()
             self.reap()
+            if waiter.mode != "push" and self.peer is not None:
+                # vLLM's D runs get_finished every engine step, and its get_new_notifs drives the UCX worker:
+                # without that, a heartbeat (or a delayed notification) sent while D only holds a request sits
+                # in D's worker until the next READ, and P gets it after the lease. Push mode polls in waiter.
+                self.agent.progress()
             out.flush()
 
     def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
@@ -100,6 +106,7 @@ class RequestsD(RequestsRole):
             self.start_reads()  # the last line's requests, before this line begins
             self.settle()
             self.line = with_policy(line_of(msg.line), msg.failure_policy)
+            self.release = msg.release or msg.line
             self.pending.clear()  # a delayed notification of the last line is never sent into this one
             self.held.clear()
             self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
@@ -277,9 +284,11 @@ class RequestsD(RequestsRole):
                 agent.release(h)
                 raise
         except NixlCallError as exc:
-            return self.failed(i, exc, t_read)
+            return self.failed(msg, rid, mine, exc, t_read)
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
-            verdict, detail = on_failure(line, i, "transfer_setup_failed", f"{type(exc).__name__}: {exc}")
+            error = f"{type(exc).__name__}: {exc}"
+            verdict, detail = on_failure(line, i, "transfer_setup_failed", error,
+                                         self.failure_log(msg, rid, mine, "transfer_setup_failed", error))
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
         self.flight.append(_Flight(h, msg, rid, mine, lo, t_read, peer))
         self.next_block = lo + len(ids)
@@ -333,7 +342,7 @@ class RequestsD(RequestsRole):
                     self.wait_read(f, ctx)
                 landed.append(f)
             except NixlCallError as exc:
-                self.out.add(self.failed(f.msg.request, exc, f.t_read))
+                self.out.add(self.failed(f.msg, f.rid, f.mine, exc, f.t_read))
             self.flight.popleft()
             self.agent.release(f.h)
         self.answer(landed)
@@ -374,13 +383,39 @@ class RequestsD(RequestsRole):
                 if self.out.due():  # the parent times each answer: no answer waits long for the rest
                     self.out.flush()
 
-    def failed(self, i: int, exc: NixlCallError, t_read: float) -> m.ReqDecoded:
-        line = self.line
+    def failed(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, exc: NixlCallError,
+               t_read: float) -> m.ReqDecoded:
+        line, i = self.line, msg.request
         if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
             return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
                                 "recomputed", t_read)
-        verdict, detail = on_failure(line, i, "transfer_setup_failed", str(exc))
+        # As vLLM names it: posting the READ raised (_read_blocks), its state came back failed, or looking at
+        # its state raised (_pop_done_transfers).
+        kind = {"transfer": "transfer_failed", "check_xfer_state": "transfer_exception"}.get(exc.op,
+                                                                                          "transfer_setup_failed")
+        extra = {"xfer_state": "ERR"} if kind == "transfer_failed" else {}
+        verdict, detail = on_failure(line, i, kind, str(exc), self.failure_log(msg, rid, mine, kind, str(exc), extra))
         return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def failure_log(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, kind: str, error: str,
+                    extra: dict[str, Any] | None = None) -> str:
+        """What the release logs for a failed READ: its _log_failure line with the context dict it builds (the
+        exception's traceback shortened to its last line), then its 'Skipping KV post-processing' warning."""
+        p = msg.params if isinstance(msg.params, dict) else {}
+        context: dict[str, Any] = {"request_id": msg.request_id, "engine_id": self.spec.engine_id,
+                                   "remote_engine_id": p.get("remote_engine_id"), "remote_request_id": rid,
+                                   "remote_host": p.get("remote_host"), "remote_port": p.get("remote_port"),
+                                   "num_local_blocks": len(mine),
+                                   "num_remote_blocks": len(p.get("remote_block_ids") or ()),
+                                   "local_block_ids_sample": [int(b) for b in mine[:10]]}
+        if kind == "transfer_setup_failed":  # _read_blocks' own extra context
+            context.update(dst_engine_id=p.get("remote_engine_id"), remote_rank=0)
+        context.update(extra or {})
+        head = texts.failure_log(self.release, kind, context)
+        if head is None:
+            return ""
+        skip = texts.skipping(self.release, msg.request_id)
+        return f"{head}; exc_info: {error}" + (f"; WARNING {skip}" if skip else "")
 
     def check(self, flights: list[_Flight]) -> BlockCheck:
         """Every block these READs brought, by coordinate and generation."""

@@ -93,13 +93,15 @@ def tp_refusal(params: dict[str, Any], p_tp: int) -> str | None:
            f"{p_tp}: refused, recomputed"
 
 
-def on_failure(line: Lifecycle, req: int, failure_type: str, error: str) -> tuple[str, str]:
-    """A failed handshake or READ under the release's policy: (verdict, detail)."""
+def on_failure(line: Lifecycle, req: int, failure_type: str, error: str, log: str = "") -> tuple[str, str]:
+    """A failed handshake or READ under the release's policy: (verdict, detail). log: what the release logs
+    for it (pdcheck.requests.texts), shown in place of the bare failure type."""
+    said = log or f"{failure_type}: {error}"
     if line.on_failure == "recompute":
-        return "recomputed", f"{failure_type}: {error} -> kv_load_failure_policy recompute"
+        return "recomputed", f"{said} -> kv_load_failure_policy recompute"
     if line.on_failure == "fail":
-        return "error", f"NIXL transfer failure: {failure_type} | {error} (kv_load_failure_policy fail: request " \
-                        "aborted)"
+        said = log or f"NIXL transfer failure: {failure_type} | {error}"
+        return "error", f"{said} (kv_load_failure_policy fail: request aborted)"
     return "error", f"{error} (engine crash: {line.failure_log})"
 
 

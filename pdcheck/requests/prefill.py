@@ -18,7 +18,7 @@ from pdcheck.kvcache import desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL
 from pdcheck.ranks import served_metadata
 from pdcheck.releases.rules import msg_engine_id
-from pdcheck.requests import push
+from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import Background, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of
 from pdcheck.requests.model import GEN_WRAP, params_for
@@ -60,6 +60,7 @@ class RequestsP(RequestsRole):
         errors: list[str] = []
         by_id: dict[str, int] = {}
         epoch = 0  # which line of the run: request ids differ between lines
+        release_name = "corrected"  # the release under test: its log texts (pdcheck.requests.texts)
         mode = "pull"
         d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
         notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE
@@ -111,7 +112,7 @@ class RequestsP(RequestsRole):
             out.add(m.ReqFreed(i, how, time.time(), log))
 
         def handle(msg: m.Msg | None) -> None:
-            nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side
+            nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side, release_name
             if isinstance(msg, m.ReqBegin):
                 mode = msg.mode
                 if mode == "push":
@@ -123,6 +124,7 @@ class RequestsP(RequestsRole):
                 notif_faults.clear()
                 pending.clear()
                 line = line_of(msg.line)
+                release_name = msg.release or msg.line
                 expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
                                                              else line.expiry_s)
                 per_req = msg.blocks_per_request
@@ -196,6 +198,9 @@ class RequestsP(RequestsRole):
                         release(i, "notif")
                     else:
                         late += 1
+                        said = texts.unrecognized(release_name, rid)  # the release's logger.error for it
+                        if said is not None:
+                            errors.append(said)
             if d_side is not None and d_side.hs.busy:  # push: the WRITEs that waited for P's handshake with D
                 for i in d_side.poll(held, notif_faults, pending, errors):
                     release(i, "written")

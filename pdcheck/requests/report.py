@@ -78,6 +78,7 @@ class RequestsReport(msgspec.Struct):
     # every command shares; releases[].rows carry the same verdicts with the corrected path's beside them.
     verdicts: list[RankVerdict] = []
     mode: str = "pull"  # "push": NixlPushConnector (pdcheck.requests.push)
+    harness_errors: list[str] = []  # each request where the real ranks and the model disagree (exit 3)
 
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
@@ -100,6 +101,14 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
         run.timeline, run.latency_s, run.handshake, run.p_handshake)
 
 
+def disagreements(r: ReleaseReport) -> list[str]:
+    """One line per request where the real run and the model disagree: a harness error."""
+    lag = (f"; the router was up to {r.router_lag_s:.2f} s late (this machine did not keep the rate the model "
+           "assumes)" if r.router_lag_s > LAG_NOTE_S else "")
+    return [f"vLLM {r.release} request {x.request}: the real ranks gave {x.verdict}, the model {x.model}{lag}"
+            for x in r.rows if x.model]
+
+
 def _notification(line: Any, mode: str) -> str:
     if mode == "push":
         return "D: PUSH_REG:<msgpack registration>; P's WRITE: <D request id>:<P world size>"
@@ -115,12 +124,16 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
     # Releases that did not run (--vllm named others) have nothing to compare.
     expectations = [Expectation(rel, got[_name(rel)] == want, want, got[_name(rel)])
                     for rel, want in plan.expect.items() if _name(rel) in got]
-    code = exit_code([r.survived for r in rels])
+    # The model and the real ranks answer the same run: where they differ, one of them is wrong, and no verdict
+    # of that run can be trusted (exit 3, naming each request).
+    harness = [text for r in [*rels, corr] for text in disagreements(r)]
+    code = exit_code([r.survived for r in rels], harness=bool(harness))
     o = plan.options
     verdicts = [RankVerdict(release=r.release, rank=rank_label(0), status=row.verdict, detail=row.detail,
                             request=row.request) for r in rels for row in r.rows]
     return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
-                          [f.text() for f in o.faults], rels, corr, expectations, code, verdicts, mode=o.mode)
+                          [f.text() for f in o.faults], rels, corr, expectations, code, verdicts, mode=o.mode,
+                          harness_errors=harness)
 
 
 def _name(release: str) -> str:
@@ -206,7 +219,6 @@ def render(rep: RequestsReport, console: Any) -> None:
         if r.router_lag_s > LAG_NOTE_S:
             console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: this machine did not keep {rep.rate:g} "
                           f"requests/s: the router handed a request on up to {r.router_lag_s:.2f} s late")
-        if not r.model_agrees:
-            console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: the real run differs from the model on "
-                          f"{sum(bool(x.model) for x in r.rows)} request(s) (the model assumes the rate is kept)")
+    for text in rep.harness_errors:
+        console.print(f"[bold red]harness error:[/] {escape(text)}")
     console.print(f"[dim]exit {rep.exit_code}[/]")

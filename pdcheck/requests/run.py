@@ -239,7 +239,7 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     # The replacement after a restart-p binds the same port: one side channel for the whole run.
     side = side_for(name, slot.ready.side_host, slot.ready.side_port, GEOMETRY)
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
-                       mode=opts.mode, side=side)
+                       mode=opts.mode, side=side, release=name)
     _begin_p(lau, slot, begin, opts)  # push: P learns D's side channel from D's PUSH_REG, as vLLM's P does
     to_d.send(begin)  # D handshakes over P's side channel, then answers (m.Ack)
     shakes: list[m.ReqHandshook] = []

@@ -23,9 +23,10 @@ Get = Callable[[dict[str, int]], tuple[int, str]]  # query -> (HTTP status, body
 class DiscoveryError(Exception):
     """D's receiver stops here, as the release raises (exc names the Python exception type)."""
 
-    def __init__(self, exc: str, message: str, *, retry: bool = False) -> None:
+    def __init__(self, exc: str, message: str, *, retry: bool = False, info: bool = False) -> None:
         super().__init__(message)
         self.exc, self.message, self.retry = exc, message, retry
+        self.info = info  # the parallel-info fetch (GET /route with -1s) failed: see SglangRelease.ensure_retries
 
 
 class Table:
@@ -263,12 +264,12 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
     if b in ("B5", "B6"):
         if st == 0:
             raise DiscoveryError("retry", f"Error fetching prefill server info from bootstrap: {text[:120]}",
-                                 retry=True)
+                                 retry=True, info=True)
         if st == 503:
-            raise DiscoveryError("retry", f"HTTP {st} {text[:120]}", retry=True)
+            raise DiscoveryError("retry", f"HTTP {st} {text[:120]}", retry=True, info=True)
         if not isinstance(info, dict):
             raise DiscoveryError("retry", f"Error fetching prefill server info from bootstrap: HTTP {st} {text[:120]}",
-                                 retry=True)
+                                 retry=True, info=True)
         allowed = set(rel.info_keys)
         unknown = [k for k in info if k not in allowed]
         missing = [k for k in rel.info_required if k not in info]
@@ -277,7 +278,8 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
             why = (f"PrefillServerInfo.__init__() got an unexpected keyword argument {unknown[0]!r}" if unknown else
                    f"PrefillServerInfo.__init__() missing {len(missing)} required positional argument"
                    f"{'s' if len(missing) > 1 else ''}: {', '.join(repr(k) for k in missing)}")
-            raise DiscoveryError("TypeError", f"Error fetching prefill server info from bootstrap: {why}", retry=True)
+            raise DiscoveryError("TypeError", f"Error fetching prefill server info from bootstrap: {why}", retry=True,
+                                 info=True)
         p_tp, p_pp, p_page, p_dtype = info["attn_tp_size"], info["pp_size"], info["page_size"], info["kv_cache_dtype"]
         p_dp = info.get("dp_size") or 1
     else:

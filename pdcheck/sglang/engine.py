@@ -12,9 +12,18 @@ from pdcheck import messages as m
 from pdcheck.geometry import DTYPE_BYTES, Geometry
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
-from pdcheck.sglang.releases.base import DP_CONFLICT, PREFILL_DOWN, SglangRelease
+from pdcheck.sglang.releases.base import (
+    ABORTED,
+    DP_CONFLICT,
+    ENSURE_FAILED,
+    PAGE_COUNT_ASSERT,
+    PAGE_COUNT_WARNING,
+    PREFILL_DOWN,
+    SglangRelease,
+)
 
 ROOM = 7  # the room of the engine's one request
+P_PAGES = 4  # P's pages for the engine's one request: its tokens are P_PAGES * P's page size
 
 
 class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -75,7 +84,36 @@ def hang(rel: SglangRelease, stage: str, why: str, **kw: object) -> SgVerdict:
     return SgVerdict(status="hang", stage=stage, timeout_s=t, message=f"{why}; {text}", **kw)  # type: ignore[arg-type]
 
 
-def receiver_error(rel: SglangRelease, room: int, reason: str) -> str:
+def d_pages_for(p: Side, d: Side, p_pages: int) -> int:
+    """The pages D allocates for a request that fills p_pages of P's: D's scheduler allocates the request's
+    tokens by its own page size (a 64-token request is 4 pages of 16 on P, 2 pages of 32 on D)."""
+    return -(-p_pages * p.page_size // d.page_size)
+
+
+def page_count(p_rel: SglangRelease, d_rel: SglangRelease, p_pages: int, d_pages: int,
+               **kw: object) -> SgVerdict | None:
+    """D offered fewer pages than P's request has: P's add_transfer_request asserts (0.4.5-0.5.11) and writes
+    nothing. None: P goes on (equal counts, D offering more, or 0.5.12+ P, which sends only as many pages)."""
+    if not p_rel.page_count_assert or d_pages >= p_pages:
+        return None
+    return hang(d_rel, "transfer", f"D allocated {d_pages} pages by its own page size for P's {p_pages}: "
+                f"AssertionError: {PAGE_COUNT_ASSERT} in P's add_transfer_request (P's scheduler); nothing is "
+                "written and D is not told", **kw)  # type: ignore[arg-type]
+
+
+def ensure_failed(rel: SglangRelease, addr: str, room: int | str, why: str, **kw: object) -> SgVerdict:
+    """0.5.10+: D's scheduler could not fetch P's parallel info ensure_retries times ensure_retry_s apart; it
+    aborts the receiver and the request fails (decode.py _ensure_prefill_info)."""
+    n = rel.ensure_retries
+    assert n is not None
+    secs = (n - 1) * rel.ensure_retry_s  # the first attempt at once, the last (n-1) intervals later
+    exc = receiver_error(rel, room, ABORTED)
+    return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError", timeout_s=secs, message=(
+        f"{why}; after {secs:g} s: {ENSURE_FAILED.format(addr=addr, n=n)}; D aborts the receiver: Decode "
+        f"handshake failed for request ... bootstrap_room={room} with exception {exc}"), **kw)  # type: ignore[arg-type]
+
+
+def receiver_error(rel: SglangRelease, room: int | str, reason: str) -> str:
     """What D's scheduler logs after `Decode transfer failed for request …` when the room failed for `reason`."""
     if rel.records_reason:
         return f"KVTransferError(bootstrap_room={room}): {reason}"
@@ -235,6 +273,8 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
                             page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla, room=ROOM)
     except bs.DiscoveryError as e:
+        if e.info and d_rel.ensure_retries is not None:
+            return ensure_failed(d_rel, "127.0.0.1:8998", ROOM, e.message)
         if e.retry:  # 0.5.13+: D retries the bootstrap; the request never leaves Bootstrapping on D
             t = d_rel.bootstrap_timeout_s
             return SgVerdict(status="hang", stage="bootstrap", exception=None if e.exc == "retry" else e.exc,
@@ -245,7 +285,8 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     targets = [t[0] for t in found.targets]
     dfacts = wire.DFacts("127.0.0.1", 50000, f"d{d_rank}", b"meta", list(range(d.num_ptrs)), [0], d_rank,
                          d.tp_size, d_rank, d.item_len)
-    req = wire.Request(7, list(range(4)), 0, found.required if p.tp_size < d.tp_size else 1)
+    d_pages = d_pages_for(p, d, P_PAGES)
+    req = wire.Request(7, list(range(d_pages)), 0, found.required if p.tp_size < d.tp_size else 1)
     try:
         for frames in wire.encode(d_rel, dfacts, req):
             wire.decode(p_rel, frames)
@@ -265,6 +306,10 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         return node_failure(d_rel, "127.0.0.1:8998", ROOM, p_ranks=targets)
     if fault == "duplicate_room":
         return duplicate_room(p_rel, ROOM, p_ranks=targets)
+    few = page_count(p_rel, d_rel, P_PAGES, d_pages, p_ranks=targets)
+    if few is not None:
+        return few
+    fewer = PAGE_COUNT_WARNING.format(d=d_pages, p=P_PAGES) if d_pages < P_PAGES else None  # 0.5.12+ P
     # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
     hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"
     # P's release writes. Equal TP (or MLA): P's own item_len on both sides, paired by pointer index.
@@ -292,7 +337,7 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
                 what.append(f"TP {p.tp_size} vs {d.tp_size}: no TP mapping in {p_rel.name}")
             if p.layers != d.layers:
                 what.append(f"layers {p.layers} vs {d.layers}")
-            return SgVerdict(status="silent", stage="transfer", p_ranks=targets, message=(
+            return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=fewer, message=(
                 f"P writes with its own kv_item_len {p.item_len} at D's page offsets (D's is {d.item_len}; "
                 f"{', '.join(what)}); no release compares them: wrong bytes, NIXL reports DONE"))
     else:

@@ -7,6 +7,7 @@ import msgspec
 import numpy as np
 
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.sglang.engine import d_pages_for
 from pdcheck.sglang.ranks import SgReq
 from pdcheck.sglang.releases import resolve, resolve_many
 from pdcheck.sglang.releases.base import SglangRelease
@@ -51,12 +52,14 @@ def make_requests(sc: SgScenario) -> list[SgReq]:
     rng = np.random.default_rng(sc.transfer.seed)
     n = sc.transfer.requests
     k = max(1, min(sc.transfer.pages_per_request, sc.prefill.num_pages // n, sc.decode.num_pages // n))
+    # D allocates the same tokens by its own page size (engine.d_pages_for): fewer pages when its page is larger
+    kd = max(1, min(d_pages_for(sc.prefill.side(), sc.decode.side(), k), sc.decode.num_pages // n))
     p = rng.choice(sc.prefill.num_pages, n * k, replace=False).tolist()
-    d = rng.choice(sc.decode.num_pages, n * k, replace=False).tolist()
+    d = rng.choice(sc.decode.num_pages, n * kd, replace=False).tolist()
     # duplicate_room: the second request reuses the first one's room (a client-supplied bootstrap_room, #40125)
     dup = sc.transfer.fault == "duplicate_room"
-    return [SgReq(1000 + (0 if dup and i == 1 else i), sorted(p[i * k:(i + 1) * k]), sorted(d[i * k:(i + 1) * k]), i)
-            for i in range(n)]
+    return [SgReq(1000 + (0 if dup and i == 1 else i), sorted(p[i * k:(i + 1) * k]), sorted(d[i * kd:(i + 1) * kd]),
+                  i) for i in range(n)]
 
 
 def build(sc: SgScenario, sglang: str | None, options: SgOptions, live: LiveBootstrap | None = None) -> SgPlan:

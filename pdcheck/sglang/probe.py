@@ -15,7 +15,7 @@ import msgspec
 
 from pdcheck.errors import BadInput
 from pdcheck.sglang import bootstrap as bs
-from pdcheck.sglang.engine import Side
+from pdcheck.sglang.engine import Side, ensure_failed
 from pdcheck.sglang.releases import MODELLED, resolve
 from pdcheck.sglang.releases.base import SglangRelease
 from pdcheck.verdict import RankVerdict, exit_code, rank_label
@@ -154,6 +154,10 @@ def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRele
                                     page_size=decode.page_size, kv_cache_dtype=decode.kv_cache_dtype, mla=decode.mla,
                                     addr=f"{host}:{port}")
             except bs.DiscoveryError as e:
+                if e.info and d_rel.ensure_retries is not None:  # the verdict engine.decide gives it
+                    checks.append(DecodeCheck(d_rel.name, r, "error", ensure_failed(d_rel, f"{host}:{port}", "R",
+                                                                                   e.message).message))
+                    continue
                 status = "hang" if e.retry else "assert" if e.exc == "AssertionError" else "error"
                 checks.append(DecodeCheck(d_rel.name, r, status, e.message))
                 continue

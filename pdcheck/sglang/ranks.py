@@ -28,9 +28,9 @@ from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role, run_rank
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
-from pdcheck.sglang.engine import SgVerdict, Side, node_failure, wait_text
+from pdcheck.sglang.engine import SgVerdict, Side, ensure_failed, node_failure, wait_text
 from pdcheck.sglang.releases import resolve
-from pdcheck.sglang.releases.base import DP_CONFLICT
+from pdcheck.sglang.releases.base import DP_CONFLICT, PAGE_COUNT_ASSERT, PAGE_COUNT_WARNING
 
 
 class SgReq(msgspec.Struct, frozen=True):
@@ -296,6 +296,12 @@ class SgPrefillRole(Role):
 
     def _serve(self, got: wire.Transfer, reg: wire.Registration, peer: str, req: SgReq, slot: int,
                push: dict[str, Any]) -> None:
+        if len(got.pages) < len(req.p_pages):  # D allocated by a larger page size: fewer pages than P's
+            if self.rel.page_count_assert:  # add_transfer_request, P's scheduler: nothing written, D not told
+                self._err(f"AssertionError: {PAGE_COUNT_ASSERT} (add_transfer_request, room {got.room}: D offered "
+                          f"{len(got.pages)} pages for P's {len(req.p_pages)})")
+                return
+            self.final.logs.append(PAGE_COUNT_WARNING.format(d=len(got.pages), p=len(req.p_pages)))
         reason = self._write(reg, peer, req.p_pages[:len(got.pages)], got.pages, got.room, slot, got.aux_index,
                              state=got.state_indices)
         if self.rel.completion == "kv_status":
@@ -440,6 +446,7 @@ class SgDecodeRole(Role):
         get = bs.http_get(bhost, spec.bootstrap_port)
         deadline = time.monotonic() + spec.hang_s
         founds: dict[int, bs.Found] = {}  # room -> its P ranks (the DP group room % dp_size)
+        fetches = 0  # 0.5.13+: D scheduler's attempts at P's parallel info (SglangRelease.ensure_retries)
         while any(r.room not in founds for r in spec.requests):
             try:
                 for r in spec.requests:
@@ -448,6 +455,15 @@ class SgDecodeRole(Role):
                         page_size=side.page_size, kv_cache_dtype=side.kv_cache_dtype, mla=side.mla,
                         addr=f"{bhost}:{spec.bootstrap_port}", room=r.room)
             except bs.DiscoveryError as e:
+                if e.info and rel.ensure_retries is not None:
+                    # The release's attempts, scaled into pdcheck's hang window: only their count decides (the
+                    # server never appears in a run), so the verdict keeps the release's own seconds.
+                    fetches += 1
+                    if fetches >= rel.ensure_retries:
+                        addr = f"{bhost}:{spec.bootstrap_port}"
+                        return ensure_failed(rel, addr, spec.requests[0].room, e.message), None
+                    time.sleep(min(rel.ensure_retry_s, spec.hang_s / rel.ensure_retries))
+                    continue
                 if e.retry and time.monotonic() < deadline:
                     time.sleep(0.1)
                     continue
@@ -545,36 +561,40 @@ class SgDecodeRole(Role):
         first: m.Mismatch | None = None
         wrong_regions: set[int] = set()
         for r in spec.requests:
+            # D allocated by its own page size: page i of D pairs with P's page i; D pages past P's count (a
+            # smaller D page) cannot hold what P's larger pages carry and count as wrong
+            k = min(len(r.d_pages), len(r.p_pages))
+            d_pages, p_pages, extra = r.d_pages[:k], r.p_pages[:k], len(r.d_pages) - k
             for idx in range(side.num_ptrs):
                 region = region_of(idx, side.layers, side.mla)
-                got = self.kv.read_blocks(region, np.asarray(r.d_pages))
+                got = self.kv.read_blocks(region, np.asarray(d_pages))
                 want = np.zeros_like(got)
                 p_region = region_of(idx, p.layers, p.mla)
                 if p.tp_size < side.tp_size and not p.mla and not side.mla:  # this rank's slice of P's heads
-                    src = pattern(spec.tag, targets[0], p_region, np.asarray(r.p_pages), 0, pg.block_len)
+                    src = pattern(spec.tag, targets[0], p_region, np.asarray(p_pages), 0, pg.block_len)
                     dh, ph = g.local_kv_heads * hb, pg.local_kv_heads * hb
                     off = (spec.tp_rank * g.local_kv_heads) % pg.local_kv_heads * hb
                     for t in range(side.page_size):
                         want[:, t * dh:(t + 1) * dh] = src[:, t * ph + off:t * ph + off + dh]
                 elif len(targets) == 1 or p.mla:
                     n = min(d_item, pg.block_len)
-                    want[:, :n] = pattern(spec.tag, targets[0], p_region, np.asarray(r.p_pages), 0, n)
+                    want[:, :n] = pattern(spec.tag, targets[0], p_region, np.asarray(p_pages), 0, n)
                 else:  # P TP > D TP: each token slot holds every target P rank's heads in rank order
                     ph = pg.local_kv_heads * hb
                     for i, pr in enumerate(targets):
-                        src = pattern(spec.tag, pr, p_region, np.asarray(r.p_pages), 0, pg.block_len)
+                        src = pattern(spec.tag, pr, p_region, np.asarray(p_pages), 0, pg.block_len)
                         for t in range(side.page_size):
                             dst = t * len(targets) * ph + i * ph
                             want[:, dst:dst + ph] = src[:, t * ph:(t + 1) * ph]
                 bad = np.flatnonzero((got != want).any(axis=1))
                 checked += len(r.d_pages)
-                wrong += len(bad)
-                if len(bad):
+                wrong += len(bad) + extra
+                if len(bad) or extra:
                     wrong_regions.add(region)
-                    if first is None:
+                    if first is None and len(bad):
                         b = int(bad[0])
                         cell = int(np.flatnonzero(got[b] != want[b])[0]) // 16 * 16
-                        first = m.Mismatch(region, r.d_pages[b], r.p_pages[b], targets[0],
+                        first = m.Mismatch(region, d_pages[b], p_pages[b], targets[0],
                                            decode_cell(want[b, cell:cell + 16]).describe(g),
                                            decode_cell(got[b, cell:cell + 16]).describe(g))
         aux_bad = self._verify_aux() + self._verify_state() if not spec.bootstrap_host else []

@@ -79,6 +79,17 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     # R7 :2160-2181); before, P's request waits in Bootstrapping for a TransferInfo D sent to the other DP rank.
     dp_conflict_check: bool = False
     thread_death_log: str | None = None  # R7 logs the P bootstrap thread's death
+    # P's add_transfer_request when D offers fewer pages than P's chunk has (D allocates the request's tokens by
+    # its own page size): `assert len(chunked_dst_kv_indice) == len(kv_indices)` in P's scheduler, nothing is
+    # written and D is not told (nixl/conn.py 0.4.5.post3-0.5.11); from 0.5.12 P's transfer worker logs the two
+    # lengths and sends only as many of its pages as D offered.
+    page_count_assert: bool = False
+    # D's scheduler fetches P's parallel info (GET /route with -1s) before it makes the receiver; from 0.5.10
+    # (decode.py _ensure_prefill_info) it tries ensure_retries times ensure_retry_s apart, then logs
+    # ENSURE_FAILED and aborts the receiver: the request fails with "Aborted by AbortReq.". None: D retries
+    # inside the receiver and the request stays in KVPoll.Bootstrapping.
+    ensure_retries: int | None = None
+    ensure_retry_s: float = 1.0
     summary: str = ""
 
 
@@ -111,5 +122,9 @@ LOST_R4 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} t
 LOST_R6 = "Lost connection with prefill instance (bootstrap_addr: {addr}), {n} requests affected"
 PREFILL_DOWN = ("Prefill server with bootstrap_addr: {addr} is healthy before, but now it is down. Request "
                 "(bootstrap_room: {room}) has been marked as failed.")
+PAGE_COUNT_ASSERT = "assert len(chunked_dst_kv_indice) == len(kv_indices)"
+PAGE_COUNT_WARNING = "len(chunked_dst_kv_indice) = {d}, len(kv_chunk.prefill_kv_indices) = {p}"
+ENSURE_FAILED = "Could not fetch prefill parallel info from {addr} after {n} attempts"
+ABORTED = "Aborted by AbortReq."
 DP_CONFLICT = ("follow_bootstrap_room conflict: dispatched to dp_rank {x} but bootstrap_room {room} implies dp_rank "
                "{y}. Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.")

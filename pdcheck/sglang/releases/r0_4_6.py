@@ -15,7 +15,7 @@ MODEL = SglangRelease(
     completion="notif",
     hetero_tp="lookup",
     last_chunk_bug=True,
-    room_reuse="kept", p_blocks_on_info=True,
+    room_reuse="kept", p_blocks_on_info=True, page_count_assert=True,
     receiver_exception="Exception: Fake KVReceiver Exception",
     summary="NIXL's own bootstrap, 9 frames without guard, no checks, no timeouts, is_last bug",
 )

@@ -14,7 +14,7 @@ MODEL = SglangRelease(
     wire="E2", guard=True, split_registration=False, index_dtype="int64",
     completion="notif",
     hetero_tp="assert_mla",
-    room_reuse="kept",
+    room_reuse="kept", page_count_assert=True,
     receiver_exception="Exception: Fake KVReceiver Exception",
     summary="guard frame, 11-field request, hetero TP asserts MLA-only, no timeouts",
 )

@@ -17,7 +17,7 @@ MODEL = SglangRelease(
     wire="E4", guard=True, split_registration=True, index_dtype="int32",
     completion="notif",
     hetero_tp="slice",
-    heartbeat_s=5.0, node_failure_log=LOST_R4,
+    heartbeat_s=5.0, node_failure_log=LOST_R4, page_count_assert=True,
     receiver_exception="Exception: Fake KVReceiver Exception",
     summary="head slicing for hetero TP (GQA offsets wrong), no page-size check, no timeouts",
 )

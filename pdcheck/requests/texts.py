@@ -1,0 +1,67 @@
+"""The request path's log lines as each vLLM release prints them, so a user can grep their own logs for what
+pdcheck shows: D's `NIXL transfer failure: ... | Context: {...}` (the worker's _log_failure), its `Skipping KV
+post-processing` warning for a failed request, and P's error for a done notification that arrives after the
+blocks expired. Keyed by the release that first prints each text (read in the `nixl_connector.py`,
+`nixl/worker.py`, `nixl/base_worker.py` and `nixl/pull_worker.py` of every x.y.0 wheel 0.9.0-0.34.0); see
+docs/requests.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+Version = tuple[int, int, int]
+
+# _log_failure and its "NIXL transfer failure: %s | Context: %s" line (0.11.1-0.13 logged free text instead).
+FAILURE_LOG_SINCE: Version = (0, 14, 0)
+# What _read_blocks' transfer_setup_failed adds: blocks marked invalid at once, or (0.30+) the failure held back
+# until the request's other READs finish; a failed or raising transfer state says "Marking blocks as invalid"
+# until 0.29 and nothing after.
+SETUP_MSG: tuple[tuple[Version, str], ...] = (
+    ((0, 14, 0), "Marking blocks as invalid"),
+    ((0, 30, 0), "Deferring failure reporting until outstanding transfers finish"),
+)
+STATE_MSG: tuple[tuple[Version, str], ...] = (((0, 14, 0), "Marking blocks as invalid"), ((0, 30, 0), ""))
+# get_finished: a failed request's received KV is not post-processed (logger.warning).
+SKIP_SINCE: Version = (0, 22, 0)
+SKIP = "Skipping KV post-processing for failed request {req}"
+# P's _get_new_notifs: a done notification for a request it no longer holds (the abort timeout or lease freed
+# its blocks first; logger.error).
+UNRECOGNIZED_SINCE: Version = (0, 10, 0)
+UNRECOGNIZED = ("Potentially invalid KV blocks for unrecognized request {req} were retrieved by a decode worker. "
+                "They may have expired.")
+
+
+def version(release: str) -> Version:
+    """'0.34.0' -> (0, 34, 0); 'corrected' (pdcheck's own path) counts as newer than every release."""
+    if release == "corrected":
+        return (99, 0, 0)
+    parts = [int(x) for x in release.split(".")[:3] if x.isdigit()]
+    return (*parts, 0, 0, 0)[:3]  # type: ignore[return-value]
+
+
+def _at(table: tuple[tuple[Version, str], ...], v: Version) -> str | None:
+    found = None
+    for since, text in table:
+        if v >= since:
+            found = text
+    return found
+
+
+def failure_log(release: str, failure_type: str, context: dict[str, Any]) -> str | None:
+    """D's _log_failure line for failure_type (transfer_setup_failed, transfer_failed, transfer_exception), or
+    None before the release had it. context: the keys after failure_type, in _log_failure's order (request_id,
+    engine_id, the request's remote_* and block counts, then the call's extra context)."""
+    v = version(release)
+    if v < FAILURE_LOG_SINCE:
+        return None
+    msg = _at(SETUP_MSG if failure_type == "transfer_setup_failed" else STATE_MSG, v) or ""
+    shown = f"{failure_type}. {msg}" if msg else failure_type
+    return f"NIXL transfer failure: {shown} | Context: {({'failure_type': failure_type, **context})!r}"
+
+
+def skipping(release: str, req: str) -> str | None:
+    return SKIP.format(req=req) if version(release) >= SKIP_SINCE else None
+
+
+def unrecognized(release: str, req: str) -> str | None:
+    return UNRECOGNIZED.format(req=req) if version(release) >= UNRECOGNIZED_SINCE else None
