@@ -49,7 +49,8 @@ def span(first: Version, last: Version) -> str:
     a = ".".join(map(str, first))
     if first == last:
         return a
-    b = f"{last[0]}.{last[1]}.x" if last[2] == ANY else ".".join(map(str, last))
+    b = (f"{last[0]}.x" if last[1] == ANY else f"{last[0]}.{last[1]}.x" if last[2] == ANY
+         else ".".join(map(str, last)))
     return f"{a}-{b}"
 
 

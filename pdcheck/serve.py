@@ -30,7 +30,6 @@ from pdcheck.launcher import launcher
 from pdcheck.plan import TAG_BLOCKS, ServeOptions, ServePlan, build_serve
 from pdcheck.progress import log_line
 from pdcheck.ranks import prefill_main
-from pdcheck.releaseline import version_tuple
 from pdcheck.releases import resolve
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.params import pull_keys
@@ -94,7 +93,7 @@ def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, t
     single group here)."""
     p = sc.prefill
     n = min(4, tag_blocks, min(p.blocks()))
-    v = version_tuple(release.version or release.versions[0])
+    v = release.number
     ids: list[int] = list(range(n))
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False,
