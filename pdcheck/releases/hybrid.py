@@ -60,7 +60,7 @@ def hma_enabled(rel: ReleaseModel, g: Geometry) -> bool:
     if not supports_hma(rel):
         return False  # forced off (up to 0.13), or off with an explicit enable refused at start-up (0.14 - 0.17)
     if g.hma is None:  # no flag: the release's default with a connector (off 0.18 - 0.21, on 0.22+)
-        return rel.flow == "corrected" or rel.is_hma_enabled
+        return is_corrected(rel) or rel.is_hma_enabled
     return g.hma
 
 
@@ -85,7 +85,7 @@ def startup_refusal(rel: ReleaseModel, g: Geometry) -> str | None:
 
 def handshake_refusal(rel: ReleaseModel, local: Geometry, remote_block_size: int | None) -> str | None:
     """A refusal at the handshake (so on the first request): 0.18 - 0.33 assert equal block sizes with HMA."""
-    if remote_block_size is None or remote_block_size == local.block_size or rel.flow == "corrected":
+    if remote_block_size is None or remote_block_size == local.block_size or is_corrected(rel):
         return None
     if hma_required(rel, local) and (0, 18) <= rel.number < (0, 34) and local.block_size % remote_block_size == 0:
         return MSG_HMA_BLOCK_SIZE

@@ -8,6 +8,7 @@ and what a D does when the wrong engine answers is the release's own engine-id c
 
 from __future__ import annotations
 
+from pdcheck.releaseline import is_corrected
 from pdcheck.releases.base import ReleaseModel
 
 # The handshake runs on a request's first load (start_load_kv / the handshake executor), never at start-up: a
@@ -100,7 +101,7 @@ def when_raised(rel: ReleaseModel, status: str, check: str | None) -> str | None
     """When a refusal reaches the user: at start-up, or per request after the server reported healthy (the
     handshake runs on a request's first KV load in every release; from era F, 0.11.1, a failed handshake fails
     that request and leaves the server up). None: ok, or an early release whose failure takes the engine down."""
-    if status in ("ok", "silent") or rel.flow == "corrected":  # silent: nothing reaches the user
+    if status in ("ok", "silent") or is_corrected(rel):  # silent: nothing reaches the user
         return None
     if check in START_UP_CHECKS:
         return "at start-up: the decode worker refuses before it serves"
