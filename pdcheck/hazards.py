@@ -17,8 +17,9 @@ import msgspec
 
 from pdcheck import kvsplit, ports
 from pdcheck.geometry import Geometry
+from pdcheck.releaseline import CORRECTED
 from pdcheck.releases import CORRECTED as CORRECTED_MODEL
-from pdcheck.releases import hybrid, multinode, registered_geometry, shapes
+from pdcheck.releases import hybrid, multinode, registered_geometry, rules, shapes
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.rules import MSG_SHAPE, MSG_SHAPE_P_GT_D, msg_engine_id
 from pdcheck.scenario import Instance, Scenario
@@ -61,7 +62,6 @@ SHAPE_CATALOGUE: dict[str, str] = {
     "X02": "attention backend ignores the connector's KV layout",
 }
 
-CORRECTED = "corrected"
 _EQ = "`assert self.dst_num_blocks[engine_id] == nixl_agent_meta.num_blocks`"
 _GE = "`assert self.num_blocks >= nixl_agent_meta.num_blocks`"
 _PRE_LAYOUT_WIRES = ("A", "B", "C")  # kv_cache_layout enters the metadata in era D (0.10.1)
@@ -178,10 +178,6 @@ def _has(rel: ReleaseModel, check_id: str) -> bool:
     return check_id in _ids(rel)
 
 
-def _version(rel: ReleaseModel) -> tuple[int, ...]:
-    return tuple(int(x) for x in rel.versions[0].split(".")) if rel.versions else (99,)
-
-
 def _remote_tp(rel: ReleaseModel, f: Facts) -> int:
     """P's TP size as the release learns it: P rank 0's metadata (0.9.1) or kv_transfer_params (0.9.2+)."""
     return f.p_tp if rel.tp_size_from == "metadata" else f.params_tp
@@ -285,11 +281,12 @@ LenKind = str
 
 
 def block_len_rule(rel: ReleaseModel) -> LenRule:
-    # #19691 (0.9.2) added the `tp_size // total_kv_heads >= 1` replicated branch; 0.9.1 only knows MLA.
-    v = _version(rel)
-    if v < (0, 9, 2):
+    # The release's own checks say it (rules.replication): #19691 (0.9.2) added the `tp_size // total_kv_heads
+    # >= 1` replicated branch, 0.9.1 only knows MLA; TransferTopology (0.20+) is strict.
+    repl = rules.replication(rel)
+    if repl in (None, "mla"):
         return "plain"
-    if v < (0, 20):
+    if repl == "loose":
         return "replicated"
     return "heads" if _has(rel, "block_len_split") else "strict"
 
@@ -305,7 +302,7 @@ def expected_remote_block_len(f: Facts, rel: ReleaseModel, rtp: int) -> tuple[in
     if not kvsplit.divisible(f.d_tp, rtp):
         return None  # every release checks TP divisibility before the block length
     if f.d_tp < rtp:  # only 0.14+ (all_targets) read from a larger P
-        if rel.flow != "all_targets" or (replicated and not (mla and _version(rel) >= (0, 21))):
+        if rel.flow != "all_targets" or (replicated and not (mla and rules.p_gt_d_skips_mla(rel))):
             return None
         if replicated:
             return dl, "equal"  # MLA from 0.21: the P TP > D TP assert skips MLA
@@ -702,10 +699,9 @@ def _h12_params(rel: ReleaseModel, f: Facts) -> str:
 def _h13_fires(rel: ReleaseModel, f: Facts) -> bool:
     """`assert not (tp_ratio < 0 and is_kv_replicated)`: KVTopology (0.14 - 0.19) counts P TP >= heads as
     replicated, TransferTopology (0.20+) P TP > heads; 0.14 - 0.20 make it for MLA too, 0.21+ skip MLA."""
-    v = _version(rel)
-    if f.p_tp <= f.d_tp or (f.dg.use_mla and v >= (0, 21)):
+    if f.p_tp <= f.d_tp or (f.dg.use_mla and rules.p_gt_d_skips_mla(rel)):
         return False
-    return kvsplit.topology_replicated(f.p_tp, f.dg.total_kv_heads, strict=v >= (0, 20))
+    return kvsplit.topology_replicated(f.p_tp, f.dg.total_kv_heads, strict=rules.replication(rel) == "strict")
 
 
 def _h13(f: Facts, rels: Rels) -> Hazard:

@@ -29,6 +29,7 @@ from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
 from pdcheck.ranks import prefill_main
 from pdcheck.releases.base import ReleaseModel
+from pdcheck.releases.params import pull_keys
 from pdcheck.scenario import Scenario
 
 
@@ -72,38 +73,24 @@ class Ready(msgspec.Struct):
     dp_ranks: list[Ready] = []  # prefill.dp_size > 1: each DP rank's document (this one is DP rank 0's)
 
 
-def _v(release: ReleaseModel) -> tuple[int, ...]:
-    return tuple(int(x) for x in (release.version or release.versions[0]).split(".")[:3])
-
-
 def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, tag_blocks: int) -> dict[str, Any]:
-    """kv_transfer_params as P's request_finished returns them in `release`, key for key (read from the 0.13-0.34
-    wheels; before 0.13 reference §2), with remote_block_ids naming tagged blocks. From 0.18 the block ids are
-    one list per KV cache group (a single group here)."""
+    """kv_transfer_params as P's request_finished returns them in `release`, key for key (releases.params),
+    with remote_block_ids naming tagged blocks. From 0.18 the block ids are one list per KV cache group (a
+    single group here)."""
     p = sc.prefill
     n = min(4, tag_blocks, min(p.blocks()))
-    v = _v(release)
+    v = release.number
     ids: list[int] = list(range(n))
-    out: dict[str, Any] = {
+    every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False,
         "remote_block_ids": [ids] if v >= (0, 18, 0) else ids, "remote_engine_id": p.engine_id,
+        "remote_request_id": "pdcheck-serve-0", "remote_host": host, "remote_port": port, "tp_size": p.tp_size,
+        "dcp_size": 1, "pp_size": 1,
+        "remote_num_tokens": n * p.block_size,  # P's num_computed_tokens: the tokens those blocks hold
+        "remote_blocks_expiry_time": None,  # what a P node sends (only a D node exports an expiry)
+        "remote_registration_generation": 0, "transfer_mode": "pull",
     }
-    if v >= (0, 13, 0):
-        out["remote_request_id"] = "pdcheck-serve-0"
-    out.update(remote_host=host, remote_port=port)
-    if v >= (0, 9, 2):
-        out["tp_size"] = p.tp_size
-    if v >= (0, 29, 0):
-        out.update(dcp_size=1, pp_size=1)
-    if v >= (0, 21, 0):
-        out["remote_num_tokens"] = n * p.block_size  # P's num_computed_tokens: the tokens those blocks hold
-    if v >= (0, 26, 0):
-        out["remote_blocks_expiry_time"] = None  # what a P node sends (only a D node exports an expiry)
-    if v >= (0, 33, 0):
-        out["remote_registration_generation"] = 0
-    if v >= (0, 28, 0):
-        out["transfer_mode"] = "pull"
-    return out
+    return {k: every[k] for k in pull_keys(v)}
 
 
 def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], None]) -> int:

@@ -80,7 +80,7 @@ def test_hybrid_hma_with_nixl(release: str) -> None:
     config = _flat(_text(release, "config.py", "config/vllm.py"))
     assert "disable_hybrid_kv_cache_manager" in config and "kv_transfer_config is not None" in config
     factory = _flat(_text(release, "distributed/kv_transfer/kv_connector/factory.py"))
-    if not supports and hybrid._v(rel) >= (0, 14):
+    if not supports and rel.number >= (0, 14):
         # the explicit --no-disable-hybrid-kv-cache-manager reaches the factory's check (None means "no preference")
         assert "disable_hybrid_kv_cache_manager: bool | None = None" in _text(release, "config/scheduler.py")
         assert hybrid.MSG_NOT_HMA.split(": ", 1)[1].replace("NixlConnector", "{connector_cls.__name__}") in factory

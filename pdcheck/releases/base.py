@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from pdcheck.geometry import Geometry
 from pdcheck.kvsplit import topology_replicated
+from pdcheck.releaseline import version_tuple
 from pdcheck.wire import AnyMeta
 
 if TYPE_CHECKING:
@@ -162,6 +163,11 @@ class Check:
     exc: str = "AssertionError"
     when: Rule = always
     hazard: str | None = None
+    # What the check counts as replicated KV, where `when` asks it: "mla" (MLA only, 0.9.0 - 0.9.1), "loose"
+    # (`remote_tp_size // total_num_kv_heads >= 1`, 0.9.2 - 0.19), "strict" (`remote_tp_size > heads`, 0.20+);
+    # skips_mla: the check is not made for MLA. rules.replication reads them for the hazards.
+    replication: Literal["mla", "loose", "strict"] | None = None
+    skips_mla: bool = False
 
     def render(self, ctx: Ctx) -> str | None:
         return self.message(ctx) if callable(self.message) else self.message
@@ -203,3 +209,8 @@ class ReleaseModel:
     # How FlashAttention lays out and registers KV (geometry.KVRegions): "split" K and V regions up to 0.22,
     # "blocks_first" [num_blocks, 2, ...] from 0.23, "packed" [num_blocks, heads, block_size, 2 * head_dim] from 0.26.
     fa_kv_regions: str = "split"
+
+    @property
+    def number(self) -> tuple[int, int, int]:
+        """(major, minor, patch) of the release modelled (releaseline.version_tuple); corrected after all."""
+        return version_tuple(self.version or (self.versions[0] if self.versions else self.name))

@@ -9,6 +9,7 @@ a clear message instead of a bare assert. Reads any era's reply (tolerant decode
 from __future__ import annotations
 
 from pdcheck import kvsplit
+from pdcheck.releaseline import CORRECTED
 from pdcheck.releases import rules
 from pdcheck.releases.base import Action, Check, Ctx, Prepared, ReleaseModel
 
@@ -109,7 +110,7 @@ def _split_layout_msg(c: Ctx) -> str:
 
 
 MODEL = ReleaseModel(
-    name="corrected",
+    name=CORRECTED,
     versions=(),
     wire="any",
     flow="corrected",

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdcheck.geometry import Geometry
+from pdcheck.releaseline import is_corrected
 from pdcheck.releases.base import ReleaseModel
 
 # v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs, 0.9.2 - 0.26.0 (dynamo #10741)
@@ -48,16 +49,10 @@ MSG_UNIFIED = ("Hybrid KV cache manager is disabled for this hybrid model, This 
 START_UP = "hybrid_startup"  # the check id of a start-up refusal (shapes.when_raised reports it at start-up)
 
 
-def _v(rel: ReleaseModel) -> tuple[int, ...]:
-    if rel.flow == "corrected":
-        return (99,)
-    return tuple(int(x) for x in (rel.version or rel.versions[0]).split(".")[:3])
-
-
 def supports_hma(rel: ReleaseModel) -> bool:
     """NixlConnector is SupportsHMA: 0.18+ (read: `class NixlConnector(KVConnectorBase_V1, SupportsHMA)` in 0.18.0,
     not in 0.17.0)."""
-    return rel.flow == "corrected" or _v(rel) >= (0, 18)
+    return is_corrected(rel) or rel.number >= (0, 18)
 
 
 def hma_enabled(rel: ReleaseModel, g: Geometry) -> bool:
@@ -65,7 +60,7 @@ def hma_enabled(rel: ReleaseModel, g: Geometry) -> bool:
     if not supports_hma(rel):
         return False  # forced off (up to 0.13), or off with an explicit enable refused at start-up (0.14 - 0.17)
     if g.hma is None:  # no flag: the release's default with a connector (off 0.18 - 0.21, on 0.22+)
-        return rel.flow == "corrected" or rel.is_hma_enabled
+        return is_corrected(rel) or rel.is_hma_enabled
     return g.hma
 
 
@@ -76,23 +71,23 @@ def hma_required(rel: ReleaseModel, g: Geometry) -> bool:
 
 def startup_refusal(rel: ReleaseModel, g: Geometry) -> str | None:
     """What the release raises while an instance of geometry `g` starts (before it serves), or None."""
-    if g.hma is True and not supports_hma(rel) and _v(rel) >= (0, 14):
+    if g.hma is True and not supports_hma(rel) and rel.number >= (0, 14):
         return MSG_NOT_HMA
     if not g.has_mamba:
         return None
     if not hma_enabled(rel, g):
         # corrected too: Mamba state cannot live in a unified full-attention pool, so it refuses as 0.26 does
-        return MSG_HMA_REQUIRED if (0, 34) <= _v(rel) < (99,) else MSG_UNIFY
-    if (0, 20) <= _v(rel) < (99,) and g.ssm_conv_layout != "DS":  # 0.18 - 0.19 have no 3-read conv transfer
+        return MSG_HMA_REQUIRED if (0, 34) <= rel.number < (99,) else MSG_UNIFY
+    if (0, 20) <= rel.number < (99,) and g.ssm_conv_layout != "DS":  # 0.18 - 0.19 have no 3-read conv transfer
         return MSG_DS_LAYOUT
     return None
 
 
 def handshake_refusal(rel: ReleaseModel, local: Geometry, remote_block_size: int | None) -> str | None:
     """A refusal at the handshake (so on the first request): 0.18 - 0.33 assert equal block sizes with HMA."""
-    if remote_block_size is None or remote_block_size == local.block_size or rel.flow == "corrected":
+    if remote_block_size is None or remote_block_size == local.block_size or is_corrected(rel):
         return None
-    if hma_required(rel, local) and (0, 18) <= _v(rel) < (0, 34) and local.block_size % remote_block_size == 0:
+    if hma_required(rel, local) and (0, 18) <= rel.number < (0, 34) and local.block_size % remote_block_size == 0:
         return MSG_HMA_BLOCK_SIZE
     return None
 

@@ -20,6 +20,7 @@ each rank's own node address.
 
 from __future__ import annotations
 
+from pdcheck.releaseline import is_corrected
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.wire import FORMATS
 
@@ -36,7 +37,7 @@ def serves_all_ranks(p_wire: str) -> bool:
 def dials_head_node(release: ReleaseModel) -> bool:
     """The release dials kv_transfer_params' remote_host (the head node) for every P rank: every vLLM release.
     pdcheck's corrected model knows where each rank is served."""
-    return release.flow != "corrected"
+    return not is_corrected(release)
 
 
 def rank_node(tp_rank: int, tp_size: int, nodes: int) -> int:

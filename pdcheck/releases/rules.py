@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pdcheck import kvsplit
-from pdcheck.releases.base import Action, Check, Ctx, Prepared
+from pdcheck.releases.base import Action, Check, Ctx, Prepared, ReleaseModel, Step
 from pdcheck.wire.formats import KV_LAYOUT_NAMES
 
 MSG_SHAPE = (
@@ -89,6 +89,7 @@ def block_len_checks(with_replication: bool) -> tuple[Check, Check]:
         "block_len_equal", "self.block_len == nixl_agent_meta.block_len",
         lambda c: c.local.block_len == c.remote_block_len(),
         when=lambda c: _replicated(c, with_replication), hazard="H08",
+        replication="loose" if with_replication else "mla",
     )
     scaled = Check(
         "block_len_tp_ratio", "nixl_agent_meta.block_len == self.block_len * tp_ratio",
@@ -257,7 +258,7 @@ MSG_REPLICATED = "KV cache sizes must match between P and D when replicated"
 BLOCK_LENS_EQUAL_REPLICATED_110 = Check(
     "block_lens_equal_replicated", "self.block_len_per_layer == nixl_agent_meta.block_lens",
     lambda c: block_len_per_layer(c) == remote_block_lens(c), message=MSG_REPLICATED, when=is_replicated,
-    hazard="H08",
+    hazard="H08", replication="loose",
 )
 
 REMOTE_LAYERS_SAME_BLOCK_LEN = Check(
@@ -381,7 +382,7 @@ def _replicated_lens_ok(c: Ctx) -> bool:
 
 BLOCK_LENS_EQUAL_REPLICATED = Check(
     "block_lens_equal_replicated", "self.block_len_per_layer[i] // block_size_ratio == nixl_agent_meta.block_lens[i]",
-    _replicated_lens_ok, message=MSG_REPLICATED, when=is_replicated, hazard="H08",
+    _replicated_lens_ok, message=MSG_REPLICATED, when=is_replicated, hazard="H08", replication="loose",
 )
 
 BLOCK_LEN_TP_RATIO_111 = Check(
@@ -506,7 +507,8 @@ def p_gt_d_replicated(expr: str, *, strict: bool, skip_mla: bool) -> Check:
         return skip_mla and c.local.use_mla
 
     return Check("p_gt_d_replicated", expr, lambda c: not (signed_tp_ratio(c) < 0 and repl(c)),
-                 when=lambda c: not skip(c), hazard="H13")
+                 when=lambda c: not skip(c), hazard="H13", replication="strict" if strict else "loose",
+                 skips_mla=skip_mla)
 
 
 P_GT_D_REPLICATED_14 = p_gt_d_replicated(
@@ -573,7 +575,8 @@ LAYOUT_32 = layout_check(enum_names=True, message=_layout_msg_32, permute=("LBHN
 
 
 # 0.20 - 0.23: the 0.14 block-length checks, with TransferTopology's strict replication and page_size messages
-BLOCK_LENS_EQUAL_REPLICATED_20 = replace_check(BLOCK_LENS_EQUAL_REPLICATED, when=is_replicated_strict)
+BLOCK_LENS_EQUAL_REPLICATED_20 = replace_check(BLOCK_LENS_EQUAL_REPLICATED, when=is_replicated_strict,
+                                               replication="strict")
 REMOTE_LAYERS_SAME_BLOCK_LEN_20 = replace_check(REMOTE_LAYERS_SAME_BLOCK_LEN, when=not_replicated_strict)
 
 
@@ -662,7 +665,7 @@ def _split_neg_region_msg(c: Ctx) -> str:
 REPLICATED_REGIONS = Check(
     "block_lens_equal_replicated", "local_len // block_size_ratio == remote_len",
     lambda c: _first_bad(c, _repl_want(c)) is None, message=_repl_region_msg, when=is_replicated_strict,
-    hazard="H08",
+    hazard="H08", replication="strict",
 )
 SPLIT_REGIONS = Check(
     "block_len_split", "remote_len == (local_len * remote_heads // local_heads) // block_size_ratio",
@@ -708,3 +711,18 @@ PP_DECODE_REFUSED = Check(
     message="NixlPushConnector consumer (decode) does not support pipeline_parallel_size > 1.",
     exc="NotImplementedError", hazard="X01",
 )
+
+
+def _steps(rel: ReleaseModel) -> tuple[Step, ...]:
+    return (*rel.pre_flow, *rel.pre_add, *rel.add_remote)
+
+
+def replication(rel: ReleaseModel) -> str | None:
+    """What `rel`'s block-length checks count as replicated KV ("mla", "loose", "strict"; Check.replication);
+    None where it makes none (0.9.0, the corrected model)."""
+    return next((s.replication for s in _steps(rel) if isinstance(s, Check) and s.replication), None)
+
+
+def p_gt_d_skips_mla(rel: ReleaseModel) -> bool:
+    """`rel` does not assert the P TP > D TP replication for MLA (0.21+)."""
+    return any(isinstance(s, Check) and s.id == "p_gt_d_replicated" and s.skips_mla for s in _steps(rel))

@@ -8,6 +8,7 @@ and what a D does when the wrong engine answers is the release's own engine-id c
 
 from __future__ import annotations
 
+from pdcheck.releaseline import is_corrected
 from pdcheck.releases.base import ReleaseModel
 
 # The handshake runs on a request's first load (start_load_kv / the handshake executor), never at start-up: a
@@ -32,10 +33,6 @@ def _has(rel: ReleaseModel, check_id: str) -> bool:
     return any(s.id == check_id for s in (*rel.pre_flow, *rel.pre_add, *rel.add_remote))
 
 
-def _v(rel: ReleaseModel) -> tuple[int, ...]:
-    return tuple(int(x) for x in (rel.version or rel.versions[0]).split(".")[:3])
-
-
 def pp_effect(rel: ReleaseModel, p_pp: int, d_pp: int, hybrid: bool = False) -> str:
     """What `rel` does with pipeline parallel stages on either side (full attention unless `hybrid`)."""
     if rel.wire < "H":
@@ -46,7 +43,7 @@ def pp_effect(rel: ReleaseModel, p_pp: int, d_pp: int, hybrid: bool = False) -> 
     if d_pp > 1:
         return f"decode refuses at start-up: {MSG_PP_DECODE}"
     if hybrid:
-        return f"prefill refuses at start-up: {MSG_PP_HMA_0_34 if _v(rel) >= (0, 34) else MSG_PP_HMA_0_26}"
+        return f"prefill refuses at start-up: {MSG_PP_HMA_0_34 if rel.number >= (0, 34) else MSG_PP_HMA_0_26}"
     return (f"requests carry (pp_rank, tp_rank) and NixlConnector serves every stage's metadata (it overrides "
             f"set_xfer_handshake_metadata_pp_aware), so its handshake passes; pull D reads kv_transfer_params "
             f"pp_size (default 1). The connector base class refuses with '{MSG_PP_VALUE_ERROR.format(cls='<X>')}' "
@@ -104,7 +101,7 @@ def when_raised(rel: ReleaseModel, status: str, check: str | None) -> str | None
     """When a refusal reaches the user: at start-up, or per request after the server reported healthy (the
     handshake runs on a request's first KV load in every release; from era F, 0.11.1, a failed handshake fails
     that request and leaves the server up). None: ok, or an early release whose failure takes the engine down."""
-    if status in ("ok", "silent") or rel.flow == "corrected":  # silent: nothing reaches the user
+    if status in ("ok", "silent") or is_corrected(rel):  # silent: nothing reaches the user
         return None
     if check in START_UP_CHECKS:
         return "at start-up: the decode worker refuses before it serves"

@@ -1,11 +1,10 @@
 """The request lifecycle of each vLLM release line, as data: what P hands out, how D says it is done, when P
 frees the blocks, and what a failed load does.
 
-Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and from the 0.13.0 and 0.34.0 wheels
-(nixl_connector.py; nixl/pull_scheduler.py, base_scheduler.py, base_worker.py, pull_worker.py; config/kv_transfer.py):
-* kv_transfer_params keys: 0.9.0 six keys; 0.9.2 + tp_size; 0.13 + remote_request_id; 0.21 + remote_num_tokens;
-  0.26 + remote_blocks_expiry_time (None in what P returns); 0.28 + transfer_mode; 0.34 + dcp_size, pp_size,
-  remote_registration_generation (0.24.0, 0.25.0, 0.26.0 wheels: pull_scheduler.request_finished).
+Facts from the release wheels (nixl_connector.py; nixl/pull_scheduler.py, base_scheduler.py, base_worker.py,
+pull_worker.py; config/kv_transfer.py), listed in docs/release-models.md and docs/requests.md:
+* kv_transfer_params keys: pdcheck.releases.params, the one table (remote_blocks_expiry_time is None in what P
+  returns).
 * done notification: 0.9.0 "{req}"; 0.9.1-0.12 "{req}:{tp_ratio}"; 0.13 "{remote_request_id}:{tp_ratio}";
   0.14 "{remote_request_id}:{world}"; 0.34 "{remote_request_id}:{expected_consumers}" (and "HB:<ids>" heartbeats).
 * freeing without a notification: never before 0.10 (a leak); VLLM_NIXL_ABORT_REQUEST_TIMEOUT 120 s in 0.10.x
@@ -36,6 +35,10 @@ Facts from /work/shared/reference/vllm-nixl-protocol.md (§2, §3.7, §3.8) and 
 from __future__ import annotations
 
 import msgspec
+
+from pdcheck.releaseline import CORRECTED as LINE_CORRECTED
+from pdcheck.releaseline import CORRECTED_VERSION, ReleaseTable, is_corrected, version_tuple
+from pdcheck.releases import params
 
 BASE_KEYS = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_host",
              "remote_port")
@@ -68,7 +71,7 @@ class Lifecycle(msgspec.Struct, frozen=True):
         """How far past now a heartbeat pushes the lease (never shortening it): vLLM's `_lease_extension =
         kv_lease_duration * 2 // 3` (0.22+ worker; whole seconds, so a 1 s lease is never extended); a
         sub-second --lease (time scaled down for a test) keeps the 2/3; the corrected path renews the whole lease."""
-        if self.line == "corrected":
+        if is_corrected(self):
             return lease
         return lease * 2 // 3 if lease >= 1 else lease * 2 / 3
 
@@ -93,50 +96,56 @@ _CRASH = "_read_blocks does not catch it: the worker raises and the engine dies"
 _RECOMPUTE = "Handshake/transfer failed for request {req}, marking blocks as invalid (recomputed)"
 _FAILURE = "NIXL transfer failure: transfer_failed | Context: {{'request_id': '{req}'}}"
 
-_K092 = (*BASE_KEYS, "tp_size")
-_K013 = (*_K092, "remote_request_id")
-_K024 = (*_K013, "remote_num_tokens")
-_K026 = (*_K024, "remote_blocks_expiry_time")  # None from P: only D's turn-2 readback stamps it
-_K028 = (*_K026, "transfer_mode")
-_K034 = (*_K028, "dcp_size", "pp_size", "remote_registration_generation")
-
-LINES: tuple[Lifecycle, ...] = (
-    Lifecycle("0.9.0", (0, 9, 0), BASE_KEYS, "{req}", "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
-    Lifecycle("0.9.1", (0, 9, 1), BASE_KEYS, _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
-    Lifecycle("0.9.2", (0, 9, 2), _K092, _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
-    Lifecycle("0.10.0", (0, 10, 0), _K092, _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+# Each line's facts from its first release on; `keys` is filled from the one params table (releases.params),
+# and a release where the params keys change starts a line of its own (see LINES below).
+_FACTS: tuple[Lifecycle, ...] = (
+    Lifecycle("0.9.0", (0, 9, 0), (), "{req}", "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
+    Lifecycle("0.9.1", (0, 9, 1), (), _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
+    Lifecycle("0.10.0", (0, 10, 0), (), _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "crash", _CRASH, "n/a", True),
-    Lifecycle("0.11.1", (0, 11, 1), _K092, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+    Lifecycle("0.11.1", (0, 11, 1), (), _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "n/a", True),
-    Lifecycle("0.13.0", (0, 13, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+    Lifecycle("0.13.0", (0, 13, 0), (), _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "hang", True),
-    Lifecycle("0.14.0", (0, 14, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+    Lifecycle("0.14.0", (0, 14, 0), (), _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _FAILURE, "hang", True),
     # the same request path as 0.14; an aborted request's blocks wait for its READ (ABORT_WAITS_READ_SINCE)
-    Lifecycle("0.16.0", (0, 16, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+    Lifecycle("0.16.0", (0, 16, 0), (), _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _FAILURE, "hang", True),
-    Lifecycle("0.17.0", (0, 17, 0), _K013, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+    Lifecycle("0.17.0", (0, 17, 0), (), _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
-    Lifecycle("0.21.0", (0, 21, 0), _K024, _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
-              _ABORT_LOG, False, "fail", _FAILURE, "hang", True),
-    Lifecycle("0.22.0", (0, 22, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+    Lifecycle("0.22.0", (0, 22, 0), (), _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
     # the same request path as 0.22; push mode (NixlPushConnector, push.PUSH_SINCE) starts here
-    Lifecycle("0.24.0", (0, 24, 0), _K024, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+    Lifecycle("0.24.0", (0, 24, 0), (), _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
-    Lifecycle("0.26.0", (0, 26, 0), _K026, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "fail", _FAILURE, "hang", True),
-    Lifecycle("0.28.0", (0, 28, 0), _K028, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
-              "fail", _FAILURE, "hang", True),
-    Lifecycle("0.34.0", (0, 34, 0), _K034, _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+    # the same facts; the pull worker reads per request (_read_blocks_for_req) and D's notification names the
+    # expected consumers, which the model counts as before
+    Lifecycle("0.34.0", (0, 34, 0), (), _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
 )
+
+
+def _lines() -> tuple[Lifecycle, ...]:
+    """A line from every release where a fact or the params keys (pull or push) change."""
+    firsts = sorted({ln.first for ln in _FACTS} | set(params.changes()))
+    out = []
+    for first in firsts:
+        facts = [ln for ln in _FACTS if ln.first <= first][-1]
+        name = ".".join(map(str, first))
+        out.append(msgspec.structs.replace(facts, line=name, first=first, keys=params.pull_keys(first)))
+    return tuple(out)
+
+
+LINES: tuple[Lifecycle, ...] = _lines()
+_TABLE: ReleaseTable[Lifecycle] = ReleaseTable.from_firsts([(ln.first, ln) for ln in LINES], last=params.PULL.last)
 
 # The corrected request path: a lease renewed by D's heartbeats from the moment the router hands D the params,
 # an expiry time and a per-block generation in the params (D refuses blocks P may have freed and recomputes),
 # every key checked before a READ, a clear failure_type, and P frees unread blocks only at the lease.
-CORRECTED = Lifecycle("corrected", (99, 0, 0), (*_K034, "block_generations"), _NOTIF_N, "lease", 30.0,
-                      "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE, "recompute", True)
+CORRECTED = Lifecycle(LINE_CORRECTED, CORRECTED_VERSION, (*params.pull_keys(params.PULL.last), "block_generations"),
+                      _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True, "recompute", _FAILURE,
+                      "recompute", True)
 
 
 # abort-d: from 0.16.0 the scheduler's finish_requests keeps the blocks of a request aborted in
@@ -162,12 +171,6 @@ def with_policy(line: Lifecycle, policy: str | None) -> Lifecycle:
 
 def line_of(version: str) -> Lifecycle:
     """The lifecycle line of a release ('0.14.1', 'corrected')."""
-    if version == "corrected":
+    if is_corrected(version):
         return CORRECTED
-    parts = tuple(int(x) for x in version.split(".")[:3])
-    v = (*parts, 0, 0)[:3]
-    found = LINES[0]
-    for line in LINES:
-        if line.first <= v:
-            found = line
-    return found
+    return _TABLE.clamped(version_tuple(version))

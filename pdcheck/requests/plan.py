@@ -138,7 +138,7 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     models = resolve_many(vllm)
     if mode == "push":
         def has_push(r: Any) -> bool:
-            return push_available(tuple(int(x) for x in (r.version or r.name).split(".")[:3]))
+            return push_available(r.number)
 
         if vllm.strip() == "all":  # every modelled release that has push mode
             models = [r for r in models if has_push(r)]

@@ -24,9 +24,7 @@ utils.py; kv_connector/factory.py registers NixlPushConnector from 0.24.0, 0.23.
   deadline is the registration watchdog (`push_registration_timeout`, default `decoder_kv_blocks_ttl` = 480 s):
   it drops the registration and logs a warning, and the request keeps waiting (the lost-notification class of
   vLLM PR #50754).
-* params: 0.24 {do_remote_prefill, do_remote_decode, remote_block_ids, remote_engine_id, remote_request_id,
-  remote_host, remote_port, tp_size, remote_num_tokens}; 0.26 + pp_size; 0.34 + dcp_size, transfer_mode ("push").
-  No remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
+* params: pdcheck.releases.params (PUSH), transfer_mode "push"; no remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
   on_new_request); the push scheduler never reads it.
 * Before 0.24 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
   0.24/0.25 otherwise differ from 0.26 only in PP and MLA (0.26 WRITEs MLA to every D rank): not modelled here.
@@ -59,6 +57,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck.releases.params import push_keys
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests.faults import P_RANKS, Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle
@@ -86,9 +85,6 @@ PP_SINCE = (0, 26, 0)  # pp_size in the params, remote_pp_size in PUSH_REG, D co
 PUSH_REG_PREFIX = b"PUSH_REG:"
 D_POOL_MAX = 4096  # D's blocks in push mode: one request's blocks stay held while it waits for P's WRITE
 
-_KEYS_024 = ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
-             "remote_host", "remote_port", "tp_size", "remote_num_tokens")
-_KEYS_026 = (*_KEYS_024[:-1], "pp_size", _KEYS_024[-1])
 _SUFFIX = re.compile(r"-[0-9a-f]{8}$", re.IGNORECASE)
 WATCHDOG = "push_registration_timeout (default decoder_kv_blocks_ttl, 480 s)"
 HANG_NOTIF = ("P's WRITE completed and P freed its blocks, but its completion notification never reached D: D "
@@ -112,11 +108,12 @@ def d_pool(requests: int, blocks_per_request: int, pool: int) -> int:
 
 
 def keys(line: Lifecycle) -> tuple[str, ...]:
-    """The params P's push scheduler returns (transfer_mode and dcp_size where the line's pull params have them;
-    the corrected path adds the expiry time and the block generations)."""
-    extra = ("dcp_size", "transfer_mode") if line is not CORRECTED else (
-        "transfer_mode", "remote_blocks_expiry_time", "block_generations", "remote_registration_generation")
-    return (*(_KEYS_026 if has_pp(line) else _KEYS_024), *(k for k in extra if k in line.keys))
+    """The params P's push scheduler returns (releases.params); the corrected path's are the 0.28 push keys plus
+    the expiry time, the block generations and the registration generation."""
+    if line is not CORRECTED:
+        return push_keys(line.first)
+    return (*push_keys((0, 28, 0)), "remote_blocks_expiry_time", "block_generations",
+            "remote_registration_generation")
 
 
 def params(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,

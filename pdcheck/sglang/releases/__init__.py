@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import re
-
 from msgspec.structs import replace
 
 from pdcheck.errors import BadInput
+from pdcheck.releaseline import CORRECTED, ReleaseTable, is_corrected, split_many, unique
 from pdcheck.sglang.releases import r0_4_6, r0_4_7, r0_4_9, r0_5_3, r0_5_8, r0_5_13, r0_5_23
 from pdcheck.sglang.releases.base import SglangRelease
 
-CORRECTED = "corrected"
+__all__ = ["CORRECTED", "MODELLED", "TABLE", "resolve", "resolve_many"]
 
 # (first, last) inclusive (major, minor, patch) ranges -> model. Releases between the read wheels take the
-# earlier era (the reference read 0.4.6.post1, 0.4.7, 0.4.9.post2, 0.5.3, 0.5.8, 0.5.13, 0.5.23).
-_LINES: list[tuple[tuple[int, int, int], tuple[int, int, int], SglangRelease]] = [
+# earlier era (read: 0.4.6.post1, 0.4.7, 0.4.9.post2, 0.5.3, 0.5.8, 0.5.13, 0.5.23).
+TABLE: ReleaseTable[SglangRelease] = ReleaseTable((
     ((0, 4, 5), (0, 4, 6), r0_4_6.MODEL),
     ((0, 4, 7), (0, 4, 8), r0_4_7.MODEL),
     ((0, 4, 9), (0, 5, 2), r0_4_9.MODEL),
@@ -22,38 +21,24 @@ _LINES: list[tuple[tuple[int, int, int], tuple[int, int, int], SglangRelease]] =
     ((0, 5, 8), (0, 5, 12), r0_5_8.MODEL),
     ((0, 5, 13), (0, 5, 22), r0_5_13.MODEL),
     ((0, 5, 23), (0, 5, 99), r0_5_23.MODEL),
-]
-MODELLED: list[SglangRelease] = [m for _f, _l, m in _LINES]
-_RANGE = "0.4.5.post3 to 0.5.x"
-_NUMBER = re.compile(r"v?(0)\.([0-9]{1,3})\.([0-9]{1,3})((?:\.?post[0-9]{1,3})|rc[0-9]{1,3})?", re.ASCII)
+), modelled="0.4.5.post3 to 0.5.x", noun="an SGLang release number", example="0.5.8", label="SGLang ")
+MODELLED: list[SglangRelease] = TABLE.values()
+
+
+def _stamp(model: SglangRelease, name: str) -> SglangRelease:
+    return model if name == model.name else replace(model, name=name)
 
 
 def resolve(text: str, where: str = "--sglang") -> SglangRelease:
     """The model of one SGLang release, named as typed ('0.5.8', '0.4.6.post1')."""
     t = text.strip()
-    if t == CORRECTED:
-        raise BadInput(f"{where}: 'corrected' runs beside every release; name a release (modelled: {_RANGE})")
-    mt = _NUMBER.fullmatch(t)
-    if not mt:
-        raise BadInput(f"{where}: {t!r} is not an SGLang release number (e.g. 0.5.8; modelled: {_RANGE}, all)")
-    v = (int(mt.group(1)), int(mt.group(2)), int(mt.group(3)))
-    for first, last, model in _LINES:
-        if first <= v <= last:
-            return model if t == model.name else replace(model, name=t)
-    raise BadInput(f"{where}: SGLang {t!r} is not modelled (modelled: {_RANGE})")
+    if is_corrected(t):
+        raise BadInput(f"{where}: 'corrected' runs beside every release; name a release (modelled: "
+                       f"{TABLE.modelled})")
+    return TABLE.resolve(t, where, _stamp, also="all", name=t)
 
 
 def resolve_many(text: str, where: str = "--sglang") -> list[SglangRelease]:
     if text.strip() == "all":
         return list(MODELLED)
-    parts = [p for p in text.split(",") if p.strip() != CORRECTED]
-    if len(parts) > 64:
-        raise BadInput(f"{where}: {len(parts)} releases named; at most 64 (or 'all')")
-    out: list[SglangRelease] = []
-    for part in parts:
-        r = resolve(part, where)
-        if r not in out:
-            out.append(r)
-    if not out:
-        raise BadInput(f"{where}: name at least one SGLang release")
-    return out
+    return unique([resolve(part, where) for part in split_many(text, where)], where, "SGLang release")
