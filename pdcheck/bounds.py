@@ -52,6 +52,7 @@ MAX_ITERS = 10**7
 MAX_WARMUP = 10**6
 MAX_CORRUPT_BLOCK = 2**31 - 1  # a descriptor index of request 0
 MIN_TIME_S = (0.001, 3600.0)
+MIN_RATE = 0.01  # arrivals per second (requests --rate): one every 100 s at the slowest
 
 # Untrusted input: a live peer, a --version-url, a log file (docs/reliability-untrusted.md). Frame and HTTP
 # caps live beside the code that enforces them (pdcheck.netio).
@@ -148,13 +149,27 @@ def check_out_dir(flag: str, path: Path) -> None:
         raise BadInput(f"{flag} {path}: {have} is not writable")
 
 
-def check_out_file(flag: str, path: Path) -> None:
-    """A file pdcheck writes: its directory must exist (nothing is created for it), and it must not be one."""
+def check_out_file(flag: str, path: Path | None) -> None:
+    """A file pdcheck writes (--plot, --junit, from-logs -o), checked before anything runs: not a directory,
+    in a directory that exists (nothing is created for it) and can be written, and writable if it exists.
+    None (the flag not given) passes."""
+    if path is None:
+        return
     p = Path(path)
     if p.is_dir():
         raise BadInput(f"{flag} {path}: is a directory")
-    if not p.resolve().parent.is_dir():
+    parent = p.resolve().parent
+    if not parent.is_dir():
         raise BadInput(f"{flag} {path}: directory does not exist")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise BadInput(f"{flag} {path}: exists and is not writable")
+    if not p.exists():
+        import tempfile
+
+        try:  # a real try (as root, os.access says yes to /proc and to a read-only mount)
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as exc:
+            raise BadInput(f"{flag} {path}: cannot write in {parent}: {exc.strerror}") from None
 
 
 def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:

@@ -416,6 +416,7 @@ def smoke(
     from pdcheck.scenario import BUNDLED
 
     bounds.check_timeouts(hang_timeout)
+    bounds.check_out_file("--junit", junit)
     rep = sm.run(directory if directory is not None else BUNDLED,
                  RunOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
     if junit is not None:
@@ -489,6 +490,7 @@ def main() -> None:
     from pdcheck import lifecycle
 
     lifecycle.install_signal_handlers()
+    lifecycle.guard_stdout()
     code = EXIT_HARNESS
     try:
         code = lifecycle.exit_code(run())

@@ -19,6 +19,8 @@ its loop inside signals_recorded(): there a signal is recorded, not raised, and 
 
 from __future__ import annotations
 
+import io
+import os
 import signal
 import sys
 import threading
@@ -99,6 +101,48 @@ def signals_deferred() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def guard_stdout() -> None:
+    """Make stdout a stream that a reader going away cannot fail (`pdcheck ... --json | head -c1`): once the
+    pipe is closed, what is written is dropped, so the run ends with its own exit code, without a
+    BrokenPipeError traceback or interpreter's "Exception ignored" line at exit. A closed fd 1 (`>&-`) reads as
+    /dev/null."""
+    out = sys.stdout
+    if out is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout, for its lifetime
+        return
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to guard
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_PipeOut(fd)), encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering)
+
+
+class _PipeOut(io.RawIOBase):
+    """fd 1, written until its reader goes away; after that what is written is dropped."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd, self.gone = fd, False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self.fd)
+
+    def write(self, b: Any) -> int:
+        if not self.gone:
+            try:
+                return os.write(self.fd, b)
+            except BrokenPipeError:
+                self.gone = True
+        return len(memoryview(b))
 
 
 def received() -> int | None:

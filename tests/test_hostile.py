@@ -316,9 +316,37 @@ def test_prefill_endpoint_against_hostile_frames(kind, arg, code):
      "--inject", "corrupt:P0:99:999999999"),
     ("handshake", "--prefill-blocks", "64", "--decode-blocks", "64", "--vllm", "0.9.1", "--no-transfer",
      "--inject", "corrupt:P0:0:64"),
+    ("requests", "--vllm", "0.9.2", "--rate", "1e-300"),
+    ("requests", "--vllm", "0.9.2", "--rate", "nan"),
+    # output paths, before anything starts: a missing directory, a directory, a directory not writable
+    ("requests", "--vllm", "0.9.2", "--plot", "/nonexistent-dir/x.png"),
+    ("transfer-bench", "--plot", "/nonexistent-dir/x.png"),
+    ("transfer-bench", "--plot", "/proc/x.png"),
+    ("smoke", "tests/data", "--junit", "/nonexistent-dir/x.xml"),
+    ("smoke", "tests/data", "--junit", "/tmp"),
+    ("smoke", "tests/data", "--junit", "/proc/x.xml"),
 ])
 def test_bad_numbers_and_forms_exit_2(args):
     contract(run(*args), 2, within_s=15, rss_mb=300)
+
+
+@pytest.mark.parametrize("stdout", ["closed-pipe", "closed"])
+def test_a_closed_stdout_keeps_the_runs_exit_code(stdout):
+    """`pdcheck ... --json | head -c1`, or stdout closed: the run's own code (0 here), no traceback, nothing
+    on stderr."""
+    args = [sys.executable, "-m", "pdcheck", "handshake", "--prefill-blocks", "64", "--decode-blocks", "64",
+            "--vllm", "0.9.2", "--no-transfer", "--json"]
+    if stdout == "closed":
+        proc = subprocess.run(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=120, preexec_fn=lambda: os.close(1))
+    else:
+        proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.read(1) == b"{"
+        proc.stdout.close()  # the reader goes away before the rest of the document
+        proc.stderr = proc.stderr.read()  # type: ignore[assignment]
+        proc.wait(120)
+    assert proc.returncode == 0, proc.stderr
+    assert not proc.stderr, proc.stderr
 
 
 def test_ipv6_endpoint_in_brackets_is_read_as_host_and_port():
