@@ -639,6 +639,7 @@ def test_sglang_probe_renders_a_long_peer_string_at_once():
     ("http-trickle-head", None, "no complete answer"),
     ("sg", {"info": {"attn_tp_size": 10**9}}, "attn_tp_size = 1000000000"),
     ("sg", {"rank": {"rank_port": "abc"}}, "rank_port = abc"),
+    ("sg-slow", {"info": {"attn_tp_size": 64}}, "no complete answer within 2 s"),  # 64 ranks, 3 s each
 ])
 def test_sglang_prefill_endpoint_against_a_hostile_bootstrap_server(kind, answers, says):
     with peer(kind, json.dumps(answers) if answers else "") as port:
