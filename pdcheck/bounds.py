@@ -12,6 +12,9 @@ import math
 import os
 import stat
 from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import msgspec
 
 from pdcheck.errors import BadInput
 
@@ -49,6 +52,7 @@ MAX_ITERS = 10**7
 MAX_WARMUP = 10**6
 MAX_CORRUPT_BLOCK = 2**31 - 1  # a descriptor index of request 0
 MIN_TIME_S = (0.001, 3600.0)
+MIN_RATE = 0.01  # arrivals per second (requests --rate): one every 100 s at the slowest
 
 # Untrusted input: a live peer, a --version-url, a log file (docs/reliability-untrusted.md). Frame and HTTP
 # caps live beside the code that enforces them (pdcheck.netio).
@@ -145,13 +149,27 @@ def check_out_dir(flag: str, path: Path) -> None:
         raise BadInput(f"{flag} {path}: {have} is not writable")
 
 
-def check_out_file(flag: str, path: Path) -> None:
-    """A file pdcheck writes: its directory must exist (nothing is created for it), and it must not be one."""
+def check_out_file(flag: str, path: Path | None) -> None:
+    """A file pdcheck writes (--plot, --junit, from-logs -o), checked before anything runs: not a directory,
+    in a directory that exists (nothing is created for it) and can be written, and writable if it exists.
+    None (the flag not given) passes."""
+    if path is None:
+        return
     p = Path(path)
     if p.is_dir():
         raise BadInput(f"{flag} {path}: is a directory")
-    if not p.resolve().parent.is_dir():
+    parent = p.resolve().parent
+    if not parent.is_dir():
         raise BadInput(f"{flag} {path}: directory does not exist")
+    if p.exists() and not os.access(p, os.W_OK):
+        raise BadInput(f"{flag} {path}: exists and is not writable")
+    if not p.exists():
+        import tempfile
+
+        try:  # a real try (as root, os.access says yes to /proc and to a read-only mount)
+            tempfile.TemporaryFile(dir=parent).close()
+        except OSError as exc:
+            raise BadInput(f"{flag} {path}: cannot write in {parent}: {exc.strerror}") from None
 
 
 def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
@@ -203,3 +221,43 @@ def check_device(device: str) -> None:
     if rc != 0 or count.value < 1:
         raise BadInput(f"--device cuda: no usable GPU (cuInit/cuDeviceGetCount returned {rc}, "
                        f"{count.value} devices); use --device cpu")
+
+
+# ---------------------------------------------------------------------------------- what a peer advertises
+# Decoding is the validation: an advertised document is converted (strictly: "2" is not 2, true is not 1) into
+# a msgspec Struct whose fields carry these bounds, before any value sizes a loop, a list or a table row.
+PeerTp = Annotated[int, msgspec.Meta(ge=1, le=HARD_MAX_TP)]
+PeerPp = Annotated[int, msgspec.Meta(ge=1, le=MAX_PP_SIZE)]
+PeerDp = Annotated[int, msgspec.Meta(ge=1, le=MAX_DP_RANK + 1)]
+PeerPageSize = Annotated[int, msgspec.Meta(ge=1, le=MAX_BLOCK_SIZE)]
+PeerPort = Annotated[int, msgspec.Meta(ge=1, le=65535)]
+PeerStr = Annotated[str, msgspec.Meta(max_length=MAX_PEER_STR)]
+
+S = TypeVar("S")
+
+
+def peer_doc(doc: Any, typ: type[S], where: str) -> S:
+    """`doc` (a decoded JSON object a peer sent) as `typ`; netio.PeerError (exit 3) naming the field, the value
+    (shortened) and the bound it breaks, `where` first (e.g. "P's bootstrap server")."""
+    from pdcheck.netio import PeerError
+
+    try:
+        return msgspec.convert(doc, typ, strict=True)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        what, _sep, path = text.partition(" - at `$.")
+        field = path.rstrip("`").split(".")[0].split("[")[0] if path else None
+        if field is None and what.startswith("Object missing required field `"):
+            raise PeerError(f"{where}: {what.split('`')[1]} is missing") from None
+        if field is not None and isinstance(doc, dict):
+            raise PeerError(f"{where}: {field} = {peer_text(doc.get(field), 40)}: {what.lower()}") from None
+        raise PeerError(f"{where}: {what}") from None
+
+
+def peer_text(value: Any, limit: int = MAX_PEER_STR) -> str:
+    """A peer's value as printable text of at most `limit` characters (more is cut, its length said): a table
+    cell or error line never renders a peer's megabyte, nor its control characters."""
+    text = value if isinstance(value, str) else repr(value)
+    if len(text) > limit:
+        text = f"{text[:limit]}… ({len(text)} characters)"
+    return "".join(c if c.isprintable() else "?" for c in text)

@@ -157,6 +157,7 @@ def main() -> None:
     from pdcheck import lifecycle
 
     lifecycle.install_signal_handlers()
+    lifecycle.guard_stdout()
     code = EXIT_HARNESS
     try:
         code = lifecycle.exit_code(run())

@@ -316,20 +316,17 @@ class Launcher(RankLauncher[Rank]):
                     yield r, None
 
     def close(self) -> None:
-        """Stop and reap every rank: SIGTERM, 3 s, SIGKILL. Signals go by pid whenever the rank still runs,
-        even when multiprocessing thinks it ended (its forkserver died and can no longer report it)."""
+        """Stop and reap every rank: SIGKILL (a rank ignores SIGTERM, so that a signal to the process group
+        reaches only the parent: lifecycle.spawn_quietly), then up to 2 s for it to end. Signals go by pid
+        whenever the rank still runs, even when multiprocessing thinks it ended (its forkserver died and can no
+        longer report it)."""
         for r in self.ranks:
             if r.running():
-                _kill(r.proc.pid, signal.SIGTERM)
-        t_end = time.monotonic() + 3.0
+                _kill(r.proc.pid, signal.SIGKILL)
+        t_end = time.monotonic() + 2.0
         for r in self.ranks:
             while r.running() and time.monotonic() < t_end:
                 r.proc.join(0.05)
-            if r.running():
-                _kill(r.proc.pid, signal.SIGKILL)
-                t_kill = time.monotonic() + 2.0
-                while r.running() and time.monotonic() < t_kill:
-                    r.proc.join(0.05)
             r.proc.join(0.5)
             r.conn.close()
         self.ranks.clear()

@@ -7,13 +7,20 @@ A signal that arrives while that cleanup runs is only recorded, so it cannot cut
 A signal the parent inherited as ignored (nohup, a background job without job control) stays ignored,
 as POSIX tools do.
 
-Ctrl-C in a terminal sends SIGINT to the whole process group: the forkserver, the resource tracker and every
-rank get it too. They are started with SIGINT ignored (spawn_quietly), so only the parent acts on it and
-stops them; otherwise each prints a KeyboardInterrupt or BrokenPipeError traceback of its own.
+Ctrl-C in a terminal sends SIGINT to the whole process group, and `timeout`, `kill -TERM -PGID` and a systemd
+unit send SIGTERM to it: the forkserver, the resource tracker and every rank get it too. They are started with
+SIGINT, SIGTERM and SIGHUP ignored (spawn_quietly), so only the parent acts on it and stops them (the launcher
+stops a rank with SIGKILL); otherwise each prints a traceback of its own, or dies before the parent has
+stopped, and the parent reports a dead rank or forkserver (exit 3) instead of the signal.
+
+A command that stops on its own terms (serve: it tells its ranks to stop and reports what they did) runs
+its loop inside signals_recorded(): there a signal is recorded, not raised, and the exit is still 128 + it.
 """
 
 from __future__ import annotations
 
+import io
+import os
 import signal
 import sys
 import threading
@@ -47,18 +54,39 @@ T = TypeVar("T")
 
 def spawn_quietly(start: Callable[[], T]) -> T:
     """Run `start`, which spawns helper processes (multiprocessing's forkserver and resource tracker), with
-    SIGINT ignored, so that they inherit it ignored, and so do the ranks the forkserver forks (it hands its
-    children the SIGINT disposition it inherited). SIGINT is blocked meanwhile: one that arrives in the
-    window is delivered to this process's own handler afterwards, not lost."""
+    SIGINT, SIGTERM and SIGHUP ignored, so that they inherit them ignored, and so do the ranks the forkserver
+    forks (it hands its children the dispositions it inherited). The signals are blocked meanwhile: one that
+    arrives in the window is delivered to this process's own handler afterwards, not lost."""
     if threading.current_thread() is not threading.main_thread():
         return start()  # signal dispositions can only be changed from the main thread
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, set(HANDLED))
+    old = {sig: signal.signal(sig, signal.SIG_IGN) for sig in HANDLED}
     try:
         return start()
     finally:
-        signal.signal(signal.SIGINT, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def _record(signum: int, frame: FrameType | None) -> None:
+    _received.append(signum)
+
+
+@contextmanager
+def signals_recorded() -> Iterator[Callable[[], int | None]]:
+    """Within the block SIGINT, SIGTERM and SIGHUP are recorded, not raised: the loop inside polls the yielded
+    received() and stops on its own terms. The exit is 128 + the first signal all the same (exit_code), and one
+    that arrives after the block only adds to the record. Ignored signals stay ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    old = {sig: signal.signal(sig, _record) for sig in HANDLED if signal.getsignal(sig) is not signal.SIG_IGN}
+    try:
+        yield received
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 @contextmanager
@@ -73,6 +101,48 @@ def signals_deferred() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
+def guard_stdout() -> None:
+    """Make stdout a stream that a reader going away cannot fail (`pdcheck ... --json | head -c1`): once the
+    pipe is closed, what is written is dropped, so the run ends with its own exit code, without a
+    BrokenPipeError traceback or interpreter's "Exception ignored" line at exit. A closed fd 1 (`>&-`) reads as
+    /dev/null."""
+    out = sys.stdout
+    if out is None:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - the process's stdout, for its lifetime
+        return
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # not a file (a test's capture): nothing to guard
+        return
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_PipeOut(fd)), encoding=out.encoding, errors=out.errors,
+                                  line_buffering=out.line_buffering)
+
+
+class _PipeOut(io.RawIOBase):
+    """fd 1, written until its reader goes away; after that what is written is dropped."""
+
+    def __init__(self, fd: int) -> None:
+        super().__init__()
+        self.fd, self.gone = fd, False
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self.fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self.fd)
+
+    def write(self, b: Any) -> int:
+        if not self.gone:
+            try:
+                return os.write(self.fd, b)
+            except BrokenPipeError:
+                self.gone = True
+        return len(memoryview(b))
 
 
 def received() -> int | None:

@@ -5,9 +5,10 @@ Two exchanges, each with one deadline for the whole exchange (not per read) and 
 * `request_reply`: one ZMQ REQ/REP round trip (the vLLM side channel). Frames above MAX_FRAME_BYTES make
   libzmq drop the connection before the frame is buffered (ZMQ_MAXMSGSIZE); more than MAX_FRAMES frames, or
   more than MAX_REPLY_BYTES in all, are refused.
-* `http_get`: one HTTP/1.0 GET (the `--version-url` of `probe --vllm auto`) over a plain socket: connect, TLS,
-  headers and body all within one deadline, headers at most MAX_HTTP_HEADER bytes, the body at most a given
-  cap. No redirects are followed, nothing is cached, no proxy is used.
+* `http_exchange`: one HTTP/1.0 request (the `--version-url` of `probe --vllm auto`, SGLang's bootstrap server)
+  over a plain socket: lookup, connect, TLS, headers and body all within one deadline, headers at most
+  MAX_HTTP_HEADER bytes, the body at most a given cap. No redirects are followed, nothing is cached, no proxy
+  is used. `http_get` is its GET that wants a 200.
 
 Both raise PeerError (exit 3, one line) for anything the peer does; the caller adds where it was reading.
 """
@@ -35,6 +36,11 @@ class PeerError(HarnessError):
 
 class ReplyTimeout(PeerError):
     """No complete reply before the deadline."""
+
+
+class Unreachable(PeerError):
+    """No connection: nothing listens, the host is unreachable or its name does not resolve (a peer not up yet,
+    not a peer that misbehaves)."""
 
 
 def deadline_in(seconds: float) -> float:
@@ -97,6 +103,17 @@ def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes, ti
 # ------------------------------------------------------------------------------------------------ HTTP
 def http_get(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY) -> bytes:
     """The body of a 200 answer to GET url, read within timeout_s in all; PeerError otherwise."""
+    status, body = http_exchange(url, timeout_s, max_body)
+    if status != 200:
+        raise PeerError(f"HTTP status {status} (expected 200)")
+    return body
+
+
+def http_exchange(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY, *, method: str = "GET",
+                  body: bytes | None = None, deadline: float | None = None) -> tuple[int, bytes]:
+    """(status, body) of one request to url, all within timeout_s (and before `deadline`, a time.monotonic()
+    of a longer exchange this one is part of). Unreachable when no connection is made, ReplyTimeout when the
+    answer is not complete in time, PeerError for anything else the peer does."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise PeerError(f"{url!r} is not an http(s) URL")
@@ -105,7 +122,8 @@ def http_get(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY) -> bytes
     except ValueError:
         raise PeerError(f"{url!r}: the port is not a number from 0 to 65535") from None
     host = parts.hostname
-    deadline = deadline_in(timeout_s)
+    own = deadline_in(timeout_s)
+    deadline = own if deadline is None else min(own, deadline)
     try:
         addr = _resolve(host, port, deadline, timeout_s)
         sock = socket.socket(addr[0], socket.SOCK_STREAM)
@@ -118,7 +136,7 @@ def http_get(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY) -> bytes
     except TimeoutError:
         raise ReplyTimeout(f"cannot connect to {host}:{port} within {timeout_s:g} s") from None
     except OSError as exc:
-        raise PeerError(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+        raise Unreachable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
     try:
         if parts.scheme == "https":
             import ssl
@@ -129,13 +147,12 @@ def http_get(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY) -> bytes
         hostport = f"[{host}]" if ":" in host else host
         if parts.port:
             hostport += f":{parts.port}"
-        req = (f"GET {path} HTTP/1.0\r\nHost: {hostport}\r\nAccept: application/json\r\n"
+        extra = "" if body is None else f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        req = (f"{method} {path} HTTP/1.0\r\nHost: {hostport}\r\nAccept: application/json\r\n{extra}"
                "User-Agent: pdcheck\r\nConnection: close\r\n\r\n")
-        _send_all(sock, req.encode("ascii", "replace"), deadline, timeout_s)
+        _send_all(sock, req.encode("ascii", "replace") + (body or b""), deadline, timeout_s)
         head, rest = _read_head(sock, deadline, timeout_s)
         status, headers = _parse_head(head)
-        if status != 200:
-            raise PeerError(f"HTTP status {status} (expected 200)")
         length = headers.get("content-length")
         if "chunked" in headers.get("transfer-encoding", "").lower():
             raise PeerError("a chunked body answering an HTTP/1.0 request")
@@ -146,7 +163,7 @@ def http_get(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY) -> bytes
             want = int(length)
             if want > max_body:
                 raise PeerError(f"a body of {want} bytes; at most {max_body} are read")
-        return _read_body(sock, rest, want, max_body, deadline, timeout_s)
+        return status, _read_body(sock, rest, want, max_body, deadline, timeout_s)
     except OSError as exc:  # reset, TLS failure, ...
         if isinstance(exc, TimeoutError):
             raise ReplyTimeout(f"no complete answer within {timeout_s:g} s") from None
@@ -174,7 +191,7 @@ def _resolve(host: str, port: int, deadline: float, timeout_s: float) -> tuple:
     if not out:
         raise ReplyTimeout(f"{host}: no address within {timeout_s:g} s")
     if isinstance(out[0], BaseException):
-        raise PeerError(f"{host}: cannot resolve: {getattr(out[0], 'strerror', None) or out[0]}")
+        raise Unreachable(f"{host}: cannot resolve: {getattr(out[0], 'strerror', None) or out[0]}")
     return out[0]
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck import lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.envelope import write_json
@@ -101,12 +102,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
     chash = sp.compat_hash
     pg = sp.p_geometry
     # sp.ports (each DP rank's, with dp_size > 1): base_port is set, so vLLM's layout ports are bound as they are
-    stop = {"why": None}
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        stop["why"] = signal.Signals(signum).name
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    stop: dict[str, str | None] = {"why": None}
     api = None
     try:
         if opts.api_port is not None:
@@ -159,35 +155,38 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                     engine_tag=engine_tag(gp.engine_id),
                     version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version"))
             on_ready(msgspec.structs.replace(docs[0], dp_ranks=docs) if sp.dp else docs[0])
-            deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
-            code = 0
-            while stop["why"] is None and (deadline is None or time.monotonic() < deadline):
-                # Wake at least every 0.2 s to see a signal; a rank that ends on its own is a harness failure.
-                for rank, msg in lau.events(list(ranks.values()), time.monotonic() + 0.2):
-                    if msg is None:
-                        log(f"{rank.label} died (exit code {rank.proc.exitcode})")
-                        stop["why"], code = "rank died", 3
-                        break
-            log(f"stopping ({stop['why'] or 'duration reached'})")
-            live = [r for r in ranks.values() if not r.done]
-            for rank in live:
-                rank.send(m.Stop())
-            for rank, msg in lau.events(live, time.monotonic() + 5.0):
-                if isinstance(msg, m.PrefillFinal):
-                    rank.done = True
-                    dead = f"; listener died: {msg.listener_dead}" if msg.listener_dead else ""
-                    notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
-                    log(f"{rank.label}: {msg.served} request(s) answered{notifs}{dead}")
-        # Leaving the launcher reaped every rank (terminate, then kill) whatever happened above.
-        if stop["why"] in ("SIGINT", "SIGTERM") and code == 0:
-            code = 128 + signal.Signals[stop["why"]]  # 130 / 143, as every pdcheck command (lifecycle)
+            # From here a signal stops the serving loop, which stops the ranks and says what they served.
+            with lifecycle.signals_recorded() as signalled:
+                deadline = None if opts.duration_s is None else time.monotonic() + opts.duration_s
+                code = 0
+                while stop["why"] is None and (deadline is None or time.monotonic() < deadline):
+                    # Wake at least every 0.2 s to see a signal; a rank that ends on its own is a harness failure.
+                    for rank, msg in lau.events(list(ranks.values()), time.monotonic() + 0.2):
+                        if signalled() is not None:
+                            break
+                        if msg is None:
+                            log(f"{rank.label} died (exit code {rank.proc.exitcode})")
+                            stop["why"], code = "rank died", 3
+                            break
+                    if signalled() is not None and stop["why"] is None:
+                        stop["why"] = signal.Signals(signalled()).name
+                log(f"stopping ({stop['why'] or 'duration reached'})")
+                live = [r for r in ranks.values() if not r.done]
+                for rank in live:
+                    rank.send(m.Stop())
+                for rank, msg in lau.events(live, time.monotonic() + 5.0):
+                    if isinstance(msg, m.PrefillFinal):
+                        rank.done = True
+                        dead = f"; listener died: {msg.listener_dead}" if msg.listener_dead else ""
+                        notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
+                        log(f"{rank.label}: {msg.served} request(s) answered{notifs}{dead}")
+        # Leaving the launcher reaped every rank whatever happened above. A signal's exit (130, 143, 129) is
+        # lifecycle.exit_code's, as for every command.
         return code
     finally:
         if api is not None:
             api.shutdown()
             api.server_close()
-        for s, h in old.items():
-            signal.signal(s, h)
 
 
 def _bracket(host: str) -> str:

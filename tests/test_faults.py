@@ -366,3 +366,99 @@ def test_a_taken_port_is_one_clean_line(tmp_path: Path) -> None:
     assert f"127.0.0.1:{port}" in line and line.count(str(port)) == 1, line
     assert "in use" in line and "choose another" in line and "Error:" not in line and "addr=" not in line, line
     assert_clean(w, tmp_path, err)
+
+
+# ---- a signal to the process group, every command -----------------------------------------------------
+# `timeout`, `kill -TERM -PGID` and a systemd unit signal every process of the group: the forkserver, the
+# resource tracker and the ranks ignore it (lifecycle.spawn_quietly), so the parent stops them and exits
+# 128 + the signal, as for a signal to it alone, with no error line.
+def _listener() -> tuple[socket.socket, threading.Event]:
+    """A TCP port that accepts and never answers; the event is set once pdcheck has connected."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(4)
+    got = threading.Event()
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        try:
+            while True:
+                held.append(srv.accept()[0])
+                got.set()
+        except OSError:
+            pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    return srv, got
+
+
+def _ranks_up(*names: str) -> Callable[[Watch], None]:
+    def wait(w: Watch) -> None:
+        for name in names:
+            w.wait_for(lambda comm, _cmd, n=name: comm.startswith(n), timeout=120)
+
+    return wait
+
+
+def _ready_line(w: Watch) -> None:
+    line = w.proc.stdout.readline()  # type: ignore[union-attr]
+    assert line.strip(), w.proc.communicate(timeout=30)[1][-2000:]
+
+
+SMOKE_ONE = LONG_TRANSFER + '[expect]\n"0.9.2" = "ok"\n'
+GROUP_CASES = [
+    ("handshake", [*SMALL, "--vllm", "0.9.2", "--inject", "mute:P1", "--hang-timeout", "60"],
+     _ranks_up("pdcheck-D1:hs")),
+    ("requests", ["--vllm", "0.9.2", "--requests", "200", "--rate", "1"], _ranks_up("pdcheck-P0", "pdcheck-D0")),
+    ("probe", ["PORT", "--vllm", "0.9.1", "--tp-size", "1", "--timeout", "60"], None),
+    ("probe-sglang", ["http://127.0.0.1:PORT", "--sglang", "auto", "--timeout", "60"], None),
+    ("serve", ["--prefill-tp", "1", "--prefill-blocks", "64", "--vllm", "0.9.2", "--json"], _ready_line),
+    ("serve-sglang", ["--sglang", "0.5.23", "--json"], _ready_line),
+    ("smoke", ["DIR", "--hang-timeout", "60"], _ranks_up("pdcheck-P0", "pdcheck-D0")),
+    ("transfer-bench", ["--layers", "2", "--kv-heads", "8", "--head-dim", "64", "--tokens", "256", "--iters", "0",
+                        "--min-time", "120"], _ranks_up("pdcheck-P0", "pdcheck-D0")),
+]
+
+
+@pytest.mark.parametrize(("command", "args", "ready"), GROUP_CASES, ids=[c[0] for c in GROUP_CASES])
+def test_sigterm_to_the_process_group_is_143_for_every_command(tmp_path: Path, command: str, args: list[str],
+                                                                 ready: Callable[[Watch], None] | None) -> None:
+    srv, connected = _listener()
+    port = str(srv.getsockname()[1])
+    (tmp_path / "smoke").mkdir()
+    (tmp_path / "smoke" / "long.toml").write_text(SMOKE_ONE)
+    args = [a.replace("PORT", f"127.0.0.1:{port}" if a == "PORT" else port) for a in args]
+    args = [str(tmp_path / "smoke") if a == "DIR" else a for a in args]
+    try:
+        w = Watch(start(tmp_path, command.split("-sglang")[0], *args, new_group=True))
+        if ready is None:
+            assert connected.wait(60), "pdcheck never connected"
+        else:
+            ready(w)
+        w.poll()
+        os.killpg(w.proc.pid, signal.SIGTERM)
+        t_sig = time.monotonic()
+        code, _out, err = finish(w, timeout=60)
+    finally:
+        srv.close()
+    assert code == 143, err[-2000:]
+    assert time.monotonic() - t_sig < 10.0
+    assert all("interrupted" in ln for ln in error_lines(err)) and len(error_lines(err)) <= 1, err
+    assert_clean(w, tmp_path, err)
+    deadline = time.monotonic() + 5
+    while _group(w.proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _group(w.proc.pid), f"left running in the group: {_group(w.proc.pid)}"
+
+
+@pytest.mark.parametrize("framework", [["--vllm", "0.9.2", "--prefill-tp", "1", "--prefill-blocks", "64"],
+                                       ["--sglang", "0.5.23"]], ids=["vllm", "sglang"])
+def test_serve_exits_130_on_sigint(tmp_path: Path, framework: list[str]) -> None:
+    w = Watch(start(tmp_path, "serve", *framework, "--json"))
+    _ready_line(w)
+    w.poll()
+    w.proc.send_signal(signal.SIGINT)
+    code, _out, err = finish(w, timeout=60)
+    assert code == 130, err[-2000:]
+    assert not error_lines(err), err
+    assert_clean(w, tmp_path, err)

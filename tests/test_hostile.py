@@ -67,12 +67,30 @@ srv.bind(("127.0.0.1", 0))
 srv.listen(16)
 print(srv.getsockname()[1], flush=True)
 HEAD = b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n"
+if kind.startswith("sg"):  # an SGLang bootstrap server: arg {"info": {...}, "rank": {...}} over 0.5.23's answers
+    sg = json.loads(arg)
+    info = {"attn_tp_size": 1, "attn_cp_size": 1, "dp_size": 1, "pp_size": 1, "page_size": 16,
+            "kv_cache_dtype": "auto", "follow_bootstrap_room": True, "enable_dsa_cache_layer_split": False,
+            "dsv41_spec_layout": None, "kv_layout": None, "decode_allocation_policy": "early",
+            "enable_kv_cache_sharding": False, "prefill_http_port": None, "target_tp_rank": None,
+            "target_tp_ranks": None, "target_cp_ranks": None, "target_pp_ranks": None,
+            "required_dst_info_num": None, "required_prefill_response_num": None}
+    info = sg["info"] if sg.get("replace") else {**info, **sg.get("info", {})}
+    info = {k: v for k, v in info.items() if v != "<drop>"}
+    rank = {k: v for k, v in {"rank_ip": "127.0.0.1", "rank_port": 9, **sg.get("rank", {})}.items() if v != "<drop>"}
 while True:
     c, _ = srv.accept()
     try:
-        if kind != "tcp-garbage":
+        if kind not in ("tcp-garbage",) and not kind.startswith("sg"):
             c.recv(65536)
-        if kind == "tcp-garbage":  # not ZMTP, not HTTP
+        if kind.startswith("sg"):
+            line = c.recv(65536).split(b"\r\n", 1)[0].decode()
+            whole = "=-1" in line and "=0" not in line and "=1" not in line
+            if kind == "sg-slow" and not whole:
+                time.sleep(3)  # every rank answers, slowly
+            body = json.dumps(info if whole else rank).encode()
+            c.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        elif kind == "tcp-garbage":  # not ZMTP, not HTTP
             c.sendall(bytes(range(256)) * 64)
         elif kind == "http-junk":
             c.sendall(b"\x00\x01 garbage, not HTTP\r\n\r\n")
@@ -298,9 +316,37 @@ def test_prefill_endpoint_against_hostile_frames(kind, arg, code):
      "--inject", "corrupt:P0:99:999999999"),
     ("handshake", "--prefill-blocks", "64", "--decode-blocks", "64", "--vllm", "0.9.1", "--no-transfer",
      "--inject", "corrupt:P0:0:64"),
+    ("requests", "--vllm", "0.9.2", "--rate", "1e-300"),
+    ("requests", "--vllm", "0.9.2", "--rate", "nan"),
+    # output paths, before anything starts: a missing directory, a directory, a directory not writable
+    ("requests", "--vllm", "0.9.2", "--plot", "/nonexistent-dir/x.png"),
+    ("transfer-bench", "--plot", "/nonexistent-dir/x.png"),
+    ("transfer-bench", "--plot", "/proc/x.png"),
+    ("smoke", "tests/data", "--junit", "/nonexistent-dir/x.xml"),
+    ("smoke", "tests/data", "--junit", "/tmp"),
+    ("smoke", "tests/data", "--junit", "/proc/x.xml"),
 ])
 def test_bad_numbers_and_forms_exit_2(args):
     contract(run(*args), 2, within_s=15, rss_mb=300)
+
+
+@pytest.mark.parametrize("stdout", ["closed-pipe", "closed"])
+def test_a_closed_stdout_keeps_the_runs_exit_code(stdout):
+    """`pdcheck ... --json | head -c1`, or stdout closed: the run's own code (0 here), no traceback, nothing
+    on stderr."""
+    args = [sys.executable, "-m", "pdcheck", "handshake", "--prefill-blocks", "64", "--decode-blocks", "64",
+            "--vllm", "0.9.2", "--no-transfer", "--json"]
+    if stdout == "closed":
+        proc = subprocess.run(args, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              timeout=120, preexec_fn=lambda: os.close(1))
+    else:
+        proc = subprocess.Popen(args, cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.read(1) == b"{"
+        proc.stdout.close()  # the reader goes away before the rest of the document
+        proc.stderr = proc.stderr.read()  # type: ignore[assignment]
+        proc.wait(120)
+    assert proc.returncode == 0, proc.stderr
+    assert not proc.stderr, proc.stderr
 
 
 def test_ipv6_endpoint_in_brackets_is_read_as_host_and_port():
@@ -492,3 +538,116 @@ def _free_run(base: int, n: int) -> bool:
     finally:
         for s in socks:
             s.close()
+
+
+# ---------------------------------------------------------------------- SGLang's bootstrap server, hostile
+# The same contract for SGLang's peer: an HTTP bootstrap server (GET /route) that is not HTTP, too slow, or
+# advertises values of the wrong type or range. Every case is exit 2 (the flag or URL) or 3 (the peer).
+B3 = {"replace": True, "info": {"prefill_attn_tp_size": 10**12, "prefill_dp_size": 1, "prefill_pp_size": 1}}
+SG_VALUES = [  # (the peer's answers, the field the error names)
+    ({"info": {"attn_tp_size": 2**70}}, "attn_tp_size = 1180591620717411303424"),
+    ({"info": {"attn_tp_size": 0}}, "attn_tp_size = 0"),
+    ({"info": {"attn_tp_size": "2"}}, "attn_tp_size = 2"),
+    ({"info": {"attn_tp_size": 2.5}}, "attn_tp_size = 2.5"),
+    ({"info": {"attn_tp_size": None}}, "attn_tp_size = None"),
+    ({"info": {"attn_tp_size": [1]}}, "attn_tp_size = [1]"),
+    ({"info": {"attn_tp_size": -4}}, "attn_tp_size = -4"),
+    ({"info": {"attn_tp_size": True}}, "attn_tp_size = True"),
+    ({"info": {"attn_tp_size": 10**9}}, "attn_tp_size = 1000000000"),
+    ({"info": {"pp_size": 10**9}}, "pp_size = 1000000000"),
+    ({"info": {"pp_size": "x"}}, "pp_size = x"),
+    ({"info": {"pp_size": 0}}, "pp_size = 0"),
+    ({"info": {"pp_size": -1}}, "pp_size = -1"),
+    ({"info": {"dp_size": "x"}}, "dp_size = x"),
+    ({"info": {"dp_size": 0}}, "dp_size = 0"),
+    ({"info": {"dp_size": -3}}, "dp_size = -3"),
+    ({"info": {"dp_size": 1.5}}, "dp_size = 1.5"),
+    ({"info": {"dp_size": 10**30}}, "dp_size = 1000000000000000000000000000000"),
+    ({"info": {"kv_cache_dtype": "k" * 60000}}, "kv_cache_dtype = kkkk"),
+    ({"rank": {"rank_port": "abc"}}, "rank_port = abc"),
+    ({"rank": {"rank_port": "<drop>"}}, "rank_port is missing"),
+    ({"rank": {"rank_port": 10**30}}, "rank_port = 1000000000000000000000000000000"),
+    ({"rank": {"rank_ip": "<drop>"}}, "rank_ip is missing"),
+    (B3, "prefill_attn_tp_size = 1000000000000"),
+]
+
+
+@pytest.mark.parametrize(("answers", "says"), SG_VALUES, ids=[s.split(" ")[0] + f"-{i}" for i, (_a, s) in
+                                                               enumerate(SG_VALUES)])
+def test_sglang_probe_refuses_advertised_values_out_of_bounds(answers, says):
+    with peer("sg", json.dumps(answers)) as port:
+        r = run("probe", f"http://127.0.0.1:{port}", "--sglang", "auto", "--timeout", "5")
+    contract(r, 3, within_s=20, says=says)
+    assert not r.out  # the reason is on stderr, nothing on stdout
+
+
+@pytest.mark.parametrize(("kind", "says"), [
+    ("http-junk", "not an HTTP answer"),
+    ("tcp-garbage", "bootstrap server"),
+    ("http-trickle-head", "did not finish answering within 1 s"),
+    ("http-trickle-body", "did not finish answering within 1 s"),
+    ("http-never", "did not finish answering within 1 s"),
+    ("http-endless", "a body over"),
+])
+def test_sglang_probe_is_bounded_against_a_peer_that_is_not_http_or_slow(kind, says):
+    with peer(kind) as port:
+        r = run("probe", f"http://127.0.0.1:{port}", "--sglang", "auto", "--timeout", "1")
+    contract(r, 3, within_s=10, says=says)
+
+
+def test_sglang_probe_timeout_bounds_the_whole_walk():
+    # 64 ranks, each answering after 3 s: one walk, and --timeout 2 ends it (not 64 x 3 s, nor twice that).
+    with peer("sg-slow", json.dumps({"info": {"attn_tp_size": 64}})) as port:
+        r = run("probe", f"http://127.0.0.1:{port}", "--sglang", "auto", "--timeout", "2")
+    contract(r, 3, within_s=12, says="did not finish answering within 2 s")
+
+
+def test_sglang_probe_nothing_listening_says_why_on_stderr():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connection refused
+        r = run("probe", f"http://127.0.0.1:{port}", "--sglang", "auto", "--timeout", "1")
+    contract(r, 3, within_s=10, says="no SGLang bootstrap answer")
+    assert not r.out
+
+
+@pytest.mark.parametrize("args", [
+    ("--timeout", "nan"), ("--timeout", "inf"), ("--timeout", "1e300"), ("--timeout", "0"),
+])
+def test_sglang_probe_bad_timeout_exits_2(args):
+    contract(run("probe", "http://127.0.0.1:8998", "--sglang", "auto", *args), 2, within_s=10, says="--timeout")
+
+
+@pytest.mark.parametrize("url", ["http://[::1", "http://[::1]:99999", "ftp://127.0.0.1:1"])
+def test_sglang_bad_urls_exit_2(url):
+    contract(run("probe", url, "--sglang", "auto"), 2, within_s=10)
+    contract(run("handshake", "--sglang", "0.5.23", "--prefill-endpoint", url), 2, within_s=15)
+
+
+def test_sglang_probe_renders_a_long_peer_string_at_once():
+    # A 60,000-character value the bounds allow to pass (an extra key of 0.4.6's rank answer) is printed cut,
+    # without markup or rich's highlighter.
+    answers = {"replace": True, "info": {}, "rank": {"agent_name": "[bold]" + "9." * 30000}}
+    with peer("sg", json.dumps(answers)) as port:
+        r = run("probe", f"http://127.0.0.1:{port}", "--sglang", "0.4.6.post1", "--timeout", "5")
+    contract(r, 1 if r.code == 1 else 0, within_s=15)
+    assert "(60006 characters)" in r.out and max(len(ln) for ln in r.out.splitlines()) < 2000
+
+
+@pytest.mark.parametrize(("kind", "answers", "says"), [
+    ("http-junk", None, "not an HTTP answer"),
+    ("http-trickle-head", None, "no complete answer"),
+    ("sg", {"info": {"attn_tp_size": 10**9}}, "attn_tp_size = 1000000000"),
+    ("sg", {"rank": {"rank_port": "abc"}}, "rank_port = abc"),
+    ("sg-slow", {"info": {"attn_tp_size": 64}}, "no complete answer within 2 s"),  # 64 ranks, 3 s each
+])
+def test_sglang_prefill_endpoint_against_a_hostile_bootstrap_server(kind, answers, says):
+    with peer(kind, json.dumps(answers) if answers else "") as port:
+        r = run("handshake", "--sglang", "0.5.23", "--prefill-endpoint", f"http://127.0.0.1:{port}",
+                "--hang-timeout", "2")
+    contract(r, 3, within_s=30, rss_mb=600, says=says)
+
+
+@pytest.mark.parametrize("duration", ["nan", "inf", "1e300", "0"])
+def test_sglang_serve_bad_duration_exits_2(duration):
+    contract(run("serve", "--sglang", "0.5.23", "--duration", duration), 2, within_s=10, says="--duration")

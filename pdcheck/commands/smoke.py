@@ -47,6 +47,7 @@ def register(app: typer.Typer) -> None:
         from pdcheck.scenario import BUNDLED
 
         bounds.check_timeouts(hang_timeout)
+        bounds.check_out_file("--junit", junit)  # before anything runs
         rep = sm.run(directory if directory is not None else BUNDLED,
                      SmokeOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
         if junit is not None:

@@ -30,6 +30,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck import bounds
 from pdcheck.errors import BadInput
 from pdcheck.requests import faults as fl
 from pdcheck.requests.lines import POLICIES, Lifecycle, line_of, with_policy
@@ -40,6 +41,7 @@ from pdcheck.requests.run import Options
 
 MAX_REQUESTS = 5000
 MAX_RATE = 10_000.0
+MIN_RATE = bounds.MIN_RATE  # 1e-300 would put the second arrival past any timeout
 MAX_POOL = 4096
 MAX_BLOCKS_PER_REQUEST = 64
 MAX_LEASE_S = 600.0
@@ -111,7 +113,7 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         return f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{where}: [requests]"
 
     n = int(_number(src("requests"), "requests", vals.get("requests", 8), 1, MAX_REQUESTS, True))
-    rate = float(_number(src("rate"), "rate", vals.get("rate", 10.0), 0, MAX_RATE, False))
+    rate = float(_number(src("rate"), "rate", vals.get("rate", 10.0), MIN_RATE, MAX_RATE, False))
     lease = vals.get("lease")
     if lease is not None:
         lease = float(_number(src("lease"), "lease", lease, 0, MAX_LEASE_S, False))

@@ -11,9 +11,12 @@ import json
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import parse_qsl, urlsplit
 
+import msgspec
+
+from pdcheck import bounds, netio
 from pdcheck.sglang.releases.base import HETERO_TP_ASSERT, NOT_REGISTERED_503, SglangRelease
 
 MAX_BODY = 64 * 1024  # a PUT /route body is a few hundred bytes
@@ -192,40 +195,39 @@ class Server:
         self.httpd.server_close()
 
 
-def http_get(host: str, port: int, timeout_s: float = 5.0) -> Get:
-    """A D rank's GET /route (SGLang uses requests; urllib here), answering (status, body)."""
-    import urllib.error
-    import urllib.request
+def http_get(host: str, port: int, timeout_s: float = 5.0, deadline: float | None = None) -> Get:
+    """A D rank's GET /route (SGLang uses requests), answering (status, body): one bounded exchange each
+    (pdcheck.netio: lookup, connect, headers and body within timeout_s, and before `deadline` when given).
+    No connection is status 0 and the reason, as requests names it (D retries it); a peer that does not
+    speak HTTP, answers too slowly or too much raises netio.PeerError (exit 3)."""
     from urllib.parse import urlencode
 
+    base = f"http://{_bracket(host)}:{port}/route"
+
     def get(q: dict[str, int]) -> tuple[int, str]:
-        url = f"http://{host}:{port}/route?{urlencode(q)}"
         try:
-            with urllib.request.urlopen(url, timeout=timeout_s) as r:
-                return r.status, r.read(MAX_BODY).decode(errors="replace")
-        except urllib.error.HTTPError as e:
-            return e.code, e.read(MAX_BODY).decode(errors="replace")
-        except urllib.error.URLError as e:  # nothing listens, DNS, ...: the reason, as requests would name it
-            return 0, f"{type(e.reason).__name__}: {e.reason}" if isinstance(e.reason, OSError) else str(e.reason)
-        except OSError as e:
-            return 0, f"{type(e).__name__}: {e}"
+            st, body = netio.http_exchange(f"{base}?{urlencode(q)}", timeout_s, MAX_BODY, deadline=deadline)
+        except netio.Unreachable as e:
+            return 0, f"ConnectionError: {e}"
+        except netio.PeerError as e:
+            raise type(e)(f"the bootstrap server {host}:{port}: {e}") from None
+        return st, body.decode(errors="replace")
 
     return get
 
 
 def http_put(host: str, port: int, body: dict[str, Any], timeout_s: float = 5.0) -> tuple[int, str]:
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(f"http://{host}:{port}/route", data=json.dumps(body).encode(), method="PUT",
-                                 headers={"Content-Type": "application/json"})
+    """A P rank's PUT /route; (0, reason) when the exchange fails."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as r:
-            return r.status, r.read(MAX_BODY).decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return e.code, e.read(MAX_BODY).decode(errors="replace")
-    except OSError as e:
+        st, text = netio.http_exchange(f"http://{_bracket(host)}:{port}/route", timeout_s, MAX_BODY, method="PUT",
+                                       body=json.dumps(body).encode())
+    except netio.PeerError as e:
         return 0, f"{type(e).__name__}: {e}"
+    return st, text.decode(errors="replace")
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
 
 
 # ------------------------------------------------------------------------------------------ D's discovery
@@ -235,6 +237,40 @@ class Found:
     def __init__(self, targets: list[tuple[int, str, int]], info: dict[str, Any], required: int,
                  warning: str | None) -> None:
         self.targets, self.info, self.required, self.warning = targets, info, required, warning
+
+
+class RankEntry(msgspec.Struct):
+    """What D reads of one P rank's GET /route answer."""
+
+    rank_ip: bounds.PeerStr
+    rank_port: bounds.PeerPort
+
+
+class ServerInfo(msgspec.Struct):
+    """What D of B5+ reads of the parallel-info answer (PrefillServerInfo), bounded before it sizes anything."""
+
+    attn_tp_size: bounds.PeerTp
+    pp_size: bounds.PeerPp
+    page_size: bounds.PeerPageSize | None = None
+    kv_cache_dtype: bounds.PeerStr | None = None
+    dp_size: bounds.PeerDp | None = None
+
+
+_WholeTp = Annotated[int, msgspec.Meta(ge=1, le=bounds.HARD_MAX_TP * (bounds.MAX_DP_RANK + 1))]
+
+
+class ParallelInfo(msgspec.Struct):
+    """B2-B4's parallel info after the release's own int() of each value (prefill_tp_size: B2's whole TP,
+    attention TP times DP)."""
+
+    prefill_tp_size: _WholeTp | None = None
+    prefill_attn_tp_size: bounds.PeerTp | None = None
+    prefill_pp_size: bounds.PeerPp | None = None
+    prefill_page_size: bounds.PeerPageSize | None = None
+    prefill_dp_size: bounds.PeerDp | None = None
+
+
+WHERE = "P's bootstrap server advertises"
 
 
 def _json(text: str) -> Any:
@@ -257,7 +293,8 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
             # logs "Could not fetch bootstrap info for engine rank: E", then asserts (R1 nixl/conn.py:417)
             raise DiscoveryError("AssertionError", f"assert self.bootstrap_info is not None (Could not fetch "
                                  f"bootstrap info for engine rank: {tp_rank}; HTTP {st} {text[:80]})")
-        return Found([(tp_rank, str(e.get("rank_ip")), int(e.get("rank_port", 0)))], e, 1, None)
+        at = bounds.peer_doc(e, RankEntry, f"{WHERE} for engine rank {tp_rank}")
+        return Found([(tp_rank, at.rank_ip, at.rank_port)], e, 1, None)
     q = {k: -1 for k in rel.rank_query}
     st, text = get(q)
     info = _json(text) if st == 200 else None
@@ -280,8 +317,9 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
                    f"{'s' if len(missing) > 1 else ''}: {', '.join(repr(k) for k in missing)}")
             raise DiscoveryError("TypeError", f"Error fetching prefill server info from bootstrap: {why}", retry=True,
                                  info=True)
-        p_tp, p_pp, p_page, p_dtype = info["attn_tp_size"], info["pp_size"], info["page_size"], info["kv_cache_dtype"]
-        p_dp = info.get("dp_size") or 1
+        si = bounds.peer_doc(info, ServerInfo, WHERE)
+        p_tp, p_pp, p_page, p_dtype = si.attn_tp_size, si.pp_size, si.page_size, si.kv_cache_dtype
+        p_dp = si.dp_size or 1
     else:
         keys = {"B2": ("prefill_tp_size",), "B3": ("prefill_attn_tp_size", "prefill_pp_size"),
                 "B4": ("prefill_attn_tp_size", "prefill_pp_size", "prefill_page_size")}[b]
@@ -299,8 +337,13 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
                 raise DiscoveryError("AttributeError", "'NixlKVReceiver' object has no attribute 'bootstrap_infos'"
                                      f" (Error fetching prefill parallel info from bootstrap: {err})")
             raise DiscoveryError("Failed", f"Could not fetch prefill parallel info from bootstrap_addr: {addr}")
-        p_dp = info.get("prefill_dp_size") or 1 if isinstance(info, dict) else 1
+        pi = bounds.peer_doc({"prefill_dp_size": info.get("prefill_dp_size") if isinstance(info, dict) else None,
+                         **dict(zip(keys, vals, strict=True))}, ParallelInfo, WHERE)
+        p_dp = pi.prefill_dp_size or 1
         p_tp = vals[0] // p_dp if b == "B2" else vals[0]  # B2 advertises the whole tp_size
+        if not 1 <= p_tp <= bounds.HARD_MAX_TP:
+            raise netio.PeerError(f"{WHERE}: prefill_tp_size {vals[0]} over prefill_dp_size {p_dp}: "
+                                  f"{p_tp} ranks per DP group (1 to {bounds.HARD_MAX_TP})")
         p_pp = vals[1] if len(vals) > 1 else 1
         p_page = vals[2] if len(vals) > 2 else None
         p_dtype = None
@@ -338,5 +381,19 @@ def discover(rel: SglangRelease, get: Get, *, tp_rank: int, tp_size: int, pp_siz
                                          retry=st == 503)
                 raise DiscoveryError("AssertionError", f"assert len(self.bootstrap_infos) > 0 (HTTP {st} from "
                                      f"GET /route for P rank {r})")
-            targets.append((r, str(e["rank_ip"]), int(e["rank_port"])))
+            at = bounds.peer_doc(e, RankEntry, f"{WHERE} for P rank {r} (pp {pp})")
+            targets.append((r, at.rank_ip, at.rank_port))
     return Found(targets, info if isinstance(info, dict) else {}, required, warning)
+
+
+def vet(get: Get, d_releases: list[SglangRelease], side: Any, addr: str) -> None:
+    """Run each decode release's discovery for every D rank of `side` against a live bootstrap server (GETs
+    only), before any rank starts: netio.PeerError (exit 3, one line) for an answer out of bounds. What the
+    release itself would do with the answers (DiscoveryError) is left to the ranks to show."""
+    for rel in d_releases:
+        for r in range(side.tp_size):
+            try:
+                discover(rel, get, tp_rank=r, tp_size=side.tp_size, pp_size=side.pp_size, page_size=side.page_size,
+                         kv_cache_dtype=side.kv_cache_dtype, mla=side.mla, addr=addr)
+            except DiscoveryError:
+                pass

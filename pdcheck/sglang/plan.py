@@ -78,6 +78,12 @@ def build(sc: SgScenario, sglang: str | None, options: SgOptions, live: LiveBoot
                                f"http://{live.host}:{live.port}/route")
     d_own = resolve(sc.decode.sglang, f"{sc.source}: decode.sglang") if sc.decode.sglang else None
     pairs = [Pair(r.name, p_own or r, d_own or r) for r in rels]
+    if live is not None:  # what the live P advertises is bounded here, before a D rank sizes anything by it
+        from pdcheck.netio import deadline_in
+        from pdcheck.sglang import bootstrap as bs
+
+        get = bs.http_get(live.host, live.port, options.hang_timeout_s, deadline_in(options.hang_timeout_s))
+        bs.vet(get, [pr.d for pr in pairs], sc.decode.side(), f"{live.host}:{live.port}")  # within one hang timeout
     for pair in pairs:
         if sc.prefill.dp_size > 1 and pair.p.bootstrap == "B1":
             raise BadInput(f"{sc.source}: prefill.dp_size: SGLang {pair.p.name} has no DP mapping (PR #5681, 0.4.7)")

@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 import msgspec
 
-from pdcheck.errors import BadInput
+from pdcheck import bounds, netio
+from pdcheck.errors import BadInput, HarnessError
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang.engine import Side, ensure_failed
 from pdcheck.sglang.releases import MODELLED, resolve
@@ -55,7 +56,10 @@ class SgProbeReport(msgspec.Struct):
 def parse_url(text: str) -> tuple[str, int]:
     """http://HOST:PORT[/...] or HOST:PORT of the bootstrap server."""
     t = text.strip()
-    url = urlsplit(t if "://" in t else f"http://{t}")
+    try:
+        url = urlsplit(t if "://" in t else f"http://{t}")
+    except ValueError as exc:  # e.g. "http://[::1": Invalid IPv6 URL
+        raise BadInput(f"--sglang probe: {text!r} is not http://HOST:PORT ({exc})") from None
     if url.scheme != "http":
         raise BadInput(f"--sglang probe: {text!r}: the bootstrap server speaks plain HTTP (http://HOST:PORT)")
     try:
@@ -111,11 +115,27 @@ def layout(rel: SglangRelease, info: dict[str, Any]) -> tuple[int, int]:
     return num("attn_tp_size", "prefill_attn_tp_size", "prefill_tp_size"), num("pp_size", "prefill_pp_size")
 
 
-def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRelease], decode: Side,
+def run(host: str, port: int, p_release: str | None, d_text: str | None, decode: Side,
         timeout_s: float = 2.0) -> SgProbeReport:
-    get = bs.http_get(host, port, timeout_s)
+    """Recognise the era, walk P's ranks once and run each decode release's discovery against the answers,
+    every exchange within one deadline of timeout_s for the whole probe. HarnessError (exit 3) when nothing
+    answers as an SGLang bootstrap server, the answers do not finish in time, or a value is out of bounds."""
+    from pdcheck.sglang.releases import resolve_many
+
+    endpoint = f"http://{_bracket(host)}:{port}"
+    get = bs.http_get(host, port, timeout_s, netio.deadline_in(timeout_s))
+    try:
+        return _run(get, endpoint, f"{host}:{port}", p_release, d_text, decode, resolve_many)
+    except netio.ReplyTimeout:
+        raise HarnessError(f"probe --sglang: {endpoint} did not finish answering within {timeout_s:g} s "
+                           "(--timeout bounds the whole probe)") from None
+    except netio.PeerError as exc:
+        raise HarnessError(f"probe --sglang: {exc}") from None
+
+
+def _run(get: bs.Get, endpoint: str, addr: str, p_release: str | None, d_text: str | None, decode: Side,
+         resolve_many: Any) -> SgProbeReport:
     notes: list[str] = []
-    endpoint = f"http://{host}:{port}"
     rel, info, why = recognise(get)
     if p_release is not None:
         named = resolve(p_release)
@@ -124,10 +144,13 @@ def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRele
                          f"{named.bootstrap}")
         rel = named if rel is None or rel.bootstrap == named.bootstrap else rel
     if rel is None:
-        return SgProbeReport("sglang", endpoint, None, None, {}, [], [], [
-            f"no SGLang bootstrap answer at {endpoint}/route ({why or 'nothing understood'})"], exit_code([], harness=True))
+        raise HarnessError(f"probe --sglang: no SGLang bootstrap answer at {endpoint}/route "
+                           f"({bounds.peer_text(why or 'nothing understood', 120)})")
+    if rel.bootstrap in ("B5", "B6") and info:
+        bounds.peer_doc(info, bs.ServerInfo, bs.WHERE)  # before layout() sizes the walk
+    d_releases = resolve_many(d_text or rel.name, "--decode-sglang")
     if why:
-        notes.append(f"not every P rank has registered yet: {why}")
+        notes.append(f"not every P rank has registered yet: {bounds.peer_text(why, 120)}")
     ranks: list[ProbeRank] = []
     tp, pp = layout(rel, info)
     if rel.bootstrap == "B1":
@@ -143,19 +166,21 @@ def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRele
                 doc = _as_json(text)
                 if rel.bootstrap == "B1" and st != 200:
                     break
-                ok = st == 200 and isinstance(doc, dict)
-                ranks.append(ProbeRank(t, p, st, str(doc.get("rank_ip")) if ok else None,
-                                       doc.get("rank_port") if ok and isinstance(doc.get("rank_port"), int) else None))
+                if st == 200 and isinstance(doc, dict):
+                    at = bounds.peer_doc(doc, bs.RankEntry, f"{bs.WHERE} for P rank {t} (pp {p})")
+                    ranks.append(ProbeRank(t, p, st, at.rank_ip, at.rank_port))
+                else:
+                    ranks.append(ProbeRank(t, p, st))
     checks: list[DecodeCheck] = []
     for d_rel in d_releases:
         for r in range(decode.tp_size):
             try:
                 found = bs.discover(d_rel, get, tp_rank=r, tp_size=decode.tp_size, pp_size=decode.pp_size,
                                     page_size=decode.page_size, kv_cache_dtype=decode.kv_cache_dtype, mla=decode.mla,
-                                    addr=f"{host}:{port}")
+                                    addr=addr)
             except bs.DiscoveryError as e:
                 if e.info and d_rel.ensure_retries is not None:  # the verdict engine.decide gives it
-                    checks.append(DecodeCheck(d_rel.name, r, "error", ensure_failed(d_rel, f"{host}:{port}", "R",
+                    checks.append(DecodeCheck(d_rel.name, r, "error", ensure_failed(d_rel, addr, "R",
                                                                                    e.message).message))
                     continue
                 status = "hang" if e.retry else "assert" if e.exc == "AssertionError" else "error"
@@ -168,30 +193,42 @@ def run(host: str, port: int, p_release: str | None, d_releases: list[SglangRele
         contacted=c.p_ranks) for c in checks])
 
 
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def render(rep: SgProbeReport, console: Any) -> None:
+    """The report as tables. Every string a peer sent is printed cut to bounds.MAX_PEER_STR, as plain text:
+    no markup, no highlighter (rich's regex highlighter takes minutes over a 60,000-character value)."""
     from rich.markup import escape
     from rich.table import Table
 
-    console.print(f"SGLang bootstrap server {escape(rep.endpoint)}: era {rep.era or '-'} "
-                  f"(as {escape(rep.p_release or '-')})")
+    def cell(v: Any) -> str:
+        return bounds.peer_text(v)
+
+    console.print(f"SGLang bootstrap server {rep.endpoint}: era {rep.era or '-'} (as {rep.p_release or '-'})",
+                  markup=False, highlight=False)
     if rep.info:
-        console.print("  " + ", ".join(f"{k}={v}" for k, v in rep.info.items() if v is not None), markup=False)
+        console.print("  " + ", ".join(f"{cell(k)}={cell(v)}" for k, v in rep.info.items() if v is not None),
+                      markup=False, highlight=False)
     if rep.ranks:
-        t = Table(title="P ranks (GET /route)")
+        t = Table(title="P ranks (GET /route)", highlight=False)
         for col in ("tp", "pp", "HTTP", "rank_ip", "rank_port"):
             t.add_column(col)
         for r in rep.ranks:
-            t.add_row(str(r.tp_rank), str(r.pp_rank), str(r.status), r.rank_ip or "-", str(r.rank_port or "-"))
+            t.add_row(str(r.tp_rank), str(r.pp_rank), str(r.status), escape(cell(r.rank_ip or "-")),
+                      str(r.rank_port or "-"))
         console.print(t)
     if rep.decode:
-        t = Table(title="what a decode would do (its discovery and checks; no frame sent)")
+        t = Table(title="what a decode would do (its discovery and checks; no frame sent)", highlight=False)
         for col in ("decode", "D", "verdict", "detail"):
             t.add_column(col)
         for c in rep.decode:
-            t.add_row(c.d_release, str(c.d_rank), c.status, escape(c.message or f"targets P ranks {c.p_ranks}"))
+            t.add_row(c.d_release, str(c.d_rank), c.status,
+                      escape(cell(c.message or f"targets P ranks {c.p_ranks}")))
         console.print(t)
     for n in rep.notes:
-        console.print(f"[yellow]note:[/] {escape(n)}")
+        console.print(f"[yellow]note:[/] {escape(cell(n))}", highlight=False)
 
 
 def probe_report(endpoint: str, p_release: str, decode_releases: str | None, scenario: Any,
@@ -201,12 +238,9 @@ def probe_report(endpoint: str, p_release: str, decode_releases: str | None, sce
     from pdcheck.sglang.scenario import load
 
     host, port = parse_url(endpoint)
-    if timeout_s <= 0:
-        raise BadInput("--timeout must be positive")
+    bounds.check_seconds("--timeout", timeout_s, bounds.PROBE_TIMEOUT_S)
     named = None if p_release.strip() == "auto" else resolve(p_release).name
+    if decode_releases is not None:
+        resolve_many(decode_releases, "--decode-sglang")  # bad input before any request
     decode = load(scenario).decode.side() if scenario is not None else Side()
-    d_text = decode_releases or named
-    rep = run(host, port, named, [], decode, timeout_s)
-    if rep.p_release is not None:
-        rep = run(host, port, named, resolve_many(d_text or rep.p_release, "--decode-sglang"), decode, timeout_s)
-    return rep
+    return run(host, port, named, decode_releases or named, decode, timeout_s)

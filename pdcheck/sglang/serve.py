@@ -4,13 +4,13 @@ with SERVE_TAG when a room asks for them; P serves a room from the same page ids
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from typing import Any
 
 import msgspec
 
+from pdcheck import bounds, lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orch
 from pdcheck.envelope import write_json
@@ -37,17 +37,14 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
     rel = resolve(release)
     if port is not None and not 1024 <= port <= 65535:
         raise BadInput(f"--port: {port} is outside 1024-65535")
-    if duration_s is not None and duration_s <= 0:
-        raise BadInput("--duration must be positive")
+    if duration_s is not None:
+        bounds.check_seconds("--duration", duration_s, bounds.SERVE_DURATION_S)  # nan, inf, 1e300 are bad input
     sc = load(scenario) if scenario is not None else load(None)
     p = sc.prefill.side()
     try:
         server = bs.Server(bs.Table(rel, p.tp_size), port=port or 0)
     except OSError as exc:
         raise BadInput(f"--port: cannot bind 127.0.0.1:{port}: {exc.strerror}") from None
-    stop: dict[str, str] = {}
-    old = {s: signal.signal(s, lambda signum, _f: stop.setdefault("why", signal.Signals(signum).name))
-           for s in (signal.SIGTERM, signal.SIGINT)}
     finals: dict[int, PFinal] = {}
     try:
         with launcher(None) as lau:
@@ -61,20 +58,20 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
             else:
                 print(f"serving SGLang {rel.name} prefill: bootstrap {doc.bootstrap_url}, {p.tp_size} P rank(s), "
                       f"page_size {p.page_size}", flush=True)
-            end = time.monotonic() + duration_s if duration_s else None
-            while "why" not in stop and (end is None or time.monotonic() < end):
-                time.sleep(0.05)
-            orch.send_all(ranks, m.Stop())
-            got = orch.gather(lau, ranks, m.FrameworkFinal, 30.0, orch.Stage(
-                "{rank} failed: {error}", "{rank} died while serving: it {ended}", "{ranks} did not stop", 30.0),
-                ended_ok=True)
+            # A signal stops the loop (the exit is still 130, 143 or 129: lifecycle.exit_code), then the ranks.
+            with lifecycle.signals_recorded() as signalled:
+                end = time.monotonic() + duration_s if duration_s else None
+                while signalled() is None and (end is None or time.monotonic() < end):
+                    time.sleep(0.05)
+                orch.send_all(ranks, m.Stop())
+                got = orch.gather(lau, ranks, m.FrameworkFinal, 30.0, orch.Stage(
+                    "{rank} failed: {error}", "{rank} died while serving: it {ended}", "{ranks} did not stop",
+                    30.0), ended_ok=True)
             finals = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got.items()}
     except HarnessError:
         raise
     finally:
         server.close()
-        for s, h in old.items():
-            signal.signal(s, h)
     for r, f in sorted(finals.items()):
         print(f"P rank {r}: {f.writes} WRITE requests, registered {len(f.registered)} decode agent(s)"
               + (f", listener died: {f.listener_dead}" if f.listener_dead else "")
