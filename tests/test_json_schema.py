@@ -106,11 +106,11 @@ def test_handshake_vllm_dp_rank_ids() -> None:
 
 
 def test_handshake_sglang() -> None:
-    p = cli("handshake", "sglang-page-size-mismatch", "--sglang", "0.5.3,0.5.8", "--json")
+    p = cli("handshake", "sglang-kv-dtype-mismatch", "--sglang", "0.5.8,0.5.13", "--json")
     rep = doc(p, SgReport, "handshake", "sglang")
     one_shape(rep.verdicts)
-    assert [(v.release, v.rank, v.status) for v in rep.verdicts] == [("0.5.3", "D0", "silent"),
-                                                                      ("0.5.8", "D0", "error")]
+    assert [(v.release, v.rank, v.status) for v in rep.verdicts] == [("0.5.8", "D0", "silent"),
+                                                                      ("0.5.13", "D0", "error")]
     assert rep.verdicts[0].proof is not None and rep.verdicts[0].proof.wrong > 0
     assert p.returncode == 1 == verdict.exit_code_of(rep.verdicts)
     assert {r: [v.status for v in rep.verdicts if v.release == r] for r in rep.matrix} == rep.matrix
