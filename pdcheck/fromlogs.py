@@ -15,7 +15,7 @@ What each release line prints, as read from the release wheels (no vLLM code is 
 * 0.9.1 - 0.10.x: per worker, INFO `Registering KV_Caches: use_mla: .., num_blocks: N, block_shape:
   torch.Size([block_size, kv_heads_per_rank, head_dim]), per_layer_kv_cache_shape: torch.Size([...])`
   (0.10.1+: `Registering KV_Caches. use_mla: .., kv_buffer_device: .., use_host_buffer: .., num_blocks: ...`).
-  That is each rank's *tensor* count, which is what the connector used (reference §4.1).
+  That is each rank's *tensor* count, which is what the connector used (docs/vllm-protocol.md §4.1).
 * 0.9.0: that line is DEBUG only. 0.11.0+: it no longer carries num_blocks or shapes. Those releases give the
   engine's logical count only, per engine: `GPU KV cache size: N tokens` (N = num_blocks * block_size;
   from about 0.3x `GPU KV cache size: N tokens, Maximum concurrency ...`, where N is derived from the

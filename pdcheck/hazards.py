@@ -1,4 +1,4 @@
-"""The hazard catalogue (reference §11) and a pure evaluation of a scenario against it.
+"""The hazard catalogue (docs/vllm-protocol.md §11) and a pure evaluation of a scenario against it.
 
 `evaluate` looks only at the scenario's facts (both instances' per-rank counts, TP sizes, geometry, layout,
 backend, engine ids, kv_transfer_params, device ids) and at what each release model *is* (its flow, wire era
@@ -55,7 +55,7 @@ CATALOGUE: dict[str, str] = {
     "H28": "P/D both correct but KV semantically stale",
 }
 
-# Shapes beyond one TP group (issue #17) that reference §11 has no row for; listed only when they apply.
+# Shapes beyond one TP group (issue #17) that docs/vllm-protocol.md §11 has no row for; listed only when they apply.
 SHAPE_CATALOGUE: dict[str, str] = {
     "X01": "pipeline parallel stages",
     "X10": "hybrid KV-cache groups (sliding window, Mamba/SSM)",
@@ -742,7 +742,7 @@ def _h18(f: Facts, rels: Rels) -> Hazard:
             effects[rel.name] = f"RuntimeError: {msg_engine_id(exp, f.p.engine_id)}"
         else:
             # _remote_agents gets the expected id, but _tp_size/dst_num_blocks/handles the id P sent, so the
-            # first _read_blocks looks up self._tp_size[<expected>] and fails (reference §3.8, H22).
+            # first _read_blocks looks up self._tp_size[<expected>] and fails (docs/vllm-protocol.md §3.8, H22).
             effects[rel.name] = ("no check: the other instance's agent is registered under the expected id, its "
                                  f"counts under {f.p.engine_id!r}; the first read then raises KeyError")
     effects[CORRECTED] = f"refused: answered for {f.p.engine_id!r}, expected {exp!r} (wrong host/port?)"

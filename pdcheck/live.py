@@ -6,7 +6,7 @@ release's D ranks (and the corrected model) handshake with the live side channel
 pdcheck's coordinate tags (a `pdcheck serve` P); a real instance's KV content is not checkable.
 
 A D release whose request P's listener cannot unpack is not run: on a 0.11.1+ P it would kill the listener
-thread of a live instance (reference §3.2, H15). The report names the releases skipped and why.
+thread of a live instance (docs/vllm-protocol.md §3.2, H15). The report names the releases skipped and why.
 """
 
 from __future__ import annotations

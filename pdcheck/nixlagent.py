@@ -58,7 +58,7 @@ class Agent:
     """One NIXL agent with the UCX backend.
 
     No progress thread by default: on small hosts it spins a core and distorts everything (see
-    transfer-bench-anchors §2.4); pdcheck polls from its own loop instead.
+    docs/transfer-bench.md, "NIXL cost model"); pdcheck polls from its own loop instead.
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 a pdcheck run binds those ports. The one home of these rules: handshake, live, serve, probe and the D ranks
 all ask here.
 
-vLLM's layout (reference §3.1): VLLM_NIXL_SIDE_CHANNEL_PORT is a base; in the per-worker eras (A-E) TP rank r
+vLLM's layout (docs/vllm-protocol.md §3.1): VLLM_NIXL_SIDE_CHANNEL_PORT is a base; in the per-worker eras (A-E) TP rank r
 of DP rank dp listens on base + dp * tp_size + r, in the scheduler eras (F-H) one listener per DP rank on
 base + dp serves every TP rank.
 """
@@ -29,7 +29,7 @@ ERA_PORT_SPAN = 100  # several listener profiles in one run: profile k listens f
 
 def default_port(wire: str) -> int:
     """VLLM_NIXL_SIDE_CHANNEL_PORT's default in era `wire`: 5557 up to 0.11.0 (eras A-E), 5600 from 0.11.1
-    (eras F-H; vllm#25059: 5557 collided with the kv-events port). Reference §3.1."""
+    (eras F-H; vllm#25059: 5557 collided with the kv-events port). docs/vllm-protocol.md §3.1."""
     if wire not in FORMATS:
         raise ValueError(f"unknown wire era {wire!r}")
     return 5557 if wire[0] < "F" else 5600

@@ -8,7 +8,7 @@ and decides the verdict with handshake's own rule (pdcheck.verdict); the hazard 
 explains it.
 
 Only requests of the given release's era are sent: a 0.11.1+ listener thread dies on a request it cannot
-unpack (reference §3.2, §9, H15), so a wrong guess would take a production P down.
+unpack (docs/vllm-protocol.md §3.2, §9, H15), so a wrong guess would take a production P down.
 """
 
 from __future__ import annotations

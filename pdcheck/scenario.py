@@ -107,7 +107,7 @@ class Instance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class TransferParams(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """What the proxy hands D in kv_transfer_params (reference §2)."""
+    """What the proxy hands D in kv_transfer_params (docs/vllm-protocol.md §2)."""
 
     remote_engine_id: Ident | None = None  # default: the prefill engine id
     tp_size: Tp | None = None  # default: the prefill TP size, as 0.9.2+ P sends it

@@ -88,7 +88,7 @@ class Listener:
 
 
 def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int) -> list[bytes]:
-    """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, reference §9), the
+    """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, docs/vllm-protocol.md §9), the
     whole exchange within timeout_ms and the reply bounded (netio.request_reply). FetchTimeout when nothing
     came in time; FetchRefused for a reply pdcheck refuses to read (too many frames or bytes)."""
     try:

@@ -110,7 +110,7 @@ def registered_geometry(own: ReleaseModel | str | None, geometry: Geometry,
 
 def compat_hash_for(release: ReleaseModel, geometry: Geometry, model: str = "pdcheck/fake-model", *,
                     cache_dtype: str = "auto", extra: dict[str, Any] | None = None) -> str | None:
-    """The NIXL compatibility hash an instance of `release` computes (§3.5), or None before 0.13 (no hash).
+    """The NIXL compatibility hash an instance of `release` computes (docs/vllm-protocol.md §3.5), or None before 0.13 (no hash).
 
     D uses its Local's geometry and model for Params.local_hash; a fake P uses its own for encode_reply."""
     from pdcheck.releases import hybrid

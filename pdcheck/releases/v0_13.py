@@ -8,7 +8,7 @@ checks: P TP > D TP still fails TpKVTopology.tp_ratio, "nP > nD" is still refuse
 from pdcheck.releases import rules, v0_11_1
 from pdcheck.releases.base import ReleaseModel
 
-# §3.5 factor keys, 0.13 - 0.14
+# docs/vllm-protocol.md §3.5 factor keys, 0.13 - 0.14
 HASH_0_13 = ("vllm_version", "nixl_connector_version", "model", "dtype", "num_kv_heads", "head_size",
              "num_hidden_layers", "attn_backend_name", "cache_dtype")
 

@@ -1,4 +1,4 @@
-"""SGLang's HTTP bootstrap server, as a pure table per era (reference §3), the real server over it, and D's
+"""SGLang's HTTP bootstrap server, as a pure table per era (docs/sglang-protocol.md §3), the real server over it, and D's
 discovery (GET /route) against any `get` callable: the engine passes the table, a D rank real HTTP.
 
 The table answers as the release's aiohttp handler does: a missing PUT key is a KeyError (HTTP 500); a per-rank
@@ -118,7 +118,7 @@ class Table:
 
 def put_body(rel: SglangRelease, *, rank: int, tp: int, pp_rank: int, pp: int, ip: str, port: int, page_size: int,
              kv_cache_dtype: str, agent_name: str, dp_rank: int = 0, dp: int = 1) -> dict[str, Any]:
-    """What one P rank of `rel` PUTs to /route (reference §3.2). tp: attention TP (per DP group); with DP
+    """What one P rank of `rel` PUTs to /route (docs/sglang-protocol.md §3.2). tp: attention TP (per DP group); with DP
     attention SGLang's tp_size is tp * dp and engine_rank counts across the groups."""
     full = {"role": "Prefill", "rank_ip": ip, "rank_port": port, "engine_rank": dp_rank * tp + rank,
             "agent_name": agent_name, "tp_size": tp * dp, "dp_size": dp, "attn_tp_size": tp, "attn_tp_rank": rank,

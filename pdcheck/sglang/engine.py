@@ -40,7 +40,7 @@ class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
     head_dim: int = 64
     mla: bool = False
     num_pages: int = 64
-    aux_buffers: int = 1  # metadata buffers registered (reference §6.2)
+    aux_buffers: int = 1  # metadata buffers registered (docs/sglang-protocol.md §6.2)
     hybrid: bool = False  # per-request state (SWA window KV / mamba) in its own pool (#18939)
 
     def geometry(self) -> Geometry:
@@ -135,7 +135,7 @@ def no_info(p_rel: SglangRelease, rooms: list[int], **kw: object) -> SgVerdict:
 
 
 def node_failure(rel: SglangRelease, addr: str, room: int, n: int = 1, **kw: object) -> SgVerdict:
-    """P (ranks and bootstrap server) died mid-transfer: what D of `rel` does (reference §3.3, §7.1)."""
+    """P (ranks and bootstrap server) died mid-transfer: what D of `rel` does (docs/sglang-protocol.md §3.3, §7.1)."""
     if rel.heartbeat_s is None:
         t, text = wait_text(rel)
         return SgVerdict(status="hang", stage="transfer", timeout_s=t, message=(
@@ -175,7 +175,7 @@ def duplicate_room(p_rel: SglangRelease, room: int, **kw: object) -> SgVerdict:
 
 
 def aux_skew(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, **kw: object) -> SgVerdict | None:
-    """Metadata buffer counts differ (or, <= 0.5.3, D has more than one): what P's send_aux does (§6.2).
+    """Metadata buffer counts differ (or, <= 0.5.3, D has more than one): what P's send_aux does (docs/sglang-protocol.md §6.2).
     None: every D buffer gets its data."""
     np_, nd = p.aux_buffers, d.aux_buffers
     warn = p_rel.aux_skew_log.format(peer="<D agent>", d=nd, p=np_, n=min(np_, nd)) if (
@@ -241,7 +241,7 @@ def dispatched_dp(p: Side, room: int, fault: str) -> int:
 
 
 def dp_conflict(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, room: int, **kw: object) -> SgVerdict:
-    """Reference §4: the router sent the room to DP rank X, D (follow_bootstrap_room) sends its TransferInfo to
+    """docs/sglang-protocol.md §4: the router sent the room to DP rank X, D (follow_bootstrap_room) sends its TransferInfo to
     DP rank Y = room % dp_size, which never prefilled it."""
     x, y = dispatched_dp(p, room, "dp_conflict"), room % p.dp_size
     t, text = wait_text(d_rel)

@@ -18,11 +18,11 @@ from pdcheck.sglang.engine import Side
 Status = Literal["ok", "assert", "silent", "error", "hang"]
 Word = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$")]
 Small = Annotated[int, msgspec.Meta(ge=1, le=16)]  # fake ranks are processes on this host
-# One failure injected into an otherwise healthy run (reference §11): two live requests share a bootstrap room
+# One failure injected into an otherwise healthy run (docs/sglang-protocol.md §11): two live requests share a bootstrap room
 # (#40125); D discovers and registers but never sends its TransferInfo (#17845); every P rank is SIGKILLed
-# mid-transfer, bootstrap server included (§3.3).
+# mid-transfer, bootstrap server included (docs/sglang-protocol.md §3.3).
 # dp_conflict: the router dispatches each request to another prefill DP rank than room % dp_size (P with
-# follow_bootstrap_room, the default; reference §4).
+# follow_bootstrap_room, the default; docs/sglang-protocol.md §4).
 Fault = Literal["none", "duplicate_room", "no_transfer_info", "kill_prefill", "dp_conflict"]
 
 
@@ -39,7 +39,7 @@ class SgInstance(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     mla: bool = False
     num_pages: Annotated[int, msgspec.Meta(ge=4, le=4096)] = 64
     # metadata (aux) buffers this server registers: an optional one (--disaggregation-enable-kv-checksum,
-    # SGLANG_ENABLE_DISAGG_SAMPLING_MASK, the DSA top-k buffer) on one side only skews the count (§6.2)
+    # SGLANG_ENABLE_DISAGG_SAMPLING_MASK, the DSA top-k buffer) on one side only skews the count (docs/sglang-protocol.md §6.2)
     aux_buffers: Annotated[int, msgspec.Meta(ge=1, le=8)] = 1
     # a hybrid model (SWA / NSA / mamba): per-request state in its own pool, besides the paged KV (#18939)
     hybrid: bool = False

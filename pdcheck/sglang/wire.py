@@ -1,4 +1,4 @@
-"""SGLang's D -> P ZMQ frames per era (reference §5.2), P's strict parse, and completion messages (§6.3).
+"""SGLang's D -> P ZMQ frames per era (docs/sglang-protocol.md §5.2), P's strict parse, and completion messages (docs/sglang-protocol.md §6.3).
 
 Frames are positional ASCII ints with no version field. decode() parses exactly as the release's bootstrap
 thread does, in its order, so a frame that release cannot parse raises what it raises (IndexError,
@@ -308,7 +308,7 @@ def kv_status(room: int, status: str, p_rank: int, reason: str = "") -> list[byt
 
 
 class Tracker:
-    """D's completion bookkeeping for one room (TransferStatus, reference §6.3), fed with what arrived.
+    """D's completion bookkeeping for one room (TransferStatus, docs/sglang-protocol.md §6.3), fed with what arrived.
 
     required: prefill responses D waits for (required_prefill_response_num: P attn TP / D attn TP when P is
     larger, else 1)."""

@@ -1,4 +1,4 @@
-"""The G/H compatibility hash (reference §3.5): sha256 of json.dumps(factors, sort_keys=True)."""
+"""The G/H compatibility hash (docs/vllm-protocol.md §3.5): sha256 of json.dumps(factors, sort_keys=True)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Wire formats per vLLM era (reference §3.1-§3.3): port scheme, request framing, reply framing, schema.
+"""Wire formats per vLLM era (docs/vllm-protocol.md §3.1-§3.3): port scheme, request framing, reply framing, schema.
 
 Everything here is data plus encode/decode; nothing opens a socket.
 """
@@ -31,7 +31,7 @@ class WireFormat:
 
     @property
     def listener_dies_on_bad_request(self) -> bool:
-        # F-H decode the request outside any try/except (reference §3.2, H15).
+        # F-H decode the request outside any try/except (docs/vllm-protocol.md §3.2, H15).
         return self.request != "raw"
 
 
@@ -175,7 +175,7 @@ class Tolerant:
 
 
 def tolerant_decode(frames: list[bytes]) -> Tolerant:
-    """Read any era's reply (reference §3.6 recipe) and say which era it came from."""
+    """Read any era's reply (docs/vllm-protocol.md §3.6 recipe) and say which era it came from."""
     ts = msgspec.msgpack.decode(frames[1], type=float) if len(frames) == 2 else None
     top = msgspec.msgpack.decode(frames[0])
     compat: str | None = None

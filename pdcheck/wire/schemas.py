@@ -1,4 +1,4 @@
-"""vLLM's NixlAgentMetadata per wire schema, field for field and in encode order (reference §3.4/§3.6).
+"""vLLM's NixlAgentMetadata per wire schema, field for field and in encode order (docs/vllm-protocol.md §3.4/§3.6).
 
 Eras A-E are msgspec Structs (map-encoded; subclass fields follow parent fields, which reproduces
 vLLM's key order). From F on vLLM uses plain dataclasses, which msgspec encodes with every field,
@@ -141,7 +141,7 @@ class HandshakePayload:  # G/H outer frame (NixlHandshakePayload)
 
 
 class AnyMeta(msgspec.Struct):
-    """Tolerant view of any era's metadata: required core, everything else optional (§3.6)."""
+    """Tolerant view of any era's metadata: required core, everything else optional (docs/vllm-protocol.md §3.6)."""
 
     engine_id: str
     agent_metadata: bytes

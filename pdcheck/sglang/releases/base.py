@@ -1,5 +1,5 @@
 """What an SGLang release model is: data (bootstrap era, frame era, completion, timeouts) plus the ordered
-checks D runs on P's advertised facts, with the exact texts the release raises. Reference §8 lists the eras."""
+checks D runs on P's advertised facts, with the exact texts the release raises. docs/sglang-protocol.md §8 lists the eras."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ HeteroTP = Literal["lookup", "assert_mla", "slice", "slice_pp_hang", "fixed"]
 # `assert room in self.transfer_infos` fails the room on P (0.5.13), or popped and add_transfer_request returns
 # None: nothing sent (0.5.23).
 RoomReuse = Literal["kept", "keyerror", "assert", "cleared"]
-# Which aux (metadata) buffers P's send_aux WRITEs (reference §6.2): buffer 0 only (<= 0.5.3); one per D buffer,
+# Which aux (metadata) buffers P's send_aux WRITEs (docs/sglang-protocol.md §6.2): buffer 0 only (<= 0.5.3); one per D buffer,
 # with P's item lengths by index (0.5.8, 0.5.13: IndexError when D has more); the shorter list (0.5.23).
 AuxPairing = Literal["first", "decode_count", "shorter"]
 
@@ -37,13 +37,13 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     name: str  # what the user types and reports show, e.g. "0.5.8"
     tag: str  # the reference's tag, R1 ... R7
     versions: tuple[str, ...]  # releases of this line (checked against the wheels of the first)
-    bootstrap: str  # B1 ... B6 (reference §3.2)
+    bootstrap: str  # B1 ... B6 (docs/sglang-protocol.md §3.2)
     put_keys: tuple[str, ...]  # PUT /route JSON keys a P rank sends; the server requires them (KeyError -> 500)
     info_keys: tuple[str, ...]  # the GET /route "parallel info" (-1) answer's keys
     info_required: tuple[str, ...] = ()  # R7: PrefillServerInfo(**data): missing or unknown keys raise TypeError
     rank_query: tuple[str, ...]  # per-rank GET /route query parameters
     not_ready_status: int  # per-rank GET while P ranks still register: 404 (B1), 500 (KeyError), 503 (B5+)
-    wire: str  # E1 ... E6 (reference §5.2)
+    wire: str  # E1 ... E6 (docs/sglang-protocol.md §5.2)
     guard: bool  # frames start with b"NixlMsgGuard" (0.4.7+)
     split_registration: bool  # registration ("None" room) separate from TransferInfo (0.4.9+)
     index_dtype: str  # numpy dtype of the page-index frame: "int64" (<= 0.4.7) or "int32"
@@ -93,7 +93,7 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     summary: str = ""
 
 
-# Exact texts (reference §7.1); {p} and {d} are P's and D's values.
+# Exact texts (docs/sglang-protocol.md §7.1); {p} and {d} are P's and D's values.
 PAGE_SIZE = PeerCheck(
     "page_size", "RuntimeError",
     "Page size mismatch: prefill server has page_size={p}, but decode server has page_size={d}. Both servers must "

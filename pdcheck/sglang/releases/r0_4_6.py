@@ -1,6 +1,6 @@
 """SGLang 0.4.6.post1 (R1; 0.4.5.post3's nixl/conn.py is byte-identical): NIXL's own bootstrap server (B1), one
 9-frame message per request with no guard and int64 page indices (E1), no peer checks, is_last parsed with
-bool("0") (D completes after chunk 0), no timeouts. Reference §3.2, §5.2 E1, §6.3, §7."""
+bool("0") (D completes after chunk 0), no timeouts. docs/sglang-protocol.md §3.2, §5.2 E1, §6.3, §7."""
 
 from pdcheck.sglang.releases.base import SglangRelease
 

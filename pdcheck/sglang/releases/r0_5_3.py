@@ -1,7 +1,7 @@
 """SGLang 0.5.3 (R4): attention TP/DP and PP in the bootstrap (B3, /health), registration + decode_tp_size,
 decode_tp_rank, dst_kv_item_len (E4, 11 fields; R4 nixl/conn.py:79-92). P TP != D TP non-MLA: head slicing with
 only a warning, GQA offsets wrong when kv heads < TP (fixed by #22145 in 0.5.13). No page-size check, no
-timeouts (heartbeat only). Reference §4, §6.2, §7."""
+timeouts (heartbeat only). docs/sglang-protocol.md §4, §6.2, §7."""
 
 from pdcheck.sglang.releases.base import LOST_R4, SglangRelease
 
