@@ -148,3 +148,26 @@ def test_push_d_side_channel_that_never_answers_is_each_releases_hang_not_the_ru
     assert [o.verdict for o in by["corrected"].outcomes] == ["recomputed"] * 2
     # four 5 s handshakes, each the release's recv timeout; nothing waits for the run's own limit
     assert took < 60, took
+
+
+def test_d_handshakes_lazily_at_the_first_request_naming_an_unknown_engine():
+    """vLLM's D handshakes with P for the first request whose params name an engine it does not know
+    (_ensure_handshake): no params, no handshake; a wrong remote_engine_id is a failed handshake of its own
+    (handshake_setup_failed where the release checks the engine id), and the engine stays unknown."""
+    from pdcheck.requests.faults import parse_all
+
+    dropped = run([("0.34.0", line_of("0.34.0"))],
+                  Options(requests=2, rate=20.0, faults=parse_all(["drop-params"], 2)))
+    for r in dropped:
+        assert [o.verdict for o in r.outcomes] == ["recomputed"] * 2
+        assert r.handshake is not None and r.handshake.handshakes == 0, r.handshake
+    wrong = run([("0.9.1", line_of("0.9.1")), ("0.34.0", line_of("0.34.0"))],
+                Options(requests=3, rate=10.0, faults=parse_all(["bad-params:wrong-engine:0"], 3)))
+    by = {r.release: r for r in wrong}
+    # 0.9.1 checks no engine id: its one handshake serves every request
+    assert by["0.9.1"].handshake is not None and by["0.9.1"].handshake.handshakes == 1
+    # 0.34.0: request 0's handshake fails on the engine id, request 1 (the real engine) handshakes again
+    hs = by["0.34.0"].handshake
+    assert hs is not None and hs.handshakes == 2 and hs.failed.startswith("handshake_setup_failed: RuntimeError")
+    assert [o.verdict for o in by["0.34.0"].outcomes] == ["error", "delivered", "delivered"]
+    assert "handshake_failed" in by["0.34.0"].outcomes[0].detail

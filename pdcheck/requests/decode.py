@@ -18,6 +18,7 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import BlockCheck, check_blocks, desc_ids, engine_tag
 from pdcheck.nixlagent import LOCAL, int32_ids
 from pdcheck.ranks import served_metadata
+from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
@@ -47,6 +48,11 @@ class RequestsD(RequestsRole):
         self.side: m.ReqSide | None = None  # P's side channel and the line's wire
         self.hs = DSide()
         self.unreached: HandshakeFailed | None = None  # the last handshake failed: no P to read from
+        self.pushing = False
+        self.known: set[str] = set()  # engine ids D handshook with in this line (vLLM's _remote_agents)
+        # A failed handshake's future: the requests that waited on it (queued meanwhile) fail with it.
+        self.joined: tuple[str, HandshakeFailed] | None = None
+        self.backlog: list[m.Msg] = []  # messages read from the pipe while a handshake ran
         self.registrations = 0  # P's registrations D has loaded (a replaced P's agent: the next generation)
         self.remote: Any = None
         self.local: Any = None
@@ -69,7 +75,7 @@ class RequestsD(RequestsRole):
             msgs = m.unbatch(first)
             while first is not None and self.queued():  # everything queued: its READs go out together
                 msgs += m.unbatch(first := m.recv(self.conn))
-            for msg in msgs or [None]:
+            for msg in self.drained(msgs or [None]):
                 if isinstance(msg, m.Stop):
                     self.start_reads()
                     self.settle()
@@ -80,6 +86,7 @@ class RequestsD(RequestsRole):
                 self.turn(msg, waiter)
                 if out.due():
                     out.flush()
+            self.joined = None  # later requests start a handshake of their own
             self.start_reads()
             self.reap()
             if waiter.mode != "push" and self.peer is not None:
@@ -111,12 +118,15 @@ class RequestsD(RequestsRole):
             self.held.clear()
             self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
             waiter.reset(msg.mode, self.expiry_s, msg.side)
+            self.pushing = msg.mode == "push"
             if msg.side is not None:
                 self.side = msg.side
-                self.handshake()  # a new line is a fresh deployment: D handshakes with the P running now
-            out.send(m.Ack())  # D is ready for the line (restart-p waits for this handshake)
-        elif isinstance(msg, m.ReqDecode) and self.unreached is not None:  # no P loaded: the handshake failed
-            out.add(m.ReqDecoded(msg.request, "refused", *self.unreached.verdict(self.line, msg.request, msg.params)))
+            # A new line is a fresh deployment: D knows no engine until a request names one (lazy handshake).
+            self.known.clear()
+            self.unreached = None
+            out.send(m.Ack())
+        elif isinstance(msg, m.ReqDecode) and (refused := self.ensure(msg)) is not None:
+            out.add(m.ReqDecoded(msg.request, "refused", *refused))
         elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
             assert self.peer is not None
             got = waiter.take(msg, self.line, self.peer)
@@ -127,9 +137,43 @@ class RequestsD(RequestsRole):
             if got is not None:
                 out.add(got)
 
-    def handshake(self) -> bool:
+    def drained(self, msgs: list[Any]) -> Any:
+        """This turn's messages, then those read from the pipe while a handshake ran (they waited on it)."""
+        yield from msgs
+        while self.backlog:
+            yield self.backlog.pop(0)
+
+    def ensure(self, msg: m.ReqDecode) -> tuple[str, str] | None:
+        """vLLM's D handshakes lazily (_ensure_handshake / _background_nixl_handshake, every release): the first
+        request whose params name an engine D does not know starts the handshake with the host and port they
+        name; requests that arrive meanwhile wait on the same future and fail with it. None: go on (known now, or
+        no params: nothing to handshake for); else the request's verdict."""
+        params = msg.params if isinstance(msg.params, dict) else None
+        if params is None:  # nothing names an engine: no handshake; the release decides without a P
+            if self.peer is not None:
+                return None
+            return push.decide(self.line, None, "", 0.0) if self.pushing else \
+                decide(self.line, msg.request, None, "", 0, 0.0)
+        if self.side is None:
+            return None
+        engine = str(params.get("remote_engine_id"))
+        if engine in self.known:
+            return None
+        if self.joined is not None and self.joined[0] == engine:
+            return self.joined[1].verdict(self.line, msg.request, params)
+        ok = self.handshake(engine)
+        if not ok and self.unreached is not None:
+            self.joined = (engine, self.unreached)
+            while self.queued():  # sent while the handshake ran: they joined its future
+                self.backlog += m.unbatch(m.recv(self.conn))
+            return self.unreached.verdict(self.line, msg.request, params)
+        return None
+
+    def handshake(self, engine: str | None = None) -> bool:
         """Fetch P's metadata over its side channel (decoded as the release decodes it) and load it when P's
-        registration changed. False when the handshake failed (self.unreached says why) or P did not change."""
+        registration changed. False when the handshake failed (self.unreached says why) or P did not change.
+        engine: the engine id the request named (None: the one D loaded). A reply of another engine fails the
+        handshake where the release checks it (handshake_setup_failed; the request's verdict is decide's)."""
         side = self.side
         assert side is not None
         try:
@@ -139,6 +183,15 @@ class RequestsD(RequestsRole):
             self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
             return False
         self.unreached = None
+        if engine is not None and meta.engine_id != engine and self.line.engine_id_checked:
+            # Nothing is loaded and the engine stays unknown: its next request handshakes again.
+            self.out.add(m.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
+                                        + msg_engine_id(engine, meta.engine_id)))
+            if self.peer is None or self.peer.metadata != meta.agent_metadata:
+                self.registrations += 1
+                self.load(meta)  # decide() names the mismatch from the engine D reached
+            return True
+        self.known.update({meta.engine_id, engine} if engine is not None else {meta.engine_id})
         self.out.add(m.ReqHandshook(endpoint(side), side.wire))
         if self.peer is not None and meta.agent_metadata == self.peer.metadata:
             return False
