@@ -335,6 +335,9 @@ class ReqSpec(msgspec.Struct, frozen=True):
     incarnation: int = 0  # restart-p: how many times this P rank was replaced (a new process and agent)
     side_port: int = 0  # P's side-channel port (0: one the OS picks; a replaced P binds the port of the one it replaces)
     mute_side: bool = False  # test hook: P's side channel takes requests and never answers (a stuck listener)
+    tp_size: int = 1  # the request path on a shape (pdcheck.requests.shapes): this side's TP
+    dp_rank: int = 0
+    peer_geometry: Geometry | None = None  # D: P's KV geometry (which P ranks it reads, at which offsets)
 
 
 class ReqReady(msgspec.Struct, tag=True):
@@ -379,6 +382,7 @@ class ReqBegin(msgspec.Struct, tag=True):
     mode: str = "pull"  # "push": D registers (PUSH_REG), P WRITEs into D's blocks and notifies D
     side: ReqSide | None = None  # P's side channel: P serves this line's wire on it, D handshakes over it
     release: str = ""  # the release itself (a line spans several): its log texts (pdcheck.requests.texts)
+    peers: dict[str, list[ReqSide]] = {}  # D on a shape: each P engine id -> its side channel per P TP rank
 
 
 class ReqPrefill(msgspec.Struct, tag=True):
@@ -441,10 +445,16 @@ class ReqEnd(msgspec.Struct, tag=True):
     pass
 
 
+class ReqRelease(msgspec.Struct, tag=True):
+    """P on a TP shape: every TP worker reported the request done; the scheduler frees its blocks now."""
+
+    request: int
+
+
 class ReqBatch(msgspec.Struct, tag=True):
     """Request-path messages of one loop turn, in order, in one pipe write (a wake-up per turn, not per request)."""
 
-    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook]
+    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook | ReqRelease]
 
 
 class ReqAccount(msgspec.Struct, tag=True):
@@ -461,6 +471,7 @@ class ReqAccount(msgspec.Struct, tag=True):
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
        | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount
+       | ReqRelease
        | ReqBatch | ReqHandshook)
 
 _enc = msgspec.msgpack.Encoder()

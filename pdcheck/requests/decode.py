@@ -15,11 +15,11 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import BlockCheck, check_blocks, desc_ids, engine_tag
+from pdcheck.kvcache import BlockCheck, block_descs, check_blocks, desc_ids, engine_tag
 from pdcheck.nixlagent import LOCAL, int32_ids
 from pdcheck.ranks import served_metadata
 from pdcheck.releases.rules import msg_engine_id
-from pdcheck.requests import push, texts
+from pdcheck.requests import push, shapes, texts
 from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.requests.model import abort_detail, decide, on_failure
@@ -56,8 +56,18 @@ class RequestsD(RequestsRole):
         self.registrations = 0  # P's registrations D has loaded (a replaced P's agent: the next generation)
         self.remote: Any = None
         self.local: Any = None
+        # The request path on a shape: what this D rank reads of each P rank (shapes.reads, kvsplit's rule), the
+        # P ranks' side channels per engine id (DP: an engine per P DP rank), and the sources loaded per engine.
+        d_geom = self.spec.geometry
+        self.p_geom = self.spec.peer_geometry or d_geom
+        self.plan = shapes.reads(self.p_geom, d_geom, self.spec.tp_rank)
+        self.notif_n = 1  # the number D's done notification carries (shapes.notif_count, per line)
+        self.peer_sides: dict[str, list[m.ReqSide]] = {}
+        self.srcs: dict[str, list[_Src]] = {}
+        self.cur: list[_Src] = []  # the sources of the engine the request in hand names
+        self.regs: dict[str, int] = {}  # registrations loaded per engine id
         self.expiry_s: float | None = None
-        self.pending: list[tuple[float, bytes]] = []  # (when, notification) for delay-notif
+        self.pending: list[tuple[float, bytes, list[_Src]]] = []  # (when, notification, to) for delay-notif
         self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
         self.flight: deque[_Flight] = deque()  # READs posted and not reaped, oldest first
         self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
@@ -104,9 +114,9 @@ class RequestsD(RequestsRole):
             out.add(final)
         if self.pending:
             now = time.time()
-            for when, note in [p for p in self.pending if p[0] <= now]:
-                self.pending.remove((when, note))
-                self.notify(note)
+            for item in [p for p in self.pending if p[0] <= now]:
+                self.pending.remove(item)
+                self.notify(item[1], item[2])
         if self.held:
             self.tick(time.time())
         if isinstance(msg, m.ReqBegin):
@@ -119,6 +129,9 @@ class RequestsD(RequestsRole):
             self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
             waiter.reset(msg.mode, self.expiry_s, msg.side)
             self.pushing = msg.mode == "push"
+            self.peer_sides = dict(msg.peers)
+            self.notif_n = shapes.notif_count(self.line, shapes.Shape(self.p_geom.tp_size, 1,
+                                                                      self.spec.geometry.tp_size, 1))
             if msg.side is not None:
                 self.side = msg.side
             # A new line is a fresh deployment: D knows no engine until a request names one (lazy handshake).
@@ -158,6 +171,7 @@ class RequestsD(RequestsRole):
             return None
         engine = str(params.get("remote_engine_id"))
         if engine in self.known:
+            self.use(self.srcs[engine] if engine in self.srcs else self.cur)
             return None
         if self.joined is not None and self.joined[0] == engine:
             return self.joined[1].verdict(self.line, msg.request, params)
@@ -174,50 +188,90 @@ class RequestsD(RequestsRole):
         registration changed. False when the handshake failed (self.unreached says why) or P did not change.
         engine: the engine id the request named (None: the one D loaded). A reply of another engine fails the
         handshake where the release checks it (handshake_setup_failed; the request's verdict is decide's)."""
-        side = self.side
-        assert side is not None
-        try:
-            meta = self.hs.fetch(side)
-        except HandshakeFailed as exc:
-            self.unreached = exc
-            self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
-            return False
+        sides = self.sides_for(engine if engine is not None else (self.peer.engine_id if self.peer else ""))
+        metas: list[AnyMeta] = []
+        for rd in self.plan:  # one handshake with the engine: every P rank this D rank reads, on its port
+            side = sides[rd.p_rank] if rd.p_rank < len(sides) else sides[0]
+            try:
+                metas.append(self.hs.fetch(side))
+            except HandshakeFailed as exc:
+                self.unreached = exc
+                self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
+                return False
+        side = sides[0]
         self.unreached = None
-        if engine is not None and meta.engine_id != engine and self.line.engine_id_checked:
-            # Nothing is loaded and the engine stays unknown: its next request handshakes again.
+        eid = metas[0].engine_id
+        if engine is not None and eid != engine and self.line.engine_id_checked:
+            # Nothing is recorded for the engine the request named: its next request handshakes again.
             self.out.add(m.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
-                                        + msg_engine_id(engine, meta.engine_id)))
-            if self.peer is None or self.peer.metadata != meta.agent_metadata:
-                self.registrations += 1
-                self.load(meta)  # decide() names the mismatch from the engine D reached
+                                        + msg_engine_id(engine, eid)))
+            if eid not in self.srcs:
+                self.load(metas)  # decide() names the mismatch from the engine D reached
+            self.use(self.srcs[eid])
             return True
-        self.known.update({meta.engine_id, engine} if engine is not None else {meta.engine_id})
+        self.known.update({eid, engine} if engine is not None else {eid})
         self.out.add(m.ReqHandshook(endpoint(side), side.wire))
-        if self.peer is not None and meta.agent_metadata == self.peer.metadata:
+        old = self.srcs.get(eid)
+        if old is not None and [s.peer.metadata for s in old] == [mt.agent_metadata for mt in metas]:
+            self.use(old)
             return False
-        self.registrations += 1
-        self.load(meta)
+        self.load(metas)
         return True
 
-    def load(self, meta: AnyMeta) -> None:
-        """The handshake's end: load P's agent and prep its blocks (dropping a replaced agent first)."""
+    def sides_for(self, engine: str) -> list[m.ReqSide]:
+        """P's side channels (one per P TP rank) of the engine a request names; an engine no P runs under goes to
+        the host and port the params name, the line's P here."""
+        assert self.side is not None
+        return self.peer_sides.get(engine) or next(iter(self.peer_sides.values()), None) or [self.side]
+
+    def load(self, metas: list[AnyMeta]) -> None:
+        """The handshake's end: load each P rank's agent and prep the part of its blocks this D rank reads
+        (dropping a replaced engine's agents first)."""
         agent, kv = self.agent, self.kv
-        if self.peer is not None:
-            forget_remote(agent, self.remote, self.peer.agent)
+        eid = metas[0].engine_id
+        for old in self.srcs.pop(eid, []):
+            forget_remote(agent, old.remote, old.peer.agent)
+            if old.local is not self.local:
+                agent.release_dlist(old.local)
         if self.local is None:
             self.local = agent.prep(LOCAL, kv.descs(kv.block_len, 0), kv.mem_type, "local")
-        name, self.remote = load_remote(agent, kv, meta, "P's blocks")
-        self.peer = m.ReqReady(0, meta.engine_id, name, meta.agent_metadata, meta.kv_caches_base_addr,
-                               meta.num_blocks, 0.0, self.registrations - 1)
+        self.regs[eid] = self.regs.get(eid, 0) + 1
+        self.registrations = self.regs[eid]
+        srcs = []
+        for rd, meta in zip(self.plan, metas, strict=True):
+            if self.spec.peer_geometry is None:  # one P rank and one D rank: D reads P's whole block
+                name, remote = load_remote(agent, kv, meta, "P's blocks")
+                local = self.local
+            else:
+                name = agent.add_remote(meta.agent_metadata)
+                bl = meta.block_lens[0] if meta.block_lens else meta.block_len or self.p_geom.block_len
+                remote = agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, rd.read_len, 0,
+                                                      offset=rd.remote_offset), kv.mem_type, "P's blocks")
+                local = agent.prep(LOCAL, kv.descs(rd.read_len, 0, offset=rd.local_offset), kv.mem_type, "local")
+            peer = m.ReqReady(rd.p_rank, eid, name, meta.agent_metadata, meta.kv_caches_base_addr, meta.num_blocks,
+                              0.0, self.registrations - 1)
+            srcs.append(_Src(rd, peer, remote, local))
+        self.srcs[eid] = srcs
+        self.use(srcs)
 
-    def notify(self, note: bytes) -> bool:
-        """A notification to P; a dead P's agent answers NIXL_ERR_REMOTE_DISCONNECT (vLLM logs it and goes on)."""
+    def use(self, srcs: list[_Src]) -> None:
+        """The engine the request in hand names: its sources (the first also as peer/remote/local)."""
+        if srcs:
+            self.cur = srcs
+            self.peer, self.remote, self.local = srcs[0].peer, srcs[0].remote, srcs[0].local
+            self.registrations = self.regs.get(srcs[0].peer.engine_id, self.registrations)
+
+    def notify(self, note: bytes, srcs: list[_Src] | None = None) -> bool:
+        """A notification to each P rank read (a heartbeat: each of the engine's); a dead P's agent answers
+        NIXL_ERR_REMOTE_DISCONNECT (vLLM logs it and goes on)."""
         assert self.peer is not None
-        try:
-            self.agent.send_notif(self.peer.agent, note)
-            return True
-        except NixlCallError:
-            return False
+        ok = True
+        for src in srcs or self.cur:
+            try:
+                self.agent.send_notif(src.peer.agent, note)
+            except NixlCallError:
+                ok = False
+        return ok
 
     def tick(self, now: float) -> None:
         """Held requests: heartbeats every lease/6 (unless lost), and the READ once the hold is over."""
@@ -236,7 +290,8 @@ class RequestsD(RequestsRole):
         """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
         line, peer = self.line, self.peer
         assert peer is not None
-        refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time())
+        refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time(),
+                         self.p_geom.tp_size)
         if refused is not None:
             return m.ReqDecoded(msg.request, "refused", *refused)
         assert msg.params is not None
@@ -300,6 +355,8 @@ class RequestsD(RequestsRole):
 
     def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
         kv, agent, i, line = self.kv, self.agent, msg.request, self.line
+        if isinstance(msg.params, dict) and (eng := str(msg.params.get("remote_engine_id"))) in self.srcs:
+            self.use(self.srcs[eng])  # DP: the engine this request's params name
         peer = self.peer
         assert peer is not None and msg.params is not None
         if line is CORRECTED:
@@ -329,12 +386,15 @@ class RequestsD(RequestsRole):
             if msg.abort:
                 return self.aborted(msg, rid, mine, ids, t_read)
             ctx = f"request {i}"
-            h = agent.make_read(self.local, self.local_ids(mine), self.remote, self.remote_ids(ids, peer.num_blocks, ctx),
-                                self.note(msg, rid), ctx)
+            hs: list[Any] = []
             try:
-                agent.start(h, ctx)  # its state is read by reap()
+                for src in self.cur:  # one READ per P rank this D rank reads, each notifying that rank
+                    hs.append(agent.make_read(src.local, self.local_ids(mine), src.remote,
+                                              self.remote_ids(ids, src.peer.num_blocks, ctx), self.note(msg, rid), ctx))
+                    agent.start(hs[-1], ctx)  # its state is read by reap()
             except NixlCallError:
-                agent.release(h)
+                for h in hs:
+                    agent.release(h)
                 raise
         except NixlCallError as exc:
             return self.failed(msg, rid, mine, exc, t_read)
@@ -343,14 +403,14 @@ class RequestsD(RequestsRole):
             verdict, detail = on_failure(line, i, "transfer_setup_failed", error,
                                          self.failure_log(msg, rid, mine, "transfer_setup_failed", error))
             return m.ReqDecoded(i, "failed", verdict, detail, t_read)
-        self.flight.append(_Flight(h, msg, rid, mine, lo, t_read, peer))
+        self.flight.append(_Flight(hs, msg, rid, mine, lo, t_read, peer, self.cur))
         self.next_block = lo + len(ids)
         return None
 
     def note(self, msg: m.ReqDecode, rid: str) -> bytes:
         """The done notification that rides on the READ, as vLLM's _read_blocks sends it (NIXL delivers it to P
         once the READ is done); none when the router's faults drop or delay it."""
-        return b"" if msg.drop_notif or msg.notif_delay_s > 0 else self.line.notification(rid, 1)
+        return b"" if msg.drop_notif or msg.notif_delay_s > 0 else self.line.notification(rid, self.notif_n)
 
     def local_ids(self, mine: np.ndarray) -> np.ndarray:
         """D's descriptor ids of its blocks `mine` (a run of blocks), as NIXL takes them: the same few runs serve
@@ -388,7 +448,7 @@ class RequestsD(RequestsRole):
             f = self.flight[0]
             ctx = f"request {f.msg.request}"
             try:
-                done = self.agent.done(f.h, ctx)
+                done = all([self.agent.done(h, ctx) for h in f.h])
                 if not done and (landed or not block):
                     break
                 if not done:
@@ -397,13 +457,14 @@ class RequestsD(RequestsRole):
             except NixlCallError as exc:
                 self.out.add(self.failed(f.msg, f.rid, f.mine, exc, f.t_read))
             self.flight.popleft()
-            self.agent.release(f.h)
+            for h in f.h:
+                self.agent.release(h)
         self.answer(landed)
 
     def wait_read(self, f: _Flight, ctx: str) -> None:
         """The oldest READ, to its end: D needs its blocks (or must answer in order)."""
         deadline = time.monotonic() + READ_TIMEOUT_S
-        while not self.agent.done(f.h, ctx):
+        while not all([self.agent.done(h, ctx) for h in f.h]):
             if time.monotonic() > deadline:
                 raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {READ_TIMEOUT_S:g} s", ctx)
             time.sleep(READ_POLL_S)  # not a spin: P, which must drive the READ, may need this core
@@ -414,7 +475,7 @@ class RequestsD(RequestsRole):
         checked request by request."""
         runs: list[list[_Flight]] = []
         for f in landed:
-            if runs and runs[-1][-1].lo + len(runs[-1][-1].mine) == f.lo:
+            if runs and runs[-1][-1].lo + len(runs[-1][-1].mine) == f.lo and runs[-1][-1].srcs is f.srcs:
                 runs[-1].append(f)
             else:
                 runs.append([f])
@@ -477,13 +538,20 @@ class RequestsD(RequestsRole):
         mine = flights[0].mine if one else np.concatenate([f.mine for f in flights])
         blocks = flights[0].msg.expect_blocks if one else [b for f in flights for b in f.msg.expect_blocks]
         gens = flights[0].msg.expect_gens if one else [g for f in flights for g in f.msg.expect_gens]
-        return check_blocks(kv, mine, blocks, engine_tag(flights[0].peer.engine_id), 0, read_len=kv.block_len,
-                            view=kv.view, gens=gens)
+        out: BlockCheck | None = None
+        for src in flights[0].srcs:  # each P rank's part of D's blocks
+            rd = src.read
+            out = check_blocks(kv, mine, blocks, engine_tag(flights[0].peer.engine_id), rd.p_rank,
+                               read_len=rd.read_len, local_offset=rd.local_offset, remote_offset=rd.remote_offset,
+                               view=kv.view, gens=gens, out=out)
+        assert out is not None
+        return out
 
     def done(self, msg: m.ReqDecode, rid: str) -> None:
         """delay-notif: the done notification goes notif_delay_s after the READ instead of riding on it."""
         if not msg.drop_notif and msg.notif_delay_s > 0:
-            self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, 1)))
+            self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, self.notif_n),
+                                 list(self.cur)))
 
     def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
         """abort-d: the READ is posted, then the client aborts. Before 0.16 D's scheduler frees the
@@ -511,11 +579,21 @@ class RequestsD(RequestsRole):
 class _Flight:
     """A READ D posted and has not finished."""
 
-    __slots__ = ("h", "lo", "mine", "msg", "peer", "rid", "t_read")
+    __slots__ = ("h", "lo", "mine", "msg", "peer", "rid", "srcs", "t_read")
 
-    def __init__(self, h: Any, msg: m.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
-                 peer: m.ReqReady) -> None:
+    def __init__(self, h: list[Any], msg: m.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
+                 peer: m.ReqReady, srcs: list[_Src]) -> None:
         self.h, self.msg, self.rid, self.mine, self.lo, self.t_read, self.peer = h, msg, rid, mine, lo, t_read, peer
+        self.srcs = srcs
+
+
+class _Src:
+    """A P rank this D rank reads, loaded at a handshake: its agent, its blocks' dlist, D's part of its blocks."""
+
+    __slots__ = ("local", "peer", "read", "remote")
+
+    def __init__(self, read: shapes.Read, peer: m.ReqReady, remote: Any, local: Any) -> None:
+        self.read, self.peer, self.remote, self.local = read, peer, remote, local
 
 
 class _Hold:

@@ -31,6 +31,7 @@ class Outcome(msgspec.Struct):
     verdict: str
     detail: str = ""
     found_request: int | None = None  # wrong: whose KV arrived
+    rank: str = ""  # on a TP/DP shape: the D rank this verdict is of ("D1", "DP1/D0"); "" with one D rank
 
 
 class Accounting(msgspec.Struct):
@@ -47,6 +48,26 @@ class Accounting(msgspec.Struct):
     restarts: int = 0  # restart-p: P processes replaced
     lost: int = 0  # requests whose blocks died with a replaced P (neither freed nor expired)
     d_freed_in_flight: int = 0  # abort-d: requests whose D blocks were freed under their in-flight READ
+
+
+class PRankAccount(msgspec.Struct):
+    """One P rank's own count on a TP/DP shape (the scheduler's, request by request, is Accounting)."""
+
+    rank: str  # "P1", "DP1/P0"
+    holding: int  # requests this worker still had at the end (not yet done)
+    late_notifs: int
+    heartbeats: int
+
+
+def per_rank(outcomes: list[Outcome], shape: Any) -> list[Outcome]:
+    """The model on a TP/DP shape: every D TP rank of the D DP rank a request goes to reads its own P rank(s) at
+    the same time and notifies each, and P's scheduler frees a request's blocks only once every worker counted
+    every consumer (or its expiry), so each D rank meets what the one D rank meets on TP 1: the same verdict per
+    (request, D rank). The counts per P rank differ (pdcheck.requests.shapes)."""
+    from pdcheck.requests.shapes import d_group, d_label
+
+    return [msgspec.structs.replace(o, rank=d_label(shape, d_group(shape, o.request), r))
+            for o in outcomes for r in range(shape.d_tp)]
 
 
 def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
@@ -78,7 +99,7 @@ def apply_bad(params: dict[str, Any], kind: str, p_blocks: int, earlier: list[in
     elif kind == "wrong-tp":
         # P runs TP P_RANKS; a router (or a hand-made request) says twice that. Lines before 0.9.2 hand out no
         # tp_size, but a router can still add one (they never read it from the params).
-        out["tp_size"] = 2 * P_RANKS
+        out["tp_size"] = 2 * max(P_RANKS, int(params.get("tp_size") or 1))
     return out
 
 

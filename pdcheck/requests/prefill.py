@@ -18,7 +18,7 @@ from pdcheck.kvcache import desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL
 from pdcheck.ranks import served_metadata
 from pdcheck.releases.rules import msg_engine_id
-from pdcheck.requests import push, texts
+from pdcheck.requests import push, shapes, texts
 from pdcheck.requests.handshake import Background, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, line_of
 from pdcheck.requests.model import GEN_WRAP, params_for
@@ -41,13 +41,13 @@ class RequestsP(RequestsRole):
 
     def ready(self) -> m.Msg:
         # Bound before P reports ready: a replaced P takes its port back before the router sends it anything.
-        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=1, kv_cache_layout="HND",
-                                 device_id=0)
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=self.spec.tp_size,
+                                 kv_cache_layout="HND", device_id=self.spec.tp_rank)
         self.side = PSide(self.host, self.spec.side_port, values, self.spec.mute_side)
         return msgspec.structs.replace(super().ready(), side_host=self.side.host, side_port=self.side.port)
 
     def run(self) -> None:
-        kv, tag = self.kv, engine_tag(self.spec.engine_id)
+        kv, tag, me = self.kv, engine_tag(self.spec.engine_id), self.spec.tp_rank
         n = self.spec.num_blocks
         line: Lifecycle = CORRECTED
         expiry: float | None = None
@@ -69,6 +69,12 @@ class RequestsP(RequestsRole):
         idle = HELD_POLL_S
         side = self.side
         next_expiry = float("inf")  # no held request expires before this (heartbeats only push deadlines out)
+        tp = self.spec.tp_size
+        # On a TP shape the scheduler frees a request's blocks once every TP worker reported it done (the parent,
+        # m.ReqRelease): this worker's done requests wait there, so every worker's free list stays the same.
+        coordinated = tp > 1
+        done: dict[int, _Held] = {}
+        counts: dict[str, int] = {}  # done notifications per request id, until its consumers all sent one
 
         def admit() -> None:
             nonlocal next_expiry
@@ -84,7 +90,7 @@ class RequestsP(RequestsRole):
             reg = np.repeat(np.arange(regions), len(taken))
             blk = np.tile(np.asarray(taken), regions)
             assert kv.blocks3 is not None
-            kv.blocks3[reg, blk] = pattern(tag, 0, reg, blk, 0, kv.block_len, kv.view, np.tile(all_gens, regions))
+            kv.blocks3[reg, blk] = pattern(tag, me, reg, blk, 0, kv.block_len, kv.view, np.tile(all_gens, regions))
             now = time.time()
             for k, i in enumerate(admitted):
                 blocks = taken[k * per_req:(k + 1) * per_req]
@@ -96,19 +102,22 @@ class RequestsP(RequestsRole):
                 rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
                 by_id[rid] = i
                 if mode == "push":
-                    params = push.params(line, i, blocks, self.spec.engine_id, 5600, 1,
+                    params = push.params(line, i, blocks, self.spec.engine_id, 5600, tp,
                                          deadline if expiry is not None else None, gens, rid, inc + 1)
                 else:
                     # vLLM's registration generation is 1 in every P process (one registration at start-up), so
                     # a replaced P hands out the same one; the corrected path counts incarnations.
-                    params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
+                    params = params_for(line, i, blocks, self.spec.engine_id, 5600, tp,
                                         deadline if expiry is not None else None, gens, rid,
                                         inc + 1 if line is CORRECTED else 1)
                 out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
             h = held.pop(i)
-            free.extend(h.blocks)
+            if coordinated:
+                done[i] = h
+            else:
+                free.extend(h.blocks)
             out.add(m.ReqFreed(i, how, time.time(), log))
 
         def handle(msg: m.Msg | None) -> None:
@@ -132,11 +141,18 @@ class RequestsP(RequestsRole):
                 free = deque(range(n))
                 gen[:] = 0
                 held.clear()
+                done.clear()
+                counts.clear()
                 waiting.clear()
                 by_id.clear()
                 late = beats = 0
                 errors = []
                 kv.clear_all(np.arange(n))
+            elif isinstance(msg, m.ReqRelease):
+                got = done.pop(msg.request, None)
+                if got is not None:
+                    free.extend(got.blocks)
+                    admit()
             elif isinstance(msg, m.ReqPrefill):
                 notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s, msg.write_fail)
                 waiting.append(msg.request)
@@ -189,13 +205,17 @@ class RequestsP(RequestsRole):
                                 held[i].deadline = max(held[i].deadline, time.time() + line.lease_extension(expiry))
                         continue
                     try:
-                        rid, _consumers = line.parse_notification(raw)
+                        rid, said_n = line.parse_notification(raw)
                     except ValueError as exc:
                         errors.append(f"{raw!r}: ValueError: {exc}")
                         continue
                     i = by_id.get(rid, -1)
                     if i in held:
-                        release(i, "notif")
+                        # every consumer (D rank reading this P rank) notifies once; free after the last
+                        counts[rid] = counts.get(rid, 0) + 1
+                        if counts[rid] >= shapes.expected(line, said_n, tp):
+                            del counts[rid]
+                            release(i, "notif")
                     else:
                         late += 1
                         said = texts.unrecognized(release_name, rid)  # the release's logger.error for it

@@ -26,9 +26,20 @@ from pdcheck.launcher import launcher, warm_up
 from pdcheck.requests.faults import Fault, pick
 from pdcheck.requests.handshake import SideLog, endpoint, side_for
 from pdcheck.requests.lines import CORRECTED, Lifecycle
-from pdcheck.requests.model import Accounting, Outcome, apply_bad, hang_detail, held_for, run_end, simulate
+from pdcheck.requests.model import (
+    Accounting,
+    Outcome,
+    PRankAccount,
+    apply_bad,
+    hang_detail,
+    held_for,
+    per_rank,
+    run_end,
+    simulate,
+)
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool, hang_handshake
 from pdcheck.requests.push import simulate as push_simulate
+from pdcheck.requests.shapes import Shape, d_group, d_label, engine, geometry, p_group
 
 P_ENGINE = "pdcheck-req-P"
 D_ENGINE = "pdcheck-req-D"
@@ -49,6 +60,7 @@ class Options(msgspec.Struct, frozen=True):
     mode: str = "pull"  # "push": NixlPushConnector (0.26+), pdcheck.requests.push
     mute_side: bool = False  # test hook: P's side channel never answers (D's handshake times out)
     mute_d_side: bool = False  # test hook, push mode: D's side channel never answers (P's handshake times out)
+    shape: Shape = Shape()  # TP and DP per side (pdcheck.requests.shapes)
 
 
 class LineRun(msgspec.Struct):
@@ -70,6 +82,7 @@ class LineRun(msgspec.Struct):
     mode: str = "pull"
     handshake: SideLog | None = None  # D's side-channel handshakes with P in this line
     p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel in this line
+    p_ranks: list[PRankAccount] = []  # on a TP/DP shape: each P rank's own count
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -81,32 +94,45 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
     """Every (release name, lifecycle line) in turn, then the corrected path, on one real P and one real D."""
     warm_up()
     out: list[LineRun] = []
+    sh = opts.shape
     with launcher() as lau:
-        p = lau.start("P", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool,
-                                                                          mute_side=opts.mute_side)))
+        ps = [lau.start("P", g * sh.p_tp + r, _target(), msgspec.msgpack.encode(_p_spec(opts, g, r)))
+              for g in range(sh.p_dp) for r in range(sh.p_tp)]
         d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
-        d = lau.start("D", 0, _target(), msgspec.msgpack.encode(m.ReqSpec("D", D_ENGINE, GEOMETRY, d_blocks,
-                                                                          mute_side=opts.mute_d_side)))
-        got = orc.gather(lau, [p, d], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
-        slot = _PSlot(p, _Outbox(p), got[p.id][1])
-        dbox = _Outbox(d)
+        ds = [lau.start("D", g * sh.d_tp + r, _target(), msgspec.msgpack.encode(
+            m.ReqSpec("D", engine(D_ENGINE, g, sh.d_dp), geometry(sh, sh.d_tp) if not sh.single else GEOMETRY,
+                      d_blocks, tp_rank=r, mute_side=opts.mute_d_side, tp_size=sh.d_tp, dp_rank=g,
+                      peer_geometry=None if sh.single else geometry(sh, sh.p_tp))))
+              for g in range(sh.d_dp) for r in range(sh.d_tp)]
+        got = orc.gather(lau, [*ps, *ds], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
+        slots = [_PSlot(p, _Outbox(p), got[p.id][1], k // sh.p_tp, k % sh.p_tp) for k, p in enumerate(ps)]
+        dboxes = [_Outbox(d) for d in ds]
         try:
             for name, line in [*releases, ("corrected", CORRECTED)]:
                 # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
-                out.append(_one_line(lau, slot, d, dbox, name, line, opts))
+                out.append(_one_line(lau, slots, ds, dboxes, name, line, opts))
         finally:
-            for box in (slot.box, dbox):
+            for box in [*(s.box for s in slots), *dboxes]:
                 box.send(m.Stop())
                 box.close()
     return out
 
 
+def _p_spec(opts: Options, group: int, rank: int, incarnation: int = 0, side_port: int = 0) -> m.ReqSpec:
+    sh = opts.shape
+    return m.ReqSpec("P", engine(P_ENGINE, group, sh.p_dp), GEOMETRY if sh.single else geometry(sh, sh.p_tp),
+                     opts.pool, tp_rank=rank, incarnation=incarnation, side_port=side_port, mute_side=opts.mute_side,
+                     tp_size=sh.p_tp, dp_rank=group)
+
+
 class _PSlot:
     """The P rank now serving (restart-p replaces it: a new process, a new agent, the same engine id)."""
 
-    def __init__(self, rank: Any, box: _Outbox, ready: m.ReqReady) -> None:
+    def __init__(self, rank: Any, box: _Outbox, ready: m.ReqReady, group: int = 0, tp_rank: int = 0) -> None:
         self.rank, self.box, self.ready = rank, box, ready
+        self.group, self.tp_rank = group, tp_rank  # its P DP rank (engine) and TP rank
         self.incarnation = 0
+        self.begin: m.ReqBegin | None = None  # the line this P rank runs (its own side channel)
 
 
 def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> float:
@@ -125,10 +151,10 @@ def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> floa
     old.done = True
     slot.incarnation += 1
     log = getattr(lau, "log_dir", None)
-    spec = m.ReqSpec("P", P_ENGINE, GEOMETRY, opts.pool, incarnation=slot.incarnation,
-                     side_port=slot.ready.side_port, mute_side=opts.mute_side)
-    p = lau.start("P", 0, _target(), msgspec.msgpack.encode(spec),
-                  **({"log": f"{log}/P0.r{slot.incarnation}.log"} if log else {}))
+    spec = _p_spec(opts, slot.group, slot.tp_rank, slot.incarnation, slot.ready.side_port)
+    k = slot.group * opts.shape.p_tp + slot.tp_rank
+    p = lau.start("P", k, _target(), msgspec.msgpack.encode(spec),
+                  **({"log": f"{log}/P{k}.r{slot.incarnation}.log"} if log else {}))
     ready = orc.gather(lau, [p], m.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
     slot.rank, slot.box, slot.ready = p, _Outbox(p), ready[p.id][1]
     _begin_p(lau, slot, begin, opts)
@@ -143,48 +169,98 @@ def _begin_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> None:
                                                                          opts.start_timeout_s))
 
 
-def _settle_before_restart(lau: Any, p: Any, d: Any, req: int, prefilled: dict[int, m.ReqPrefilled],
-                           decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
-                           opts: Options, d_began: list[bool], shakes: list[m.ReqHandshook],
+def _settle_before_restart(lau: Any, ranks: list[Any], req: int, st: _LineState, opts: Options,
                            timeout_s: float = 10.0) -> None:
     """Before P is killed: D finished its handshake with it (answered the line's ReqBegin), and the requests
     before `req` finish as the model has them: D answered each, and P freed each one D read and notified at once
     (a restart is deterministic: it never races the handshake or an earlier READ)."""
     def settled() -> bool:
-        if not d_began[0]:
+        if not st.d_began[0]:
             return False
-        for j in prefilled:
+        for j in st.prefilled:
             if j >= req:
                 continue
-            dec = decoded.get(j)
+            dec = st.decoded.get(j)
             if dec is None:
                 return False
             notified = not (pick(opts.faults, "drop-notif", j) or pick(opts.faults, "delay-notif", j))
-            if dec.status == "read" and notified and j not in freed:
+            if dec.status == "read" and notified and j not in st.freed:
                 return False
         return True
 
     deadline = time.monotonic() + timeout_s
     while not settled() and time.monotonic() < deadline:
-        for _rank, got in lau.events([p, d], min(deadline, time.monotonic() + 0.05)):
+        for rank, got in lau.events(ranks, min(deadline, time.monotonic() + 0.05)):
             if got is None or isinstance(got, m.Failed):
                 return  # the main loop reports it
             for msg in m.unbatch(got):
-                _record(msg, decoded, freed, logs, d_began, shakes)
+                st.take_other(rank, msg)
             break
 
 
-def _record(msg: m.Msg, decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed], logs: list[str],
-            d_began: list[bool], shakes: list[m.ReqHandshook]) -> None:
-    """What the ranks report besides P's prefills: D's answers, D's handshakes and the line's begun, P's frees."""
-    if isinstance(msg, m.ReqDecoded):
-        decoded[msg.request] = msg
-    elif isinstance(msg, m.Ack):
-        d_began[0] = True
-    elif isinstance(msg, m.ReqHandshook):
-        shakes.append(msg)
-    else:
-        _record_free(msg, freed, logs)
+class _LineState:
+    """What the ranks of one line reported: P's prefills (its scheduler's: TP rank 0 of each P DP rank), D's
+    answers per (request, D TP rank), P's frees (on a TP shape: once every TP worker of the engine reported the
+    request done, when the parent, as P's scheduler, tells them to free: m.ReqRelease)."""
+
+    def __init__(self, opts: Options, slots: list[_PSlot], d_ids: dict[Any, tuple[int, int]]) -> None:
+        self.opts, self.slots, self.d_ids = opts, slots, d_ids
+        self.prefilled: dict[int, m.ReqPrefilled] = {}
+        self.decoded: dict[int, m.ReqDecoded] = {}  # every D rank of its D DP rank answered (TP rank 0's answer)
+        self.by_rank: dict[tuple[int, int], m.ReqDecoded] = {}  # (request, D TP rank) -> its answer
+        self.freed: dict[int, m.ReqFreed] = {}
+        self.done: dict[int, dict[int, m.ReqFreed]] = {}  # TP shapes: request -> P TP rank -> its worker's done
+        self.shadow: dict[tuple[int, int], list[int]] = {}  # (request, P TP rank > 0) -> the blocks it took
+        self.first: dict[int, m.ReqPrefilled] = {}  # TP rank 0's prefills waiting for the other workers'
+        self.reports: dict[int, int] = {}
+        self.logs: list[str] = []
+        self.shakes: list[m.ReqHandshook] = []
+        self.acks = 0
+        self.d_began = [False]
+
+    def prefill_ready(self, slot: _PSlot | None, msg: m.ReqPrefilled) -> m.ReqPrefilled | None:
+        """TP rank 0's prefill of a request once every P TP worker of its engine has it (its blocks tagged)."""
+        if self.opts.shape.p_tp == 1 or slot is None:
+            return msg
+        if slot.tp_rank == 0:
+            self.first[msg.request] = msg
+        else:
+            self.shadow[(msg.request, slot.tp_rank)] = msg.blocks  # the scheduler's blocks: checked at the end
+        seen = self.reports[msg.request] = self.reports.get(msg.request, 0) + 1
+        return self.first.pop(msg.request, None) if seen == self.opts.shape.p_tp else None
+
+    def slot_of(self, rank: Any) -> _PSlot | None:
+        return next((s for s in self.slots if s.rank.id == rank.id), None)
+
+    def take_other(self, rank: Any, msg: m.Msg) -> None:
+        """Everything but P's prefills: D's answers, D's handshakes and the line's begun, P's frees."""
+        sh = self.opts.shape
+        slot = self.slot_of(rank)
+        if isinstance(msg, m.ReqDecoded):
+            _g, r = self.d_ids.get(rank.id, (0, 0))
+            self.by_rank[(msg.request, r)] = msg
+            if all((msg.request, k) in self.by_rank for k in range(sh.d_tp)):
+                self.decoded[msg.request] = self.by_rank[(msg.request, 0)]
+        elif isinstance(msg, m.Ack):
+            self.acks += 1
+            self.d_began[0] = self.acks >= len(self.d_ids)
+        elif isinstance(msg, m.ReqHandshook):
+            if slot is not None or self.d_ids.get(rank.id) == (0, 0):  # D0's count: one per engine it met
+                self.shakes.append(msg)
+        elif isinstance(msg, m.ReqFreed) and sh.p_tp > 1 and slot is not None:
+            got = self.done.setdefault(msg.request, {})
+            got[slot.tp_rank] = msg
+            if msg.log and slot.tp_rank == 0:
+                self.logs.append(msg.log)
+            if len(got) == sh.p_tp and msg.request not in self.freed:
+                # the scheduler frees once every worker is done: at the last one, expired if any worker expired
+                how = "expired" if any(f.how == "expired" for f in got.values()) else msg.how
+                self.freed[msg.request] = m.ReqFreed(msg.request, how, max(f.t for f in got.values()))
+                for s in self.slots:
+                    if s.group == slot.group:
+                        s.box.send(m.ReqRelease(msg.request))
+        else:
+            _record_free(msg, self.freed, self.logs)
 
 
 def _record_free(msg: m.Msg, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
@@ -233,26 +309,30 @@ def _target() -> Any:
     return requests_main
 
 
-def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Lifecycle,
+def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], name: str, line: Lifecycle,
               opts: Options) -> LineRun:
     push = opts.mode == "push"
-    # The replacement after a restart-p binds the same port: one side channel for the whole run.
-    side = side_for(name, slot.ready.side_host, slot.ready.side_port, GEOMETRY)
+    sh = opts.shape
+    # The replacement after a restart-p binds the same port: one side channel per P rank for the whole run.
+    sides = [side_for(name, sl.ready.side_host, sl.ready.side_port, GEOMETRY) for sl in slots]
+    side = sides[0]
+    peers = {engine(P_ENGINE, g, sh.p_dp): [sides[k] for k, sl in enumerate(slots) if sl.group == g]
+             for g in range(sh.p_dp)}
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
-                       mode=opts.mode, side=side, release=name)
-    _begin_p(lau, slot, begin, opts)  # push: P learns D's side channel from D's PUSH_REG, as vLLM's P does
-    to_d.send(begin)  # D handshakes over P's side channel, then answers (m.Ack)
-    shakes: list[m.ReqHandshook] = []
-    decoded: dict[int, m.ReqDecoded] = {}
-    freed: dict[int, m.ReqFreed] = {}
-    logs: list[str] = []
-    d_began = [False]  # D answered the line's ReqBegin: it loaded the P that runs now (the handshake is done)
-    # The line's set-up: D answers its ReqBegin once its handshake over P's side channel is done (or failed: the
-    # requests then get the release's verdict); what it reports meanwhile (its handshakes) is recorded.
-    orc.gather(lau, [d], m.Ack, opts.start_timeout_s,
-               _Recording(_stage(f"vLLM {name}'s handshake", opts.start_timeout_s),
-                          lambda msg: _record(msg, decoded, freed, logs, d_began, shakes)))
-    d_began[0] = True
+                       mode=opts.mode, side=side, release=name, peers={} if sh.single else peers)
+    for sl, sd in zip(slots, sides, strict=True):
+        sl.begin = msgspec.structs.replace(begin, side=sd, peers={})
+        _begin_p(lau, sl, sl.begin, opts)  # push: P learns D's side channel from D's PUSH_REG, as vLLM's P does
+    for box in to_ds:
+        box.send(begin)  # D handshakes over P's side channel at its first request, and answers now (m.Ack)
+    d_ids = {d.id: (k // sh.d_tp, k % sh.d_tp) for k, d in enumerate(ds)}
+    st = _LineState(opts, slots, d_ids)
+    prefilled, decoded, freed, logs, shakes = st.prefilled, st.decoded, st.freed, st.logs, st.shakes
+    ranks_now = [*(sl.rank for sl in slots), *ds]
+    got = orc.gather(lau, ds, m.Ack, opts.start_timeout_s,
+                     _Recording(_stage(f"vLLM {name}'s handshake", opts.start_timeout_s), lambda msg: None))
+    del got
+    st.d_began[0] = True
     t0 = time.time()  # the line's requests arrive from now on, as the raw loop's clock starts after its set-up
     restarts = 0
     lost = 0
@@ -266,7 +346,6 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     due: list[tuple[float, int, str, int]] = [(t0 + i / opts.rate, i, "prefill", i) for i in range(n)]
     heapq.heapify(due)
     seq = n
-    prefilled: dict[int, m.ReqPrefilled] = {}
     restarting = any(f.name == "restart-p" for f in opts.faults)
     expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
     # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
@@ -278,19 +357,21 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     faults = _stage(f"vLLM {name}'s requests", hard - time.time())
     while True:
         now = time.time()
-        to_p: list[m.ReqPrefill] = []
-        to_dd: list[m.ReqDecode] = []
+        to_p: dict[int, list[m.ReqPrefill]] = {}
+        to_dd: dict[int, list[m.ReqDecode]] = {}
         while due and due[0][0] <= now:
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
             if action == "prefill" and restarts_due and restarts_due[0] < i:
                 parked.append((when, i))  # P restarts after an earlier request: this one goes to the new P
             elif action == "prefill":
-                to_p.append(_prefill(i, opts))
+                to_p.setdefault(p_group(sh, i), []).append(_prefill(i, opts))
             else:
-                to_dd.append(_route(prefilled, i, opts))
-        slot.box.send_all(to_p)  # every request due this turn, in one message per rank
-        to_d.send_all(to_dd)
+                to_dd.setdefault(d_group(sh, i), []).append(_route(prefilled, i, opts))
+        for sl in slots:  # every request due this turn, in one message per rank
+            sl.box.send_all(to_p.get(sl.group, []))
+        for k, box in enumerate(to_ds):
+            box.send_all(to_dd.get(k // sh.d_tp, []))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
         if now >= max(end, last_answer + opts.settle_s) and len(decoded.keys() | registered) >= len(prefilled) \
                 and not due:
@@ -299,18 +380,22 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
         wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
-        for rank, got in lau.events([slot.rank, d], time.monotonic() + max(0.001, wake - time.time())):
-            if got is None:
+        ranks_now = [*(sl.rank for sl in slots), *ds]
+        for rank, got_msg in lau.events(ranks_now, time.monotonic() + max(0.001, wake - time.time())):
+            if got_msg is None:
                 raise faults.died(rank)
-            if isinstance(got, m.Failed):
-                raise faults.failed(rank, got)
+            if isinstance(got_msg, m.Failed):
+                raise faults.failed(rank, got_msg)
             # A rank's loop turn, in order; a prefill after which P restarts goes last (what P sent after it, e.g.
             # a free, counts before the restart, as _settle_before_restart would have read it from the pipe).
-            msgs = m.unbatch(got)
+            msgs = m.unbatch(got_msg)
             if restarting:
                 msgs.sort(key=lambda x: isinstance(x, m.ReqPrefilled) and pick(opts.faults, "restart-p", x.request)
                           is not None)
+            slot = st.slot_of(rank)
             for msg in msgs:
+                if isinstance(msg, m.ReqPrefilled) and (msg := st.prefill_ready(slot, msg)) is None:
+                    continue  # P's scheduler hands the params out once every TP worker has the request
                 if isinstance(msg, m.ReqPrefilled):
                     prefilled[msg.request] = msg
                     slow = pick(opts.faults, "slow-decode", msg.request)
@@ -318,15 +403,18 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                     if pick(opts.faults, "restart-p", msg.request):
                         # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                         # still held dies with it; the schedule pauses while the new P starts.
-                        _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
-                                               d_began, shakes)
+                        _settle_before_restart(lau, ranks_now, msg.request, st, opts)
                         dying = [j for j in prefilled if j not in freed and j not in gone]
                         lost += len(dying)
                         lost_at.update(dict.fromkeys(dying, time.time()))
                         gone.update(prefilled)
                         restarts += 1
-                        # push: the new P handshakes with D on D's first PUSH_REG to it
-                        down = _restart_p(lau, slot, begin, opts)
+                        # push: the new P handshakes with D on D's first PUSH_REG to it. On a TP shape the whole
+                        # engine (every TP worker of its DP rank) is replaced.
+                        down = 0.0
+                        for sl in slots:
+                            if slot is not None and sl.group == slot.group:
+                                down += _restart_p(lau, sl, sl.begin, opts)
                         if msg.request in restarts_due:
                             restarts_due.remove(msg.request)
                         due = [(w + down, s_, a, j) for w, s_, a, j in due]
@@ -340,15 +428,22 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                     registered.add(msg.request)
                     last_answer = time.time()
                 else:
-                    _record(msg, decoded, freed, logs, d_began, shakes)
-                    if isinstance(msg, m.ReqDecoded):
+                    st.take_other(rank, msg)
+                    if isinstance(msg, m.ReqDecoded) and msg.request in decoded:
                         last_answer = answered[msg.request] = time.time()
             break  # back to the schedule after every pipe message
-    slot.box.send(m.ReqEnd())
-    acct = orc.gather(lau, [slot.rank], m.ReqAccount, 30.0,
-                      _Recording(_stage(f"vLLM {name}'s accounting", 30.0),
-                                 lambda msg: _record_free(msg, freed, logs)))[slot.rank.id][1]
+    accts = []
+    for sl in slots:
+        sl.box.send(m.ReqEnd())
+        accts.append(orc.gather(lau, [sl.rank], m.ReqAccount, 30.0,
+                                _Recording(_stage(f"vLLM {name}'s accounting", 30.0),
+                                           functools.partial(st.take_other, sl.rank)))[sl.rank.id][1])
+    acct = accts[0] if len(accts) == 1 else _merged(accts)
     seconds = time.time() - t0  # the line's real run, not the verdicts and the model after it
+    for (i, r), blocks in st.shadow.items():
+        if i in prefilled and blocks != prefilled[i].blocks:
+            raise HarnessError(f"vLLM {name}: request {i}: P TP rank {r} took blocks {blocks}, rank 0 "
+                               f"{prefilled[i].blocks}: the scheduler's workers disagree")
     owner: dict[tuple[int, int], int] = {}  # (block, generation) -> the request P last allocated it to
     for pf in prefilled.values():  # in the order P handed them out
         for b, g in zip(pf.blocks, pf.gens, strict=True):
@@ -356,13 +451,24 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     hs_error = next((s.error for s in acct.handshakes if s.error), "")
     judge = functools.partial(_push_verdict, write_failed=set(acct.write_failed),
                               hs_failed=set(acct.handshake_failed), hs_error=hs_error) if push else _verdict
-    outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
+    if sh.single:
+        outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
+    else:  # a verdict per (request, D rank): each D TP rank's own answer
+        outcomes = []
+        for i in range(n):
+            for r in range(sh.d_tp):
+                mine = {i: st.by_rank[(i, r)]} if (i, r) in st.by_rank else {}
+                got_o = judge(i, line, opts.pool, prefilled, mine, freed, owner)
+                got_o.rank = d_label(sh, d_group(sh, i), r)
+                outcomes.append(got_o)
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
     acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
     model = push_simulate if push else simulate
     exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
                          opts.settle_s)
+    if not sh.single:
+        exp = per_rank(exp, sh)
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
@@ -373,7 +479,23 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                          hs_error)
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode,
-                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side)
+                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side,
+                   p_ranks=[_rank_account(sl, a) for sl, a in zip(slots, accts, strict=True)] if not sh.single
+                   else [])
+
+
+def _merged(accts: list[m.ReqAccount]) -> m.ReqAccount:
+    """Every P rank's accounting as the scheduler's: a request held while any worker holds it; late
+    notifications, heartbeats and errors summed over the workers."""
+    return m.ReqAccount(sorted({i for a in accts for i in a.holding}), sorted({i for a in accts for i in a.waiting}),
+                        sum(a.late_notifs for a in accts), sum(a.heartbeats for a in accts),
+                        [e for a in accts for e in a.notif_errors], accts[0].write_failed, accts[0].handshakes,
+                        accts[0].handshake_failed)
+
+
+def _rank_account(slot: _PSlot, a: m.ReqAccount) -> PRankAccount:
+    sh_dp = f"DP{slot.group}/" if slot.group else ""
+    return PRankAccount(f"{sh_dp}P{slot.tp_rank}", len(a.holding), a.late_notifs, a.heartbeats)
 
 
 def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],
