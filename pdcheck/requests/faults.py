@@ -16,8 +16,9 @@ MAX_SECONDS = 600.0
 # name -> (takes seconds, takes a kind, usage)
 _SPECS: dict[str, tuple[bool, bool, str]] = {
     "slow-decode": (True, False, "slow-decode:SECONDS[:REQ|:p=SHARE] (D gets the params SECONDS late)"),
-    "drop-notif": (False, False, "drop-notif[:REQ|:p=SHARE] (D's done notification never reaches P)"),
-    "delay-notif": (True, False, "delay-notif:SECONDS[:REQ|:p=SHARE]"),
+    "drop-notif": (False, False, "drop-notif[:REQ|:p=SHARE][:rank=DK] (D's done notification never reaches P; "
+                                 "rank=DK: only D TP rank K's, one consumer of several)"),
+    "delay-notif": (True, False, "delay-notif:SECONDS[:REQ|:p=SHARE][:rank=DK]"),
     "bad-params": (False, True, f"bad-params:{'|'.join(BAD_KINDS)}[:REQ|:p=SHARE]"),
     "drop-params": (False, False, "drop-params[:REQ|:p=SHARE] (the router forwards without kv_transfer_params)"),
     "restart-p": (False, False, "restart-p:REQ[:rank=R] (P's process is replaced after it hands out REQ's params: "
@@ -46,6 +47,11 @@ class Fault(msgspec.Struct, frozen=True):
     share: float = 1.0  # p=SHARE: this fraction of the requests, picked by a hash of (seed, fault, request)
     seed: int = 0
     rank: int = 0  # restart-p: which P rank
+    d_rank: int | None = None  # drop-notif / delay-notif: only this D TP rank's notification (None: every one)
+
+    def on(self, d_rank: int) -> bool:
+        """Whether the fault touches D TP rank d_rank's part of a request it hits."""
+        return self.d_rank is None or self.d_rank == d_rank
 
     def hits(self, req: int) -> bool:
         if self.request is not None:
@@ -67,6 +73,8 @@ class Fault(msgspec.Struct, frozen=True):
             parts.append(f"p={self.share:g}")
         if self.rank:
             parts.append(f"rank={self.rank}")
+        if self.d_rank is not None:
+            parts.append(f"rank=D{self.d_rank}")
         return ":".join(parts)
 
 
@@ -99,13 +107,19 @@ def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fa
             share = -1.0
         if not 0 < share <= 1:
             raise BadInput(f"{where}: {text!r}: p= takes a fraction in (0, 1]")
-    elif args:
+    elif args and not args[0].startswith("rank="):
         req = _request(args.pop(0), text, requests, where, usage)
         if name == "bad-params" and kind == "reused-ids" and req == 0:
             raise BadInput(f"{where}: {text!r}: request 0 has no earlier request whose block ids it could reuse")
+    d_rank = None
+    if args and args[0].startswith("rank=") and name in ("drop-notif", "delay-notif"):
+        raw = args.pop(0)[5:]
+        if not (raw.startswith("D") and raw[1:].isdigit()):
+            raise BadInput(f"{where}: {text!r}: rank= takes a D TP rank, e.g. rank=D1: {usage}")
+        d_rank = int(raw[1:])
     if args:
         raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
-    return Fault(name, seconds, kind, req, share, seed)
+    return Fault(name, seconds, kind, req, share, seed, d_rank=d_rank)
 
 
 def _request(arg: str, text: str, requests: int, where: str, usage: str) -> int:

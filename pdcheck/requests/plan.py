@@ -14,10 +14,17 @@ File format (every key optional; flags win):
     failure_policy = "recompute"      # kv_load_failure_policy of 0.13+ (default: each release's own)
     mode = "push"                     # pull (default) | push: NixlPushConnector, 0.24+ releases only
 
+    [prefill]                         # the shape, as handshake scenarios give it (default 1 each)
+    tp_size = 2
+    dp_size = 1
+    [decode]
+    tp_size = 2
+
     [faults]                          # NAME = true | "ARGS" | ["ARGS", ...]  (as --fault NAME:ARGS)
     slow-decode = "1.5"
 
-    [expect]                          # per release: one verdict for every request, or one per request
+    [expect]                          # per release: one verdict for every request, or one per request, or
+                                      # (on a shape) one per (request, D TP rank), request by request
     "0.9.1" = "delivered"
     corrected = "recomputed"
 """
@@ -38,6 +45,7 @@ from pdcheck.requests.model import VERDICTS
 from pdcheck.requests.push import MODES, PUSH_SINCE
 from pdcheck.requests.push import available as push_available
 from pdcheck.requests.run import Options
+from pdcheck.requests.shapes import MAX_RANKS, WORLD_SINCE, Shape
 
 MAX_REQUESTS = 5000
 MAX_RATE = 10_000.0
@@ -87,9 +95,11 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     from pdcheck.releases import CORRECTED, resolve_many
 
     where = str(scenario) if scenario is not None else "command line"
-    unknown = set(doc) - {"requests", "faults", "expect"}
+    unknown = set(doc) - {"requests", "faults", "expect", "prefill", "decode"}
     if unknown:
-        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: requests, faults, expect)")
+        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: requests, prefill, decode, "
+                       "faults, expect)")
+    shape = _shape(where, doc)
     req = doc.get("requests", {})
     if not isinstance(req, dict):
         raise BadInput(f"{where}: [requests] must be a table")
@@ -129,9 +139,16 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     expect: dict[str, list[str]] = {}
     for rel, want in expect_doc.items():
         wants = want if isinstance(want, list) else [want] * n
-        if len(wants) != n or any(w not in VERDICTS for w in wants):
-            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}")
+        if len(wants) == n and shape.d_tp > 1:  # one per request: every D TP rank of it
+            wants = [w for w in wants for _ in range(shape.d_tp)]
+        if len(wants) != n * shape.d_tp or any(w not in VERDICTS for w in wants):
+            more = f" (or {n * shape.d_tp}: one per request and D TP rank)" if shape.d_tp > 1 else ""
+            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}{more}")
         expect[rel] = list(wants)
+    for f in faults:
+        if f.d_rank is not None and not 0 <= f.d_rank < shape.d_tp:
+            raise BadInput(f"{where}: fault {f.text()}: D TP rank {f.d_rank} does not exist (decode tp_size "
+                           f"{shape.d_tp})")
     if vllm is None:
         named = [r for r in expect if r != CORRECTED.name]
         if not named:
@@ -151,6 +168,40 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
                 raise BadInput(f"{origin}: vLLM {r.name} has no push mode (NixlPushConnector arrived in "
                                f"{since}); name {'.'.join(map(str, PUSH_SINCE[:2]))}+ releases")
     releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
+    if not shape.single and mode == "push":
+        raise BadInput(f"{where}: {shape.text()} in push mode: the request path runs TP and DP shapes in pull mode "
+                       "only (push mode: one P rank and one D rank)")
+    if shape.p_tp > shape.d_tp:
+        old = [r for r, ln in releases if ln.first < WORLD_SINCE]
+        if old:
+            raise BadInput(f"{where}: {shape.text()}: vLLM {old[0]} reads no P TP > D TP (its D divides by a zero "
+                           "tp_ratio; see `pdcheck handshake`); name 0.14+ releases")
     name = scenario.stem if scenario is not None else "flags"
     return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,
-                        Options(n, rate, lease, per, pool, faults, policy, mode=mode), expect)
+                        Options(n, rate, lease, per, pool, faults, policy, mode=mode, shape=shape), expect)
+
+
+def _shape(where: str, doc: dict[str, Any]) -> Shape:
+    """[prefill] / [decode] tp_size and dp_size (handshake scenarios' keys; the rest of those tables belongs to
+    `pdcheck handshake`)."""
+    from pdcheck.kvsplit import divisible
+
+    got: dict[str, int] = {}
+    for side in ("prefill", "decode"):
+        table = doc.get(side, {})
+        if not isinstance(table, dict):
+            raise BadInput(f"{where}: [{side}] must be a table")
+        bad = set(table) - {"tp_size", "dp_size"}
+        if bad:
+            raise BadInput(f"{where}: [{side}] unknown key(s) {', '.join(sorted(bad))} (the request path reads "
+                           "tp_size and dp_size)")
+        for key in ("tp_size", "dp_size"):
+            got[f"{side[0]}_{key[:2]}"] = int(_number(f"{where}: [{side}]", key, table.get(key, 1), 1, MAX_RANKS,
+                                                      True))
+    shape = Shape(got["p_tp"], got["p_dp"], got["d_tp"], got["d_dp"])
+    ranks = shape.p_tp * shape.p_dp + shape.d_tp * shape.d_dp
+    if ranks > MAX_RANKS:
+        raise BadInput(f"{where}: {shape.text()} is {ranks} ranks; the request path runs at most {MAX_RANKS}")
+    if not divisible(shape.d_tp, shape.p_tp):
+        raise BadInput(f"{where}: {shape.text()}: one TP size must divide the other")
+    return shape

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 
 from pdcheck.requests.handshake import SideLog
-from pdcheck.requests.model import VERDICTS, Accounting
+from pdcheck.requests.model import VERDICTS, Accounting, PRankAccount
 from pdcheck.requests.plan import RequestsPlan
 from pdcheck.requests.run import LineRun
 from pdcheck.verdict import RankVerdict, exit_code, rank_label, survives
@@ -26,6 +26,7 @@ class RequestRow(msgspec.Struct):
     corrected_detail: str
     found_request: int | None = None
     model: str = ""  # the model's verdict where it differs from the real run's ("" when they agree)
+    rank: str = ""  # on a TP/DP shape: the D rank ("D1", "DP1/D0"); a row per (request, D rank)
 
 
 class ReleaseReport(msgspec.Struct):
@@ -49,6 +50,7 @@ class ReleaseReport(msgspec.Struct):
     latency_s: list[float | None] = []  # per request: P's allocation to D's answer (None: never answered)
     handshake: SideLog | None = None  # D's side-channel handshakes with P (endpoint, wire era, count)
     p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel
+    p_ranks: list[PRankAccount] = []  # on a TP/DP shape: each P rank's own count (accounting is the scheduler's)
 
 
 class Expectation(msgspec.Struct):
@@ -79,12 +81,13 @@ class RequestsReport(msgspec.Struct):
     verdicts: list[RankVerdict] = []
     mode: str = "pull"  # "push": NixlPushConnector (pdcheck.requests.push)
     harness_errors: list[str] = []  # each request where the real ranks and the model disagree (exit 3)
+    shape: str = ""  # TP and DP per side ("P TP 2 -> D TP 1"); "" for one P rank and one D rank
 
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
     n = len(run.outcomes)
     rows = [RequestRow(o.request, o.verdict, o.detail, c.verdict, c.detail, o.found_request,
-                       "" if e.verdict == o.verdict else e.verdict)
+                       "" if e.verdict == o.verdict else e.verdict, o.rank)
             for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
     counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
     # An aborted request has no answer to judge: it fails the release only where D freed blocks under its READ.
@@ -98,15 +101,15 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
         line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting,
         run.expiry_log[:3], run.notif_errors[:3], all(not r.model for r in rows), run.seconds, run.router_lag_s,
-        run.timeline, run.latency_s, run.handshake, run.p_handshake)
+        run.timeline, run.latency_s, run.handshake, run.p_handshake, run.p_ranks)
 
 
 def disagreements(r: ReleaseReport) -> list[str]:
     """One line per request where the real run and the model disagree: a harness error."""
     lag = (f"; the router was up to {r.router_lag_s:.2f} s late (this machine did not keep the rate the model "
            "assumes)" if r.router_lag_s > LAG_NOTE_S else "")
-    return [f"vLLM {r.release} request {x.request}: the real ranks gave {x.verdict}, the model {x.model}{lag}"
-            for x in r.rows if x.model]
+    return [f"vLLM {r.release} request {x.request}{' on ' + x.rank if x.rank else ''}: the real ranks gave "
+            f"{x.verdict}, the model {x.model}{lag}" for x in r.rows if x.model]
 
 
 def _notification(line: Any, mode: str) -> str:
@@ -129,11 +132,11 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
     harness = [text for r in [*rels, corr] for text in disagreements(r)]
     code = exit_code([r.survived for r in rels], harness=bool(harness))
     o = plan.options
-    verdicts = [RankVerdict(release=r.release, rank=rank_label(0), status=row.verdict, detail=row.detail,
+    verdicts = [RankVerdict(release=r.release, rank=row.rank or rank_label(0), status=row.verdict, detail=row.detail,
                             request=row.request) for r in rels for row in r.rows]
     return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
                           [f.text() for f in o.faults], rels, corr, expectations, code, verdicts, mode=o.mode,
-                          harness_errors=harness)
+                          harness_errors=harness, shape="" if o.shape.single else o.shape.text())
 
 
 def _name(release: str) -> str:

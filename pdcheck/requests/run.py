@@ -367,11 +367,12 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
             elif action == "prefill":
                 to_p.setdefault(p_group(sh, i), []).append(_prefill(i, opts))
             else:
-                to_dd.setdefault(d_group(sh, i), []).append(_route(prefilled, i, opts))
+                for r in range(sh.d_tp):  # each D TP rank of the request's D DP rank, its own faults
+                    to_dd.setdefault(d_group(sh, i) * sh.d_tp + r, []).append(_route(prefilled, i, opts, r))
         for sl in slots:  # every request due this turn, in one message per rank
             sl.box.send_all(to_p.get(sl.group, []))
         for k, box in enumerate(to_ds):
-            box.send_all(to_dd.get(k // sh.d_tp, []))
+            box.send_all(to_dd.get(k, []))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
         if now >= max(end, last_answer + opts.settle_s) and len(decoded.keys() | registered) >= len(prefilled) \
                 and not due:
@@ -531,8 +532,8 @@ class _Recording(orc.Stage):
         return None
 
 
-def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.ReqDecode:
-    """The router: forward P's params to D, as the faults say."""
+def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: int = 0) -> m.ReqDecode:
+    """The router: forward P's params to D (TP rank d_rank of the request's D DP rank), as the faults say."""
     pf = prefilled[i]
     params: dict[str, Any] | msgspec.Raw | None = pf.params  # forwarded as P encoded them
     bad = pick(opts.faults, "bad-params", i)
@@ -546,7 +547,9 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options) -> m.Req
         return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
                            abort=pick(opts.faults, "abort-d", i) is not None)
     delay = pick(opts.faults, "delay-notif", i)
-    return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, pick(opts.faults, "drop-notif", i) is not None,
+    delay = delay if delay is not None and delay.on(d_rank) else None
+    drop = pick(opts.faults, "drop-notif", i)
+    return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, drop is not None and drop.on(d_rank),
                        delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
                        pick(opts.faults, "abort-d", i) is not None, any(f.hits(i) for f in opts.faults))
 
