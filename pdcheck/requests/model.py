@@ -59,17 +59,6 @@ class PRankAccount(msgspec.Struct):
     heartbeats: int
 
 
-def per_rank(outcomes: list[Outcome], shape: Any) -> list[Outcome]:
-    """The model on a TP/DP shape: every D TP rank of the D DP rank a request goes to reads its own P rank(s) at
-    the same time and notifies each, and P's scheduler frees a request's blocks only once every worker counted
-    every consumer (or its expiry), so each D rank meets what the one D rank meets on TP 1: the same verdict per
-    (request, D rank). The counts per P rank differ (pdcheck.requests.shapes)."""
-    from pdcheck.requests.shapes import d_group, d_label
-
-    return [msgspec.structs.replace(o, rank=d_label(shape, d_group(shape, o.request), r))
-            for o in outcomes for r in range(shape.d_tp)]
-
-
 def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
                expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1) -> dict[str, Any]:
     """The kv_transfer_params P returns from request_finished, with the release's keys only."""
@@ -219,8 +208,9 @@ class _Req:
 
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
              lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
-             settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
-    """Each request's expected verdict and P's accounting. P frees on notification or at the expiry (lease
+             settle: float = SETTLE_S, group: tuple[int, int] = (0, 1)) -> tuple[list[Outcome], Accounting]:
+    """Each request's expected verdict and P's accounting. group (g, dp_size): only the requests the router
+    sends to P DP rank g (i % dp_size == g: each DP rank an engine with its own pool), at their own times. P frees on notification or at the expiry (lease
     overrides the release's default; a release without one never frees unread blocks); freed blocks go to the
     tail of P's free list and later requests take them from its head (vLLM's free block queue). The run ends
     `settle` seconds after the last request's notification: expiries still to come count as held."""
@@ -337,7 +327,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             delay = pick(faults, "delay-notif", i)
             push(t + (delay.seconds if delay else 0.0), "notif", i)
 
-    for i in range(requests):
+    for i in range(group[0], requests, group[1]):
         push(i / rate, "arrive", i)
     horizon = run_end(requests, rate, faults, settle)
 
@@ -394,7 +384,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     for i in waiting:
         out[i] = Outcome(i, "hang", hang_detail(line, pool))
     count_still_held(reqs.values(), acc)
-    return [out[i] for i in range(requests)], acc
+    return [out[i] for i in range(group[0], requests, group[1])], acc
 
 
 def renew(line: Lifecycle, expiry: float, t: float, hold_s: float, r: Any, acc: Accounting,
@@ -426,3 +416,30 @@ def count_still_held(reqs: Iterable[Any], acc: Accounting) -> None:
                 acc.held += 1
             else:
                 acc.leaked += 1
+
+
+def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
+                   lease: float | None, faults: tuple[Fault, ...], shape: Any, engine_id: str = "P",
+                   settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
+    """simulate on a TP/DP shape: each P DP rank's requests on its own pool, then a verdict per (request, D TP
+    rank) (per_rank); P's accounting summed over the DP ranks."""
+    outs: dict[int, Outcome] = {}
+    acc = Accounting()
+    for g in range(shape.p_dp):
+        got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, faults, engine_id, settle,
+                          (g, shape.p_dp))
+        outs.update({o.request: o for o in got})
+        for f in msgspec.structs.fields(Accounting):
+            setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
+    return per_rank([outs[i] for i in range(requests)], shape), acc
+
+
+def per_rank(outcomes: list[Outcome], shape: Any) -> list[Outcome]:
+    """The model on a TP/DP shape: every D TP rank of the D DP rank a request goes to reads its own P rank(s) at
+    the same time and notifies each, and P's scheduler frees a request's blocks only once every worker counted
+    every consumer (or its expiry), so each D rank meets what the one D rank meets on TP 1: the same verdict per
+    (request, D rank). The counts per P rank differ (pdcheck.requests.shapes)."""
+    from pdcheck.requests.shapes import d_group, d_label
+
+    return [msgspec.structs.replace(o, rank=d_label(shape, d_group(shape, o.request), r))
+            for o in outcomes for r in range(shape.d_tp)]

@@ -33,9 +33,9 @@ from pdcheck.requests.model import (
     apply_bad,
     hang_detail,
     held_for,
-    per_rank,
     run_end,
     simulate,
+    simulate_shape,
 )
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool, hang_handshake
 from pdcheck.requests.push import simulate as push_simulate
@@ -465,11 +465,13 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
     acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
-    model = push_simulate if push else simulate
-    exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
-                         opts.settle_s)
-    if not sh.single:
-        exp = per_rank(exp, sh)
+    if sh.single:
+        model = push_simulate if push else simulate
+        exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
+                             P_ENGINE, opts.settle_s)
+    else:
+        exp, exp_acc = simulate_shape(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s,
+                                      opts.faults, sh, P_ENGINE, opts.settle_s)
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
