@@ -1,0 +1,156 @@
+"""`pdcheck requests` on TP and DP shapes: real P and D rank processes per shape (real NIXL READs of each D rank's
+head slice, kvsplit's rule), consumer counting per P rank, the scheduler freeing once every TP worker is done,
+DP routing by engine id; and the pure rules (pdcheck.requests.shapes, the model per shape, the plan's keys)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pdcheck.errors import BadInput
+from pdcheck.requests import shapes
+from pdcheck.requests.faults import parse_all
+from pdcheck.requests.lines import line_of
+from pdcheck.requests.model import simulate, simulate_shape
+from pdcheck.requests.plan import build
+from pdcheck.requests.run import Options, run
+from pdcheck.requests.shapes import Shape
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "pdcheck" / "scenarios" / "requests"
+
+
+def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3):
+    opts = Options(requests=n, rate=20.0, lease_s=0.5, faults=parse_all(list(faults), n), shape=shape)
+    return {r.release: r for r in run([(v, line_of(v)) for v in releases], opts)}
+
+
+def _agrees(r) -> None:
+    assert [(o.request, o.rank, o.verdict) for o in r.outcomes] == \
+        [(o.request, o.rank, o.verdict) for o in r.expected], r.outcomes
+
+
+# -- real ranks ---------------------------------------------------------------------------------------------
+
+
+def test_tp2_to_tp2_each_d_rank_reads_its_p_rank_and_p_frees_on_both_workers():
+    by = _run(Shape(2, 1, 2, 1))
+    for r in by.values():
+        _agrees(r)
+        assert [o.rank for o in r.outcomes] == ["D0", "D1"] * 3
+        assert r.accounting.freed == 3 and r.accounting.expired == 0
+        assert [p.rank for p in r.p_ranks] == ["P0", "P1"]
+    assert {o.verdict for o in by["0.34.0"].outcomes} == {"delivered"}
+
+
+def test_p_tp1_to_d_tp2_two_consumers_of_one_p_rank():
+    # 0.34: each D rank reads its head slice of the one P rank and sends "{id}:2"; P frees after the second.
+    by = _run(Shape(1, 1, 2, 1), releases=("0.14.0", "0.34.0"))
+    for r in by.values():
+        _agrees(r)
+        assert {o.verdict for o in r.outcomes} == {"delivered"}
+        assert r.accounting.freed == 3
+
+
+def test_p_tp2_to_d_tp1_one_d_rank_reads_both_p_ranks():
+    by = _run(Shape(2, 1, 1, 1), releases=("0.14.0",))
+    for r in by.values():
+        _agrees(r)
+        assert {o.verdict for o in r.outcomes} == {"delivered"} and r.accounting.freed == 3
+
+
+def test_dp2_routes_by_engine_id_and_names_dp_ranks():
+    by = _run(Shape(1, 2, 1, 2), n=4)
+    r = by["0.34.0"]
+    _agrees(r)
+    assert [o.rank for o in r.outcomes] == ["DP0/D0", "DP1/D0", "DP0/D0", "DP1/D0"]
+    assert [p.rank for p in r.p_ranks] == ["P0", "DP1/P0"] and r.accounting.freed == 4
+
+
+def test_tp2_one_consumer_lost_notification_waits_for_the_lease():
+    # D TP rank 1's notification never reaches P rank 1: every D rank still verifies its blocks, but P's scheduler
+    # frees each request only at P rank 1's lease (P rank 0 counted its consumer at once).
+    by = _run(Shape(2, 1, 2, 1), ["drop-notif:rank=D1"], releases=("0.34.0",))
+    for r in by.values():
+        _agrees(r)
+        assert {o.verdict for o in r.outcomes} == {"delivered"}
+        assert r.accounting.freed == 0 and r.accounting.expired == 3
+
+
+def test_tp2_restart_p_replaces_every_worker_and_the_dead_agents_answer():
+    by = _run(Shape(2, 1, 2, 1), ["restart-p:1"], releases=("0.34.0",))
+    rel, cor = by["0.34.0"], by["corrected"]
+    _agrees(rel)
+    _agrees(cor)
+    assert [o.verdict for o in rel.outcomes] == ["delivered"] * 2 + ["error"] * 4
+    assert "NIXL_ERR_REMOTE_DISCONNECT" in rel.outcomes[2].detail or "transfer" in rel.outcomes[2].detail
+    assert [o.verdict for o in cor.outcomes] == ["delivered"] * 2 + ["recomputed"] * 2 + ["delivered"] * 2
+    assert rel.accounting.restarts == 1
+
+
+# -- pure rules ---------------------------------------------------------------------------------------------
+
+
+def test_reads_follow_kvsplit():
+    sh = Shape(1, 1, 2, 1)
+    p, d = shapes.geometry(sh, 1), shapes.geometry(sh, 2)
+    assert [(x.p_rank, x.remote_offset) for r in range(2) for x in shapes.reads(p, d, r)] == \
+        [(0, 0), (0, d.head_slice_bytes)]
+    sh = Shape(2, 1, 1, 1)
+    p, d = shapes.geometry(sh, 2), shapes.geometry(sh, 1)
+    assert [(x.p_rank, x.local_offset, x.read_len) for x in shapes.reads(p, d, 0)] == \
+        [(0, 0, p.block_len), (1, p.block_len, p.block_len)]
+    assert shapes.consumers(Shape(1, 1, 4, 1), 0) == 4 and shapes.consumers(Shape(4, 1, 2, 1), 3) == 1
+
+
+@pytest.mark.parametrize(("release", "shape", "sent", "counted"), [
+    ("0.9.1", Shape(1, 1, 2, 1), 2, 2),   # tp_ratio
+    ("0.13.0", Shape(2, 1, 4, 1), 2, 2),
+    ("0.14.0", Shape(1, 1, 2, 1), 2, 2),  # D's world size; P derives D TP // P TP
+    ("0.14.0", Shape(2, 1, 4, 1), 4, 2),
+    ("0.26.0", Shape(2, 1, 1, 1), 1, 1),
+    ("0.34.0", Shape(2, 1, 4, 1), 2, 2),  # expected_consumers
+    ("0.34.0", Shape(4, 1, 2, 1), 1, 1),
+])
+def test_notification_count_per_release(release, shape, sent, counted):
+    line = line_of(release)
+    assert shapes.notif_count(line, shape) == sent
+    assert shapes.expected(line, sent, shape.p_tp) == counted == shapes.consumers(shape, 0)
+
+
+def test_model_per_shape_is_tp1_per_d_rank_and_dp_splits_the_pool():
+    line = line_of("0.9.1")
+    faults = parse_all(["drop-notif"], 8)
+    one, _ = simulate(line, 8, 10.0, 2, 8, 0.5, faults)
+    assert [o.verdict for o in one] == ["delivered"] * 4 + ["hang"] * 4
+    tp2, _ = simulate_shape(line, 8, 10.0, 2, 8, 0.5, faults, Shape(2, 1, 2, 1))
+    assert [(o.request, o.rank, o.verdict) for o in tp2] == \
+        [(o.request, r, o.verdict) for o in one for r in ("D0", "D1")]
+    dp2, acc = simulate_shape(line, 8, 10.0, 2, 8, 0.5, faults, Shape(1, 2, 1, 2))
+    assert {o.verdict for o in dp2} == {"delivered"} and acc.leaked == 8  # each engine has its own 8 blocks
+    assert [o.rank for o in dp2[:2]] == ["DP0/D0", "DP1/D0"]
+
+
+def test_plan_reads_the_shape_keys_and_refuses_what_does_not_run():
+    doc = {"requests": {"requests": 2}, "prefill": {"tp_size": 2}, "decode": {"tp_size": 2},
+           "expect": {"0.34.0": "delivered"}}
+    plan = build(None, doc, None, {}, [])
+    assert plan.options.shape == Shape(2, 1, 2, 1) and plan.expect["0.34.0"] == ["delivered"] * 4
+    cases = [
+        ({"prefill": {"tp_size": 3}, "decode": {"tp_size": 2}}, "0.34.0", "one TP size must divide the other"),
+        ({"prefill": {"tp_size": 2}}, "0.11.1", "reads no P TP > D TP"),
+        ({"prefill": {"tp_size": 8}, "decode": {"tp_size": 8}}, "0.34.0", "at most 8"),
+        ({"prefill": {"pp_size": 2}}, "0.34.0", "unknown key(s) pp_size"),
+        ({"decode": {"tp_size": 2}, "requests": {"mode": "push"}}, "0.34.0", "pull mode only"),
+        ({"decode": {"tp_size": 2}, "faults": {"drop-notif": "rank=D2"}}, "0.34.0", "D TP rank 2 does not exist"),
+    ]
+    for extra, rel, said in cases:
+        with pytest.raises(BadInput, match=said.replace("(", r"\(").replace(")", r"\)")):
+            build(None, {"requests": {"requests": 2}, **extra}, rel, {}, [])
+
+
+def test_bundled_shape_scenarios_cover_every_pull_class():
+    classes = {p.stem.removeprefix("requests-") for p in SCENARIOS.glob("requests-*.toml")
+               if not p.stem.startswith(("requests-push-", "requests-tp2-", "requests-hetero-", "requests-dp2-"))}
+    for kind in ("tp2", "hetero"):
+        assert {c for c in classes if (SCENARIOS / f"requests-{kind}-{c}.toml").exists()} == classes, kind
