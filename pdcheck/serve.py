@@ -23,7 +23,7 @@ import msgspec
 from pdcheck import lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.envelope import write_json
+from pdcheck.envelope import write
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
@@ -231,7 +231,7 @@ def version_server(host: str, port: int, version: str) -> Any:
 # --------------------------------------------------------------------------------------------------- CLI
 def _print_ready(doc: Ready, json_out: bool) -> None:
     if json_out:
-        write_json("serve", "vllm", None, doc)
+        write("serve", "vllm", None, doc)
         return
     from pdcheck.console import console
 

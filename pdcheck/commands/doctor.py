@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import sys
 import time
 from typing import Annotated, Any
 
 import typer
 
-from pdcheck.commands import OUTPUT, RUN, Opt, exit_codes
+from pdcheck.commands import OUTPUT, RUN, Opt, emit, exit_codes, output_flags
 
 PAIR = "Two nodes"
 
@@ -28,6 +27,7 @@ def register(app: Any) -> None:
     from pdcheck.cliopts import Command
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     def doctor(
         listen: Annotated[str | None, Opt(metavar="[HOST:PORT]", rich_help_panel=PAIR, show_default=False,
                                           help="Wait for one `doctor --peer` and serve it a real transfer "
@@ -81,14 +81,8 @@ def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: f
             c.seconds = round(took, 3)
         report.seconds = round(report.seconds + took, 3)
     code = run.finish(report)
-    if json_out:
-        from pdcheck.envelope import write_json
+    from pdcheck.doctor.render import render
+    from pdcheck.frameworks import Outcome
 
-        write_json("doctor", None, code, report)
-    else:
-        from pdcheck.console import console
-        from pdcheck.doctor.render import render
-
-        render(report, console())
-        sys.stdout.flush()
+    emit("doctor", None, Outcome(code, report, lambda con: render(report, con)), json_out)
     return code
