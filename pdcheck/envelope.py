@@ -1,6 +1,7 @@
 """The one envelope every `--json` document carries (docs/json.md): which tool, version and schema wrote it,
 for which command and framework, and the exit code the run ends with. Commands write their document only
-through write_json, so no command's JSON can lack or disagree on these fields."""
+through write (write_json, or the --format page of the same document), so no command's JSON can lack or
+disagree on these fields."""
 
 from __future__ import annotations
 
