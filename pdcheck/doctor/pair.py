@@ -242,7 +242,7 @@ class _Pair:
     """One bench rank on pdcheck's launcher, with transfer-bench's fault words (pdcheck.bench.runner)."""
 
     def __init__(self, role: str, host: str, timeout: float) -> None:
-        from pdcheck.bench.runner import _Ranks
+        from pdcheck.bench.runner import Ranks
         from pdcheck.launcher import Launcher
 
         self.plan = make_plan(loopback.config("cpu", timeout))
@@ -250,7 +250,7 @@ class _Pair:
         self.timeout = timeout
         self.dir = Path(tempfile.mkdtemp(prefix="pdcheck-doctor-"))
         self.lau = Launcher()
-        self.ranks = _Ranks(self.lau, self.dir)
+        self.ranks = Ranks(self.lau, self.dir)
         self.rid = orc.ids(role, 1)[0]
         self.host = host
         arena = (self.plan.pool_p if role == "P" else self.plan.pool_d)[0]
