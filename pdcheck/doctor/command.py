@@ -39,6 +39,10 @@ def register(app: Any) -> None:
                                              help="With --listen: the address the peer is told to use after its "
                                                   "first exchange (behind NAT; default: the --listen address, or "
                                                   "this node's address for a bind-all one).")] = None,
+        expect: Annotated[str | None, Opt(metavar="TRANSPORT[,...]", rich_help_panel=PAIR, show_default=False,
+                                          help="Two nodes: the transport or device the payload must use (rc, "
+                                               "rc_mlx5, tcp, cma, cuda_ipc, sm, mlx5_2:1, eth0); FAIL when "
+                                               "UCX carried it over anything else.")] = None,
         timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PAIR,
                                       help="Two nodes: how long --listen waits for its peer, and each "
                                            "exchange's deadline.")] = 60.0,
@@ -51,10 +55,11 @@ def register(app: Any) -> None:
         plugins, RDMA ports, NICs and GPUs, the environment that breaks P/D, and a real transfer with the
         transfer proof, each check PASS, WARN, FAIL or SKIP with the fix in one line."""
         # Ctrl-C and SIGTERM are cli.main's (pdcheck.lifecycle): every launcher here closes in a finally.
-        raise typer.Exit(_run(listen, peer, advertise, timeout, no_transfer, json_out))
+        raise typer.Exit(_run(listen, peer, advertise, timeout, no_transfer, json_out, expect))
 
 
-def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: float, no_transfer: bool, json_out: bool) -> int:
+def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: float, no_transfer: bool,
+         json_out: bool, expect: str | None = None) -> int:
     from pdcheck import bounds, progress
     from pdcheck.doctor import pair, run
     from pdcheck.errors import BadInput
@@ -66,16 +71,19 @@ def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: f
     bounds.check_seconds("--timeout", timeout, bounds.PROBE_TIMEOUT_S)
     where = pair.parse_listen(listen) if listen is not None else None
     target = pair.parse_peer(peer) if peer is not None else None
+    wanted = pair.parse_expect(expect)
+    if wanted and where is None and target is None:
+        raise BadInput("--expect: only with --listen, --peer or --ray (it judges a transfer between nodes)")
     with progress.stderr_progress(enabled=not json_out, refresh_thread=False) as tick:
         report = run.node_checks(multi_node=where is not None or target is not None, tick=tick,
                                  transfer=not no_transfer and where is None and target is None)
         t0, before = time.monotonic(), len(report.checks)
         if where is not None:
             report.mode = "listen"
-            pair.listen(report, where, timeout, advertise)
+            pair.listen(report, where, timeout, advertise, wanted)
         elif target is not None:
             report.mode = "peer"
-            pair.dial(report, target, timeout)
+            pair.dial(report, target, timeout, wanted)
         took = time.monotonic() - t0
         for c in report.checks[before:]:
             c.seconds = round(took, 3)
