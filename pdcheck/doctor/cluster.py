@@ -169,13 +169,13 @@ def _one(lau: Any, i: int, p_node: Node, d_node: Node, timeout: float, expect: l
                            f"no KV moved: {str(exc)[:400]}", round(time.monotonic() - t0, 3))
         lau.release([pk, dk])  # their logs come back whole: the decode rank's UCX protocol tables
         d_end = pair._evidence(logs / f"{drid.short}.log", d_node.address, ready[drid].ucx_version)
-        gbps = got.nbytes * got.iters / got.wall_ns if got.wall_ns else 0.0
+        gbps = round(got.nbytes * got.iters / got.wall_ns, 4) if got.wall_ns else 0.0  # as the matrix shows it
         status, detail, _ = pair.transfer_verdict(got.checked, got.wrong, got.first_wrong, gbps, d_end.data,
                                                   rdma=False, expect=expect, env={}, own_lanes=False)
         if status == "PASS":
             detail = detail.replace(" (UCX protocol table of the decode end)", "") + \
                 f"; notifications over {', '.join(d_end.notifications) or '-'}"
-        return PairRow(label(p_node), label(d_node), status, round(gbps, 4), got.checked, got.wrong, d_end.data,
+        return PairRow(label(p_node), label(d_node), status, gbps, got.checked, got.wrong, d_end.data,
                        d_end.notifications, detail, round(time.monotonic() - t0, 3))
     finally:
         shutil.rmtree(logs, ignore_errors=True)
