@@ -18,7 +18,7 @@ EPILOG = f"""[bold]Examples[/]
   [dim]# two nodes: a real transfer, the transport as UCX reports it on both ends[/]
   pdcheck doctor --listen 10.0.0.5:7777          [dim]# on node A[/]
   pdcheck doctor --peer 10.0.0.5:7777            [dim]# on node B[/]
-  [dim]# a Ray cluster: every prefill node x every decode node, 4 pairs at a time, slow and broken pairs first[/]
+  [dim]# a Ray cluster: every prefill x decode node pair, 4 at a time[/]
   pdcheck doctor --ray 10.0.0.1:6379 --pairs 4
 
 {exit_codes("every check PASS, WARN or SKIP", "a check FAILs")}
