@@ -80,7 +80,7 @@ class DecodeSpec(RankSpec, frozen=True):
     transfer: bool
     requests: list[Req]
     live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
-    pp_size: int = 1  # the D engine's pipeline parallel stages (issue #17)
+    pp_size: int = 1  # the D engine's pipeline parallel stages
     memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
     permute_local_kv: bool = False  # kv_transfer_config enable_permute_local_kv
 
