@@ -73,7 +73,7 @@ class RequestsP(RequestsRole):
         # On a TP shape the scheduler frees a request's blocks once every TP worker reported it done (the parent,
         # m.ReqRelease): this worker's done requests wait there, so every worker's free list stays the same.
         coordinated = tp > 1
-        done: dict[int, _Held] = {}
+        worker_done: dict[int, _Held] = {}
         counts: dict[str, int] = {}  # done notifications per request id, until its consumers all sent one
 
         def admit() -> None:
@@ -115,7 +115,7 @@ class RequestsP(RequestsRole):
         def release(i: int, how: str, log: str = "") -> None:
             h = held.pop(i)
             if coordinated:
-                done[i] = h
+                worker_done[i] = h
             else:
                 free.extend(h.blocks)
             out.add(m.ReqFreed(i, how, time.time(), log))
@@ -141,7 +141,7 @@ class RequestsP(RequestsRole):
                 free = deque(range(n))
                 gen[:] = 0
                 held.clear()
-                done.clear()
+                worker_done.clear()
                 counts.clear()
                 waiting.clear()
                 by_id.clear()
@@ -149,7 +149,7 @@ class RequestsP(RequestsRole):
                 errors = []
                 kv.clear_all(np.arange(n))
             elif isinstance(msg, m.ReqRelease):
-                got = done.pop(msg.request, None)
+                got = worker_done.pop(msg.request, None)
                 if got is not None:
                     free.extend(got.blocks)
                     admit()
