@@ -404,6 +404,14 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                     if pick(opts.faults, "restart-p", msg.request):
                         # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                         # still held dies with it; the schedule pauses while the new P starts.
+                        # The earlier requests' params that are due go to D first (a TP shape reports several
+                        # prefills in one turn: they must not wait behind the restart).
+                        early = [e for e in due if e[2] == "decode" and e[3] < msg.request and e[0] <= time.time()]
+                        for e in early:
+                            due.remove(e)
+                            for r in range(sh.d_tp):
+                                to_ds[d_group(sh, e[3]) * sh.d_tp + r].send(_route(prefilled, e[3], opts, r))
+                        heapq.heapify(due)
                         _settle_before_restart(lau, ranks_now, msg.request, st, opts)
                         dying = [j for j in prefilled if j not in freed and j not in gone]
                         lost += len(dying)
