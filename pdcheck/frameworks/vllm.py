@@ -280,11 +280,12 @@ class VLLM(Framework):
             from pdcheck.requests import plot as plotting
 
             plotting.write(rep, plot)
+            _console_err().print(f"pdcheck: wrote the plot to {plot}", markup=False)
 
         def render(console: Any) -> None:
             from pdcheck.requests.report import render as req_render
 
-            req_render(rep, console)
+            req_render(rep, console, every=bool(o.get("all")))
 
         return Outcome(rep.exit_code, rep, render)
 
