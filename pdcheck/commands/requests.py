@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdcheck.cliopts import Command, release_flags
+from pdcheck.cliopts import Command, complete_scenario, release_flags
 from pdcheck.commands import OUTPUT, Opt, emit, exit_codes
 from pdcheck.requests.faults import NAMES
 
@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
     @release_flags("requests")
     def requests(
         scenario: Annotated[Path | None, typer.Argument(
-            metavar="SCENARIO", show_default=False,
+            metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled requests scenario's name or a requests TOML file (flags override it).")] = None,
         *,
         releases: dict[str, str | None],

@@ -49,6 +49,11 @@ class VLLM(Framework):
 
         return resolve(release, self.flag).name
 
+    def release_table(self) -> Any:
+        from pdcheck.releases import TABLE
+
+        return TABLE
+
     def load(self, path: Path | None, overrides: dict[str, Any], max_tp: int | None = None) -> Any:
         from pdcheck.bounds import MAX_TP
         from pdcheck.scenario import load
