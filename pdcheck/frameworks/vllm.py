@@ -127,9 +127,9 @@ class VLLM(Framework):
                 report.render_live(rep, console)
                 for e in rep.harness_errors:
                     console.print(f"[red]harness:[/] {_escape(e)}")
-                one = rep.fails[0] if rep.fails else rep.releases[0]
-                console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
-                              f"Per-rank asserts and transfer proof: --vllm {one}[/]")
+                # the per-rank view is worth a second run only where a release fails
+                more = f" Per-rank asserts and transfer proof: --vllm {rep.fails[0]}" if rep.fails else ""
+                console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}.{more}[/]")
             else:
                 report.render(rep, console)
             _native_note(log_dir)
