@@ -294,7 +294,7 @@ def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
     t = Table(title="Every request" if every else "Requests not delivered (--all: every request)",
               title_justify="left", highlight=False, box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("line", no_wrap=True)
-    t.add_column("requests", max_width=28)
+    t.add_column("requests", max_width=34)
     t.add_column("verdict", no_wrap=True)
     t.add_column("what happened", overflow="fold")
     shown = 0
