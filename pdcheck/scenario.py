@@ -326,7 +326,7 @@ def other_phase(doc: dict[str, Any], where: str, path: Path | None) -> None:
                        f"pdcheck requests {name}")
 
 
-def enum_hint(msg: str, doc: Any, path: str) -> str:
+def enum_hint(msg: str, doc: Any, path: str, struct: Any = None) -> str:
     """msgspec's 'invalid enum value 'asert'' with the valid values named and the close one offered; the dict
     key msgspec shows as '[...]' put back ('expect[...]' -> 'expect.0.9.1')."""
     from pdcheck.suggest import did_you_mean
@@ -340,7 +340,7 @@ def enum_hint(msg: str, doc: Any, path: str) -> str:
         key = next((k for k, v in doc["expect"].items() if v == value or (isinstance(v, list) and value in v)), None)
         if key is not None:
             path = path.replace("[...]", f".{key}", 1)
-    choices = STATUSES if head == "expect" else _literal_at(Scenario, path)
+    choices = STATUSES if head == "expect" else _literal_at(struct or Scenario, path)
     if not choices:
         return f"{path}: {msg}"
     return f"{path}: {value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"

@@ -83,3 +83,14 @@ def test_a_scenario_of_the_other_phase_names_its_command(capsys: pytest.CaptureF
     assert rc == 2 and "run it with: pdcheck requests requests-freed-early" in err
     rc, _out, err = _run(capsys, "requests", "hetero-p4-d2", "--vllm", "0.9.1")
     assert rc == 2 and "run it with: pdcheck handshake hetero-p4-d2" in err
+
+
+def test_an_sglang_enum_value_names_the_valid_ones(tmp_path: Path) -> None:
+    from pdcheck.errors import BadInput
+    from pdcheck.sglang.scenario import load
+
+    path = tmp_path / "s.toml"
+    path.write_text('framework = "sglang"\n[transfer]\nfault = "kill_prefil"\n')
+    with pytest.raises(BadInput, match=r"transfer.fault: 'kill_prefil' is not one of .*kill_prefill.*; did you "
+                                       r"mean 'kill_prefill'\?"):
+        load(path)

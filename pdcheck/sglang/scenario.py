@@ -134,4 +134,4 @@ def _friendly(exc: msgspec.ValidationError, doc: dict[str, Any]) -> str:
     if msg.startswith("object contains unknown field"):
         key = msg.rsplit(" ", 1)[-1]
         return f"{path + '.' if path else ''}{key}: unknown key{did_you_mean(key, _field_names(SgScenario))}"
-    return enum_hint(msg, doc, path or "(top level)")
+    return enum_hint(msg, doc, path or "(top level)", SgScenario)
