@@ -1,6 +1,6 @@
 """`pdcheck serve`: the fake prefill ranks of a scenario as a long-running instance a real decode can use.
 
-The same rank bodies as `pdcheck handshake` (ranks.prefill_main, via the forkserver launcher): real NIXL
+The same rank bodies as `pdcheck handshake` (handshake_ranks.prefill_main, via the forkserver launcher): real NIXL
 agents, uneven num_blocks, the release's listener profile (wire era, port layout, compatibility hash). Blocks
 are coordinate-tagged up front, since a real decode reads without asking; every request answered is logged
 on stderr. The first stdout line (with --json) is the ready document: endpoints and kv_transfer_params.
@@ -25,10 +25,10 @@ from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.envelope import write_json
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.handshake_ranks import prefill_main
 from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
-from pdcheck.ranks import prefill_main
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.params import pull_keys
 from pdcheck.scenario import Scenario

@@ -49,7 +49,7 @@ def test_an_asserting_release_transfer_reads_as_asserts_stripped() -> None:
 def test_serve_logs_the_request_not_its_hex() -> None:
     import msgspec
 
-    from pdcheck.ranks import readable
+    from pdcheck.handshake_ranks import readable
 
     assert readable(b"get_meta_msg") == "'get_meta_msg'"
     assert readable(msgspec.msgpack.encode([b"get_meta_msg", 3])) == "['get_meta_msg', 3]"
