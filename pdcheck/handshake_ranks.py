@@ -181,10 +181,28 @@ def _request_log(ls: m.ListenerSpec) -> Any:
     def log(identity: bytes, request: bytes, rank: int | None, nbytes: int) -> None:
         # Raw eras (A-E) do not name a rank: the listener answers for its own.
         served = ls.ranks[0] if rank is None else rank
-        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {request.hex()} tp_rank {served} "
+        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {readable(request)} tp_rank {served} "
                   f"-> reply {nbytes} bytes")
 
     return log
+
+
+def readable(request: bytes, most: int = 120) -> str:
+    """A side-channel request as a log reader knows it: the era's text ('get_meta_msg'), or its msgpack message
+    decoded (plain values only: msgpack, never pickle), else hex."""
+    if request.isascii() and request.decode().isprintable():
+        return repr(request.decode()[:most])
+    try:
+        value = msgspec.msgpack.decode(request)
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return request[:most].hex()
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, bytes):
+            return v.decode("utf-8", "replace")
+        return [plain(x) for x in v] if isinstance(v, list) else v
+
+    return repr(plain(value))[:most]
 
 
 def replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -> Any:
