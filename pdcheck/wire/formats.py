@@ -91,6 +91,14 @@ def parse_request(fmt: WireFormat, msg: bytes) -> int | None:
     return int(tp_rank)
 
 
+def parse_stage(fmt: WireFormat, msg: bytes) -> int:
+    """The pipeline stage a request asks for: its pp_rank where the era's request carries one (H), else 0."""
+    if fmt.request in ("raw", "tp"):
+        return 0
+    _msg, pp_rank, _tp = msgspec.msgpack.decode(msg)
+    return int(pp_rank)
+
+
 # 0.29+ put KVCacheLayout names on the wire (`get_resolved_kv_cache_layout().name`) and compare them as strings:
 # the pre-0.29 names of the same layouts.
 KV_LAYOUT_NAMES = {"HND": "LBHNC", "NHD": "LBNHC"}
