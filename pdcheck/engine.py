@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdcheck import messages as m
-from pdcheck.errors import NixlCallError
+from pdcheck.errors import FetchRefused, FetchTimeout, NixlCallError
 from pdcheck.kvsplit import corrected_reads, release_targets
 from pdcheck.releases import hybrid, shapes
 from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
@@ -17,15 +17,6 @@ from pdcheck.releases.rules import already_added
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
 StatusT = m.Status
-
-
-class FetchTimeout(Exception):
-    """No reply within the receive timeout (or pdcheck's own hang timeout)."""
-
-
-class FetchRefused(Exception):
-    """A reply pdcheck refuses to read (more frames or bytes than its caps, pdcheck.netio): a harness limit,
-    reported as an error verdict with the reason, never a traceback."""
 
 
 @dataclass(frozen=True)

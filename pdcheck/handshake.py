@@ -10,10 +10,10 @@ import msgspec
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck import ports as portlayout
+from pdcheck.handshake_ranks import decode_main, prefill_main
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.plan import Plan
-from pdcheck.ranks import decode_main, prefill_main
 from pdcheck.releases import multinode
 from pdcheck.results import RunResult, Timings
 

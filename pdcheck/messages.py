@@ -9,7 +9,6 @@ from typing import Any, Literal
 import msgspec
 
 from pdcheck.geometry import Geometry, ModelShape
-from pdcheck.wire.schemas import AnyMeta
 
 Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict
 
@@ -93,12 +92,14 @@ class Ready(msgspec.Struct, tag=True):
     tp_rank: int
     agent: str
     setup_ms: float
-    values: AnyMeta | None = None  # P: this rank's metadata values, for per-DP listeners on P rank 0
+    # P: this rank's metadata values as its framework encodes them (msgpack), opaque to the launcher: P rank 0
+    # serves them on per-DP listeners
+    values: bytes | None = None
 
 
 class Serve(msgspec.Struct, tag=True):
     listeners: list[ListenerSpec]
-    values: dict[int, AnyMeta]  # P rank -> its metadata values
+    values: dict[int, bytes]  # P rank -> its metadata values (Ready.values, passed on as they came)
 
 
 class Serving(msgspec.Struct, tag=True):

@@ -1,6 +1,6 @@
 """`pdcheck serve`: the fake prefill ranks of a scenario as a long-running instance a real decode can use.
 
-The same rank bodies as `pdcheck handshake` (ranks.prefill_main, via the forkserver launcher): real NIXL
+The same rank bodies as `pdcheck handshake` (handshake_ranks.prefill_main, via the forkserver launcher): real NIXL
 agents, uneven num_blocks, the release's listener profile (wire era, port layout, compatibility hash). Blocks
 are coordinate-tagged up front, since a real decode reads without asking; every request answered is logged
 on stderr. The first stdout line (with --json) is the ready document: endpoints and kv_transfer_params.
@@ -23,12 +23,12 @@ import msgspec
 from pdcheck import lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.envelope import write_json
+from pdcheck.envelope import write
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.handshake_ranks import prefill_main
 from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
-from pdcheck.ranks import prefill_main
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.params import block_ids_value, num_tokens, pull_keys
 from pdcheck.scenario import Scenario
@@ -231,7 +231,7 @@ def version_server(host: str, port: int, version: str) -> Any:
 # --------------------------------------------------------------------------------------------------- CLI
 def _print_ready(doc: Ready, json_out: bool) -> None:
     if json_out:
-        write_json("serve", "vllm", None, doc)
+        write("serve", "vllm", None, doc)
         return
     from pdcheck.console import console
 

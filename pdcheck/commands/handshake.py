@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from pdcheck.cliopts import Command, Device, release_flags, scenario_flags
-from pdcheck.commands import OUTPUT, RUN, SCENARIO, Opt, emit, exit_codes
+from pdcheck.commands import OUTPUT, RUN, SCENARIO, Opt, emit, exit_codes, output_flags
 
 LIVE = "Live prefill"
 HANG_TIMEOUT_S = 3.0  # handshake's and smoke's default
@@ -32,6 +32,7 @@ Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     @scenario_flags
     @release_flags("handshake")
     def handshake(

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pdcheck.cliopts import Command, release_flags
-from pdcheck.commands import OUTPUT, Opt, emit, exit_codes
+from pdcheck.commands import OUTPUT, Opt, emit, exit_codes, output_flags
 from pdcheck.requests.faults import NAMES
 
 LOAD = "Requests"
@@ -40,6 +40,7 @@ P's completion notification to D.
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     @release_flags("requests")
     def requests(
         scenario: Annotated[Path | None, typer.Argument(

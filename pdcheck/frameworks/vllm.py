@@ -33,7 +33,7 @@ class VLLM(Framework):
     flag = "--vllm"
     distribution = "vllm"
     scenario_dirs: tuple[str, ...] = ("", REQUESTS_DIR)
-    rank_modules: tuple[str, ...] = ("pdcheck.ranks", "pdcheck.requests.rank")
+    rank_modules: tuple[str, ...] = ("pdcheck.handshake_ranks", "pdcheck.requests.rank")
     commands: dict[str, str | None] = {
         "handshake": "Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all' (default: the scenario's list).",
         "smoke": None,

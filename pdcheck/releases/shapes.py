@@ -1,4 +1,4 @@
-"""What each release does with deployment shapes beyond one TP group (issue #17): pipeline parallel, a block size
+"""What each release does with deployment shapes beyond one TP group: pipeline parallel, a block size
 that differs between P and D, fp8 KV caches. Read from the release wheels (0.9.2, 0.11.1, 0.14.0, 0.26.0,
 0.34.0); the one home of these per-release facts: pdcheck.hazards phrases them, the tests check them.
 

@@ -15,9 +15,9 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
+from pdcheck.handshake_ranks import served_metadata
 from pdcheck.kvcache import BlockCheck, check_blocks, desc_ids, engine_tag
 from pdcheck.nixlagent import LOCAL, int32_ids
-from pdcheck.ranks import served_metadata
 from pdcheck.releases.params import block_id_groups
 from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint

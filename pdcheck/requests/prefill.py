@@ -14,9 +14,9 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
+from pdcheck.handshake_ranks import served_metadata
 from pdcheck.kvcache import desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL
-from pdcheck.ranks import served_metadata
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import Background, HandshakeFailed, PSide, endpoint

@@ -34,6 +34,16 @@ class WireFormat:
         # F-H decode the request outside any try/except (docs/vllm-protocol.md §3.2, H15).
         return self.request != "raw"
 
+    # pdcheck.sidechannel.Codec: the side channel frames requests through these
+    def encode_request(self, tp_rank: int, pp_rank: int = 0) -> bytes:
+        return encode_request(self, tp_rank, pp_rank)
+
+    def parse_request(self, msg: bytes) -> int | None:
+        return parse_request(self, msg)
+
+    def parse_stage(self, msg: bytes) -> int:
+        return parse_stage(self, msg)
+
 
 FORMATS: dict[str, WireFormat] = {
     f.name: f
