@@ -136,8 +136,9 @@ def rank_verdicts(decode: list[DecodeRank], names: list[str], dp: bool) -> list[
             t = (d.transfer or {}).get(n)
             out.append(verdict.RankVerdict(
                 release=n, rank=verdict.rank_label(d.tp_rank, d.dp_rank, dp), status=v.status,
-                detail="" if v.status == "ok" else _detail(v) + (f" ({d.when[n]})" if n in d.when else ""),
+                detail="" if v.status == "ok" else _detail(v) + _where(v) + (f" ({d.when[n]})" if n in d.when else ""),
                 stage=None if v.handshake is None else f"handshake {v.handshake}", contacted=list(v.contacted),
+                contacted_stages=list(v.contacted_stages),
                 proof=None if t is None else verdict.Proof(status=t.status, blocks=t.blocks, wrong=t.wrong)))
     return out
 
@@ -173,6 +174,21 @@ def _detail(v: m.Verdict) -> str:
     return f"{exc}{v.message or ''}"
 
 
+def contacted_text(v: m.Verdict) -> str:
+    """The P ranks a D rank contacted: "P0,1", or with pipeline stages on P each as (pp_rank, tp_rank), the key
+    vLLM's side channel serves them under: "P(0,0),(1,0)"."""
+    if v.contacted_stages:
+        return "P" + ",".join(f"({s},{r})" for s, r in zip(v.contacted_stages, v.contacted, strict=False))
+    return f"P{','.join(map(str, v.contacted)) or '-'}"
+
+
+def _where(v: m.Verdict) -> str:
+    """Where a D rank stopped when P has pipeline stages: the stage and TP rank of the last reply."""
+    if not v.contacted_stages or not v.contacted:
+        return ""
+    return f" (at P stage {v.contacted_stages[-1]}, TP rank {v.contacted[-1]})"
+
+
 def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str], when: str | None = None) -> Text:
     """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
     from rich.text import Text
@@ -186,7 +202,7 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
         text.append(f" [{key}]{where}")
     rec = v.rank_num_blocks or ({} if v.recorded_num_blocks is None else {-1: v.recorded_num_blocks})
     recs = ",".join(str(x) if k == -1 else f"{x}" for k, x in rec.items()) or "-"
-    text.append(f"\nP{','.join(map(str, v.contacted)) or '-'} n={recs}", style="dim")
+    text.append(f"\n{contacted_text(v)} n={recs}", style="dim")
     if t is not None and t.status != "skipped":
         if t.status == "error":
             text.append("\nxfer ERROR", style="red")

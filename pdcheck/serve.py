@@ -30,7 +30,7 @@ from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.params import pull_keys
+from pdcheck.releases.params import block_ids_value, num_tokens, pull_keys
 from pdcheck.scenario import Scenario
 
 
@@ -84,10 +84,10 @@ def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, t
     ids: list[int] = list(range(n))
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False,
-        "remote_block_ids": [ids] if v >= (0, 18, 0) else ids, "remote_engine_id": p.engine_id,
+        "remote_block_ids": block_ids_value(v, [ids]), "remote_engine_id": p.engine_id,
         "remote_request_id": "pdcheck-serve-0", "remote_host": host, "remote_port": port, "tp_size": p.tp_size,
         "dcp_size": 1, "pp_size": 1,
-        "remote_num_tokens": n * p.block_size,  # P's num_computed_tokens: the tokens those blocks hold
+        "remote_num_tokens": num_tokens(n, p.block_size),
         "remote_blocks_expiry_time": None,  # what a P node sends (only a D node exports an expiry)
         "remote_registration_generation": 0, "transfer_mode": "pull",
     }

@@ -27,6 +27,7 @@ class RequestRow(msgspec.Struct):
     corrected_detail: str
     found_request: int | None = None
     model: str = ""  # the model's verdict where it differs from the real run's ("" when they agree)
+    params: dict[str, Any] | None = None  # the kv_transfer_params P produced for it, as P's release shapes them
 
 
 class ReleaseReport(msgspec.Struct):
@@ -84,9 +85,10 @@ class RequestsReport(msgspec.Struct):
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
     n = len(run.outcomes)
+    produced = run.params or [None] * n
     rows = [RequestRow(o.request, o.verdict, o.detail, c.verdict, c.detail, o.found_request,
-                       "" if e.verdict == o.verdict else e.verdict)
-            for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
+                       "" if e.verdict == o.verdict else e.verdict, produced[k] if k < len(produced) else None)
+            for k, (o, c, e) in enumerate(zip(run.outcomes, corrected.outcomes, run.expected, strict=True))]
     counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
     # An aborted request has no answer to judge: it fails the release only where D freed blocks under its READ.
     statuses = ["ok" if o.verdict in OK or o.verdict == "aborted" else o.verdict for o in run.outcomes]
