@@ -230,7 +230,9 @@ class VLLM(Framework):
         port, tag_blocks, duration, api_port = o["port"], o["tag_blocks"], o["duration"], o["api_port"]
         sc = sv.load_prefill(o["scenario"], o["overrides"], read_toml, load)
         name = o["releases"] if o["releases"] is not None else sc.prefill.vllm or sc.vllm[0]
-        if "," in name or name.strip() in ("all", "corrected"):
+        from pdcheck.releaseline import is_corrected
+
+        if "," in name or name.strip() == "all" or is_corrected(name):
             raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
         release = resolve(name)
         if port is not None and not MIN_BASE_PORT <= port <= 65535:
