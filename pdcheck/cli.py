@@ -30,7 +30,8 @@ Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 LAZY = {"handshake": "pdcheck.commands.handshake", "smoke": "pdcheck.commands.smoke",
         "probe": "pdcheck.commands.probe", "serve": "pdcheck.commands.serve",
         "transfer-bench": "pdcheck.commands.transfer_bench", "requests": "pdcheck.commands.requests",
-        "doctor": "pdcheck.commands.doctor", "report": "pdcheck.commands.report"}
+        "doctor": "pdcheck.commands.doctor", "report": "pdcheck.commands.report",
+        "list": "pdcheck.commands.catalog_list"}
 LAZY_SCENARIO = {"from-logs": "pdcheck.commands.fromlogs"}  # `pdcheck scenario ...`
 # (module, registry generation) -> its click command, or None (transfer-bench not in this tree). A command's
 # release flags come from the framework registry, so one registered later rebuilds it.

@@ -22,7 +22,7 @@ from pdcheck.nixlagent import Agent, no_memory_hooks
 from pdcheck.ports import rank_offset
 from pdcheck.progress import log_line
 from pdcheck.ranks import Role, fail, run_rank
-from pdcheck.releases import CORRECTED, resolve
+from pdcheck.releases import CORRECTED, resolve, shapes
 from pdcheck.releases.base import Local, Prepared
 from pdcheck.sidechannel import Listener, fetch
 from pdcheck.transfer import LocalLists, prove
@@ -93,13 +93,23 @@ class PrefillRole(_HandshakeRole):
         listeners: list[Listener] = []
         try:
             per_rank = {r: msgspec.msgpack.decode(raw, type=AnyMeta) for r, raw in serve.values.items()}
+            pp, g = spec.pp_size, spec.geometry
             for ls in serve.listeners:
                 fmt = FORMATS[ls.wire]
-                frames = {r: encode_reply(fmt, per_rank[r], ls.compat_hash) for r in ls.ranks}
+
+                def stage_frames(stage: int, fmt: WireFormat = fmt, ls: m.ListenerSpec = ls) -> dict[int, list[bytes]]:
+                    return {r: encode_reply(fmt, shapes.stage_metadata(per_rank[r], g, pp, stage), ls.compat_hash)
+                            for r in ls.ranks}
+
+                # One stage per TP rank before era H (shapes.served_stage), every stage under (pp_rank, tp_rank) in H
+                keyed = ls.wire >= shapes.PP_STAGES_KEYED
+                frames = stage_frames(0 if keyed else shapes.served_stage(ls.wire, pp))
                 own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
+                later = {s: stage_frames(s) for s in range(1, pp)} if keyed else {}
                 # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
                 log = _request_log(ls) if spec.log_requests else None
-                listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, replier(fmt, frames, own), log))
+                listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, replier(fmt, frames, own), log,
+                                          stage_reply=_stage_replier(fmt, later) if later else None))
         except Exception as exc:
             for lst in listeners:
                 lst.close()
@@ -181,10 +191,28 @@ def _request_log(ls: m.ListenerSpec) -> Any:
     def log(identity: bytes, request: bytes, rank: int | None, nbytes: int) -> None:
         # Raw eras (A-E) do not name a rank: the listener answers for its own.
         served = ls.ranks[0] if rank is None else rank
-        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {request.hex()} tp_rank {served} "
+        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {readable(request)} tp_rank {served} "
                   f"-> reply {nbytes} bytes")
 
     return log
+
+
+def readable(request: bytes, most: int = 120) -> str:
+    """A side-channel request as a log reader knows it: the era's text ('get_meta_msg'), or its msgpack message
+    decoded (plain values only: msgpack, never pickle), else hex."""
+    if request.isascii() and request.decode().isprintable():
+        return repr(request.decode()[:most])
+    try:
+        value = msgspec.msgpack.decode(request)
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        return request[:most].hex()
+
+    def plain(v: Any) -> Any:
+        if isinstance(v, bytes):
+            return v.decode("utf-8", "replace")
+        return [plain(x) for x in v] if isinstance(v, list) else v
+
+    return repr(plain(value))[:most]
 
 
 def replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -> Any:
@@ -193,6 +221,13 @@ def replier(fmt: WireFormat, frames: dict[int, list[bytes]], own: list[bytes]) -
         if fmt.reply_frames == 2:  # era H: the listener's perf_counter at reply time, for D's clock sync
             return [out[0], msgspec.msgpack.encode(time.perf_counter())]
         return out
+
+    return reply
+
+
+def _stage_replier(fmt: WireFormat, later: dict[int, dict[int, list[bytes]]]) -> Any:
+    def reply(stage: int, rank: int | None) -> list[bytes]:
+        return replier(fmt, later[stage], [])(rank)  # KeyError on a stage or rank P lacks, as encoded_data[...]
 
     return reply
 
@@ -206,7 +241,7 @@ class RealIO:
         self.zctx, self.spec, self.agent, self.kv, self.rel, self.go = zctx, spec, agent, kv, rel, go
         self.handles: dict[int, Any] = {}
 
-    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None, pp_rank: int = 0) -> list[bytes]:
         # D addresses P by its own era's port scheme; P may speak another era (cross-release pairs).
         layout = self.rel.p_base_port + rank_offset(fmt.name, p_rank)
         # Only ports this run bound: a layout port no listener of ours serves goes to our silent port. Against a
@@ -216,7 +251,7 @@ class RealIO:
         host = self.spec.p_host if self.spec.live else self.go.hosts.get(layout, self.go.host or self.spec.p_host)
         if self.rel.head_host:  # a P spanning nodes: the release dials remote_host, the head node, for every rank
             host = self.spec.p_host
-        return fetch(self.zctx, host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms)
+        return fetch(self.zctx, host, port, fmt, p_rank, timeout_ms or self.spec.hang_timeout_ms, pp_rank)
 
     def add_remote_agent(self, blob: bytes) -> str:
         return self.agent.add_remote(blob)
@@ -277,7 +312,8 @@ class DecodeRole(_HandshakeRole):
             for rel in spec.releases:
                 name = rel.name
                 model = resolve(name)
-                params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash)
+                params = Params(spec.remote_engine_id, spec.params_tp_size, rel.p_wire, rel.local_hash,
+                                pp_size=spec.p_pp_size)
                 io = RealIO(zctx, spec, agent, kv, rel, go)
                 out = run(model, local, params, io, hang_timeout_ms=spec.hang_timeout_ms)
                 verdicts[name] = out.verdict()

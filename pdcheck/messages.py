@@ -46,6 +46,7 @@ class PrefillSpec(RankSpec, frozen=True):
     log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
     tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
     memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
+    pp_size: int = 1  # P's pipeline stages: the rank holds every stage's layers and serves each stage's metadata
 
 
 class ListenerSpec(msgspec.Struct, frozen=True):
@@ -81,6 +82,7 @@ class DecodeSpec(RankSpec, frozen=True):
     requests: list[Req]
     live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
     pp_size: int = 1  # the D engine's pipeline parallel stages
+    p_pp_size: int = 1  # P's pipeline stages (what its side channel serves, releases.shapes)
     memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
     permute_local_kv: bool = False  # kv_transfer_config enable_permute_local_kv
 
@@ -173,6 +175,7 @@ class Verdict(msgspec.Struct):
     message: str | None = None
     recorded_num_blocks: int | None = None
     contacted: list[int] = []
+    contacted_stages: list[int] = []  # P has pipeline stages: the stage asked of each contacted rank, in order
     exception: str | None = None
     check: str | None = None
     hazard: str | None = None

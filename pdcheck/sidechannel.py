@@ -40,13 +40,20 @@ class Codec(Protocol):
         """The tp_rank asked for (None: the era implies it); raises what the real listener raises."""
         ...
 
+    def parse_stage(self, msg: bytes) -> int:
+        """The pipeline stage asked for (0 where the era's request names none)."""
+        ...
+
 
 class Listener:
-    """One handshake listener. `reply_for(tp_rank)` returns the frames for that rank."""
+    """One handshake listener. `reply_for(tp_rank)` returns the frames for that rank; `stage_reply(pp_rank,
+    tp_rank)` those of a later pipeline stage (vLLM's era H keys its metadata by both; None: P has one stage, and
+    a request for another is the KeyError that ends the real listener thread)."""
 
     def __init__(self, ctx: zmq.Context, host: str, port: int, fmt: Codec,
-                 reply_for: Callable[[int | None], list[bytes]], log: RequestLog | None = None) -> None:
-        self.fmt, self.reply_for, self.log = fmt, reply_for, log
+                 reply_for: Callable[[int | None], list[bytes]], log: RequestLog | None = None,
+                 stage_reply: Callable[[int, int | None], list[bytes]] | None = None) -> None:
+        self.fmt, self.reply_for, self.log, self.stage_reply = fmt, reply_for, log, stage_reply
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IPV6, ":" in host)
@@ -76,7 +83,13 @@ class Listener:
             return True
         try:
             rank = self.fmt.parse_request(msg)
-            frames = self.reply_for(rank)
+            stage = self.fmt.parse_stage(msg)
+            if stage == 0:
+                frames = self.reply_for(rank)
+            elif self.stage_reply is None:
+                raise KeyError((stage, rank))  # encoded_data[(target_pp_rank, target_tp_rank)]
+            else:
+                frames = self.stage_reply(stage, rank)
         except Exception as exc:  # F-H decode and look up outside any try: the listener thread ends here
             if self.fmt.listener_dies_on_bad_request:
                 self.dead = f"{type(exc).__name__}: {exc}"
@@ -102,12 +115,13 @@ class Listener:
         self.sock.close(0)
 
 
-def fetch(ctx: zmq.Context, host: str, port: int, fmt: Codec, tp_rank: int, timeout_ms: int) -> list[bytes]:
+def fetch(ctx: zmq.Context, host: str, port: int, fmt: Codec, tp_rank: int, timeout_ms: int,
+          pp_rank: int = 0) -> list[bytes]:
     """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, docs/vllm-protocol.md §9), the
     whole exchange within timeout_ms and the reply bounded (netio.request_reply). FetchTimeout when nothing
     came in time; FetchRefused for a reply pdcheck refuses to read (too many frames or bytes)."""
     try:
-        return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, fmt.encode_request(tp_rank),
+        return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, fmt.encode_request(tp_rank, pp_rank),
                              timeout_ms / 1000)
     except ReplyTimeout:
         raise FetchTimeout(f"{host}:{port}") from None

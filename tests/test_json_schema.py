@@ -214,3 +214,13 @@ def test_doctor() -> None:
     assert rep.mode == "node" and rep.checks
     assert p.returncode == verdict.exit_code(c.status != "FAIL" for c in rep.checks)
     assert rep.transfers and rep.transfers[0].data and rep.transfers[0].blocks_wrong == 0  # UCX's own protocol
+
+
+# ------------------------------------------------------------------------------------------------- list
+def test_list() -> None:
+    from pdcheck.catalog import Catalog
+
+    p = cli("list", "--json")
+    rep = doc(p, Catalog, "list", None)
+    assert p.returncode == 0 and rep.scenarios and rep.releases
+    assert {s.framework for s in rep.scenarios} >= {"vllm", "sglang"}

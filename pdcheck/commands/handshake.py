@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 import typer
 
-from pdcheck.cliopts import Command, Device, release_flags, scenario_flags
+from pdcheck.cliopts import Command, Device, complete_scenario, release_flags, scenario_flags
 from pdcheck.commands import OUTPUT, RUN, SCENARIO, Opt, emit, exit_codes, output_flags
 
 LIVE = "Live prefill"
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
     @release_flags("handshake")
     def handshake(
         scenario: Annotated[Path | None, typer.Argument(
-            metavar="SCENARIO", show_default=False,
+            metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled scenario's name or a scenario TOML file (flags override its keys).")] = None,
         *,
         overrides: dict[str, Any],

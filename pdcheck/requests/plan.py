@@ -93,20 +93,28 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
           fault_flags: list[str]) -> RequestsPlan:
     """doc: the scenario's TOML ({} without one); flags: the numeric flags given (None: not given)."""
     from pdcheck.releases import CORRECTED, resolve_many
+    from pdcheck.suggest import did_you_mean
 
     where = str(scenario) if scenario is not None else "command line"
-    unknown = set(doc) - {"requests", "faults", "expect", "prefill", "decode"}
+    tables = ("requests", "prefill", "decode", "faults", "expect")
+    unknown = set(doc) - set(tables)
+    if "requests" not in doc and {"prefill", "decode"} & set(doc) and "expect" not in doc:
+        name = scenario.stem if scenario is not None else "SCENARIO"
+        raise BadInput(f"{where}: a handshake scenario (it has [prefill]/[decode], no [requests]); run it with: "
+                       f"pdcheck handshake {name}")
     if unknown:
-        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: requests, prefill, decode, "
-                       "faults, expect)")
+        hint = "".join(did_you_mean(k, tables) for k in sorted(unknown))
+        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: {', '.join(tables)})"
+                       f"{hint}")
     shape = _shape(where, doc)
     req = doc.get("requests", {})
     if not isinstance(req, dict):
         raise BadInput(f"{where}: [requests] must be a table")
     bad = set(req) - _KEYS
     if bad:
+        hint = "".join(did_you_mean(k, _KEYS) for k in sorted(bad))
         raise BadInput(f"{where}: [requests] unknown key(s) {', '.join(sorted(bad))} (known: "
-                       f"{', '.join(sorted(_KEYS))})")
+                       f"{', '.join(sorted(_KEYS))}){hint}")
     vals = {k: v for k, v in req.items() if k != "issue"}
     policy = flags.get("failure_policy") if flags.get("failure_policy") is not None else req.get("failure_policy")
     if policy is not None and policy not in POLICIES:
@@ -142,8 +150,11 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         if len(wants) == n and shape.d_tp > 1:  # one per request: every D TP rank of it
             wants = [w for w in wants for _ in range(shape.d_tp)]
         if len(wants) != n * shape.d_tp or any(w not in VERDICTS for w in wants):
+            odd = next((w for w in wants if w not in VERDICTS), None)
+            hint = did_you_mean(odd, VERDICTS) if isinstance(odd, str) else ""
             more = f" (or {n * shape.d_tp}: one per request and D TP rank)" if shape.d_tp > 1 else ""
-            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}{more}")
+            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}{more}"
+                           f"{hint}")
         expect[rel] = list(wants)
     for f in faults:
         if f.d_rank is not None and not 0 <= f.d_rank < shape.d_tp:

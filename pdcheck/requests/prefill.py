@@ -102,14 +102,15 @@ class RequestsP(RequestsRole):
                 rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
                 by_id[rid] = i
                 if mode == "push":
-                    params = push.params(line, i, blocks, self.spec.engine_id, 5600, tp,
-                                         deadline if expiry is not None else None, gens, rid, inc + 1)
+                    params = push.params(line, i, blocks, self.spec.engine_id, side.port, tp,
+                                         deadline if expiry is not None else None, gens, rid, inc + 1,
+                                         block_size=kv.geometry.block_size)
                 else:
                     # vLLM's registration generation is 1 in every P process (one registration at start-up), so
                     # a replaced P hands out the same one; the corrected path counts incarnations.
-                    params = params_for(line, i, blocks, self.spec.engine_id, 5600, tp,
+                    params = params_for(line, i, blocks, self.spec.engine_id, side.port, tp,
                                         deadline if expiry is not None else None, gens, rid,
-                                        inc + 1 if line is CORRECTED else 1)
+                                        inc + 1 if line is CORRECTED else 1, block_size=kv.geometry.block_size)
                 out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
