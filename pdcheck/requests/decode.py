@@ -176,7 +176,8 @@ class RequestsD(RequestsRole):
             return None
         if self.joined is not None and self.joined[0] == engine:
             return self.joined[1].verdict(self.line, msg.request, params)
-        ok = self.handshake(engine)
+        port = params.get("remote_port")
+        ok = self.handshake(engine, port if isinstance(port, int) else None)
         if not ok and self.unreached is not None:
             self.joined = (engine, self.unreached)
             while self.queued():  # sent while the handshake ran: they joined its future
@@ -184,12 +185,12 @@ class RequestsD(RequestsRole):
             return self.unreached.verdict(self.line, msg.request, params)
         return None
 
-    def handshake(self, engine: str | None = None) -> bool:
+    def handshake(self, engine: str | None = None, port: int | None = None) -> bool:
         """Fetch P's metadata over its side channel (decoded as the release decodes it) and load it when P's
         registration changed. False when the handshake failed (self.unreached says why) or P did not change.
         engine: the engine id the request named (None: the one D loaded). A reply of another engine fails the
         handshake where the release checks it (handshake_setup_failed; the request's verdict is decide's)."""
-        sides = self.sides_for(engine if engine is not None else (self.peer.engine_id if self.peer else ""))
+        sides = self.sides_for(engine if engine is not None else (self.peer.engine_id if self.peer else ""), port)
         metas: list[AnyMeta] = []
         for rd in self.plan:  # one handshake with the engine: every P rank this D rank reads, on its port
             side = sides[rd.p_rank] if rd.p_rank < len(sides) else sides[0]
@@ -219,11 +220,12 @@ class RequestsD(RequestsRole):
         self.load(metas)
         return True
 
-    def sides_for(self, engine: str) -> list[m.ReqSide]:
+    def sides_for(self, engine: str, port: int | None = None) -> list[m.ReqSide]:
         """P's side channels (one per P TP rank) of the engine a request names; an engine no P runs under goes to
-        the host and port the params name, the line's P here."""
+        the port the params name (remote_port: P's side-channel port), else the line's first P."""
         assert self.side is not None
-        return self.peer_sides.get(engine) or next(iter(self.peer_sides.values()), None) or [self.side]
+        by_port = next((sd for sd in self.peer_sides.values() if sd and sd[0].port == port), None)
+        return self.peer_sides.get(engine) or by_port or next(iter(self.peer_sides.values()), None) or [self.side]
 
     def load(self, metas: list[AnyMeta]) -> None:
         """The handshake's end: load each P rank's agent and prep the part of its blocks this D rank reads
