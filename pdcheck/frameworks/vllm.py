@@ -302,7 +302,10 @@ class VLLM(Framework):
             from pdcheck import figure
 
             figure.check(plot)  # before anything runs
-        rep = requests_execute(plan)
+        from pdcheck import progress
+
+        with progress.stderr_progress(enabled=not o.get("json_out", False)) as tick:
+            rep = requests_execute(plan, tick)
         if plot is not None:
             from pdcheck.requests import plot as plotting
 
@@ -411,11 +414,11 @@ def requests_plan(scenario: Path | None, vllm: str | None, flags: dict[str, Any]
     return build(scenario, doc, vllm, flags, faults)
 
 
-def requests_execute(plan: Any) -> Any:
+def requests_execute(plan: Any, tick: Any = None) -> Any:
     from pdcheck.requests import report
     from pdcheck.requests.run import run
 
-    return report.build(plan, run(plan.releases, plan.options))
+    return report.build(plan, run(plan.releases, plan.options, tick))
 
 
 def _smoke_requests(plan: Any, case: Callable[..., Any]) -> list[Any]:

@@ -77,8 +77,10 @@ def _stage(what: str, timeout_s: float) -> orc.Stage:
                      f"{{ranks}} silent after {{timeout:g}} s during {what}", timeout_s)
 
 
-def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
-    """Every (release name, lifecycle line) in turn, then the corrected path, on one real P and one real D."""
+def run(releases: list[tuple[str, Lifecycle]], opts: Options,
+        tick: Callable[[str, int, int, str], None] | None = None) -> list[LineRun]:
+    """Every (release name, lifecycle line) in turn, then the corrected path, on one real P and one real D.
+    tick(stage, done, total, note): progress per release line (pdcheck.progress)."""
     warm_up()
     out: list[LineRun] = []
     with launcher() as lau:
@@ -91,9 +93,14 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         slot = _PSlot(p, _Outbox(p), got[p.id][1])
         dbox = _Outbox(d)
         try:
-            for name, line in [*releases, ("corrected", CORRECTED)]:
+            lines = [*releases, ("corrected", CORRECTED)]
+            for k, (name, line) in enumerate(lines):
+                if tick is not None:
+                    tick("release lines", k, len(lines), name)
                 # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
                 out.append(_one_line(lau, slot, d, dbox, name, line, opts))
+            if tick is not None:
+                tick("release lines", len(lines), len(lines), "")
         finally:
             for box in (slot.box, dbox):
                 box.send(m.Stop())
