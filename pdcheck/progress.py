@@ -57,10 +57,17 @@ class _Bars:
             self.prog.console.print(text, highlight=False, markup=False)
 
 
+_active: list[_Bars] = []
+
+
 @contextlib.contextmanager
 def stderr_progress(enabled: bool = True, *, refresh_thread: bool = True) -> Iterator[Tick]:
     """A tick callback drawing bars on stderr; a no-op unless `enabled` and stderr is a terminal.
-    refresh_thread=False: redraw on ticks only (transfer-bench: no thread beside the measured ranks)."""
+    refresh_thread=False: redraw on ticks only (transfer-bench: no thread beside the measured ranks).
+    Inside another stderr_progress (a command that opened it before planning), the same bars."""
+    if _active:  # a command that showed progress from its start: the run below draws into the same bars
+        yield _active[-1]
+        return
     if not enabled or not on_terminal():
         yield _Noop()
         return
@@ -72,7 +79,11 @@ def stderr_progress(enabled: bool = True, *, refresh_thread: bool = True) -> Ite
                   auto_refresh=refresh_thread) as prog:
         bars = _Bars(prog, not refresh_thread)
         prog.refresh()
-        yield bars
+        _active.append(bars)
+        try:
+            yield bars
+        finally:
+            _active.remove(bars)
 
 
 def on_terminal() -> bool:

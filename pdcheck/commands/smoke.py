@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -78,36 +78,40 @@ def register(app: typer.Typer) -> None:
                 if not case.passed:
                     tick.line(f"FAIL {case.scenario} {case.release}: {case.message}")
 
+            interrupted = False
             try:
                 rep = sm.run(directory if directory is not None else BUNDLED,
                              SmokeOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)), n, select,
                              on_case)
             except sm.Interrupted as stop:
-                rep = stop.report
-            else:
-                stop = None
-        _write(rep, junit, json_out, None if stop is None else "interrupted")
-        if stop is not None:
+                rep, interrupted = stop.report, True
+        _write(rep, junit, json_out, interrupted)
+        if interrupted:
             raise KeyboardInterrupt from None  # exit 128 + the signal (pdcheck.lifecycle)
         raise typer.Exit(rep.exit_code)
 
 
-def _write(rep: object, junit: Path | None, json_out: bool, interrupted: str | None) -> None:
+def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> None:
     """JUnit, then the table or --json: of every case, or (interrupted) of the scenarios that finished."""
     from pdcheck import smoke as sm
     from pdcheck.errors import BadInput
 
     assert isinstance(rep, sm.SmokeReport)
+    if interrupted:  # the run's exit code is the signal's (pdcheck.lifecycle), the document's too
+        import msgspec
+
+        from pdcheck import lifecycle
+        from pdcheck.errors import EXIT_INTERRUPTED
+
+        rep = msgspec.structs.replace(rep, exit_code=lifecycle.exit_code(EXIT_INTERRUPTED))
     if junit is not None:
         try:
             junit.write_bytes(sm.junit(rep))
         except OSError as exc:
             raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
     if json_out:
-        from pdcheck import lifecycle
         from pdcheck.envelope import write_json
-        from pdcheck.errors import EXIT_INTERRUPTED
 
-        write_json("smoke", None, lifecycle.exit_code(EXIT_INTERRUPTED) if interrupted else rep.exit_code, rep)
+        write_json("smoke", None, rep.exit_code, rep)
     else:
-        sm.render(rep, console(), interrupted=interrupted is not None)
+        sm.render(rep, console(), interrupted=interrupted)
