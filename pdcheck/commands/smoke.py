@@ -20,9 +20,10 @@ EPILOG = f"""[bold]Examples[/]
   pdcheck smoke my-scenarios/ --json
   [dim]# quicker: no transfer proof[/]
   pdcheck smoke my-scenarios/ --no-transfer
-  [dim]# only the SGLang scenarios; only the request-path ones; names containing "hetero", one at a time[/]
+  [dim]# only the SGLang scenarios; only the request-path ones[/]
   pdcheck smoke --framework sglang
   pdcheck smoke --phase requests
+  [dim]# names containing "hetero", one scenario at a time[/]
   pdcheck smoke -k hetero -j 1
 
 {exit_codes("every expectation holds", "one does not")}"""
