@@ -325,6 +325,14 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
                     if pick(opts.faults, "restart-p", msg.request):
                         # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                         # still held dies with it; the schedule pauses while the new P starts.
+                        # The params D was due to get before this moment go to D now, before P dies, as the model
+                        # orders them (on a loaded machine their turn of the loop may not have come yet: D then
+                        # read an earlier request from the dead P).
+                        early = sorted(e for e in due if e[2] == "decode" and e[0] <= msg.t)
+                        if early:
+                            due[:] = [e for e in due if not (e[2] == "decode" and e[0] <= msg.t)]
+                            heapq.heapify(due)
+                            to_d.send_all([_route(prefilled, j, opts) for _w, _s, _a, j in early])
                         _settle_before_restart(lau, slot.rank, d, msg.request, prefilled, decoded, freed, logs, opts,
                                                d_began, shakes)
                         dying = [j for j in prefilled if j not in freed and j not in gone]

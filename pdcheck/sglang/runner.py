@@ -106,9 +106,12 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
             d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
             if fault == "kill_prefill":
                 p_ranks = []
-            orch.send_all([*p_ranks, *d_ranks], m.Stop())
+            # P ranks stop first, D ranks once every P rank has: a P rank still WRITing or notifying (hetero TP:
+            # D may complete on another P rank's pages first) never meets a D that is already gone
+            orch.send_all(p_ranks, m.Stop())
             got_p = {} if not p_ranks else orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0),
                                 ended_ok=True)  # a P rank ends right after its final message
+            orch.send_all(d_ranks, m.Stop())
             p_final = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got_p.items()}
     except HarnessError as exc:  # what the ranks delivered before it stays in the report
         harness.append(str(exc))
