@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from pdcheck.cliopts import Command
-from pdcheck.commands import OUTPUT, RUN, Opt, console, exit_codes
+from pdcheck.commands import OUTPUT, RUN, Opt, emit, exit_codes, output_flags
 from pdcheck.commands.handshake import HANG_TIMEOUT_S
 
 SELECT = "Select"
@@ -32,6 +32,7 @@ EPILOG = f"""[bold]Examples[/]
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     def smoke(
         directory: Annotated[Path | None, typer.Argument(
             metavar="DIRECTORY", show_default=False,
@@ -87,15 +88,14 @@ def register(app: typer.Typer) -> None:
             except sm.Interrupted as stop:
                 rep, interrupted = stop.report, True
         _write(rep, junit, json_out, interrupted)
-        if interrupted:
-            raise KeyboardInterrupt from None  # exit 128 + the signal (pdcheck.lifecycle)
-        raise typer.Exit(rep.exit_code)
 
 
 def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> None:
-    """JUnit, then the table or --json: of every case, or (interrupted) of the scenarios that finished."""
+    """JUnit, then the table or --json (pdcheck.commands.emit), and exit: of every case, or (interrupted) of the
+    scenarios that finished, with the signal's exit code."""
     from pdcheck import smoke as sm
     from pdcheck.errors import BadInput
+    from pdcheck.frameworks import Outcome
 
     assert isinstance(rep, sm.SmokeReport)
     if interrupted:  # the run's exit code is the signal's (pdcheck.lifecycle), the document's too
@@ -110,9 +110,5 @@ def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> N
             junit.write_bytes(sm.junit(rep))
         except OSError as exc:
             raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
-    if json_out:
-        from pdcheck.envelope import write_json
-
-        write_json("smoke", None, rep.exit_code, rep)
-    else:
-        sm.render(rep, console(), interrupted=interrupted)
+    emit("smoke", None, Outcome(rep.exit_code, rep, lambda con: sm.render(rep, con, interrupted=interrupted)),
+         json_out)
