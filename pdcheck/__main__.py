@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-RANK_COMMANDS = ("handshake", "serve", "transfer-bench", "doctor")  # probe starts no ranks
+RANK_COMMANDS = ("handshake", "serve", "transfer-bench", "doctor", "smoke")  # probe starts no ranks
 
 
 def main() -> None:

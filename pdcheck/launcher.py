@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -64,17 +65,21 @@ def _prep_without_main(name: str) -> dict[str, Any]:
     return data
 
 
+_LAUNCH_LOCK = threading.Lock()  # smoke starts ranks from several threads; the swap below is process-wide
+
+
 class _Popen(popen_forkserver.Popen):
     """multiprocessing re-runs `__main__` in every child: for the `pdcheck` console script that re-imports
     the whole CLI (typer, rich) in each rank, a third of a rank's start-up. Rank targets live in modules the
     forkserver preloads, so the children need no `__main__` at all."""
 
     def _launch(self, process_obj: Any) -> None:
-        spawn.get_preparation_data = _prep_without_main  # type: ignore[assignment]
-        try:
-            super()._launch(process_obj)
-        finally:
-            spawn.get_preparation_data = _GET_PREP  # type: ignore[assignment]
+        with _LAUNCH_LOCK:
+            spawn.get_preparation_data = _prep_without_main  # type: ignore[assignment]
+            try:
+                super()._launch(process_obj)
+            finally:
+                spawn.get_preparation_data = _GET_PREP  # type: ignore[assignment]
 
 
 class _RankProcess(mp.context.ForkServerProcess):
@@ -229,6 +234,36 @@ def forkserver_alive() -> bool:
     return done == 0
 
 
+# Every local launcher with ranks, so that an interrupt can stop the runs of other threads (smoke runs scenarios
+# side by side in threads; only the main thread sees the signal): abort_all().
+_LIVE: set[Launcher] = set()
+_LIVE_LOCK = threading.Lock()
+_aborted: list[str] = []
+
+
+def abort_all(why: str = "interrupted") -> None:
+    """Stop every rank of every launcher of this process now (SIGKILL) and refuse new ones: the runs waiting
+    on them see their ranks die and end; each launcher's close() still reaps its own. Idempotent."""
+    with _LIVE_LOCK:
+        if not _aborted:
+            _aborted.append(why)
+        for lau in list(_LIVE):
+            for r in lau.ranks:
+                if r.running():
+                    _kill(r.proc.pid, signal.SIGKILL)
+
+
+def aborted() -> str | None:
+    """Why abort_all() stopped this process's runs, if it did."""
+    return _aborted[0] if _aborted else None
+
+
+def reset_abort() -> None:
+    """Let ranks start again after abort_all() (a test, or an in-process caller that handled the interrupt)."""
+    with _LIVE_LOCK:
+        _aborted.clear()
+
+
 class Launcher(RankLauncher[Rank]):
     """Local placement: every rank a forked child on this host. The placement seam: place(), start() (with an
     optional log file), events(), close() and hold_host, and ranks that answer id, label, send(), ended(), pid,
@@ -276,7 +311,13 @@ class Launcher(RankLauncher[Rank]):
                 proc.start()
                 child.close()
                 rank = Rank(role, tp_rank, proc, parent)
-                self.ranks.append(rank)
+                with _LIVE_LOCK:  # recorded before abort_all() can look, or stopped here if it already did
+                    self.ranks.append(rank)
+                    _LIVE.add(self)
+                    if _aborted:
+                        _kill(proc.pid, signal.SIGKILL)
+            if _aborted:
+                raise KeyboardInterrupt(_aborted[0])
         except (EOFError, OSError) as exc:  # the forkserver died (or could not start): no rank can start
             parent.close()
             child.close()
@@ -329,7 +370,9 @@ class Launcher(RankLauncher[Rank]):
                 r.proc.join(0.05)
             r.proc.join(0.5)
             r.conn.close()
-        self.ranks.clear()
+        with _LIVE_LOCK:
+            self.ranks.clear()
+            _LIVE.discard(self)
         remove_leaked_segments(self.shm_before)
 
 

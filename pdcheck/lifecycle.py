@@ -173,6 +173,7 @@ def shutdown(code: int = 0) -> str | None:
 # expected failure's C++ error lines do not reach the terminal. The files live in one directory per pdcheck
 # run: the user's --log-dir (kept), or a temporary one removed at exit unless the run failed as a harness.
 _logs: dict[str, Any] = {"root": None, "temp": False, "runs": []}
+_logs_lock = threading.Lock()  # smoke's threads each start launchers
 
 
 def keep_rank_logs(directory: Path) -> None:
@@ -192,13 +193,14 @@ def rank_log_dir() -> str:
     import os
     import tempfile
 
-    if _logs["root"] is None:
-        _logs.update(root=tempfile.mkdtemp(prefix="pdcheck-logs-"), temp=True)
-    runs: list[str] = _logs["runs"]
-    path = _logs["root"] if not runs else os.path.join(_logs["root"], f"run-{len(runs) + 1}")
-    os.makedirs(path, exist_ok=True)
-    runs.append(path)
-    return path
+    with _logs_lock:
+        if _logs["root"] is None:
+            _logs.update(root=tempfile.mkdtemp(prefix="pdcheck-logs-"), temp=True)
+        runs: list[str] = _logs["runs"]
+        path = _logs["root"] if not runs else os.path.join(_logs["root"], f"run-{len(runs) + 1}")
+        os.makedirs(path, exist_ok=True)
+        runs.append(path)
+        return path
 
 
 def rank_log_dirs() -> list[str]:

@@ -1,9 +1,21 @@
 """`pdcheck smoke`: run every scenario of a directory and check each one's [expect] table, for CI. The file's
-`framework` key picks the framework (pdcheck.frameworks) that plans and runs it and yields its cases."""
+`framework` key picks the framework (pdcheck.frameworks) that plans and runs it and yields its cases.
+
+Scenarios run side by side (`-j`): most of a scenario's time is waiting (hang timeouts, leases, restarts) while
+the cores idle. Each part (a scenario, or the independent parts its framework splits it into) runs in a thread of
+this process, its ranks forked from the one forkserver; a part is admitted while the rank processes alive stay
+within a budget from the cores (docs/performance.md, "smoke"). Every part has its own launcher, ports from the OS,
+rank-log directory and orchestration, so parts never see each other. The cases come out in file order, as
+one at a time."""
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import queue
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from xml.etree import ElementTree as ET
@@ -15,7 +27,7 @@ from rich.table import Table
 
 from pdcheck import frameworks, verdict
 from pdcheck.errors import EXIT_BAD_INPUT, BadInput
-from pdcheck.frameworks import Framework, SmokeOptions
+from pdcheck.frameworks import PHASES, Framework, SmokeCost, SmokeOptions
 from pdcheck.scenario import read_toml
 
 
@@ -47,6 +59,7 @@ class SmokeReport(msgspec.Struct):
 
 
 MAX_SCENARIOS = 1000
+MAX_JOBS = 64
 
 
 def scenario_files(directory: Path) -> list[Path]:
@@ -67,23 +80,194 @@ def scenario_files(directory: Path) -> list[Path]:
     return files
 
 
-def discover(directory: Path, opts: SmokeOptions) -> list[tuple[Framework, Any]]:
-    """(framework, plan) of every scenario file, each validated by its framework (the file's `framework`
-    key picks it) exactly as its commands validate a file, before anything runs."""
+@dataclasses.dataclass(frozen=True)
+class Select:
+    """Which scenarios run (`--framework`, `--phase`, `-k`): every filter given must match."""
+
+    frameworks: tuple[str, ...] = ()
+    phases: tuple[str, ...] = ()
+    names: tuple[str, ...] = ()  # substrings of the scenario's file name (without .toml)
+
+    def check(self) -> None:
+        for name in self.frameworks:
+            frameworks.get(name)  # BadInput naming the known ones
+        for ph in self.phases:
+            if ph not in PHASES:
+                raise BadInput(f"--phase: expected one of {', '.join(PHASES)}, got {ph!r}")
+
+
+def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> list[tuple[Framework, Any]]:
+    """(framework, plan) of every scenario file the filters keep, each validated by its framework (the file's
+    `framework` key picks it) exactly as its commands validate a file, before anything runs."""
+    select.check()
     plans = []
     for f in scenario_files(directory):
-        fw, _ = frameworks.pick(read_toml(f).get("framework"), {}, str(f), command="smoke")
-        plans.append((fw, fw.smoke_plan(f, opts)))
+        if select.names and not any(k in f.stem for k in select.names):
+            continue
+        declared = read_toml(f).get("framework")
+        if select.frameworks and (declared or frameworks.DEFAULT) not in select.frameworks:
+            continue
+        fw, _ = frameworks.pick(declared, {}, str(f), command="smoke")
+        plan = fw.smoke_plan(f, opts)
+        if select.phases and fw.smoke_phase(plan) not in select.phases:
+            continue
+        plans.append((fw, plan))
+    if not plans:
+        raise BadInput(f"{directory}: no scenario matches the filters (--framework, --phase, -k)")
     return plans
 
 
-def run(directory: Path, opts: SmokeOptions) -> SmokeReport:
-    plans = discover(directory, opts)
+def default_jobs() -> int:
+    """Parts at once: a scenario mostly waits, so several per core (docs/performance.md, "smoke")."""
+    return max(2, 4 * _cores())
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def rank_budget() -> int:
+    """Rank processes alive at once that the scheduler admits parts up to: starting a rank (its NIXL agent,
+    its KV registration) is the CPU-bound part of a run; a part larger than the budget runs when it is alone."""
+    return 10 * _cores()
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM, SIGHUP) during smoke: the report of the scenarios that had finished."""
+
+    def __init__(self, report: SmokeReport) -> None:
+        super().__init__("interrupted")
+        self.report = report
+
+
+@dataclasses.dataclass
+class _Part:
+    scenario: int  # index into the plans, file order
+    index: int  # its place among its scenario's parts
+    fw: Framework
+    plan: Any
+    cost: SmokeCost
+
+
+def run(directory: Path, opts: SmokeOptions, jobs: int = 1, select: Select = Select(),
+        on_case: Callable[[Case, int, int], None] | None = None) -> SmokeReport:
+    """Every selected scenario, `jobs` parts at once. on_case(case, done, total) as each case is known (from
+    the main thread; total: the cases expected). Raises Interrupted with what finished on a signal."""
+    plans = discover(directory, opts, select)
+    parts = [_Part(i, k, fw, part, fw.smoke_cost(part)) for i, (fw, plan) in enumerate(plans)
+             for k, part in enumerate(fw.smoke_split(plan))]
+    n_parts = {i: sum(1 for p in parts if p.scenario == i) for i in range(len(plans))}
+    total = sum(fw.smoke_count(plan) for fw, plan in plans)
     t0 = time.perf_counter()
-    cases = [c for fw, plan in plans for c in fw.smoke_run(plan, Case)]
-    failed = sum(not c.passed for c in cases)
-    return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
-                       verdict.exit_code(c.passed for c in cases))
+    results: dict[int, dict[int, list[Case]]] = {}  # scenario -> part index -> its cases
+    done = 0
+
+    def report() -> SmokeReport:
+        cases = [c for i in sorted(results) if len(results[i]) == n_parts[i] for c in _merged(results[i])]
+        failed = sum(not c.passed for c in cases)
+        return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
+                           verdict.exit_code(c.passed for c in cases))
+
+    def finished(part: _Part, cases: list[Case]) -> None:
+        nonlocal done
+        results.setdefault(part.scenario, {})[part.index] = cases
+        for c in cases:
+            done += 1
+            if on_case is not None:
+                on_case(c, done, total)
+
+    if jobs <= 1:  # one at a time, in this thread
+        try:
+            for part in parts:
+                finished(part, part.fw.smoke_run(part.plan, Case))
+        except KeyboardInterrupt:
+            raise Interrupted(report()) from None
+        return report()
+    from pdcheck import launcher
+
+    launcher.warm_up()  # the forkserver from this (the main) thread: it must ignore the signals (lifecycle)
+    _run_parallel(parts, jobs, finished, report)
+    return report()
+
+
+def _run_parallel(parts: list[_Part], jobs: int, finished: Callable[[_Part, list[Case]], None],
+                  report: Callable[[], SmokeReport]) -> None:
+    """Parts in worker threads, longest first, while at most `jobs` run and their ranks fit rank_budget()
+    (a part alone always runs). Results are handed to `finished` in this thread. A signal stops every rank
+    of every part (launcher.abort_all), waits for the workers to clean up, and raises Interrupted."""
+    from pdcheck import launcher
+
+    budget = rank_budget()
+    pending = sorted(parts, key=lambda p: -p.cost.seconds)
+    running: dict[int, _Part] = {}
+    done_q: queue.Queue[tuple[int, list[Case] | None, BaseException | None]] = queue.Queue()
+    threads: list[threading.Thread] = []
+
+    def work(key: int, part: _Part) -> None:
+        try:
+            done_q.put((key, part.fw.smoke_run(part.plan, Case), None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it there
+            done_q.put((key, None, exc))
+
+    try:
+        key = 0
+        while pending or running:
+            used = sum(p.cost.ranks for p in running.values())
+            while pending and len(running) < jobs:
+                fit = next((p for p in pending if used + p.cost.ranks <= budget), None)
+                if fit is None:
+                    if running:
+                        break
+                    fit = pending[0]
+                pending.remove(fit)
+                key += 1
+                running[key] = fit
+                used += fit.cost.ranks
+                t = threading.Thread(target=work, args=(key, fit), name=f"pdcheck-smoke-{key}", daemon=True)
+                threads.append(t)
+                t.start()
+            try:
+                got, cases, exc = done_q.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            part = running.pop(got)
+            if exc is not None:
+                raise exc
+            assert cases is not None
+            finished(part, cases)
+    except KeyboardInterrupt:
+        launcher.abort_all()
+        _join(threads, 10.0)
+        raise Interrupted(report()) from None
+    except BaseException:
+        launcher.abort_all("stopped")
+        _join(threads, 10.0)
+        raise
+
+
+
+
+def _join(threads: list[threading.Thread], timeout_s: float) -> None:
+    """Wait for the workers to close their launchers (every rank reaped); a second signal meanwhile is only
+    recorded (lifecycle), so this wait is not cut short."""
+    from pdcheck import launcher
+
+    deadline = time.monotonic() + timeout_s
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if not any(t.is_alive() for t in threads):  # nothing left that could start a rank: an in-process caller
+        launcher.reset_abort()                 # (the tests' CLI runner) may run again
+
+
+def _merged(parts: dict[int, list[Case]]) -> list[Case]:
+    """A scenario's cases from its parts, in part order; `seconds` is the scenario's: its parts' sum."""
+    if len(parts) == 1:
+        return parts[0]
+    secs = sum(cases[0].seconds for cases in parts.values() if cases)
+    return [msgspec.structs.replace(c, seconds=secs) for k in sorted(parts) for c in parts[k]]
 
 
 def junit(rep: SmokeReport) -> bytes:
@@ -106,8 +290,9 @@ def junit(rep: SmokeReport) -> bytes:
     return ET.tostring(root, encoding="utf-8", xml_declaration=True)
 
 
-def render(rep: SmokeReport, console: Console) -> None:
-    table = Table(title=f"pdcheck smoke: {escape(rep.directory)}")
+def render(rep: SmokeReport, console: Console, interrupted: bool = False) -> None:
+    """The table of cases; interrupted: of the scenarios that finished before the signal."""
+    table = Table(title=f"pdcheck smoke: {escape(rep.directory)}" + (" (interrupted)" if interrupted else ""))
     for col in ("scenario", "release", "result", "decode ranks", "detail"):
         table.add_column(col, no_wrap=col in ("scenario", "release", "result"))
     for c in rep.cases:
@@ -115,7 +300,8 @@ def render(rep: SmokeReport, console: Console) -> None:
         table.add_row(escape(c.scenario), c.release, "[green]pass[/]" if c.passed else "[bold red]FAIL[/]", summary,
                       escape(c.message))
     console.print(table)
-    console.print(f"{rep.passed} passed, {rep.failed} failed in {rep.seconds:.1f} s")
+    console.print(f"{rep.passed} passed, {rep.failed} failed in {rep.seconds:.1f} s"
+                  + ("; interrupted: only the scenarios that finished are listed" if interrupted else ""))
 
 
 __all__ = ["EXIT_BAD_INPUT", "SmokeReport", "junit", "render", "run"]

@@ -76,16 +76,19 @@ def register(app: typer.Typer) -> None:
                                             "D on pdcheck_decode ones (needs pdcheck\\[ray]).")] = None,
     ) -> None:
         """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
-        from pdcheck import bounds, frameworks
+        from pdcheck import bounds, frameworks, progress
         from pdcheck.scenario import read_toml
 
-        # Every check before any process starts: flags, file, releases, port layout, device.
-        bounds.check_timeouts(hang_timeout, timeout)
-        declared = read_toml(scenario).get("framework") if scenario is not None and from_logs is None else None
-        fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"))
-        plan = fw.handshake_plan(frameworks.HandshakeArgs(
-            scenario=scenario, releases=rels, overrides=overrides, hang_timeout=hang_timeout, timeout=timeout,
-            json_out=json_out, transfer=transfer, device=device, max_tp=max_tp, from_logs=from_logs,
-            prefill_release=prefill_vllm, prefill_endpoint=prefill_endpoint, inject=inject, ray=ray,
-            log_dir=log_dir))
-        emit("handshake", fw.name, fw.handshake_run(plan, show_progress=not json_out), json_out)
+        # Progress from the start: planning and the ranks' start-up come before the run's first stage.
+        with progress.stderr_progress(enabled=not json_out):
+            # Every check before any process starts: flags, file, releases, port layout, device.
+            bounds.check_timeouts(hang_timeout, timeout)
+            declared = read_toml(scenario).get("framework") if scenario is not None and from_logs is None else None
+            fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"))
+            plan = fw.handshake_plan(frameworks.HandshakeArgs(
+                scenario=scenario, releases=rels, overrides=overrides, hang_timeout=hang_timeout, timeout=timeout,
+                json_out=json_out, transfer=transfer, device=device, max_tp=max_tp, from_logs=from_logs,
+                prefill_release=prefill_vllm, prefill_endpoint=prefill_endpoint, inject=inject, ray=ray,
+                log_dir=log_dir))
+            outcome = fw.handshake_run(plan, show_progress=not json_out)
+        emit("handshake", fw.name, outcome, json_out)

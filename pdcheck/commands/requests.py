@@ -86,5 +86,5 @@ def register(app: typer.Typer) -> None:
         outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot, "all": every,
                                "flags": {"requests": n_requests, "rate": rate, "lease": lease,
                                          "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
-                                         "failure_policy": failure_policy, "mode": mode}})
+                                         "failure_policy": failure_policy, "mode": mode}, "json_out": json_out})
         emit("requests", fw.name, outcome, json_out)

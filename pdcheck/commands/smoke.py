@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from pdcheck.cliopts import Command
 from pdcheck.commands import OUTPUT, RUN, Opt, emit, exit_codes, output_flags
 from pdcheck.commands.handshake import HANG_TIMEOUT_S
+
+SELECT = "Select"
 
 EPILOG = f"""[bold]Examples[/]
   [dim]# CI: every bundled scenario against its expected outcome[/]
@@ -18,6 +20,11 @@ EPILOG = f"""[bold]Examples[/]
   pdcheck smoke my-scenarios/ --json
   [dim]# quicker: no transfer proof[/]
   pdcheck smoke my-scenarios/ --no-transfer
+  [dim]# only the SGLang scenarios; only the request-path ones[/]
+  pdcheck smoke --framework sglang
+  pdcheck smoke --phase requests
+  [dim]# names containing "hetero", one scenario at a time[/]
+  pdcheck smoke -k hetero -j 1
 
 {exit_codes("every expectation holds", "one does not")}"""
 
@@ -39,21 +46,69 @@ def register(app: typer.Typer) -> None:
         hang_timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,
                                            help="Seconds before a reply-less handshake counts as a hang.")
                                 ] = HANG_TIMEOUT_S,
+        jobs: Annotated[int | None, Opt("--jobs", "-j", metavar="N", rich_help_panel=RUN, show_default=False,
+                                        help="Scenarios (or their independent parts) run at once, their rank "
+                                             "processes bounded by the cores (default: 4 per core; 1: one after "
+                                             "another).")] = None,
+        framework: Annotated[list[str] | None, Opt(metavar="NAME", rich_help_panel=SELECT, show_default=False,
+                                                   help="Only this framework's scenarios (vllm, sglang; "
+                                                        "repeatable).")] = None,
+        phase: Annotated[list[str] | None, Opt(metavar="PHASE", rich_help_panel=SELECT, show_default=False,
+                                               help="Only scenarios of this phase: handshake or requests "
+                                                    "(repeatable).")] = None,
+        name: Annotated[list[str] | None, Opt("-k", metavar="TEXT", rich_help_panel=SELECT, show_default=False,
+                                              help="Only scenarios whose name contains TEXT (repeatable: any "
+                                                   "of them).")] = None,
     ) -> None:
         """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
-        from pdcheck import bounds
+        from pdcheck import bounds, progress
         from pdcheck import smoke as sm
-        from pdcheck.errors import BadInput
-        from pdcheck.frameworks import Outcome, SmokeOptions
+        from pdcheck.frameworks import SmokeOptions
         from pdcheck.scenario import BUNDLED
 
         bounds.check_timeouts(hang_timeout)
         bounds.check_out_file("--junit", junit)  # before anything runs
-        rep = sm.run(directory if directory is not None else BUNDLED,
-                     SmokeOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)))
-        if junit is not None:
+        n = sm.default_jobs() if jobs is None else jobs
+        if not 1 <= n <= sm.MAX_JOBS:
+            from pdcheck.errors import BadInput
+
+            raise BadInput(f"--jobs: expected 1 to {sm.MAX_JOBS}, got {n}")
+        select = sm.Select(tuple(framework or ()), tuple(phase or ()), tuple(name or ()))
+        with progress.stderr_progress(enabled=not json_out) as tick:
+            def on_case(case: sm.Case, done: int, total: int) -> None:
+                tick("smoke cases", done, total, f"{case.scenario}")
+                if not case.passed:
+                    tick.line(f"FAIL {case.scenario} {case.release}: {case.message}")
+
+            interrupted = False
             try:
-                junit.write_bytes(sm.junit(rep))
-            except OSError as exc:
-                raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
-        emit("smoke", None, Outcome(rep.exit_code, rep, lambda con: sm.render(rep, con)), json_out)
+                rep = sm.run(directory if directory is not None else BUNDLED,
+                             SmokeOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)), n, select,
+                             on_case)
+            except sm.Interrupted as stop:
+                rep, interrupted = stop.report, True
+        _write(rep, junit, json_out, interrupted)
+
+
+def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> None:
+    """JUnit, then the table or --json (pdcheck.commands.emit), and exit: of every case, or (interrupted) of the
+    scenarios that finished, with the signal's exit code."""
+    from pdcheck import smoke as sm
+    from pdcheck.errors import BadInput
+    from pdcheck.frameworks import Outcome
+
+    assert isinstance(rep, sm.SmokeReport)
+    if interrupted:  # the run's exit code is the signal's (pdcheck.lifecycle), the document's too
+        import msgspec
+
+        from pdcheck import lifecycle
+        from pdcheck.errors import EXIT_INTERRUPTED
+
+        rep = msgspec.structs.replace(rep, exit_code=lifecycle.exit_code(EXIT_INTERRUPTED))
+    if junit is not None:
+        try:
+            junit.write_bytes(sm.junit(rep))
+        except OSError as exc:
+            raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
+    emit("smoke", None, Outcome(rep.exit_code, rep, lambda con: sm.render(rep, con, interrupted=interrupted)),
+         json_out)

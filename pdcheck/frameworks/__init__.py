@@ -63,6 +63,18 @@ class SmokeOptions:
     hang_timeout_ms: int = 3000
 
 
+PHASES = ("handshake", "requests")  # what a smoke scenario exercises (`pdcheck smoke --phase`)
+
+
+@dataclasses.dataclass(frozen=True)
+class SmokeCost:
+    """What smoke's scheduler knows of a smoke part before it runs: the rank processes it keeps alive at once
+    (what it admits against the cores) and the seconds it should take alone (longest first)."""
+
+    ranks: int = 2
+    seconds: float = 1.0
+
+
 class Framework:
     """One modelled framework: subclass it, fill in the attributes and the handshake and smoke methods, and
     register() an instance. `commands` maps each command the framework implements to the help of its release
@@ -103,8 +115,26 @@ class Framework:
         raise NotImplementedError
 
     def smoke_run(self, plan: Any, case: Callable[..., Any]) -> list[Any]:
-        """Run a smoke plan; one `case(...)` (smoke.Case, framework=name) per expected release."""
+        """Run a smoke plan (or one part of it, smoke_split); one `case(...)` (smoke.Case, framework=name) per
+        expected release it covers. Smoke calls it from several threads at once, one plan per call."""
         raise NotImplementedError
+
+    def smoke_split(self, plan: Any) -> list[Any]:
+        """Parts of a smoke plan that share no process, port or state, so smoke may run them at once; their
+        cases, in this order, are the scenario's. Default: the plan as one part."""
+        return [plan]
+
+    def smoke_count(self, plan: Any) -> int:
+        """How many cases the plan yields (its [expect] entries): the total smoke's progress counts to."""
+        return 1
+
+    def smoke_phase(self, plan: Any) -> str:
+        """Which of PHASES the plan exercises (`pdcheck smoke --phase`)."""
+        return "handshake"
+
+    def smoke_cost(self, part: Any) -> SmokeCost:
+        """The scheduler's estimate of one part (smoke_split); a guess only orders and admits the work."""
+        return SmokeCost()
 
     def probe(self, args: dict[str, Any]) -> Outcome:
         """`pdcheck probe` of a live prefill (read-only)."""

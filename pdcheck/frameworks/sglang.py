@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeOptions, unsupported
+from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeCost, SmokeOptions, unsupported
 
 
 class SGLang(Framework):
@@ -76,6 +76,19 @@ class SGLang(Framework):
         from pdcheck.sglang import smoke as sg
 
         return sg.run_one(plan, case)
+
+    def smoke_count(self, plan: Any) -> int:
+        return len(plan.scenario.expect)
+
+    def smoke_split(self, plan: Any) -> list[Any]:
+        from pdcheck.sglang import smoke as sg
+
+        return sg.split(plan)
+
+    def smoke_cost(self, part: Any) -> SmokeCost:
+        from pdcheck.sglang import smoke as sg
+
+        return sg.cost(part)
 
     # ------------------------------------------------------------------------------------- probe, serve
     def probe(self, o: dict[str, Any]) -> Outcome:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeOptions
+from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeCost, SmokeOptions
 
 REQUESTS_PREFIX = "requests-"  # scenarios of `pdcheck requests` (pdcheck.requests.plan's format)
 REQUESTS_DIR = "requests"  # ... and every scenario of this subdirectory (the bundled ones live in scenarios/requests)
@@ -157,6 +157,33 @@ class VLLM(Framework):
 
         return _smoke_handshake(plan, case) if isinstance(plan, Plan) else _smoke_requests(plan, case)
 
+    def smoke_count(self, plan: Any) -> int:
+        from pdcheck.plan import Plan
+
+        return len(plan.scenario.expect if isinstance(plan, Plan) else plan.expect)
+
+    def smoke_phase(self, plan: Any) -> str:
+        from pdcheck.plan import Plan
+
+        return "handshake" if isinstance(plan, Plan) else "requests"
+
+    def smoke_cost(self, part: Any) -> SmokeCost:
+        from pdcheck.plan import Plan
+
+        if not isinstance(part, Plan):  # one P and one D rank; each release line (and corrected) in turn
+            from pdcheck.requests.model import run_end
+
+            o = part.options
+            per_line = run_end(o.requests, o.rate, o.faults, o.settle_s) + (o.lease_s or 0.5)
+            return SmokeCost(ranks=2, seconds=(len(part.releases) + 1) * per_line)
+        sc = part.scenario
+        # Each D rank runs the releases one after another: a hanging one waits out the whole hang timeout.
+        hangs = sum(1 for exp in sc.expect.values() if "hang" in (exp if isinstance(exp, list) else [exp]))
+        groups = max(1, len(part.dp) + len(part.dp_idle))
+        return SmokeCost(ranks=sc.prefill.tp_size + sc.decode.tp_size,
+                         seconds=groups * (0.5 + 0.1 * (sc.prefill.tp_size + sc.decode.tp_size))
+                         + hangs * part.options.hang_timeout_ms / 1000)
+
     # --------------------------------------------------------------------------------------------- probe
     def probe(self, o: dict[str, Any]) -> Outcome:
         import msgspec
@@ -282,7 +309,10 @@ class VLLM(Framework):
             from pdcheck import figure
 
             figure.check(plot)  # before anything runs
-        rep = requests_execute(plan)
+        from pdcheck import progress
+
+        with progress.stderr_progress(enabled=not o.get("json_out", False)) as tick:
+            rep = requests_execute(plan, tick)
         if plot is not None:
             from pdcheck.requests import plot as plotting
 
@@ -392,11 +422,11 @@ def requests_plan(scenario: Path | None, vllm: str | None, flags: dict[str, Any]
     return build(scenario, doc, vllm, flags, faults)
 
 
-def requests_execute(plan: Any) -> Any:
+def requests_execute(plan: Any, tick: Any = None) -> Any:
     from pdcheck.requests import report
     from pdcheck.requests.run import run
 
-    return report.build(plan, run(plan.releases, plan.options))
+    return report.build(plan, run(plan.releases, plan.options, tick))
 
 
 def _smoke_requests(plan: Any, case: Callable[..., Any]) -> list[Any]:

@@ -91,8 +91,10 @@ def _stage(what: str, timeout_s: float) -> orc.Stage:
                      f"{{ranks}} silent after {{timeout:g}} s during {what}", timeout_s)
 
 
-def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
-    """Every (release name, lifecycle line) in turn, then the corrected path, on one real P and one real D."""
+def run(releases: list[tuple[str, Lifecycle]], opts: Options,
+        tick: Callable[[str, int, int, str], None] | None = None) -> list[LineRun]:
+    """Every (release name, lifecycle line) in turn, then the corrected path, on one real P and one real D.
+    tick(stage, done, total, note): progress per release line (pdcheck.progress)."""
     warm_up()
     out: list[LineRun] = []
     sh = opts.shape
@@ -109,9 +111,14 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options) -> list[LineRun]:
         slots = [_PSlot(p, _Outbox(p), got[p.id][1], k // sh.p_tp, k % sh.p_tp) for k, p in enumerate(ps)]
         dboxes = [_Outbox(d) for d in ds]
         try:
-            for name, line in [*releases, ("corrected", CORRECTED)]:
+            lines = [*releases, ("corrected", CORRECTED)]
+            for k, (name, line) in enumerate(lines):
+                if tick is not None:
+                    tick("release lines", k, len(lines), name)
                 # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
                 out.append(_one_line(lau, slots, ds, dboxes, name, line, opts))
+            if tick is not None:
+                tick("release lines", len(lines), len(lines), "")
         finally:
             for box in [*(s.box for s in slots), *dboxes]:
                 box.send(m.Stop())
@@ -405,14 +412,16 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                     if pick(opts.faults, "restart-p", msg.request):
                         # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                         # still held dies with it; the schedule pauses while the new P starts.
-                        # The earlier requests' params that are due go to D first (a TP shape reports several
-                        # prefills in one turn: they must not wait behind the restart).
-                        early = [e for e in due if e[2] == "decode" and e[3] < msg.request and e[0] <= time.time()]
-                        for e in early:
-                            due.remove(e)
-                            for r in range(sh.d_tp):
-                                to_ds[d_group(sh, e[3]) * sh.d_tp + r].send(_route(prefilled, e[3], opts, r))
-                        heapq.heapify(due)
+                        # The params D was due to get before this moment go to D now, before P dies, as the model
+                        # orders them (on a loaded machine their turn of the loop may not have come yet: D then
+                        # read an earlier request from the dead P); every D rank of the shape gets its own.
+                        early = sorted(e for e in due if e[2] == "decode" and e[0] <= msg.t)
+                        if early:
+                            due[:] = [e for e in due if not (e[2] == "decode" and e[0] <= msg.t)]
+                            heapq.heapify(due)
+                            for e in early:
+                                for r in range(sh.d_tp):
+                                    to_ds[d_group(sh, e[3]) * sh.d_tp + r].send(_route(prefilled, e[3], opts, r))
                         _settle_before_restart(lau, ranks_now, msg.request, st, opts)
                         dying = [j for j in prefilled if j not in freed and j not in gone]
                         lost += len(dying)

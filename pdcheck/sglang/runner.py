@@ -80,7 +80,6 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                 p_ranks.append(lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
                     tp, pair.p.name, p, server.port, mine, tag, register=r < registered, pp_rank=pp, fault=fault,
                     dp_rank=dp))))
-            orch.await_ready(lau, p_ranks, opt.start_timeout_s)
             d_port = server.port
             if sc.decode.no_bootstrap:  # a port that was free a moment ago: nothing listens there
                 import socket
@@ -88,10 +87,12 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     d_port = s.getsockname()[1]
+            # D ranks start beside P's: their set-up (agent, registration) needs nothing of P; they contact
+            # the bootstrap server only after Go, once every rank is ready
             d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
                 r, pair.d.name, d, p, d_port, plan.requests, tag, opt.hang_timeout_s, fault=fault,
                 heartbeat_s=sc.transfer.heartbeat_s))) for r in range(d.tp_size)]
-            orch.await_ready(lau, d_ranks, opt.start_timeout_s)
+            orch.await_ready(lau, [*p_ranks, *d_ranks], opt.start_timeout_s)
             orch.send_all(d_ranks, m.Go())
             if fault == "kill_prefill":
                 # every P rank wrote chunk 0 of its first request; the whole prefill dies: ranks and bootstrap
@@ -105,9 +106,12 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
             d_final = {rid.index: msgspec.msgpack.decode(msg.body, type=DFinal) for rid, (_r, msg) in got.items()}
             if fault == "kill_prefill":
                 p_ranks = []
-            orch.send_all([*p_ranks, *d_ranks], m.Stop())
+            # P ranks stop first, D ranks once every P rank has: a P rank still WRITing or notifying (hetero TP:
+            # D may complete on another P rank's pages first) never meets a D that is already gone
+            orch.send_all(p_ranks, m.Stop())
             got_p = {} if not p_ranks else orch.gather(lau, p_ranks, m.FrameworkFinal, opt.start_timeout_s, _faults("to stop", 30.0),
                                 ended_ok=True)  # a P rank ends right after its final message
+            orch.send_all(d_ranks, m.Stop())
             p_final = {rid.index: msgspec.msgpack.decode(msg.body, type=PFinal) for rid, (_r, msg) in got_p.items()}
     except HarnessError as exc:  # what the ranks delivered before it stays in the report
         harness.append(str(exc))
