@@ -210,7 +210,7 @@ def test_probe_of_a_half_registered_server_agrees_with_the_engine() -> None:
                           kv_cache_dtype="auto", agent_name="a"))
     server = bs.Server(table)
     try:
-        rep = probe.run("127.0.0.1", server.port, "0.5.23", [resolve("0.5.23")], engine.Side(), 2.0)
+        rep = probe.run("127.0.0.1", server.port, "0.5.23", "0.5.23", engine.Side(), 2.0)
     finally:
         server.close()
     assert [c.status for c in rep.decode] == ["error"]
