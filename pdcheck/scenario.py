@@ -318,11 +318,11 @@ def unknown_keys(table: dict[str, Any], struct: Any, where: str) -> None:
 
 
 def other_phase(doc: dict[str, Any], where: str, path: Path | None) -> None:
-    """A request-path scenario ([requests] / [faults], no [prefill] or [decode]) given to a handshake command:
-    name the command that runs it."""
-    if ("requests" in doc or "faults" in doc) and "prefill" not in doc and "decode" not in doc:
+    """A request-path scenario (it has [requests] / [faults], which no handshake scenario has; [prefill] and
+    [decode] give its TP/DP shape) given to a handshake command: name the command that runs it."""
+    if "requests" in doc or "faults" in doc:
         name = path.stem if path is not None else "SCENARIO"
-        raise BadInput(f"{where}: a request-path scenario (it has [requests], no [prefill]/[decode]); run it with: "
+        raise BadInput(f"{where}: a request-path scenario (it has a [requests] or [faults] table); run it with: "
                        f"pdcheck requests {name}")
 
 

@@ -57,14 +57,17 @@ def test_a_bundled_scenario_is_found_by_name_from_anywhere(tmp_path, name):
     assert doc["matrix"]["0.9.1"] == ["ok", *["assert"] * 7]
 
 
-def test_a_path_wins_over_a_bundled_name_and_an_unknown_name_lists_the_bundled_ones(tmp_path):
+def test_a_path_wins_over_a_bundled_name_and_an_unknown_name_names_the_list_and_the_nearest(tmp_path):
     (tmp_path / "seed-19338-tp8.toml").write_text("this is not toml = = \n")
     run = _outside_the_clone(tmp_path, "handshake", "seed-19338-tp8.toml", "--no-transfer")
     assert run.returncode == 2 and "not valid TOML" in run.stderr  # the file here, not the bundled one
     run = _outside_the_clone(tmp_path, "handshake", "no-such-scenario", "--no-transfer")
     lines = run.stderr.strip().splitlines()
     assert run.returncode == 2 and len(lines) == 1, run.stderr
-    assert "no bundled scenario of that name" in lines[0] and "seed-19338-tp8" in lines[0]
+    assert "no bundled scenario of that name" in lines[0] and "pdcheck list scenarios" in lines[0]
+    run = _outside_the_clone(tmp_path, "handshake", "seed-19338-tp9", "--no-transfer")
+    lines = run.stderr.strip().splitlines()
+    assert run.returncode == 2 and len(lines) == 1 and "did you mean 'seed-19338-tp8'" in lines[0], run.stderr
     run = _outside_the_clone(tmp_path, "handshake", "sub/no-such.toml", "--no-transfer")
     assert run.returncode == 2 and "no such scenario file" in run.stderr  # a path is never looked up by name
 

@@ -83,6 +83,9 @@ def test_a_scenario_of_the_other_phase_names_its_command(capsys: pytest.CaptureF
     assert rc == 2 and "run it with: pdcheck requests requests-freed-early" in err
     rc, _out, err = _run(capsys, "requests", "hetero-p4-d2", "--vllm", "0.9.1")
     assert rc == 2 and "run it with: pdcheck handshake hetero-p4-d2" in err
+    # a request-path scenario with a TP shape has [prefill]/[decode] too: its [requests] table names it
+    rc, _out, err = _run(capsys, "handshake", "requests-tp2-freed-early", "--vllm", "0.9.1")
+    assert rc == 2 and "run it with: pdcheck requests requests-tp2-freed-early" in err
 
 
 def test_an_sglang_enum_value_names_the_valid_ones(tmp_path: Path) -> None:

@@ -190,7 +190,7 @@ def test_serve_logs_requests_and_notifications(hetero_serve):  # last user of th
     log = err.decode()
     assert "NIXL notification from decode-tp4-d0: 'req-0:2'" in log  # 0.9.1's "{req}:{tp_ratio}" notification
     line = next(x for x in log.splitlines() if "-> reply" in x)
-    assert "era B" in line and "peer " in line and "request 6765745f6d6574615f6d7367" in line
+    assert "era B" in line and "peer " in line and "request 'get_meta_msg'" in line
     assert "tp_rank 0" in log and "tp_rank 1" in log and "bytes" in line
 
 

@@ -102,5 +102,5 @@ def test_outcome_is_the_verdict_the_report_shows() -> None:
     assert msgspec.structs.asdict(v) == {f: getattr(out, f) for f in m.Verdict.__struct_fields__}
     # The report's --json keys for a verdict, in order
     assert list(msgspec.json.decode(msgspec.json.encode(v))) == [
-        "status", "assert_expr", "message", "recorded_num_blocks", "contacted", "exception", "check", "hazard",
-        "handshake", "remote_rank", "stride", "rank_num_blocks"]
+        "status", "assert_expr", "message", "recorded_num_blocks", "contacted", "contacted_stages", "exception",
+        "check", "hazard", "handshake", "remote_rank", "stride", "rank_num_blocks"]

@@ -98,7 +98,9 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     where = str(scenario) if scenario is not None else "command line"
     tables = ("requests", "prefill", "decode", "faults", "expect")
     unknown = set(doc) - set(tables)
-    if "requests" not in doc and {"prefill", "decode"} & set(doc) and "expect" not in doc:
+    # A request-path scenario may have [prefill]/[decode] (its TP/DP shape), but always a [requests] or [faults]
+    # table, which no handshake scenario has.
+    if "requests" not in doc and "faults" not in doc and {"prefill", "decode"} & set(doc):
         name = scenario.stem if scenario is not None else "SCENARIO"
         raise BadInput(f"{where}: a handshake scenario (it has [prefill]/[decode], no [requests]); run it with: "
                        f"pdcheck handshake {name}")
