@@ -120,4 +120,4 @@ def test_the_0_29_to_0_33_keys() -> None:
         assert "remote_registration_generation" not in lines.line_of(release).keys
     assert "remote_registration_generation" in lines.line_of("0.33.0").keys
     assert "dcp_size" not in push.keys(lines.line_of("0.29.0")) and "dcp_size" in push.keys(lines.line_of("0.30.0"))
-    assert [ln.line for ln in lines.LINES][-5:] == ["0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.34.0"]
+    assert [ln.line for ln in lines.LINES][-6:] == ["0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.34.0"]
