@@ -337,7 +337,9 @@ def _push_releases() -> list[str]:
             and (SRC / r / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/push_worker.py").is_file()]
 
 
-PUSH_RELEASES = _push_releases()
+# None found (only releases before NixlPushConnector unpacked): one case that says why, not an empty set
+PUSH_RELEASES = _push_releases() or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no unpacked release has NixlPushConnector (nixl/push_worker.py, 0.24+)"))]
 
 
 @pytest.mark.parametrize("release", PUSH_RELEASES)
