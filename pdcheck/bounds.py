@@ -93,13 +93,25 @@ def open_regular(path: Path, what: str, hint: str) -> int:
 
 def read_scenario_text(path: Path) -> str:
     """The text of a scenario file: a regular file of at most MAX_FILE_BYTES of UTF-8 (open_regular)."""
-    fd = open_regular(path, "scenario file", "give a .toml file")
+    data = read_file_bytes(path, "scenario file", "give a .toml file", MAX_FILE_BYTES)
+    if data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]  # a UTF-8 byte-order mark is still UTF-8
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        bad = data[exc.start:exc.start + 1].hex()
+        raise BadInput(f"{path}: not UTF-8 text: byte 0x{bad} at offset {exc.start} (save the file as UTF-8)") from None
+
+
+def read_file_bytes(path: Path, what: str, hint: str, limit: int) -> bytes:
+    """The bytes of a regular file (open_regular) of at most `limit` bytes, read no further than that."""
+    fd = open_regular(path, what, hint)
     try:
         size = os.fstat(fd).st_size
-        if size > MAX_FILE_BYTES:
-            raise BadInput(f"{path}: {size} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
+        if size > limit:
+            raise BadInput(f"{path}: {size} bytes; a {what} is at most {limit} bytes")
         chunks: list[bytes] = []
-        left = MAX_FILE_BYTES + 1
+        left = limit + 1
         while left > 0:
             chunk = os.read(fd, min(left, 1 << 16))
             if not chunk:
@@ -111,15 +123,9 @@ def read_scenario_text(path: Path) -> str:
     finally:
         os.close(fd)
     data = b"".join(chunks)
-    if len(data) > MAX_FILE_BYTES:
-        raise BadInput(f"{path}: more than {MAX_FILE_BYTES} bytes; a scenario file is at most {MAX_FILE_BYTES} bytes")
-    if data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]  # a UTF-8 byte-order mark is still UTF-8
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        bad = data[exc.start:exc.start + 1].hex()
-        raise BadInput(f"{path}: not UTF-8 text: byte 0x{bad} at offset {exc.start} (save the file as UTF-8)") from None
+    if len(data) > limit:
+        raise BadInput(f"{path}: more than {limit} bytes; a {what} is at most {limit} bytes")
+    return data
 
 
 def check_int(flag: str, v: int, lo: int, hi: int) -> None:

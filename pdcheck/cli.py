@@ -30,7 +30,8 @@ Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 LAZY = {"handshake": "pdcheck.commands.handshake", "smoke": "pdcheck.commands.smoke",
         "probe": "pdcheck.commands.probe", "serve": "pdcheck.commands.serve",
         "transfer-bench": "pdcheck.commands.transfer_bench", "requests": "pdcheck.commands.requests",
-        "doctor": "pdcheck.commands.doctor"}
+        "doctor": "pdcheck.commands.doctor", "report": "pdcheck.commands.report",
+        "list": "pdcheck.commands.catalog_list"}
 LAZY_SCENARIO = {"from-logs": "pdcheck.commands.fromlogs"}  # `pdcheck scenario ...`
 # (module, registry generation) -> its click command, or None (transfer-bench not in this tree). A command's
 # release flags come from the framework registry, so one registered later rebuilds it.
@@ -129,6 +130,10 @@ def run(argv: list[str] | None = None) -> int:
     def error(text: str) -> None:
         _console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]pdcheck: error:[/] {_escape(text)}")
 
+    from pdcheck import render
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    render.ARGV.set(tuple(argv))  # the page of --format markdown|html shows the command line that wrote it
     try:
         rc = app(argv, standalone_mode=False)  # typer returns the exit code here instead of raising it
         return rc if isinstance(rc, int) else 0

@@ -203,7 +203,8 @@ def release_flags(command: str, metavar: str = "RELEASES", panel: str = "Run") -
         kw = [p.replace(kind=p.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in params]
         added = [inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
                      str | None, typer.Option(fws[name].flag, metavar=metavar, rich_help_panel=panel,
-                                              show_default=False, help=fws[name].commands[command])])
+                                              show_default=False, help=fws[name].commands[command],
+                                              autocompletion=complete_releases(name))])
                  for name, param in flags.items()]
         new_sig = sig.replace(parameters=[*kw[:at], *added, *kw[at + 1:]])
 
@@ -217,3 +218,25 @@ def release_flags(command: str, metavar: str = "RELEASES", panel: str = "Run") -
         return wrapper  # type: ignore[return-value]
 
     return deco
+
+
+def complete_scenario(incomplete: str) -> list[str]:
+    """Shell completion of a SCENARIO argument (typer's autocompletion): the bundled names that start with
+    what is typed."""
+    from pdcheck.scenario import bundled_names
+
+    return [n for n in bundled_names() if n.startswith(incomplete)]
+
+
+def complete_releases(framework: str) -> Callable[[str], list[str]]:
+    """Shell completion of a release flag (--vllm 0.9.1,0.1<TAB>): the modelled lines' first releases and
+    'all', for the last comma-separated item."""
+
+    def complete(incomplete: str) -> list[str]:
+        from pdcheck.catalog import release_names
+
+        head, _, last = incomplete.rpartition(",")
+        prefix = f"{head}," if head else ""
+        return [prefix + n for n in [*release_names(framework), "all"] if n.startswith(last)]
+
+    return complete

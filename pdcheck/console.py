@@ -26,4 +26,7 @@ def console(stderr: bool = False, **kw: Any) -> Any:
     if not tty and "width" not in kw and not os.environ.get("COLUMNS"):
         kw["width"] = UNWRAPPED
         kw.setdefault("soft_wrap", True)
+    # No highlighter: it colours digits inside names ("seed-19338-tp8") and splits "0.9.1" into two colours;
+    # what is coloured, the markup says.
+    kw.setdefault("highlight", False)
     return Console(stderr=stderr, **kw)

@@ -9,23 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pdcheck import messages as m
-from pdcheck.errors import NixlCallError
+from pdcheck.errors import FetchRefused, FetchTimeout, NixlCallError
 from pdcheck.kvsplit import corrected_reads, release_targets
-from pdcheck.releases import hybrid
+from pdcheck.releases import hybrid, shapes
 from pdcheck.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
 from pdcheck.releases.rules import already_added
 from pdcheck.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
 StatusT = m.Status
-
-
-class FetchTimeout(Exception):
-    """No reply within the receive timeout (or pdcheck's own hang timeout)."""
-
-
-class FetchRefused(Exception):
-    """A reply pdcheck refuses to read (more frames or bytes than its caps, pdcheck.netio): a harness limit,
-    reported as an error verdict with the reason, never a traceback."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +28,7 @@ class Params:
     p_wire: str  # the wire era P speaks (corrected D reads whatever P speaks)
     local_hash: str | None = None
     enforce_hash: bool = True
+    pp_size: int = 1  # P's pipeline stages (what it serves; kv_transfer_params name them from 0.29, shapes)
 
 
 class Outcome(m.Verdict):
@@ -87,12 +79,27 @@ class Handshaker:
     def fmt(self) -> WireFormat:
         return FORMATS[self.params.p_wire if self.release.tolerant_decode else self.release.wire]
 
-    def handshake(self, p_rank: int, remote_tp_size: int | None) -> Ctx:
+    def _fetch(self, p_rank: int, stage: int, timeout: int) -> list[bytes]:
         self.n += 1
         self.state.contacted.append(p_rank)
+        if self.params.pp_size > 1:  # before era H the request names no stage: P's listener picks the one
+            self.state.contacted_stages.append(shapes.answered_stage(self.fmt.name, stage, self.params.pp_size))
+        if stage == 0:
+            return self.io.fetch(self.fmt, p_rank, timeout)
+        return self.io.fetch(self.fmt, p_rank, timeout, pp_rank=stage)
+
+    def _decode(self, frames: list[bytes]) -> AnyMeta:
+        if self.release.tolerant_decode:
+            return tolerant_decode(frames).meta
+        meta, _ = strict_decode(self.fmt, frames, self.params.local_hash, self.params.enforce_hash)
+        return meta
+
+    def handshake(self, p_rank: int, remote_tp_size: int | None, stage: int = 0) -> Ctx:
         timeout = self.release.recv_timeout_ms or self.hang_timeout_ms
+        # The corrected D reads every stage of P's rank and pairs its layers with all of them at once.
+        stages = range(self.params.pp_size) if self.release.flow == "corrected" else (stage,)
         try:
-            frames = self.io.fetch(self.fmt, p_rank, timeout)
+            metas = [self._decode(self._fetch(p_rank, s, timeout)) for s in stages]
         except FetchTimeout:
             if self.release.recv_timeout_ms is None:
                 raise _Stop("hang", None, f"no reply from P rank {p_rank}: this release blocks in recv() with no "
@@ -100,14 +107,10 @@ class Handshaker:
             raise _Stop("error", "zmq.error.Again", "Resource temporarily unavailable") from None
         except FetchRefused as exc:
             raise _Stop("error", "pdcheck refused the reply", str(exc)) from None
-        try:
-            if self.release.tolerant_decode:
-                meta = tolerant_decode(frames).meta
-            else:
-                meta, _ = strict_decode(self.fmt, frames, self.params.local_hash, self.params.enforce_hash)
         except WireError as exc:
             status: StatusT = "assert" if exc.exc_type == "AssertionError" else "error"
             raise _Stop(status, exc.exc_type, exc.message or None, expr=exc.expr) from None
+        meta = shapes.merge_stages(metas)
         self.last_engine = meta.engine_id
         tp = remote_tp_size if remote_tp_size is not None else meta.tp_size
         ctx = Ctx(local=self.local, meta=meta, remote_tp_rank=p_rank, remote_tp_size=tp if tp is not None else 1,
@@ -146,8 +149,11 @@ class Handshaker:
                                      local.use_mla):
                 self.handshake(p, params.tp_size)
         elif flow in ("same_rank", "target_only", "all_targets"):
-            for p in release_targets(flow, local.tp_rank, self.state.tp_size[local.engine_id], params.tp_size):
-                self.handshake(p, params.tp_size)
+            targets = release_targets(flow, local.tp_rank, self.state.tp_size[local.engine_id], params.tp_size)
+            # 0.26+: itertools.product(range(remote_pp_size), p_remote_ranks), stage-major (shapes.asked_stages)
+            for s in shapes.asked_stages(self.release, params.pp_size):
+                for p in targets:
+                    self.handshake(p, params.tp_size, s)
         else:  # pragma: no cover - guarded by the registry
             raise ValueError(flow)
 
@@ -178,6 +184,7 @@ class Handshaker:
 
     def _finish(self, out: Outcome) -> None:
         out.contacted = list(self.state.contacted)
+        out.contacted_stages = list(self.state.contacted_stages)
         out.prepared = list(self.state.prepared.values())
         engine = self.last_engine or self.params.remote_engine_id
         if self.release.flow == "corrected":

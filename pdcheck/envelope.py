@@ -1,6 +1,7 @@
 """The one envelope every `--json` document carries (docs/json.md): which tool, version and schema wrote it,
 for which command and framework, and the exit code the run ends with. Commands write their document only
-through write_json, so no command's JSON can lack or disagree on these fields."""
+through write (write_json, or the --format page of the same document), so no command's JSON can lack or
+disagree on these fields."""
 
 from __future__ import annotations
 
@@ -46,6 +47,38 @@ def write_json(command: str, framework: str | None, exit_code: int | None, body:
     """One JSON document on stdout, one line."""
     sys.stdout.buffer.write(msgspec.json.encode(document(command, framework, exit_code, body)) + b"\n")
     sys.stdout.buffer.flush()
+
+
+def write(command: str, framework: str | None, exit_code: int | None, body: Any) -> None:
+    """Every command's document goes out here: one JSON line, or the page the run asked for with --format
+    markdown|html (pdcheck.render), rendered from the same document."""
+    from pdcheck import render
+
+    out = render.current()
+    if out is None or out.format == "json":
+        write_json(command, framework, exit_code, body)
+    else:
+        render.write(document(command, framework, exit_code, body), out, argv=render.ARGV.get())
+
+
+def load(data: bytes, where: str) -> dict[str, Any]:
+    """A saved --json document, validated by decoding it: one JSON object whose envelope decodes as Envelope,
+    written by pdcheck under this SCHEMA. Anything else is BadInput naming `where` and what is wrong."""
+    from pdcheck.errors import BadInput
+
+    lines = [x for x in data.splitlines() if x.strip()]
+    if len(lines) > 1 and all(x.lstrip().startswith(b"{") for x in lines[:2]):
+        raise BadInput(f"{where}: {len(lines)} JSON lines (transfer-bench --jsonl?); give one --json document")
+    try:
+        doc = msgspec.json.decode(data, type=dict[str, Any])
+        head = msgspec.convert(doc, Envelope)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise BadInput(f"{where}: not a pdcheck --json document: {exc}") from None
+    if head.tool != "pdcheck":
+        raise BadInput(f"{where}: not a pdcheck --json document: tool is {head.tool!r}")
+    if head.schema != SCHEMA:
+        raise BadInput(f"{where}: schema {head.schema!r}; this pdcheck reads {SCHEMA!r}")
+    return doc
 
 
 def write_jsonl(command: str, framework: str | None, exit_code: int, bodies: Iterable[Any]) -> None:

@@ -67,3 +67,12 @@ def usage_error_types() -> tuple[type[Exception], ...]:
 def one_line(text: str) -> str:
     """Collapse a (possibly multi-line) message to the one line the exit-code contract promises."""
     return " ".join(str(text).split())
+
+
+class FetchTimeout(Exception):
+    """No reply within the receive timeout (or pdcheck's own hang timeout)."""
+
+
+class FetchRefused(Exception):
+    """A reply pdcheck refuses to read (more frames or bytes than its caps, pdcheck.netio): a harness limit,
+    reported as an error verdict with the reason, never a traceback."""

@@ -136,6 +136,10 @@ class Geometry(msgspec.Struct, frozen=True):
         """The group each region belongs to, in registration order (region_group_ids on the 0.31+ wire)."""
         return [i for i, (a, z) in enumerate(self.group_regions()) for _ in range(a, z)]
 
+    def region_layer(self, region: int) -> int:
+        """The model layer a registered region belongs to (layers count across groups)."""
+        return self._region_layer(region)[1]
+
     def _region_layer(self, region: int) -> tuple[int, int, int]:
         """(group, layer, region index inside the layer) of a region; layers count across groups."""
         if not self.groups:

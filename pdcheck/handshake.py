@@ -10,10 +10,10 @@ import msgspec
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck import ports as portlayout
+from pdcheck.handshake_ranks import decode_main, prefill_main
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.plan import Plan
-from pdcheck.ranks import decode_main, prefill_main
 from pdcheck.releases import multinode
 from pdcheck.results import RunResult, Timings
 
@@ -42,7 +42,7 @@ def run(plan: Plan) -> RunResult:
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p_host[r],
                 geometry=plan.p_geometry, kv_cache_layout=p.kv_cache_layout,
-                inject=opts.inject, memory_layout=p.backend_layout)))
+                inject=opts.inject, memory_layout=p.backend_layout, pp_size=p.pp_size)))
             for r in range(p.tp_size)
         }
         d_ranks = {
@@ -52,7 +52,8 @@ def run(plan: Plan) -> RunResult:
                 kv_cache_layout=d.kv_cache_layout, releases=d_rels,
                 p_host=p_host[0], p_engine_tag=engine_tag(plan.kv_owner or p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
-                transfer=opts.transfer, requests=requests, pp_size=d.pp_size, memory_layout=d.backend_layout,
+                transfer=opts.transfer, requests=requests, pp_size=d.pp_size, p_pp_size=p.pp_size,
+                memory_layout=d.backend_layout,
                 permute_local_kv=d.enable_permute_local_kv)))
             for r in range(d.tp_size)
         }

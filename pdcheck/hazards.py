@@ -55,7 +55,7 @@ CATALOGUE: dict[str, str] = {
     "H28": "P/D both correct but KV semantically stale",
 }
 
-# Shapes beyond one TP group (issue #17) that docs/vllm-protocol.md §11 has no row for; listed only when they apply.
+# Shapes beyond one TP group that docs/vllm-protocol.md §11 has no row for; listed only when they apply.
 SHAPE_CATALOGUE: dict[str, str] = {
     "X01": "pipeline parallel stages",
     "X10": "hybrid KV-cache groups (sliding window, Mamba/SSM)",
@@ -892,7 +892,7 @@ def _h15(f: Facts, rels: Rels) -> Hazard:
 
 
 def _h17(f: Facts, rels: Rels) -> Hazard:
-    """Only the cache_dtype factor (issue #17): the other factors show up as H08/H10/H14 lines."""
+    """Only the cache_dtype factor: the other factors show up as H08/H10/H14 lines."""
     pc, dc = f.p.cache_dtype, f.d.cache_dtype
     if pc == dc:
         return _no("H17", f"both sides hash cache_dtype {pc!r}")

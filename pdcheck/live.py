@@ -19,11 +19,11 @@ from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck import probe
 from pdcheck.errors import HarnessError
+from pdcheck.handshake_ranks import decode_main
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
 from pdcheck.plan import TAG_BLOCKS, Plan, d_release, make_requests
 from pdcheck.ports import layout_base
-from pdcheck.ranks import decode_main
 from pdcheck.releases import CORRECTED
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.results import Live, RunResult, Timings

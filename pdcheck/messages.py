@@ -9,7 +9,6 @@ from typing import Any, Literal
 import msgspec
 
 from pdcheck.geometry import Geometry, ModelShape
-from pdcheck.wire.schemas import AnyMeta
 
 Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict
 
@@ -47,6 +46,7 @@ class PrefillSpec(RankSpec, frozen=True):
     log_requests: bool = False  # `pdcheck serve`: one stderr line per request answered
     tag_blocks: int = 0  # `pdcheck serve`: coordinate-tag blocks [0, tag_blocks) of every region up front
     memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
+    pp_size: int = 1  # P's pipeline stages: the rank holds every stage's layers and serves each stage's metadata
 
 
 class ListenerSpec(msgspec.Struct, frozen=True):
@@ -81,7 +81,8 @@ class DecodeSpec(RankSpec, frozen=True):
     transfer: bool
     requests: list[Req]
     live: bool = False  # P is a live instance (--prefill-endpoint): nobody tags on request; check tags if found
-    pp_size: int = 1  # the D engine's pipeline parallel stages (issue #17)
+    pp_size: int = 1  # the D engine's pipeline parallel stages
+    p_pp_size: int = 1  # P's pipeline stages (what its side channel serves, releases.shapes)
     memory_layout: str | None = None  # the layout the bytes really have (backend_layout); None: kv_cache_layout
     permute_local_kv: bool = False  # kv_transfer_config enable_permute_local_kv
 
@@ -91,12 +92,14 @@ class Ready(msgspec.Struct, tag=True):
     tp_rank: int
     agent: str
     setup_ms: float
-    values: AnyMeta | None = None  # P: this rank's metadata values, for per-DP listeners on P rank 0
+    # P: this rank's metadata values as its framework encodes them (msgpack), opaque to the launcher: P rank 0
+    # serves them on per-DP listeners
+    values: bytes | None = None
 
 
 class Serve(msgspec.Struct, tag=True):
     listeners: list[ListenerSpec]
-    values: dict[int, AnyMeta]  # P rank -> its metadata values
+    values: dict[int, bytes]  # P rank -> its metadata values (Ready.values, passed on as they came)
 
 
 class Serving(msgspec.Struct, tag=True):
@@ -172,6 +175,7 @@ class Verdict(msgspec.Struct):
     message: str | None = None
     recorded_num_blocks: int | None = None
     contacted: list[int] = []
+    contacted_stages: list[int] = []  # P has pipeline stages: the stage asked of each contacted rank, in order
     exception: str | None = None
     check: str | None = None
     hazard: str | None = None

@@ -23,7 +23,6 @@ import msgspec
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 from pdcheck.placement import RankHandle, RankId, ids
-from pdcheck.wire import AnyMeta
 
 if TYPE_CHECKING:
     from pdcheck.ports import PortPlan
@@ -120,7 +119,7 @@ def gather(lau: Events, ranks: Sequence[R], kind: type[M], timeout_s: float, fau
 
 
 def await_ready(lau: Events, ranks: Sequence[R], timeout_s: float,
-                tick: Tick | None = None) -> dict[RankId, tuple[float, AnyMeta | None]]:
+                tick: Tick | None = None) -> dict[RankId, tuple[float, bytes | None]]:
     """Every handshake/serve rank's Ready: rank id -> (setup ms, P's metadata values)."""
     stage = Stage("{rank} failed to start: {error}", "{rank} died during start-up: it {ended}",
                   "{ranks} not ready after {timeout:g} s (start-up follows --timeout)", timeout_s)

@@ -23,9 +23,9 @@ import zmq
 from pdcheck import bounds as b
 from pdcheck import releases
 from pdcheck import verdict as verdict_rule
-from pdcheck.engine import FetchRefused, FetchTimeout, Params
+from pdcheck.engine import Params
 from pdcheck.engine import run as engine_run
-from pdcheck.errors import BadInput, HarnessError
+from pdcheck.errors import BadInput, FetchRefused, FetchTimeout, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.netio import MAX_FRAME_BYTES
@@ -414,7 +414,7 @@ class _Replay:
 def decode_statuses(sc: Scenario, release: ReleaseModel, replies: dict[int, list[bytes] | None],
                     local_hash: str | None) -> list[str]:
     """Each D rank's outcome under `release` against the replies P gave: the pure engine, with the Local and
-    Params a `pdcheck handshake` D rank builds (ranks.decode_main)."""
+    Params a `pdcheck handshake` D rank builds (handshake_ranks.decode_main)."""
     d = sc.decode
     g = releases.registered_geometry(d.vllm, d.geometry(), [release])
     params = Params(sc.remote_engine_id(), sc.params_tp_size(), release.wire, local_hash)

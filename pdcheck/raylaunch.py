@@ -145,7 +145,13 @@ class RayLauncher(RankLauncher[RayRank]):
         self.ranks: list[RayRank] = []
         self.start_timeout_s = place_timeout_s
 
-    def place(self, ranks: list[tuple[str, int]], gpu: bool = False) -> dict[tuple[str, int], Place]:
+    def place(self, ranks: list[tuple[str, int]], gpu: bool = False,
+              nodes: dict[tuple[str, int], str] | None = None) -> dict[tuple[str, int], Place]:
+        """Place ranks by role resource; nodes: ranks pinned to a Ray node id instead (doctor's pair matrix),
+        which need no pdcheck resource on that node."""
+        nodes = nodes or {}
+        pinned = {key: n for key, n in nodes.items() if key in ranks}
+        ranks_all, ranks = ranks, [k for k in ranks if k not in pinned]
         want = {RESOURCE[role]: sum(1 for r, _ in ranks if r == role) for role in RESOURCE}
         have = ray.cluster_resources()
         t_end = time.monotonic() + _JOIN_WAIT_S
@@ -161,12 +167,17 @@ class RayLauncher(RankLauncher[RayRank]):
             if want and gpu and have.get("GPU", 0) < len(ranks):
                 raise BadInput(f"--ray {self.address}: --device cuda needs one GPU per rank ({len(ranks)}); the "
                                f"cluster offers {have.get('GPU', 0):g}")
-        for key in ranks:
+        for key in ranks_all:
             role, r = key
+            where: dict[str, Any] = {"resources": {RESOURCE[role]: 1}}
+            if key in pinned:
+                from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+                where = {"scheduling_strategy": NodeAffinitySchedulingStrategy(pinned[key], soft=False)}
             self.actors[key] = RankActor.options(  # type: ignore[attr-defined]
-                resources={RESOURCE[role]: 1}, num_gpus=1 if gpu else 0, name=None,
+                num_gpus=1 if gpu else 0, name=None, **where,
             ).remote(str(RankId(role, r)))
-        refs = {key: a.place.remote() for key, a in self.actors.items()}
+        refs = {key: self.actors[key].place.remote() for key in ranks_all}
         try:
             got = ray.get(list(refs.values()), timeout=self.start_timeout_s)
         except GetTimeoutError:
@@ -177,7 +188,7 @@ class RayLauncher(RankLauncher[RayRank]):
         for key, (ip, node_id, pid, host) in zip(refs, got, strict=True):
             self.places[key] = Place(ip, f"{ip} (ray node {node_id[:8]})")
             self.pids[key] = pid if host == here else None
-        return dict(self.places)
+        return {key: self.places[key] for key in ranks_all}
 
     def start(self, role: str, tp_rank: int, target: Callable[[Connection, bytes], None], spec: bytes,
               log: str | None = None) -> RayRank:
@@ -222,9 +233,18 @@ class RayLauncher(RankLauncher[RayRank]):
         cluster."""
         if not ray.is_initialized():
             return
+        self.release(list(self.actors))
+        self.ranks.clear()
+        ray.shutdown()
+
+    def release(self, keys: list[tuple[str, int]]) -> None:
+        """Bring these ranks' logs back (to their files, else to stderr) and end their actors; the others and
+        the cluster connection stay (doctor's pair matrix ends each pair as it finishes)."""
+        actors = {key: self.actors.pop(key) for key in keys if key in self.actors}
         refs = {key: a.log.remote(_FILE_LOG_MAX if key in self.logs else _LOG_TAIL)
-                for key, a in self.actors.items()}
-        ray.wait(list(refs.values()), num_returns=len(refs), timeout=10)
+                for key, a in actors.items()}
+        if refs:
+            ray.wait(list(refs.values()), num_returns=len(refs), timeout=10)
         for (role, r), ref in refs.items():
             try:
                 text = ray.get(ref, timeout=0)
@@ -238,11 +258,8 @@ class RayLauncher(RankLauncher[RayRank]):
                 head = f"--- {role} rank {r} log ({node.node if node else 'unplaced'}) ---"
                 sys.stderr.write(f"{head}\n{text.rstrip()}\n")
         sys.stderr.flush()
-        for a in self.actors.values():
+        for a in actors.values():
             ray.kill(a)
-        self.actors.clear()
-        self.ranks.clear()
-        ray.shutdown()
 
 
 def _reachable(address: str) -> str | None:

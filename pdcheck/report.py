@@ -136,8 +136,9 @@ def rank_verdicts(decode: list[DecodeRank], names: list[str], dp: bool) -> list[
             t = (d.transfer or {}).get(n)
             out.append(verdict.RankVerdict(
                 release=n, rank=verdict.rank_label(d.tp_rank, d.dp_rank, dp), status=v.status,
-                detail="" if v.status == "ok" else _detail(v) + (f" ({d.when[n]})" if n in d.when else ""),
+                detail="" if v.status == "ok" else _detail(v) + _where(v) + (f" ({d.when[n]})" if n in d.when else ""),
                 stage=None if v.handshake is None else f"handshake {v.handshake}", contacted=list(v.contacted),
+                contacted_stages=list(v.contacted_stages),
                 proof=None if t is None else verdict.Proof(status=t.status, blocks=t.blocks, wrong=t.wrong)))
     return out
 
@@ -173,6 +174,21 @@ def _detail(v: m.Verdict) -> str:
     return f"{exc}{v.message or ''}"
 
 
+def contacted_text(v: m.Verdict) -> str:
+    """The P ranks a D rank contacted: "P0,1", or with pipeline stages on P each as (pp_rank, tp_rank), the key
+    vLLM's side channel serves them under: "P(0,0),(1,0)"."""
+    if v.contacted_stages:
+        return "P" + ",".join(f"({s},{r})" for s, r in zip(v.contacted_stages, v.contacted, strict=False))
+    return f"P{','.join(map(str, v.contacted)) or '-'}"
+
+
+def _where(v: m.Verdict) -> str:
+    """Where a D rank stopped when P has pipeline stages: the stage and TP rank of the last reply."""
+    if not v.contacted_stages or not v.contacted:
+        return ""
+    return f" (at P stage {v.contacted_stages[-1]}, TP rank {v.contacted[-1]})"
+
+
 def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str], when: str | None = None) -> Text:
     """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
     from rich.text import Text
@@ -186,12 +202,15 @@ def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str]
         text.append(f" [{key}]{where}")
     rec = v.rank_num_blocks or ({} if v.recorded_num_blocks is None else {-1: v.recorded_num_blocks})
     recs = ",".join(str(x) if k == -1 else f"{x}" for k, x in rec.items()) or "-"
-    text.append(f"\nP{','.join(map(str, v.contacted)) or '-'} n={recs}", style="dim")
+    text.append(f"\n{contacted_text(v)} n={recs}", style="dim")
     if t is not None and t.status != "skipped":
         if t.status == "error":
             text.append("\nxfer ERROR", style="red")
         elif t.status == "arrived":
             text.append(f"\nxfer {t.blocks} arrived, unchecked", style="yellow")
+        elif v.status == "assert":  # the release asserted: this transfer is what runs with the asserts stripped
+            text.append(f"\nasserts stripped (python -O): {t.wrong}/{t.blocks} wrong",
+                        style="bold magenta" if t.wrong else "green")
         else:
             text.append(f"\nxfer {t.wrong}/{t.blocks} wrong", style="bold magenta" if t.wrong else "green")
     return text
@@ -206,13 +225,38 @@ def summary(rep: Report) -> str:
     if rep.harness_errors:
         return "[bold red]harness errors: verdicts incomplete[/]"
     if not rep.fail_spans:
-        return "[green]every modelled release survives[/]"
+        return "[green]every release run survives[/]"
     parts = []
+    newest = newest_modelled()
     for sp in rep.fail_spans:
-        fixed = (f"fixed in [bold green]{sp.fixed_in}[/]" if sp.fixed_in
-                 else "[bold red]no later modelled release survives[/]")
+        if sp.fixed_in:
+            fixed = f"fixed in [bold green]{sp.fixed_in}[/]"
+        elif _release_key(sp.fails[-1]) >= newest:
+            fixed = "[bold red]no later modelled release survives[/]"
+        else:  # the run stopped short of the newest modelled line: say what was not run, not that it fails
+            fixed = f"[yellow]no release run after {sp.fails[-1]} survives; later ones not run (--vllm all)[/]"
         parts.append(f"fails: [bold red]{', '.join(sp.fails)}[/] · {fixed}")
     return "; ".join(parts)
+
+
+def newest_modelled() -> tuple[int, ...]:
+    """The first release of the newest modelled line ((0, 34, 0)): a failing run that ends before it has not
+    shown that nothing later survives."""
+    from pdcheck.releases import TABLE
+
+    return tuple(TABLE.lines[-1][0])
+
+
+def reasons(rep: Report) -> list[tuple[list[str], str]]:
+    """Why each failing release fails, in the matrix view: the first failing D rank's detail, releases with the
+    same detail folded into one line (0.13.0 ... 0.24.0: the older P cannot satisfy the newer D)."""
+    by: dict[str, list[str]] = {}
+    for v in rep.verdicts:
+        if v.status != "ok" and v.release in rep.survives and not rep.survives[v.release]:
+            names = by.setdefault(v.detail or v.status, [])
+            if v.release not in names and not any(v.release in x for x in by.values() if x is not names):
+                names.append(v.release)
+    return [(names, text) for text, names in by.items() if names]
 
 
 def _matrix_table(rep: Report, labels: dict[str, str], short: bool) -> tuple[Table, set[str]]:
@@ -293,7 +337,17 @@ def render_matrix(rep: Report, console: Console) -> None:
         console.print(Text(f"placement: {at}", style="dim"))
     if used:
         console.print("[dim]" + " · ".join(f"{k} = {_LEGEND[k]}" for k in _LEGEND if k in used) + "[/]")
+    for names, text in reasons(rep):
+        console.print(Text(f"  {_names(names)}: {text}"))
+    for h in rep.hazards:
+        if h.applies and any(n in h.effects and not rep.survives.get(n, True) for n in rep.survives):
+            console.print(Text(f"  {h.id} {h.name}", style="dim"))
     console.print(summary(rep))
+
+
+def _names(names: list[str]) -> str:
+    """'0.13.0-0.24.0 (9 releases)' for a long run of releases, else the names."""
+    return f"{names[0]}-{names[-1]} ({len(names)} releases)" if len(names) > 3 else ", ".join(names)
 
 
 def spread_line(what: str, sp: NumBlocksSpread) -> str:

@@ -152,6 +152,28 @@ class Scenario(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
 
+def _field_names(struct: Any, seen: set[Any] | None = None) -> list[str]:
+    """Every key a scenario may hold, at any depth: what a misspelt key is compared with."""
+    import msgspec.inspect as mi
+
+    seen = set() if seen is None else seen
+    out: list[str] = []
+
+    def walk(t: Any) -> None:
+        if isinstance(t, mi.StructType) and t.cls not in seen:
+            seen.add(t.cls)
+            for f in t.fields:
+                out.append(f.encode_name)
+                walk(f.type)
+        for attr in ("types", "item_type", "value_type"):
+            inner = getattr(t, attr, None)
+            for x in (inner if isinstance(inner, tuple) else (inner,) if inner is not None else ()):
+                walk(x)
+
+    walk(mi.type_info(struct))
+    return list(dict.fromkeys(out))
+
+
 def _friendly(exc: msgspec.ValidationError) -> tuple[str, str]:
     m = _AT.match(str(exc))
     assert m is not None
@@ -284,12 +306,78 @@ def _validate(sc: Scenario, where: str, max_tp: int = b.MAX_TP) -> None:
     _validate_groups(sc, where)  # last: it reads num_blocks, checked above
 
 
+def unknown_keys(table: dict[str, Any], struct: Any, where: str) -> None:
+    """A key the struct does not have, named with the close ones ('prefill.num_blcks: unknown key; did you
+    mean 'num_blocks'?'), before a required key it may be a typo of is reported missing."""
+    from pdcheck.suggest import did_you_mean
+
+    fields = [f.encode_name for f in msgspec.structs.fields(struct)]
+    for key in table:
+        if key not in fields:
+            raise BadInput(f"{where}.{key}: unknown key{did_you_mean(key, fields)}")
+
+
+def other_phase(doc: dict[str, Any], where: str, path: Path | None) -> None:
+    """A request-path scenario ([requests] / [faults], no [prefill] or [decode]) given to a handshake command:
+    name the command that runs it."""
+    if ("requests" in doc or "faults" in doc) and "prefill" not in doc and "decode" not in doc:
+        name = path.stem if path is not None else "SCENARIO"
+        raise BadInput(f"{where}: a request-path scenario (it has [requests], no [prefill]/[decode]); run it with: "
+                       f"pdcheck requests {name}")
+
+
+def enum_hint(msg: str, doc: Any, path: str, struct: Any = None) -> str:
+    """msgspec's 'invalid enum value 'asert'' with the valid values named and the close one offered; the dict
+    key msgspec shows as '[...]' put back ('expect[...]' -> 'expect.0.9.1')."""
+    from pdcheck.suggest import did_you_mean
+
+    m = re.match(r"invalid enum value '(?P<v>[^']*)'", msg)
+    if m is None:
+        return f"{path}: {msg}"
+    value = m.group("v")
+    head = path.split("[...]")[0].split(".")[-1] if "[...]" in path else ""
+    if head == "expect" and isinstance(doc.get("expect"), dict):
+        key = next((k for k, v in doc["expect"].items() if v == value or (isinstance(v, list) and value in v)), None)
+        if key is not None:
+            path = path.replace("[...]", f".{key}", 1)
+    choices = STATUSES if head == "expect" else _literal_at(struct or Scenario, path)
+    if not choices:
+        return f"{path}: {msg}"
+    return f"{path}: {value!r} is not one of {', '.join(choices)}{did_you_mean(value, choices)}"
+
+
+STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
+
+
+def _literal_at(struct: Any, path: str) -> tuple[str, ...]:
+    """The values of the Literal field at a dotted path ('prefill.ssm_conv_layout'), () when there is none."""
+    import msgspec.inspect as mi
+
+    t: Any = mi.type_info(struct)
+    for part in re.sub(r"\[\d+\]", "", path).split("."):
+        while isinstance(t, mi.UnionType | mi.ListType):
+            t = next((x for x in t.types if not isinstance(x, mi.NoneType)), None) if isinstance(t, mi.UnionType) \
+                else t.item_type
+        if not isinstance(t, mi.StructType):
+            return ()
+        t = next((f.type for f in t.fields if f.encode_name == part), None)
+    while isinstance(t, mi.UnionType):
+        t = next((x for x in t.types if isinstance(x, mi.LiteralType)), None)
+    return tuple(map(str, t.values)) if isinstance(t, mi.LiteralType) else ()
+
+
 def decode_scenario(doc: dict[str, Any], where: str, max_tp: int = b.MAX_TP) -> Scenario:
     try:
         sc = msgspec.convert(doc, Scenario, strict=True)
     except msgspec.ValidationError as exc:
         path, msg = _friendly(exc)
-        raise BadInput(f"{where}: {path or '(top level)'}: {msg}") from None
+        if msg.startswith("object contains unknown field"):
+            from pdcheck.suggest import did_you_mean
+
+            key = msg.rsplit(" ", 1)[-1]
+            raise BadInput(f"{where}: {path + '.' if path else ''}{key}: unknown key"
+                           f"{did_you_mean(key, _field_names(Scenario))}") from None
+        raise BadInput(f"{where}: {enum_hint(msg, doc, path or '(top level)')}") from None
     except RecursionError:
         raise BadInput(f"{where}: nested too deeply to be a scenario") from None
     _validate(sc, where, max_tp)
@@ -326,9 +414,17 @@ def locate(path: Path) -> Path:
     for found in (BUNDLED / name, *(BUNDLED / sub / name for sub in subs)):
         if found.is_file():
             return found
-    names = ", ".join(p.stem for p in [*bundled(), *(f for sub in subs
-                                                     for f in sorted((BUNDLED / sub).glob("*.toml")))])
-    raise BadInput(f"{path}: no such scenario file, and no bundled scenario of that name (bundled: {names})")
+    from pdcheck.suggest import did_you_mean
+
+    names = bundled_names()
+    hint = did_you_mean(Path(name).stem, names) or f" ({len(names)} bundled: pdcheck list scenarios)"
+    raise BadInput(f"{path}: no such scenario file, and no bundled scenario of that name{hint}")
+
+
+def bundled_names() -> list[str]:
+    """Every bundled scenario's name (the top level, then each framework's subdirectories)."""
+    return [p.stem for p in [*bundled(), *(f for sub in bundled_subdirs()
+                                           for f in sorted((BUNDLED / sub).glob("*.toml")))]]
 
 
 def read_toml(path: Path) -> dict[str, Any]:
@@ -363,9 +459,11 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None, max_tp: int
         doc = merge(doc, overrides)
         if path is not None:
             where = f"{path} (with flags)"
+    other_phase(doc, where, path)
     for side in ("prefill", "decode"):
         doc.setdefault(side, {})
         if isinstance(doc[side], dict):
+            unknown_keys(doc[side], Instance, f"{where}: {side}")
             doc[side] = dict(doc[side])  # merge() copies one level: never fill defaults into the caller's dict
             doc[side].setdefault("engine_id", f"{side}-engine")
             if "num_blocks" not in doc[side]:

@@ -1,6 +1,6 @@
 """`pdcheck serve`: the fake prefill ranks of a scenario as a long-running instance a real decode can use.
 
-The same rank bodies as `pdcheck handshake` (ranks.prefill_main, via the forkserver launcher): real NIXL
+The same rank bodies as `pdcheck handshake` (handshake_ranks.prefill_main, via the forkserver launcher): real NIXL
 agents, uneven num_blocks, the release's listener profile (wire era, port layout, compatibility hash). Blocks
 are coordinate-tagged up front, since a real decode reads without asking; every request answered is logged
 on stderr. The first stdout line (with --json) is the ready document: endpoints and kv_transfer_params.
@@ -23,14 +23,14 @@ import msgspec
 from pdcheck import lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.envelope import write_json
+from pdcheck.envelope import write
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.handshake_ranks import prefill_main
 from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
-from pdcheck.ranks import prefill_main
 from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.params import pull_keys
+from pdcheck.releases.params import block_ids_value, num_tokens, pull_keys
 from pdcheck.scenario import Scenario
 
 
@@ -84,10 +84,10 @@ def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, t
     ids: list[int] = list(range(n))
     every: dict[str, Any] = {
         "do_remote_prefill": True, "do_remote_decode": False,
-        "remote_block_ids": [ids] if v >= (0, 18, 0) else ids, "remote_engine_id": p.engine_id,
+        "remote_block_ids": block_ids_value(v, [ids]), "remote_engine_id": p.engine_id,
         "remote_request_id": "pdcheck-serve-0", "remote_host": host, "remote_port": port, "tp_size": p.tp_size,
         "dcp_size": 1, "pp_size": 1,
-        "remote_num_tokens": n * p.block_size,  # P's num_computed_tokens: the tokens those blocks hold
+        "remote_num_tokens": num_tokens(n, p.block_size),
         "remote_blocks_expiry_time": None,  # what a P node sends (only a D node exports an expiry)
         "remote_registration_generation": 0, "transfer_mode": "pull",
     }
@@ -179,7 +179,8 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                         rank.done = True
                         dead = f"; listener died: {msg.listener_dead}" if msg.listener_dead else ""
                         notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
-                        log(f"{rank.label}: {msg.served} request(s) answered{notifs}{dead}")
+                        log(f"{rank.label}: {msg.served} request(s) answered{_answered_by(rank, ranks, listeners)}"
+                            f"{notifs}{dead}")
         # Leaving the launcher reaped every rank whatever happened above. A signal's exit (130, 143, 129) is
         # lifecycle.exit_code's, as for every command.
         return code
@@ -231,7 +232,7 @@ def version_server(host: str, port: int, version: str) -> Any:
 # --------------------------------------------------------------------------------------------------- CLI
 def _print_ready(doc: Ready, json_out: bool) -> None:
     if json_out:
-        write_json("serve", "vllm", None, doc)
+        write("serve", "vllm", None, doc)
         return
     from pdcheck.console import console
 
@@ -264,3 +265,15 @@ def load_prefill(path: Path | None, overrides: dict[str, Any], read_toml: Any, l
     if "num_blocks" not in doc.get("prefill", {}) and "num_blocks" not in overrides.get("prefill", {}):
         raise BadInput(f"{path or 'command line'}: prefill.num_blocks: required (scenario key or --prefill-blocks)")
     return load(path, {**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in extra.items()}})
+
+
+def _answered_by(rank: Any, ranks: dict[int, Any], listeners: dict[int, list[m.ListenerSpec]]) -> str:
+    """For a rank with no listener of its own (F-H: one listener per DP rank, on its first TP rank): whose port
+    answers for it, so '0 request(s) answered' does not read as a rank nobody reached."""
+    idx = next((i for i, r in ranks.items() if r is rank), None)
+    if idx is None or listeners.get(idx):
+        return ""
+    owner = next(((i, ls) for i, lss in listeners.items() for ls in lss if idx in ls.ranks), None)
+    if owner is None:
+        return ""
+    return f" (its metadata is served by P rank {owner[0]}'s listener :{owner[1].port}, counted there)"

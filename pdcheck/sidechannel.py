@@ -1,4 +1,5 @@
-"""The ZMQ side channel: P's ROUTER listener and D's REQ fetch, framed per vLLM era.
+"""The ZMQ side channel: P's ROUTER listener and D's REQ fetch, framed by a Codec (a framework's wire era:
+pdcheck.wire.WireFormat for vLLM, docs/vllm-protocol.md §3.2). No framework here.
 
 Binds to the scenario's host (loopback by default). Replies are prebuilt msgpack frames; nothing received
 is ever unpickled: requests are parsed with msgspec exactly as the modelled listener parses them.
@@ -10,13 +11,12 @@ import errno
 import socket
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 import zmq
 
-from pdcheck.engine import FetchRefused, FetchTimeout
-from pdcheck.errors import HarnessError
+from pdcheck.errors import FetchRefused, FetchTimeout, HarnessError
 from pdcheck.netio import PeerError, ReplyTimeout, request_reply
-from pdcheck.wire import WireFormat, encode_request, parse_request
 
 MAX_REQUEST_BYTES = 64 << 10  # a request is at most a few dozen bytes in every era
 
@@ -26,12 +26,34 @@ RequestLog = Callable[[bytes, bytes, int | None, int], None]
 IN_USE = "in use by another process: free it or choose another base port"
 
 
-class Listener:
-    """One vLLM-style handshake listener. `reply_for(tp_rank)` returns the frames for that rank."""
+class Codec(Protocol):
+    """How one wire era frames a handshake request."""
 
-    def __init__(self, ctx: zmq.Context, host: str, port: int, fmt: WireFormat,
-                 reply_for: Callable[[int | None], list[bytes]], log: RequestLog | None = None) -> None:
-        self.fmt, self.reply_for, self.log = fmt, reply_for, log
+    @property
+    def listener_dies_on_bad_request(self) -> bool:
+        """The real listener parses outside any try: a bad request ends its thread."""
+        ...
+
+    def encode_request(self, tp_rank: int, pp_rank: int = 0) -> bytes: ...
+
+    def parse_request(self, msg: bytes) -> int | None:
+        """The tp_rank asked for (None: the era implies it); raises what the real listener raises."""
+        ...
+
+    def parse_stage(self, msg: bytes) -> int:
+        """The pipeline stage asked for (0 where the era's request names none)."""
+        ...
+
+
+class Listener:
+    """One handshake listener. `reply_for(tp_rank)` returns the frames for that rank; `stage_reply(pp_rank,
+    tp_rank)` those of a later pipeline stage (vLLM's era H keys its metadata by both; None: P has one stage, and
+    a request for another is the KeyError that ends the real listener thread)."""
+
+    def __init__(self, ctx: zmq.Context, host: str, port: int, fmt: Codec,
+                 reply_for: Callable[[int | None], list[bytes]], log: RequestLog | None = None,
+                 stage_reply: Callable[[int, int | None], list[bytes]] | None = None) -> None:
+        self.fmt, self.reply_for, self.log, self.stage_reply = fmt, reply_for, log, stage_reply
         self.sock = ctx.socket(zmq.ROUTER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.setsockopt(zmq.IPV6, ":" in host)
@@ -60,8 +82,14 @@ class Listener:
         if self.dead is not None or mute:
             return True
         try:
-            rank = parse_request(self.fmt, msg)
-            frames = self.reply_for(rank)
+            rank = self.fmt.parse_request(msg)
+            stage = self.fmt.parse_stage(msg)
+            if stage == 0:
+                frames = self.reply_for(rank)
+            elif self.stage_reply is None:
+                raise KeyError((stage, rank))  # encoded_data[(target_pp_rank, target_tp_rank)]
+            else:
+                frames = self.stage_reply(stage, rank)
         except Exception as exc:  # F-H decode and look up outside any try: the listener thread ends here
             if self.fmt.listener_dies_on_bad_request:
                 self.dead = f"{type(exc).__name__}: {exc}"
@@ -87,12 +115,13 @@ class Listener:
         self.sock.close(0)
 
 
-def fetch(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int) -> list[bytes]:
+def fetch(ctx: zmq.Context, host: str, port: int, fmt: Codec, tp_rank: int, timeout_ms: int,
+          pp_rank: int = 0) -> list[bytes]:
     """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, docs/vllm-protocol.md §9), the
     whole exchange within timeout_ms and the reply bounded (netio.request_reply). FetchTimeout when nothing
     came in time; FetchRefused for a reply pdcheck refuses to read (too many frames or bytes)."""
     try:
-        return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, encode_request(fmt, tp_rank),
+        return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, fmt.encode_request(tp_rank, pp_rank),
                              timeout_ms / 1000)
     except ReplyTimeout:
         raise FetchTimeout(f"{host}:{port}") from None

@@ -41,6 +41,7 @@ class RankVerdict(msgspec.Struct, kw_only=True):
     detail: str = ""  # one line: the assert's expression and message, the exception, why it waits
     stage: str | None = None  # where it stopped, as the framework names its stages (SGLang: bootstrap, ...)
     contacted: list[int] = []  # the P ranks this D rank talked to
+    contacted_stages: list[int] = []  # P with pipeline stages: the stage (pp_rank) asked of each contacted rank
     request: int | None = None  # `requests`: the request id
     proof: Proof | None = None  # the transfer proof, where one ran
 

@@ -101,6 +101,7 @@ APPLIES = {
     "dp2-host-unset-27083": {"H20"},
     "dp2-wrong-port-27083": {"H20"},
     "pp2-pull-52913": {"X01"},
+    "pp2-prefill-only": {"X01"},
     "block-size-per-request-42895": {"H07", "H08"},
     "fp8-dynamic-scales-42179": {"H28"},
     "hybrid-mamba-10741": {"X10"},

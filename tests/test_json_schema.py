@@ -21,6 +21,7 @@ import pytest
 import pdcheck
 from pdcheck import envelope, verdict
 from pdcheck.bench import schema as bench_schema
+from pdcheck.doctor.run import Report as DoctorReport
 from pdcheck.probe import ProbeReport
 from pdcheck.report import Report
 from pdcheck.requests.report import RequestsReport
@@ -204,3 +205,22 @@ def test_transfer_bench(fmt: str) -> None:
     kinds = bench_schema.Header | bench_schema.RowLine | bench_schema.SummaryLine
     got = [checked(x, kinds, "transfer-bench", None, p.returncode) for x in lines]  # the envelope on every line
     assert [type(x).__name__ for x in got] == ["Header", "RowLine", "SummaryLine"]
+
+
+# ------------------------------------------------------------------------------------------------- doctor
+def test_doctor() -> None:
+    p = cli("doctor", "--json")
+    rep = doc(p, DoctorReport, "doctor", None)
+    assert rep.mode == "node" and rep.checks
+    assert p.returncode == verdict.exit_code(c.status != "FAIL" for c in rep.checks)
+    assert rep.transfers and rep.transfers[0].data and rep.transfers[0].blocks_wrong == 0  # UCX's own protocol
+
+
+# ------------------------------------------------------------------------------------------------- list
+def test_list() -> None:
+    from pdcheck.catalog import Catalog
+
+    p = cli("list", "--json")
+    rep = doc(p, Catalog, "list", None)
+    assert p.returncode == 0 and rep.scenarios and rep.releases
+    assert {s.framework for s in rep.scenarios} >= {"vllm", "sglang"}

@@ -44,7 +44,7 @@ def test_every_import_is_stdlib_or_declared() -> None:
 def test_test_extra_has_what_the_tests_need() -> None:
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     test = {r.split(">")[0].strip().lower() for r in meta["optional-dependencies"]["test"]}
-    assert {"pytest", "ruff", "matplotlib", "ray"} <= test
+    assert {"pytest", "ruff", "matplotlib", "ray", "markdown-it-py"} <= test
 
 
 def _setuptools_ok() -> bool:

@@ -10,91 +10,22 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import re
-import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, SCENARIOS, Run
+from netkit import _dev, _env, _free_port, _ray_node, _ray_tmpdir, _two_nodes, _veth_pair  # noqa: F401
 
 # The local-run test runs without Ray too; CI installs [test], which has ray, so the rest run there for real.
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
                                reason="--ray needs the ray extra (pip install 'pdcheck[ray]')")
 SEED = str(SCENARIOS / "seed-19338-tp8.toml")
-RAY = str(Path(sys.executable).parent / "ray")
-
-
-_RAY_TMP: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _ray_tmpdir() -> Iterator[None]:
-    """Ray keeps its sessions and the last cluster's address (ray_current_cluster) under RAY_TMPDIR/ray, by
-    default /tmp/ray, where they outlive the test and a later `--ray auto` would find a cluster long gone.
-    Every node and CLI run of this module uses one directory of its own, removed at the end (short: Ray's
-    Unix sockets live under it)."""
-    import tempfile
-
-    _RAY_TMP["dir"] = tempfile.mkdtemp(prefix="pdck-ray-", dir="/tmp")
-    try:
-        yield
-    finally:
-        shutil.rmtree(_RAY_TMP.pop("dir"), ignore_errors=True)
-
-
-def _env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=_RAY_TMP["dir"], **extra)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def _ray_node(args: list[str], netns: str | None = None, env: dict[str, str] | None = None,
-              timeout: float = 90) -> Iterator[subprocess.Popen[str]]:
-    """One Ray node (`ray start --block`), in a network namespace when given; stopped on exit."""
-    cmd = [*(["ip", "netns", "exec", netns] if netns else []), RAY, "start", "--block", "--disable-usage-stats",
-           "--num-cpus=1", *(["--include-dashboard=false"] if "--head" in args else []), *args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env or _env(),
-                            cwd=ROOT, start_new_session=True)
-    seen: list[str] = []
-    up = threading.Event()
-
-    def read() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            seen.append(line)
-            if "Ray runtime started" in line:
-                up.set()
-        up.set()  # it ended: say so at once
-
-    threading.Thread(target=read, daemon=True).start()
-    try:
-        if not up.wait(timeout) or proc.poll() is not None:
-            raise AssertionError(f"ray node did not start: {' '.join(cmd)}\n{''.join(seen)[-3000:]}")
-        yield proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # ray start --block stops the processes it started
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(10)
 
 
 def _cli(args: list[str], netns: str | None = None, timeout: float = 180) -> Run:
@@ -166,19 +97,6 @@ def test_ray_cluster_without_the_decode_resource_is_bad_input():
     assert run.out == ""
 
 
-@contextmanager
-def _two_nodes(head_ip: str, worker_ip: str, ns: tuple[str, str] | None = None,
-               envs: tuple[dict[str, str], dict[str, str]] | None = None) -> Iterator[str]:
-    port = _free_port() if ns is None else 6379  # a namespace of our own has every port free
-    addr = f"{head_ip}:{port}"
-    e_head, e_worker = envs or (_env(), _env())
-    with _ray_node(["--head", f"--port={port}", f"--node-ip-address={head_ip}",
-                    '--resources={"pdcheck_prefill": 8}'], ns[0] if ns else None, e_head), \
-         _ray_node([f"--address={addr}", f"--node-ip-address={worker_ip}",
-                    '--resources={"pdcheck_decode": 8}'], ns[1] if ns else None, e_worker):
-        yield addr
-
-
 @pytest.mark.ray
 @needs_ray
 @pytest.mark.slow
@@ -208,36 +126,6 @@ def test_seed_on_two_ray_nodes_equals_the_local_run(pdcheck):
 
 
 # ---------------------------------------------------------------------------------- a real network link
-def _ip(*args: str) -> None:
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=20)
-
-
-@contextmanager
-def _veth_pair() -> Iterator[tuple[str, str, str, str]]:
-    """Two fresh network namespaces joined by a veth pair: (ns A, ns B, A's address, B's address)."""
-    if shutil.which("ip") is None:
-        pytest.skip("network namespaces: no `ip` command here")
-    tag = uuid.uuid4().hex[:6]
-    ns_a, ns_b, dev_a, dev_b = f"pdck-a-{tag}", f"pdck-b-{tag}", f"pdva{tag}", f"pdvb{tag}"
-    a_ip, b_ip = "10.231.0.1", "10.231.0.2"
-    try:
-        _ip("netns", "add", ns_a)
-    except (subprocess.CalledProcessError, OSError) as exc:
-        pytest.skip(f"network namespaces cannot be created here (needs root / CAP_SYS_ADMIN): {exc}")
-    try:
-        _ip("netns", "add", ns_b)
-        _ip("link", "add", dev_a, "type", "veth", "peer", "name", dev_b)
-        for ns, dev, ip in ((ns_a, dev_a, a_ip), (ns_b, dev_b, b_ip)):
-            _ip("link", "set", dev, "netns", ns)
-            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
-            _ip("-n", ns, "link", "set", dev, "up")
-            _ip("-n", ns, "link", "set", "lo", "up")
-        yield ns_a, ns_b, a_ip, b_ip
-    finally:
-        for ns in (ns_a, ns_b):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)  # takes the veth with it
-
-
 @pytest.mark.ray
 @needs_ray
 @pytest.mark.slow
@@ -254,12 +142,6 @@ def test_seed_across_a_veth_link_equals_the_loopback_run(pdcheck):
     doc = _check(local, placed)
     assert {p["node"].split()[0] for p in doc["prefill_ranks"]} == {a_ip}
     assert {d["node"].split()[0] for d in doc["decode_ranks"]} == {b_ip}
-
-
-def _dev(ns: str) -> str:
-    out = subprocess.run(["ip", "-n", ns, "-o", "link", "show", "type", "veth"], capture_output=True, text=True,
-                         check=True, timeout=20).stdout
-    return out.split(":")[1].strip().split("@")[0]
 
 
 # ------------------------------------------------------------------------------------------- transfer-bench

@@ -62,6 +62,8 @@ def test_request_finished_hands_out_the_release_params(release: str) -> None:
     assert delay is True and params is not None
     assert sorted(params) == sorted(line.keys), f"{release}: release keys {sorted(params)}"
     mine = params_for(line, 7, [3, 4], "P", 5600, 1, None, [1, 1], request_id="req-7")
+    # the per-group shape is checked against the connector's wrap in tests/test_params_values.py
+    mine = {**mine, "remote_block_ids": _flat(mine["remote_block_ids"])}
     theirs = {**params, "remote_block_ids": _flat(params["remote_block_ids"])}
     for k in ("do_remote_prefill", "do_remote_decode", "remote_block_ids", "remote_engine_id", "remote_request_id",
               "tp_size", "remote_blocks_expiry_time", "transfer_mode"):

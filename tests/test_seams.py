@@ -400,3 +400,25 @@ def test_a_toy_framework_runs_through_handshake_smoke_and_json(tmp_path: Any) ->
     wrong = _toy("handshake", str(TOY), "--vllm", "0.9.1")
     assert wrong.returncode == 2 and "is a Toy scenario" in wrong.stderr and "use --toy" in wrong.stderr
     assert len(wrong.stderr.strip().splitlines()) == 1
+
+
+# The runtime every framework shares (docs/architecture.md): none of it imports a framework's wire formats,
+# release models, decision engine or package, so a new framework plugs in without touching it.
+RUNTIME = ("launcher", "orchestrate", "messages", "sidechannel", "ranks", "nixlagent", "kvcache", "lifecycle",
+           "placement", "netio", "envelope", "verdict", "releaseline", "errors")
+FRAMEWORK_MODULES = re.compile(r"^pdcheck\.(wire|releases|engine|hazards|sglang|requests|handshake_ranks|"
+                               r"frameworks)(\.|$)")
+
+
+@pytest.mark.parametrize("module", RUNTIME)
+def test_the_runtime_imports_no_framework(module: str) -> None:
+    import ast
+    import pathlib
+
+    path = pathlib.Path(ROOT) / "pdcheck" / f"{module}.py"
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+        found += [f"line {node.lineno}: {n}" for n in names if FRAMEWORK_MODULES.match(n)]
+    assert not found, f"pdcheck/{module}.py imports a framework's modules: {found}"

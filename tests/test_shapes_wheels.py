@@ -52,6 +52,40 @@ def test_pp_facts(release: str) -> None:
 
 
 @pytest.mark.parametrize("release", RELEASES)
+def test_pp_prefill_stages(release: str) -> None:
+    """Which P stage's metadata D receives (shapes.served_stage / asked_stages), whether pull P names pp_size in
+    its params, and the layer check one stage's metadata trips (shapes.layer_check), each read in the wheel."""
+    rel = resolve(release)
+    conn = _flat(_text(release, "distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+                       "distributed/kv_transfer/kv_connector/v1/nixl/*.py"))
+    pull = _flat(_text(release, "distributed/kv_transfer/kv_connector/v1/nixl_connector.py",
+                       "distributed/kv_transfer/kv_connector/v1/nixl/scheduler.py",
+                       "distributed/kv_transfer/kv_connector/v1/nixl/pull_scheduler.py"))
+    core = _text(release, "v1/engine/core.py")
+    keyed = "encoded_data[(target_pp_rank, target_tp_rank)]" in conn
+    assert keyed == (rel.wire >= shapes.PP_STAGES_KEYED)
+    assert ("range(remote_pp_size)" in conn) == keyed  # D asks every stage remote_pp_size names
+    if keyed:
+        assert 'kv_transfer_params.get("pp_size", 1)' in conn
+    elif "content.update(worker_dict)" in core:  # F - G: the last worker's {tp_rank: ...} wins
+        assert shapes.served_stage(rel.wire, 2) == 1
+    else:  # A - E: one listener per worker on base_port + tp_rank
+        assert re.search(r"port = envs\.VLLM_NIXL_SIDE_CHANNEL_PORT \+ rank|base_port \+ tp_rank\)", conn)
+        assert "get_tensor_model_parallel_rank()" in conn and shapes.served_stage(rel.wire, 2) == 0
+    names_pp = "pp_size=self.vllm_config.parallel_config.pipeline_parallel_size" in pull
+    assert names_pp == (shapes.params_pp_size(rel, 2) is not None)
+    check = shapes.layer_check(rel)
+    assert ("does not hold the KV layers" in conn) == (check == "layers_held")
+    if check == "num_kv_layers":
+        assert f'"{shapes.MSG_PP_LAYERS}"' in conn
+    elif check == "kv_caches_base_addr_len":
+        assert re.search(r"assert len\(nixl_agent_meta\.kv_caches_base_addr\) == len\(\s*self\.block_len_per_layer",
+                         conn)
+    elif check is None:
+        assert "len(nixl_agent_meta.kv_caches_base_addr) ==" not in conn and shapes.MSG_PP_LAYERS not in conn
+
+
+@pytest.mark.parametrize("release", RELEASES)
 def test_block_size_message(release: str) -> None:
     rel = resolve(release)
     src = _flat(_text(release, "distributed/kv_transfer/kv_connector/utils.py",

@@ -90,7 +90,7 @@ def _run(o: dict[str, Any]) -> int:
     )
     code = verdict.exit_code([report.ok])
     if o["json_out"]:
-        envelope.write_json("transfer-bench", None, code, report)
+        envelope.write("transfer-bench", None, code, report)
     elif o["jsonl"]:
         envelope.write_jsonl("transfer-bench", None, code, output.jsonl_lines(report))
     elif o["csv_out"]:

@@ -33,6 +33,53 @@ def _us(x: float) -> str:
     return _f(x, 1 if x < 1000 else 0)
 
 
+COLUMNS = ("bs", "block", "tokens", "size", "descs", "merged", "time(us)", "GB/s", "%memcpy", "%wire",
+           "p50(us)", "p90", "p99", "p999", "max", "#wrong")
+# The columns a narrow terminal loses first (the rest say what a row measured and whether it was right).
+OPTIONAL = ("p999", "p90", "merged", "block", "%wire", "max", "tokens", "%memcpy")
+
+
+def _table(report: schema.Report, cols: list[str]) -> Table:
+    tab = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
+    for col in cols:
+        tab.add_column(col, justify="right", no_wrap=True)
+
+    def row(cells: dict[str, str], **kw: object) -> None:
+        tab.add_row(*(cells.get(c, "") for c in cols), **kw)  # type: ignore[arg-type]
+
+    for r in report.rows:
+        row({"bs": str(r.block_tokens), "block": human(r.block_bytes), "tokens": str(r.tokens),
+             "size": human(r.bytes), "descs": str(r.desc_count),
+             "merged": "-" if r.desc_count_merged is None else str(r.desc_count_merged), "time(us)": _us(r.time_us),
+             "GB/s": _f(r.gbps, 2) + ("*" if r.cache_hot else ""), "%memcpy": _f(r.pct_memcpy, 0),
+             "%wire": _f(r.pct_wire, 0), "p50(us)": _us(r.p50_us), "p90": _us(r.p90_us), "p99": _us(r.p99_us),
+             "p999": _us(r.p999_us), "max": _us(r.max_us), "#wrong": str(r.wrong)},
+            style="red" if r.wrong else None, end_section=r is report.rows[-1])
+    cl = report.ceilings
+    p50 = sorted(r.wire_p50_us for r in report.rows)[len(report.rows) // 2] if report.rows else float("nan")
+    row({"bs": "memcpy", "GB/s": _f(cl.memcpy_gbps, 2), "%memcpy": "100"}, style="dim")
+    row({"bs": "wire", "block": "1 desc", "descs": "1", "merged": "1", "GB/s": _f(cl.wire_gbps, 2),
+         "%memcpy": _f(100 * cl.wire_gbps / cl.memcpy_gbps, 0) if cl.memcpy_gbps else "-", "%wire": "100",
+         "p50(us)": _us(p50)}, style="dim")
+    return tab
+
+
+def _fitted(report: schema.Report, console: Console) -> tuple[Table, list[str]]:
+    """The table at the console's width: optional columns dropped, least needed first, until it fits (a
+    wrapped row or a broken header word reads worse than a column fewer); the dropped ones named."""
+    from rich.measure import Measurement
+
+    cols, left_out = list(COLUMNS), []
+    tab = _table(report, cols)
+    for name in OPTIONAL:
+        if Measurement.get(console, console.options.update_width(10**4), tab).maximum <= console.width:
+            break
+        cols.remove(name)
+        left_out.append(name)
+        tab = _table(report, cols)
+    return tab, left_out
+
+
 def render(report: schema.Report, console: Console) -> None:
     c, t, e = report.config, report.transport, report.env
     shape = (f"{c.layers} layers, MLA latent {c.head_dim}" if c.mla
@@ -57,28 +104,13 @@ def render(report: schema.Report, console: Console) -> None:
         console.print(f"# cost of this transport: {cost}", style="yellow", highlight=False, markup=False,
                       soft_wrap=True)
 
-    tab = Table(box=None, header_style="bold", pad_edge=False, show_edge=False)
-    cols = ["bs", "block", "tokens", "size", "descs", "merged", "time(us)", "GB/s", "%memcpy", "%wire",
-            "p50(us)", "p90", "p99", "p999", "max", "#wrong"]
-    for col in cols:
-        tab.add_column(col, justify="right", no_wrap=True)
-    for r in report.rows:
-        tab.add_row(
-            str(r.block_tokens), human(r.block_bytes), str(r.tokens), human(r.bytes), str(r.desc_count),
-            "-" if r.desc_count_merged is None else str(r.desc_count_merged), _us(r.time_us),
-            _f(r.gbps, 2) + ("*" if r.cache_hot else ""), _f(r.pct_memcpy, 0), _f(r.pct_wire, 0),
-            _us(r.p50_us), _us(r.p90_us), _us(r.p99_us), _us(r.p999_us), _us(r.max_us),
-            str(r.wrong), style="red" if r.wrong else None,
-            end_section=r is report.rows[-1],
-        )
-    cl = report.ceilings
-    p50 = sorted(r.wire_p50_us for r in report.rows)[len(report.rows) // 2] if report.rows else float("nan")
-    tab.add_row("memcpy", "", "", "", "", "", "", _f(cl.memcpy_gbps, 2), "100", "", "", "", "", "", "", "",
-                style="dim")
-    tab.add_row("wire", "1 desc", "", "", "1", "1", "", _f(cl.wire_gbps, 2), _f(100 * cl.wire_gbps /
-                cl.memcpy_gbps, 0) if cl.memcpy_gbps else "-", "100", _us(p50), "", "", "", "", "", style="dim")
+    tab, left_out = _fitted(report, console)
     console.print(tab)
+    if left_out:
+        console.print(f"# left out to fit {console.width} columns: {', '.join(left_out)} (--json, --csv have them)",
+                      highlight=False, markup=False, soft_wrap=True)
 
+    cl = report.ceilings
     wrong = sum(r.wrong for r in report.rows)
     checked = sum(r.checked for r in report.rows)
     console.print(f"# #wrong blocks : {wrong} of {checked} checked  {'FAILED' if wrong else 'OK'}",

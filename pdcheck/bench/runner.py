@@ -67,7 +67,7 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         with launcher(cfg.ray, cfg.timeout) as lau:
-            rows, ready, target_cpu = _drive(cfg, plan, _Ranks(lau, log_dir), cores, ucx, progress)
+            rows, ready, target_cpu = _drive(cfg, plan, Ranks(lau, log_dir), cores, ucx, progress)
         # Each rank's fd 1/2 went to its log (a Ray rank's comes back when the launcher closes): UCX's tables
         # of every decode rank.
         proto = "\n".join(_read(_log(log_dir, rid)) for rid in everyone if rid.role == "D")
@@ -132,7 +132,7 @@ def assign_cores(ptp: int, dtp: int, pin: bool) -> tuple[dict[RankId, list[int]]
     return cores, f"{ptp + dtp} ranks on {len(avail)} cores: ranks of one role share cores (oversubscribed)"
 
 
-class _Ranks:
+class Ranks:
     """The bench's ranks on pdcheck's launcher (the one that starts handshake and serve ranks, locally or on Ray):
     start by rank id, send to a group, and gather one reply per rank (pdcheck.orchestrate) with the bench's
     fault texts."""
@@ -170,7 +170,7 @@ class _Ranks:
 class _Faults:
     """transfer-bench's words for a rank that let a step down (orchestrate.Faults)."""
 
-    ranks: _Ranks
+    ranks: Ranks
     what: str
     timeout: float
 
@@ -206,7 +206,7 @@ def _last_line(path: Path) -> str:
     return lines[-1] if lines else ""
 
 
-def _drive(cfg: BenchConfig, plan: Plan, ranks: _Ranks, cores: dict[RankId, list[int]], ucx: dict[str, str],
+def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[RankId, list[int]], ucx: dict[str, str],
            progress: ProgressFn | None) -> tuple[list[schema.Row], dict[RankId, m.BenchReady], float | None]:
     t = cfg.timeout
     ps, ds = orc.ids("P", cfg.ptp), orc.ids("D", cfg.dtp)

@@ -4,7 +4,11 @@ imports a command's module only when that command runs (or help lists it)."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import inspect
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
 
 import typer
 
@@ -32,12 +36,65 @@ def console(stderr: bool = False, **kw: Any) -> Any:
 
 
 def emit(command: str, framework: str | None, outcome: Any, json_out: bool) -> None:
-    """Print a command's outcome (pdcheck.frameworks.Outcome): one --json document through the envelope, or
-    its tables; then end with its exit code."""
+    """Print a command's outcome (pdcheck.frameworks.Outcome): one --json document through the envelope (or the
+    --format page of that document), or its tables; then end with its exit code."""
     if json_out:
-        from pdcheck.envelope import write_json
+        from pdcheck.envelope import write
 
-        write_json(command, framework, outcome.exit_code, outcome.body)
+        write(command, framework, outcome.exit_code, outcome.body)
     else:
         outcome.render(console())
     raise typer.Exit(outcome.exit_code)
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def output_flags(func: F) -> F:
+    """Decorator: --format json|markdown|html, and --output FILE for the page unless the command has an --output
+    of its own (from-logs' scenario file; its page goes to stdout). Any --format is machine output: the command
+    runs as with --json (no progress, no tables) and its document is written in that format (pdcheck.render,
+    through pdcheck.envelope.write). Every flag is checked before the command runs."""
+    sig = inspect.signature(func, eval_str=True)
+    params = list(sig.parameters.values())
+    names = [p.name for p in params]
+    if "json_out" not in names:
+        raise TypeError(f"{func.__qualname__}: @output_flags needs a `json_out` parameter")
+    page_file = "output" not in names
+    kind = inspect.Parameter.KEYWORD_ONLY
+    added = [inspect.Parameter("format_", kind, default=None, annotation=Annotated[str | None, Opt(
+        "--format", metavar="json|markdown|html", rich_help_panel=OUTPUT, show_default=False,
+        help="json: as --json; markdown or html: the same document as a page to paste into an issue (a "
+             "summary line, the tables, versions and environment collapsed, the command to reproduce).")])]
+    if page_file:
+        added.append(inspect.Parameter("output", kind, default=None, annotation=Annotated[Path | None, Opt(
+            "--output", metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
+            help="With --format markdown|html: write the page here instead of stdout.")]))
+    new_sig = sig.replace(parameters=[*params, *added])
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from pdcheck import bounds, render
+        from pdcheck.errors import BadInput
+
+        fmt = kwargs.pop("format_")
+        path = kwargs.pop("output") if page_file else None
+        if fmt is None:
+            if path is not None:
+                raise BadInput("--output: only with --format markdown or --format html")
+            return func(*args, **kwargs)
+        if fmt not in render.FORMATS:
+            raise BadInput(f"--format: {fmt!r} is not one of {', '.join(render.FORMATS)}")
+        if kwargs["json_out"] and fmt != "json":
+            raise BadInput(f"--json and --format {fmt}: pick one")
+        if path is not None and fmt not in render.PAGES:
+            raise BadInput("--output: only with --format markdown or --format html")
+        bounds.check_out_file("--output", path)
+        kwargs["json_out"] = True
+        with render.selected(render.Output(fmt, path)):
+            return func(*args, **kwargs)
+
+    wrapper.__signature__ = new_sig  # type: ignore[attr-defined]
+    wrapper.__annotations__ = {p.name: p.annotation for p in new_sig.parameters.values()
+                               if p.annotation is not inspect.Parameter.empty}
+    return wrapper  # type: ignore[return-value]

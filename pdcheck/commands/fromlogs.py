@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from pdcheck.cliopts import Command, release_flags, scenario_flags
-from pdcheck.commands import OUTPUT, RUN, SIGNALS, Opt, emit
+from pdcheck.commands import OUTPUT, RUN, SIGNALS, Opt, emit, output_flags
 
 EPILOG = f"""[bold]Examples[/]
   [dim]# vLLM logs: write the scenario, then run it[/]
@@ -26,6 +26,7 @@ Exit codes: 0 written, 2 bad input,
 def register(app: typer.Typer) -> None:
 
     @app.command("from-logs", cls=Command, epilog=EPILOG)
+    @output_flags
     @scenario_flags
     @release_flags("from-logs")
     def scenario_from_logs(

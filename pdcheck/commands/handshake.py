@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pdcheck.cliopts import Command, Device, release_flags, scenario_flags
-from pdcheck.commands import OUTPUT, RUN, SCENARIO, Opt, emit, exit_codes
+from pdcheck.cliopts import Command, Device, complete_scenario, release_flags, scenario_flags
+from pdcheck.commands import OUTPUT, RUN, SCENARIO, Opt, emit, exit_codes, output_flags
 
 LIVE = "Live prefill"
 HANG_TIMEOUT_S = 3.0  # handshake's and smoke's default
@@ -32,11 +32,12 @@ Shell completion: pdcheck --install-completion (bash, zsh, fish, PowerShell)."""
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     @scenario_flags
     @release_flags("handshake")
     def handshake(
         scenario: Annotated[Path | None, typer.Argument(
-            metavar="SCENARIO", show_default=False,
+            metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled scenario's name or a scenario TOML file (flags override its keys).")] = None,
         *,
         overrides: dict[str, Any],

@@ -9,7 +9,7 @@ import typer
 
 from pdcheck import bounds as b
 from pdcheck.cliopts import Command, release_flags, scenario_flags
-from pdcheck.commands import OUTPUT, SCENARIO, Opt, emit, exit_codes
+from pdcheck.commands import OUTPUT, SCENARIO, Opt, emit, exit_codes, output_flags
 
 PROBE = "Probe"
 EPILOG = f"""[bold]Examples[/]
@@ -30,6 +30,7 @@ Read-only: no memory registered, no block read."""
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     @scenario_flags
     @release_flags("probe", metavar="RELEASE", panel=PROBE)
     def probe(

@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
-from pdcheck.cliopts import Command, release_flags
-from pdcheck.commands import OUTPUT, Opt, emit, exit_codes
+from pdcheck.cliopts import Command, complete_scenario, release_flags
+from pdcheck.commands import OUTPUT, Opt, emit, exit_codes, output_flags
 from pdcheck.requests.faults import NAMES
 
 LOAD = "Requests"
@@ -40,10 +40,11 @@ P's completion notification to D.
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     @release_flags("requests")
     def requests(
         scenario: Annotated[Path | None, typer.Argument(
-            metavar="SCENARIO", show_default=False,
+            metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled requests scenario's name or a requests TOML file (flags override it).")] = None,
         *,
         releases: dict[str, str | None],
@@ -70,6 +71,8 @@ def register(app: typer.Typer) -> None:
                                                help=f"A fault ({', '.join(NAMES)}); repeatable.")] = None,
         json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                       help="One JSON document on stdout instead of tables.")] = False,
+        every: Annotated[bool, Opt("--all", metavar="", rich_help_panel=OUTPUT,
+                                   help="List every request, not only the ones not delivered.")] = False,
         plot: Annotated[Path | None, Opt(metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
                                          help="Also draw P's blocks held over time and each request's latency "
                                               "per release (.png/.svg/.pdf; needs matplotlib: "
@@ -80,7 +83,7 @@ def register(app: typer.Typer) -> None:
         from pdcheck import frameworks
 
         fw, rels = frameworks.pick(None, releases, str(scenario or "command line"), command="requests")
-        outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot,
+        outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot, "all": every,
                                "flags": {"requests": n_requests, "rate": rate, "lease": lease,
                                          "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
                                          "failure_policy": failure_policy, "mode": mode}})

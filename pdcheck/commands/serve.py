@@ -7,8 +7,8 @@ from typing import Annotated, Any
 
 import typer
 
-from pdcheck.cliopts import Command, release_flags, scenario_flags
-from pdcheck.commands import OUTPUT, SIGNALS, Opt
+from pdcheck.cliopts import Command, complete_scenario, release_flags, scenario_flags
+from pdcheck.commands import OUTPUT, SIGNALS, Opt, output_flags
 from pdcheck.plan import TAG_BLOCKS
 
 SERVE = "Serve"
@@ -31,11 +31,12 @@ Exit codes: 0 --duration ended, 2 bad input, 3 harness failure,
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     @scenario_flags
     @release_flags("serve", metavar="RELEASE", panel=SERVE)
     def serve(
         scenario: Annotated[Path | None, typer.Argument(
-            metavar="SCENARIO", show_default=False,
+            metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled scenario's name or a scenario TOML file; its \\[prefill] table is served.")] = None,
         *,
         overrides: dict[str, Any],

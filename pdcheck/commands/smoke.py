@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from pdcheck.cliopts import Command
-from pdcheck.commands import OUTPUT, RUN, Opt, console, exit_codes
+from pdcheck.commands import OUTPUT, RUN, Opt, emit, exit_codes, output_flags
 from pdcheck.commands.handshake import HANG_TIMEOUT_S
 
 EPILOG = f"""[bold]Examples[/]
@@ -25,6 +25,7 @@ EPILOG = f"""[bold]Examples[/]
 def register(app: typer.Typer) -> None:
 
     @app.command(cls=Command, epilog=EPILOG)
+    @output_flags
     def smoke(
         directory: Annotated[Path | None, typer.Argument(
             metavar="DIRECTORY", show_default=False,
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
         from pdcheck import bounds
         from pdcheck import smoke as sm
         from pdcheck.errors import BadInput
-        from pdcheck.frameworks import SmokeOptions
+        from pdcheck.frameworks import Outcome, SmokeOptions
         from pdcheck.scenario import BUNDLED
 
         bounds.check_timeouts(hang_timeout)
@@ -55,10 +56,4 @@ def register(app: typer.Typer) -> None:
                 junit.write_bytes(sm.junit(rep))
             except OSError as exc:
                 raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
-        if json_out:
-            from pdcheck.envelope import write_json
-
-            write_json("smoke", None, rep.exit_code, rep)
-        else:
-            sm.render(rep, console())
-        raise typer.Exit(rep.exit_code)
+        emit("smoke", None, Outcome(rep.exit_code, rep, lambda con: sm.render(rep, con)), json_out)

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from pdcheck.cliopts import Command, Device
-from pdcheck.commands import exit_codes
+from pdcheck.commands import exit_codes, output_flags
 
 Opt = typer.Option
 SHAPE, SWEEP, TRANSPORT, RUN, OUTPUT, FLOORS = "Model and TP", "Sweep", "Transport", "Run", "Output", "CI floors"
@@ -33,6 +33,7 @@ def register(app: typer.Typer) -> None:
     from pdcheck.bench.command import Interrupted, _run
 
     @app.command("transfer-bench", cls=Command, epilog=EPILOG)
+    @output_flags
     def transfer_bench(
         model: Annotated[str | None, Opt("--model", "-m", metavar="NAME", rich_help_panel=SHAPE,
                                          help="Preset: Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B, DeepSeek-V3 (MLA), ... "

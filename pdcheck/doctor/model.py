@@ -9,7 +9,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from pdcheck.errors import EXIT_HAZARD, EXIT_OK, PdcheckError, one_line
+from pdcheck import verdict
+from pdcheck.errors import PdcheckError, one_line
 
 Status = Literal["PASS", "WARN", "FAIL", "SKIP"]
 ORDER: dict[str, int] = {"FAIL": 0, "WARN": 1, "PASS": 2, "SKIP": 3}
@@ -31,7 +32,7 @@ def check(name: str, status: Status, detail: str, fix: str | None = None) -> Che
 
 def exit_code(checks: list[Check]) -> int:
     """0 when every check is PASS, WARN or SKIP; 1 when any is FAIL (bad input and harness failures raise)."""
-    return EXIT_HAZARD if any(c.status == "FAIL" for c in checks) else EXIT_OK
+    return verdict.exit_code(c.status != "FAIL" for c in checks)
 
 
 def summary(checks: list[Check]) -> str:

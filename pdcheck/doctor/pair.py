@@ -30,7 +30,7 @@ from pdcheck.bench.plan import make_plan
 from pdcheck.bench.transport import diagnose, parse_proto_info
 from pdcheck.doctor import loopback
 from pdcheck.doctor.model import check
-from pdcheck.errors import BadInput, HarnessError
+from pdcheck.errors import BadInput, HarnessError, RankFailed
 from pdcheck.netio import MAX_FRAME_BYTES, PeerError, bounded_socket, request_reply
 
 PROTOCOL = "pdcheck-doctor/1"
@@ -87,7 +87,14 @@ class Refused(msgspec.Struct, tag=True, forbid_unknown_fields=True):
     reason: str
 
 
-Wire = Hello | Offer | Fill | Filled | Result | Evidence | Refused
+class Aborted(msgspec.Struct, tag=True, forbid_unknown_fields=True):
+    """The peer's decode rank could not READ (NIXL's own error): a finding for both ends, not a harness fault."""
+
+    error: str
+    end: End
+
+
+Wire = Hello | Offer | Fill | Filled | Result | Evidence | Refused | Aborted
 
 
 class PairResult(msgspec.Struct):
@@ -242,7 +249,7 @@ class _Pair:
     """One bench rank on pdcheck's launcher, with transfer-bench's fault words (pdcheck.bench.runner)."""
 
     def __init__(self, role: str, host: str, timeout: float) -> None:
-        from pdcheck.bench.runner import _Ranks
+        from pdcheck.bench.runner import Ranks
         from pdcheck.launcher import Launcher
 
         self.plan = make_plan(loopback.config("cpu", timeout))
@@ -250,7 +257,7 @@ class _Pair:
         self.timeout = timeout
         self.dir = Path(tempfile.mkdtemp(prefix="pdcheck-doctor-"))
         self.lau = Launcher()
-        self.ranks = _Ranks(self.lau, self.dir)
+        self.ranks = Ranks(self.lau, self.dir)
         self.rid = orc.ids(role, 1)[0]
         self.host = host
         arena = (self.plan.pool_p if role == "P" else self.plan.pool_d)[0]
@@ -268,13 +275,19 @@ class _Pair:
         self.lau.close()
         return _evidence(self.dir / f"{self.rid.short}.log", self.host, self.ready.ucx_version)
 
+    def evidence_after_failure(self) -> End:
+        """The rank failed (and ends): close it and read what its log says."""
+        self.lau.close()
+        return _evidence(self.dir / f"{self.rid.short}.log", self.host, self.ready.ucx_version)
+
     def close(self) -> None:
         self.lau.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------------------ listener
-def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str | None = None) -> None:
+def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str | None = None,
+           expect: list[str] | None = None) -> None:
     """Serve one peer: bind, print where, wait (at most `timeout`) for its Hello, then Fill and Result."""
     from pdcheck import __version__
 
@@ -307,19 +320,23 @@ def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str |
         filled = pair.ask(pair.row, m.Filled, "filling the KV blocks")
         _reply(sock, Filled(filled.fill_ms))
         deadline = time.monotonic() + timeout
-        res = _serve(sock, deadline, timeout, Result, "waiting for the peer's transfer result")
+        res = _serve(sock, deadline, timeout, (Result, Aborted), "waiting for the peer's transfer result")
         mine = pair.stop()
         _reply(sock, Evidence(mine))
         dialled = _hostport(host, port)
+        if isinstance(res, Aborted):
+            _record_aborted(report, "listen", dialled, adv, f"the peer's READ failed: {res.error}", mine,
+                            _clean(res.end))
+            return
         _record(report, "listen", dialled, adv, res.checked, res.wrong, res.first_wrong, res.gbps, res.p50_us,
-                mine, res.end)
+                mine, _clean(res.end), expect)
     finally:
         sock.close(0)
         if pair is not None:
             pair.close()
 
 
-def _serve(sock: zmq.Socket, deadline: float, timeout: float, kind: type, what: str) -> Any:
+def _serve(sock: zmq.Socket, deadline: float, timeout: float, kind: type | tuple[type, ...], what: str) -> Any:
     left = deadline - time.monotonic()
     if left <= 0 or not sock.poll(int(left * 1000), zmq.POLLIN):
         raise PeerError(f"--listen: nothing arrived within {timeout:g} s while {what}")
@@ -328,7 +345,8 @@ def _serve(sock: zmq.Socket, deadline: float, timeout: float, kind: type, what: 
         raise PeerError(f"--listen: a multi-part message while {what} (a {PROTOCOL} peer sends one frame)")
     msg = _decode(frame, f"--listen: while {what}")
     if not isinstance(msg, kind):
-        _reply(sock, Refused(f"expected {kind.__name__}"))
+        name = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+        _reply(sock, Refused(f"expected {name}"))
         raise PeerError(f"--listen: got {type(msg).__name__} while {what}")
     return msg
 
@@ -338,7 +356,7 @@ def _reply(sock: zmq.Socket, msg: Any) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ peer
-def dial(report: Any, target: tuple[str, int], timeout: float) -> None:
+def dial(report: Any, target: tuple[str, int], timeout: float, expect: list[str] | None = None) -> None:
     from pdcheck import __version__
 
     host, port = target
@@ -368,11 +386,23 @@ def dial(report: Any, target: tuple[str, int], timeout: float) -> None:
             raise PeerError(f"{where}: the listener advertises {adv}, where nothing answered ({exc}); a listener "
                             "must advertise the address it listens on (VLLM_NIXL_SIDE_CHANNEL_HOST)") from None
         _expect(frames, Filled, f"{where} (advertised {adv})")
-        pair.ask(m.Peers([m.PeerInfo(0, offer.agent_name, offer.metadata, offer.addr, offer.dev)]), m.Ack,
-                 "loading the listener's agent metadata")
-        pair.ranks.send([pair.rid], pair.row)
-        pair.ranks.gather([pair.rid], m.Armed, timeout, "READing the listener's blocks (warm-up)")
-        row: m.RankRow = pair.ask(m.Measure(), m.RankRow, "READing the listener's blocks")
+        try:
+            pair.ask(m.Peers([m.PeerInfo(0, offer.agent_name, offer.metadata, offer.addr, offer.dev)]), m.Ack,
+                     "loading the listener's agent metadata")
+            pair.ranks.send([pair.rid], pair.row)
+            pair.ranks.gather([pair.rid], m.Armed, timeout, "READing the listener's blocks (warm-up)")
+            row: m.RankRow = pair.ask(m.Measure(), m.RankRow, "READing the listener's blocks")
+        except RankFailed as exc:
+            # NIXL refused or failed the READ (an unreachable agent, a wrong device): the finding of this check.
+            mine = pair.evidence_after_failure()
+            try:
+                frames = request_reply(ctx, _endpoint(ahost, aport), ahost,
+                                       msgspec.msgpack.encode(Aborted(str(exc)[:1000], mine)), timeout)
+            except PeerError as exc2:
+                raise type(exc2)(f"{where} (advertised {adv}): no evidence back: {exc2}") from None
+            theirs = _expect(frames, Evidence, f"{where} (advertised {adv})").end
+            _record_aborted(report, "peer", dialled, adv, str(exc), mine, _clean(theirs))
+            return
         mine = pair.stop()
         gbps = row.nbytes * row.iters / row.wall_ns if row.wall_ns else 0.0
         import numpy as np
@@ -386,7 +416,7 @@ def dial(report: Any, target: tuple[str, int], timeout: float) -> None:
             raise type(exc)(f"{where} (advertised {adv}): no evidence back: {exc}") from None
         theirs = _expect(frames, Evidence, f"{where} (advertised {adv})").end
         _record(report, "peer", dialled, adv, row.checked, row.wrong, row.first_wrong, gbps, p50, mine,
-                _clean(theirs))
+                _clean(theirs), expect)
     finally:
         pair.close()
 
@@ -402,27 +432,114 @@ def _clean(e: End) -> End:
 
 
 def _record(report: Any, role: str, dialled: str, adv: str, checked: int, wrong: int, first: str | None,
-            gbps: float, p50: float, mine: End, theirs: End) -> None:
+            gbps: float, p50: float, mine: End, theirs: End, expect: list[str] | None = None) -> None:
     decode_end = mine if role == "peer" else theirs
     res = PairResult(role, f"TCP {dialled}", adv, f"{checked} blocks checked, {wrong} wrong", checked, wrong, gbps,
                      p50, mine, theirs)
     report.pair = res
-    data = ", ".join(decode_end.data) or "unknown"
     report.checks.append(check("pair side channel", "PASS", f"TCP {dialled}, advertised {adv}"))
+    rdma = any(p.active for p in report.devices.rdma)
+    status, detail, fix = transfer_verdict(checked, wrong, first, gbps, decode_end.data, rdma=rdma,
+                                           expect=expect or [], env=dict(os.environ), own_lanes=role == "peer")
+    report.checks.append(check("pair transfer", status, detail, fix))
+
+
+def _record_aborted(report: Any, role: str, dialled: str, adv: str, error: str, mine: End, theirs: End) -> None:
+    """The decode rank could not READ: NIXL's error is the finding (FAIL, exit 1), with both ends' lanes."""
+    res = PairResult(role, f"TCP {dialled}", adv, "no KV moved", 0, 0, 0.0, 0.0, mine, theirs)
+    report.pair = res
+    report.checks.append(check("pair side channel", "PASS", f"TCP {dialled}, advertised {adv}"))
+    report.checks.append(check("pair transfer", "FAIL", f"no KV moved: {error[:400]}", unreachable_fix(os.environ)))
+
+
+def unreachable_fix(env: Any) -> str:
+    """What to do when the decode rank cannot reach the other node's agent (a bare NIXL_ERR_BACKEND)."""
+    net = env.get("UCX_NET_DEVICES", "")
+    named = [d for d in net.split(",") if d and d != "all"]
+    if named and all(d.split(":")[0] == "lo" for d in named):
+        return (f"UCX_NET_DEVICES={net} names only loopback, which never reaches another node: name a device "
+                "on the route between the nodes (see network interfaces and RDMA ports), or unset it")
+    return ("the agents cannot reach each other: UCX_NET_DEVICES and UCX_TLS on both nodes must name a device and "
+            f"transport on the route between them (here: UCX_NET_DEVICES={net or 'unset'}, "
+            f"UCX_TLS={env.get('UCX_TLS') or 'unset'})")
+
+
+# ------------------------------------------------------------------------------------------------ which transport
+# UCX's shared-memory transports (reachable only between processes of one host) and UCX_TLS's aliases
+# (docs/transfer-bench.md names the lanes as UCX's protocol tables print them).
+SHARED_MEMORY = ("cma", "knem", "xpmem", "posix", "sysv")
+TLS_ALIAS = {"sm": SHARED_MEMORY, "shm": SHARED_MEMORY, "mm": ("posix", "sysv", "xpmem"), "ib": ("rc", "ud", "dc"),
+             "cuda": ("cuda_copy", "cuda_ipc")}
+
+
+def parse_expect(text: str | None) -> list[str]:
+    """--expect TRANSPORT[,...]: UCX transports (tcp, rc, rc_mlx5, cma, cuda_ipc, sm) or devices (mlx5_2:1, eth0)."""
+    if text is None:
+        return []
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    if not items or any(not all(ch.isalnum() or ch in "_:.-" for ch in x) or len(x) > 64 for x in items):
+        raise BadInput(f"--expect: {text[:80]!r} is not a comma list of UCX transports or devices "
+                       "(e.g. rc, tcp, cma, cuda_ipc, mlx5_2:1)")
+    return items
+
+
+def _lane(lane: str) -> tuple[str, str]:
+    """'tcp/eth0 (software emulation)' -> ('tcp', 'eth0')."""
+    tl, _, rest = lane.partition("/")
+    return tl, rest.split(" ", 1)[0]
+
+
+def _allows(name: str, tl: str, dev: str) -> bool:
+    """Does an asked-for name (a UCX_TLS entry, an --expect item) cover the lane tl/dev?"""
+    return (name in ("all", tl, dev) or tl.startswith(name + "_") or tl in TLS_ALIAS.get(name, ())
+            or any(tl.startswith(a + "_") for a in TLS_ALIAS.get(name, ())))
+
+
+def asked_but_not_used(data: list[str], expect: list[str], env: Any, own_lanes: bool) -> tuple[list[str], list[str]]:
+    """(what --expect asked for and the payload did not use, what this node's UCX environment asked for and the
+    payload did not use). own_lanes: the payload lanes are this node's (the decode end), so their device names
+    can be compared with this node's UCX_NET_DEVICES."""
+    lanes = [_lane(d) for d in data]
+    missed = [] if not expect or any(_allows(e, tl, dev) for e in expect for tl, dev in lanes) else [
+        f"--expect asks for {','.join(expect)}"]
+    env_missed: list[str] = []
+    net = env.get("UCX_NET_DEVICES", "")
+    named = [d for d in net.split(",") if d and d != "all"]
+    shm = [d for d, (tl, _) in zip(data, lanes, strict=True) if tl in SHARED_MEMORY]
+    if named and shm:
+        env_missed.append(f"UCX_NET_DEVICES={net} asks for the network, but {', '.join(shm)} is shared memory: "
+                          "both ends run on one host and the link between them was not tested")
+    if named and own_lanes:
+        off = [d for d, (tl, dev) in zip(data, lanes, strict=True)
+               if tl not in SHARED_MEMORY and dev != "memory" and dev not in named]
+        if off:
+            env_missed.append(f"UCX_NET_DEVICES={net} asks for {', '.join(named)}")
+    tls = env.get("UCX_TLS", "")
+    if tls and not tls.startswith("^"):
+        asked = [t.strip() for t in tls.split(",") if t.strip()]
+        if not any(_allows(t, tl, dev) for t in asked for tl, dev in lanes):
+            env_missed.append(f"UCX_TLS={tls} here asks for {', '.join(asked)} (the other node's UCX_TLS differs?)")
+    return missed, env_missed
+
+
+def transfer_verdict(checked: int, wrong: int, first: str | None, gbps: float, data: list[str], *, rdma: bool,
+                     expect: list[str], env: Any, own_lanes: bool) -> tuple[str, str, str | None]:
+    """(status, detail, fix) of a transfer between two nodes, from the decode end's proof and payload lanes."""
     if wrong or not checked:
-        report.checks.append(check("pair transfer", "FAIL", f"{wrong} of {checked} blocks arrived wrong "
-                                   f"({(first or '')[:200]})", "the transport corrupts or misroutes data: pin "
-                                   "UCX_TLS and UCX_NET_DEVICES to known devices and rerun"))
-    elif not decode_end.data:
-        report.checks.append(check("pair transfer", "WARN", f"{checked} blocks checked, {gbps:.2f} GB/s; UCX "
-                                   "printed no protocol table for the READ", "unset UCX_PROTO_INFO"))
-    else:
-        rdma = any(p.active for p in report.devices.rdma)
-        tcp = all(d.startswith("tcp/") for d in decode_end.data)
-        status = "WARN" if tcp and rdma else "PASS"
-        report.checks.append(check(
-            "pair transfer", status, f"{checked} blocks checked, 0 wrong, {gbps:.2f} GB/s; payload over {data} "
-            f"(UCX protocol table of the decode end)" + ("; payload fell back to tcp although RDMA ports are "
-                                                          "active" if status == "WARN" else ""),
-            "check UCX_TLS and UCX_NET_DEVICES on both nodes (see the suggested value)" if status == "WARN"
-            else None))
+        return ("FAIL", f"{wrong} of {checked} blocks arrived wrong ({(first or '')[:200]})",
+                "the transport corrupts or misroutes data: pin UCX_TLS and UCX_NET_DEVICES to known devices and rerun")
+    moved = f"{checked} blocks checked, 0 wrong, {gbps:.2f} GB/s"
+    if not data:
+        return "WARN", f"{moved}; UCX printed no protocol table for the READ", "unset UCX_PROTO_INFO"
+    over = f"payload over {', '.join(data)} (UCX protocol table of the decode end)"
+    missed, env_missed = asked_but_not_used(data, expect, env, own_lanes)
+    if missed or env_missed:
+        status = "FAIL" if missed else "WARN"
+        return (status, f"{moved}; the payload went over {', '.join(data)} while " + "; ".join(missed + env_missed),
+                "check UCX_TLS and UCX_NET_DEVICES on both nodes (now here: UCX_TLS="
+                f"{env.get('UCX_TLS') or 'unset'}, UCX_NET_DEVICES={env.get('UCX_NET_DEVICES') or 'unset'}) and "
+                "that the asked-for devices are up (RDMA ports, network interfaces above)")
+    if rdma and all(d.startswith("tcp/") for d in data):
+        return ("WARN", f"{moved}; {over}; payload fell back to tcp although RDMA ports are active",
+                "check UCX_TLS and UCX_NET_DEVICES on both nodes (see the suggested value)")
+    return "PASS", f"{moved}; {over}", None

@@ -20,7 +20,7 @@ Tick = Callable[[str, int, int, str], None]
 class Report(msgspec.Struct):
     """The whole diagnosis: what --json prints and the table shows."""
 
-    mode: str  # "node", "listen" or "peer"
+    mode: str  # "node", "listen", "peer" or "ray"
     summary: str
     checks: list[Check]
     versions: versions.Versions
@@ -30,6 +30,7 @@ class Report(msgspec.Struct):
     exports: list[str]  # what to export for the framework installed here, from the checks' fixes
     transfers: list[loopback.Transfer]
     pair: object | None = None  # pdcheck.doctor.pair.PairResult in --listen/--peer mode
+    cluster: object | None = None  # pdcheck.doctor.cluster.ClusterResult in --ray mode
     seconds: float = 0.0
 
 
@@ -97,6 +98,20 @@ def node_checks(*, multi_node: bool, tick: Tick = _noop, transfer: bool = True) 
     return Report(mode="node", summary=summary(out), checks=out, versions=vers, plugins=plist,  # type: ignore[arg-type]
                   devices=devs, suggested_ucx_net_devices=sug.value, exports=exports(out), transfers=transfers,
                   seconds=round(time.monotonic() - t0, 3))
+
+
+def cluster_checks(address: str, pairs: int, timeout: float, expect: list[str]) -> Report:
+    """--ray: the pair matrix only (each node's own checks are `pdcheck doctor` on that node)."""
+    from pdcheck.doctor import cluster
+
+    t0 = time.monotonic()
+    vers = within("versions", DEADLINE_S["versions"], versions.collect)[0] or versions.collect_fallback()
+    res, out = cluster.run(address, pairs, timeout, expect)
+    out.insert(0, check("ray cluster", "PASS", f"{address}: {len(res.nodes)} live node(s); {len(res.pairs)} pair(s) "
+                        f"({res.selection}), {res.concurrency} at a time"))
+    return Report(mode="ray", summary=summary(out), checks=out, versions=vers, plugins=[],
+                  devices=netdevs.Devices([], [], []), suggested_ucx_net_devices=None, exports=[], transfers=[],
+                  cluster=res, seconds=round(time.monotonic() - t0, 3))
 
 
 def gpu_transfer(devs: netdevs.Devices) -> Check | None:

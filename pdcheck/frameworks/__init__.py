@@ -81,6 +81,11 @@ class Framework:
         """The modelled release line a typed release resolves to (its name); BadInput when not modelled."""
         raise NotImplementedError
 
+    def release_table(self) -> Any:
+        """Its modelled releases (a pdcheck.releaseline.ReleaseTable: ranges -> the line each runs, the line's
+        `name`), for `pdcheck list releases` and completion; None when it has none to list."""
+        return None
+
     def load(self, path: Path | None, overrides: dict[str, Any]) -> Any:
         """A scenario file (and flag overrides) as this framework's scenario; BadInput when invalid."""
         raise NotImplementedError

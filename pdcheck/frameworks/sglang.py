@@ -34,6 +34,11 @@ class SGLang(Framework):
 
         return resolve(release, self.flag).name
 
+    def release_table(self) -> Any:
+        from pdcheck.sglang.releases import TABLE
+
+        return TABLE
+
     def load(self, path: Path | None, overrides: dict[str, Any]) -> Any:
         from pdcheck.sglang.scenario import load
 

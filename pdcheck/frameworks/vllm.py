@@ -33,7 +33,7 @@ class VLLM(Framework):
     flag = "--vllm"
     distribution = "vllm"
     scenario_dirs: tuple[str, ...] = ("", REQUESTS_DIR)
-    rank_modules: tuple[str, ...] = ("pdcheck.ranks", "pdcheck.requests.rank")
+    rank_modules: tuple[str, ...] = ("pdcheck.handshake_ranks", "pdcheck.requests.rank")
     commands: dict[str, str | None] = {
         "handshake": "Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all' (default: the scenario's list).",
         "smoke": None,
@@ -48,6 +48,11 @@ class VLLM(Framework):
         from pdcheck.releases import resolve
 
         return resolve(release, self.flag).name
+
+    def release_table(self) -> Any:
+        from pdcheck.releases import TABLE
+
+        return TABLE
 
     def load(self, path: Path | None, overrides: dict[str, Any], max_tp: int | None = None) -> Any:
         from pdcheck.bounds import MAX_TP
@@ -122,9 +127,9 @@ class VLLM(Framework):
                 report.render_live(rep, console)
                 for e in rep.harness_errors:
                     console.print(f"[red]harness:[/] {_escape(e)}")
-                one = rep.fails[0] if rep.fails else rep.releases[0]
-                console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}. "
-                              f"Per-rank asserts and transfer proof: --vllm {one}[/]")
+                # the per-rank view is worth a second run only where a release fails
+                more = f" Per-rank asserts and transfer proof: --vllm {rep.fails[0]}" if rep.fails else ""
+                console.print(f"[dim]{rep.timings.total_s:.2f} s; exit {rep.exit_code}.{more}[/]")
             else:
                 report.render(rep, console)
             _native_note(log_dir)
@@ -225,7 +230,9 @@ class VLLM(Framework):
         port, tag_blocks, duration, api_port = o["port"], o["tag_blocks"], o["duration"], o["api_port"]
         sc = sv.load_prefill(o["scenario"], o["overrides"], read_toml, load)
         name = o["releases"] if o["releases"] is not None else sc.prefill.vllm or sc.vllm[0]
-        if "," in name or name.strip() in ("all", "corrected"):
+        from pdcheck.releaseline import is_corrected
+
+        if "," in name or name.strip() == "all" or is_corrected(name):
             raise BadInput(f"--vllm: serve speaks one release, got {name!r}")
         release = resolve(name)
         if port is not None and not MIN_BASE_PORT <= port <= 65535:
@@ -280,11 +287,12 @@ class VLLM(Framework):
             from pdcheck.requests import plot as plotting
 
             plotting.write(rep, plot)
+            _console_err().print(f"pdcheck: wrote the plot to {plot}", markup=False)
 
         def render(console: Any) -> None:
             from pdcheck.requests.report import render as req_render
 
-            req_render(rep, console)
+            req_render(rep, console, every=bool(o.get("all")))
 
         return Outcome(rep.exit_code, rep, render)
 

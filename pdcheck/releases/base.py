@@ -91,6 +91,7 @@ class State:
     remote_agents: dict[str, dict[int, str]] = field(default_factory=dict)
     prepared: dict[int, Prepared] = field(default_factory=dict)
     contacted: list[int] = field(default_factory=list)
+    contacted_stages: list[int] = field(default_factory=list)  # the pipeline stage asked of each contacted rank
     dst_pairs: dict[str, object] = field(default_factory=dict)  # 0.34: how each engine's regions pair with ours
 
     @classmethod
@@ -101,7 +102,7 @@ class State:
 class HandshakeIO(Protocol):
     """The side effects a handshake needs. Real ranks use ZMQ and NIXL; unit tests use bytes in memory."""
 
-    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]: ...
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None, pp_rank: int = 0) -> list[bytes]: ...
 
     def add_remote_agent(self, blob: bytes) -> str: ...
 

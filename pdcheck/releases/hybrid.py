@@ -1,4 +1,4 @@
-"""What each release does with a hybrid model's KV-cache groups (issue #17): sliding-window and Mamba/SSM groups
+"""What each release does with a hybrid model's KV-cache groups: sliding-window and Mamba/SSM groups
 beside full attention. Read from the release wheels (0.9.2, 0.11.1, 0.14.0 - 0.26.0 each minor, 0.34.0); the one
 home of these per-release facts: the engine asks it for start-up and handshake refusals, the transfer proof for
 the blocks of each group a D rank reads, hazards and the compatibility hash for is_hma_enabled.

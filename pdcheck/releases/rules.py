@@ -476,7 +476,7 @@ def prep_targets(*, signed: bool, replicated: object = is_replicated, head_offse
     return Action("prep_remote_descs", run)
 
 
-# ---- 0.14 - 0.34, re-read against each release's source (issue 8) ----------------------------------------------
+# ---- 0.14 - 0.34, re-read against each release's source -------------------------------------------------------
 # The statement texts below are the releases' own, whitespace collapsed.
 
 MSG_SHAPE_PAGE = (

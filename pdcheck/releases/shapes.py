@@ -1,4 +1,4 @@
-"""What each release does with deployment shapes beyond one TP group (issue #17): pipeline parallel, a block size
+"""What each release does with deployment shapes beyond one TP group: pipeline parallel, a block size
 that differs between P and D, fp8 KV caches. Read from the release wheels (0.9.2, 0.11.1, 0.14.0, 0.26.0,
 0.34.0); the one home of these per-release facts: pdcheck.hazards phrases them, the tests check them.
 
@@ -8,8 +8,15 @@ and what a D does when the wrong engine answers is the release's own engine-id c
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+import msgspec
+
+from pdcheck.geometry import Geometry
 from pdcheck.releaseline import is_corrected
 from pdcheck.releases.base import ReleaseModel
+from pdcheck.releases.params import pull_keys
+from pdcheck.wire import AnyMeta
 
 # The handshake runs on a request's first load (start_load_kv / the handshake executor), never at start-up: a
 # refusal there leaves the server healthy and fails that request, then the next one the same way.
@@ -33,21 +40,137 @@ def _has(rel: ReleaseModel, check_id: str) -> bool:
     return any(s.id == check_id for s in (*rel.pre_flow, *rel.pre_add, *rel.add_remote))
 
 
+# ---- pipeline parallel on the prefill side (docs/release-models.md, "Pipeline parallel") ---------------------
+# Who serves which stage's metadata, per wire era (read in the wheels 0.9.1 - 0.34.0):
+# * A - E (0.9.0 - 0.11.0): every worker runs its own listener on base_port + tp_rank; the workers of one TP rank
+#   in several stages share that port on one node, so one stage answers (pdcheck serves stage 0).
+# * F - G (0.11.1 - 0.25): the engine core merges the workers' {tp_rank: metadata} with `content.update(...)` in
+#   worker order (pp_rank * tp_size + tp_rank): the last stage overwrites the others, D gets its layers.
+# * H (0.26+): the scheduler keeps encoded_data[(pp_rank, tp_rank)] for every stage; D asks
+#   (GET_META_MSG, pp_rank, tp_rank) for each pp_rank in range(remote_pp_size), stage-major, where
+#   remote_pp_size = kv_transfer_params.get("pp_size", 1); pull P puts pp_size in its params from 0.29
+#   (releases.params), so 0.26 - 0.28 ask stage 0 only.
+PP_STAGES_KEYED = "H"  # the first era whose listener keys metadata by (pp_rank, tp_rank)
+MSG_PP_LAYERS = "Number of KV layers must match between prefill and decode"  # 0.24 - 0.34 assert
+LAYER_COUNT_CHECKS = ("layers_held", "num_kv_layers", "kv_caches_base_addr_len")  # what one stage's metadata trips
+
+
+def pp_layers(layers: int, pp_size: int, stage: int) -> tuple[int, int]:
+    """[first, end) layer of `stage` (vLLM's get_pp_indices without VLLM_PP_LAYER_PARTITION): an even split, the
+    remainder spread over the stages before the last."""
+    parts = [layers // pp_size] * pp_size
+    for i in range(2, layers % pp_size + 2):
+        parts[-i] += 1
+    first = sum(parts[:stage])
+    return first, first + parts[stage]
+
+
+def stage_regions(g: Geometry, pp_size: int, stage: int) -> list[int]:
+    """The registered regions a P worker of `stage` holds: those of its layers, in registration order."""
+    total = sum(gr.layers for gr in g.groups) if g.groups else g.layers
+    first, end = pp_layers(total, pp_size, stage)
+    return [r for r in range(g.num_regions) if first <= g.region_layer(r) < end]
+
+
+def stage_metadata(meta: AnyMeta, g: Geometry, pp_size: int, stage: int) -> AnyMeta:
+    """What P's worker of `stage` advertises: `meta` (every layer) cut to that stage's regions."""
+    if pp_size <= 1:
+        return meta
+    keep = stage_regions(g, pp_size, stage)
+
+    def cut(values: Sequence | None) -> list | None:
+        return None if values is None else [values[i] for i in keep]
+
+    return msgspec.structs.replace(
+        meta, kv_caches_base_addr=cut(meta.kv_caches_base_addr) or [], block_lens=cut(meta.block_lens),
+        block_strides=cut(meta.block_strides), region_names=cut(meta.region_names),
+        region_members=cut(meta.region_members), region_group_ids=cut(meta.region_group_ids))
+
+
+def merge_stages(metas: Sequence[AnyMeta]) -> AnyMeta:
+    """The corrected D's view of a P with several stages: every stage's regions, stage by stage."""
+    if len(metas) == 1:
+        return metas[0]
+
+    def cat(name: str) -> list | None:
+        parts = [getattr(x, name) for x in metas]
+        return None if any(p is None for p in parts) else [v for p in parts for v in p]
+
+    return msgspec.structs.replace(
+        metas[0], kv_caches_base_addr=cat("kv_caches_base_addr") or [], block_lens=cat("block_lens"),
+        block_strides=cat("block_strides"), region_names=cat("region_names"),
+        region_members=cat("region_members"), region_group_ids=cat("region_group_ids"))
+
+
+def served_stage(wire: str, pp_size: int) -> int:
+    """The stage whose metadata a listener of era `wire` serves for a TP rank where it serves one per rank
+    (before era H); from era H every stage is served under its own key."""
+    return pp_size - 1 if wire >= "F" else 0
+
+
+def params_pp_size(rel: ReleaseModel, p_pp: int) -> int | None:
+    """kv_transfer_params["pp_size"] as pull P sends it, or None where P's params carry no pp_size."""
+    return p_pp if "pp_size" in pull_keys(rel.number) else None
+
+
+def asked_stages(rel: ReleaseModel, p_pp: int) -> list[int]:
+    """The P stages a pull D of `rel` asks, per TP rank it handshakes: every stage of remote_pp_size where P's
+    params name it (0.29+), stage 0 from 0.26 (the request carries pp_rank 0), and none by number before 0.26
+    (the request names a TP rank; P's listener picks the stage, served_stage). The corrected D asks every stage."""
+    if is_corrected(rel):
+        return list(range(p_pp))
+    if rel.wire < PP_STAGES_KEYED:
+        return [0]
+    return list(range(params_pp_size(rel, p_pp) or 1))
+
+
+def answered_stage(wire: str, asked: int, p_pp: int) -> int:
+    """The P stage whose metadata answers a request of era `wire` that asked for stage `asked`."""
+    return asked if wire >= PP_STAGES_KEYED else served_stage(wire, p_pp)
+
+
+def layer_check(rel: ReleaseModel) -> str | None:
+    """The first check of `rel` that one stage's metadata (part of D's layers) trips; None: the release has none."""
+    return next((c for c in LAYER_COUNT_CHECKS if _has(rel, c)), None)
+
+
+_LAYER_REFUSAL = {
+    "layers_held": "'RuntimeError: Engine <P> does not hold the KV layers [...]' (the other stages' layers)",
+    "num_kv_layers": f"'AssertionError: {MSG_PP_LAYERS}'",
+    "kv_caches_base_addr_len": "'AssertionError' on len(nixl_agent_meta.kv_caches_base_addr) == "
+                               "len(self.block_len_per_layer)",
+}
+
+
 def pp_effect(rel: ReleaseModel, p_pp: int, d_pp: int, hybrid: bool = False) -> str:
-    """What `rel` does with pipeline parallel stages on either side (full attention unless `hybrid`)."""
-    if rel.wire < "H":
-        # 0.14.0 engine core: `content.update(worker_dict)` over every worker's {tp_rank: metadata}
-        return ("no pp_rank on the wire (requests name a TP rank only): the engine core merges its workers' "
-                "{tp_rank: metadata} dicts, so one PP stage's metadata per TP rank is served and D registers that "
-                "stage's layers only; pdcheck gives no rank verdict for it yet")
-    if d_pp > 1:
+    """What `rel` does with pipeline parallel stages on either side (full attention unless `hybrid`). With
+    stages on P only, the rank verdict comes from the release's own layer check on the stage D receives
+    (layer_check), so this line and the run agree."""
+    if rel.wire >= PP_STAGES_KEYED and d_pp > 1:
         return f"decode refuses at start-up: {MSG_PP_DECODE}"
-    if hybrid:
+    if rel.wire >= PP_STAGES_KEYED and hybrid:
         return f"prefill refuses at start-up: {MSG_PP_HMA_0_34 if rel.number >= (0, 34) else MSG_PP_HMA_0_26}"
-    return (f"requests carry (pp_rank, tp_rank) and NixlConnector serves every stage's metadata (it overrides "
-            f"set_xfer_handshake_metadata_pp_aware), so its handshake passes; pull D reads kv_transfer_params "
-            f"pp_size (default 1). The connector base class refuses with '{MSG_PP_VALUE_ERROR.format(cls='<X>')}' "
-            f"only in connectors without that override (vLLM #52913)")
+    if d_pp > 1:
+        return ("decode pipeline stages before 0.26: requests name a TP rank only; pdcheck gives no rank verdict "
+                "for D stages yet")
+    if p_pp <= 1:
+        return "one stage on each side"
+    if rel.wire < "F":
+        got = ("every worker listens on base_port + tp_rank itself: the stages of one TP rank share that port and "
+               "one answers (stage 0 here)")
+    elif rel.wire < PP_STAGES_KEYED:
+        got = ("the engine core merges its workers' {tp_rank: metadata} dicts in worker order: the last stage "
+               f"(pp_rank {p_pp - 1}) is what every TP rank serves")
+    else:
+        pp = params_pp_size(rel, p_pp)
+        sent = (f"kv_transfer_params carry pp_size {pp}: D asks (pp_rank, tp_rank) for every stage, stage 0 first"
+                if pp else "kv_transfer_params carry no pp_size: D asks stage (0, tp_rank) only")
+        got = (f"P serves every stage's metadata under (pp_rank, tp_rank) (NixlConnector overrides "
+               f"set_xfer_handshake_metadata_pp_aware); {sent}")
+    check = layer_check(rel)
+    what = (_LAYER_REFUSAL[check] if check else "no layer-count check: D takes one stage's regions for all its "
+            "layers and its first READ fails in NIXL (remote index out of range)")
+    return f"{got}; one stage holds part of D's layers: {what} (vLLM #52913)"
 
 
 def block_size_effect(rel: ReleaseModel, p_bs: int, d_bs: int) -> str | None:

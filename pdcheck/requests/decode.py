@@ -15,13 +15,14 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
+from pdcheck.handshake_ranks import served_metadata
 from pdcheck.kvcache import BlockCheck, check_blocks, desc_ids, engine_tag
 from pdcheck.nixlagent import LOCAL, int32_ids
-from pdcheck.ranks import served_metadata
+from pdcheck.releases.params import block_id_groups
 from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
-from pdcheck.requests.model import abort_detail, decide, on_failure
+from pdcheck.requests.model import abort_detail, decide, on_failure, read_ids
 from pdcheck.requests.role import POLL_S, Outgoing, RequestsRole, forget_remote, load_remote
 from pdcheck.wire import AnyMeta
 
@@ -263,7 +264,7 @@ class RequestsD(RequestsRole):
             if msg.heartbeats_lost and expiry is not None and time.time() >= expiry:
                 return m.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
                                     "acknowledged: its heartbeats were lost): blocks not read, recomputed")
-        ids = [int(b) for b in msg.params["remote_block_ids"]]
+        ids = read_ids(msg.params, self.kv.geometry.block_size)
         lo = self.room(len(ids))
         mine = np.arange(lo, lo + len(ids))  # D's own blocks for this request
         t_read = time.time()
@@ -406,7 +407,7 @@ class RequestsD(RequestsRole):
                                    "remote_engine_id": p.get("remote_engine_id"), "remote_request_id": rid,
                                    "remote_host": p.get("remote_host"), "remote_port": p.get("remote_port"),
                                    "num_local_blocks": len(mine),
-                                   "num_remote_blocks": len(p.get("remote_block_ids") or ()),
+                                   "num_remote_blocks": _num_blocks(p.get("remote_block_ids")),
                                    "local_block_ids_sample": [int(b) for b in mine[:10]]}
         if kind == "transfer_setup_failed":  # _read_blocks' own extra context
             context.update(dst_engine_id=p.get("remote_engine_id"), remote_rank=0)
@@ -635,3 +636,11 @@ class _PushWaiter:
             f = chk.first.found
             out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
         return out
+
+
+def _num_blocks(value: object) -> int:
+    """The release's context count: `sum(len(group) for group in remote_block_ids)` (a flat list: its length)."""
+    try:
+        return sum(len(g) for g in block_id_groups(value))
+    except ValueError:
+        return 0

@@ -21,7 +21,7 @@ import msgspec
 import zmq
 
 from pdcheck import messages as m
-from pdcheck.engine import FetchRefused, FetchTimeout
+from pdcheck.errors import FetchRefused, FetchTimeout
 from pdcheck.geometry import Geometry
 from pdcheck.releases import CORRECTED, MODELLED, compat_hash_for, resolve
 from pdcheck.requests.lines import Lifecycle
@@ -71,7 +71,7 @@ class PSide:
 
     def begin(self, side: m.ReqSide) -> None:
         """Serve this P's metadata in the line's wire format from now on."""
-        from pdcheck.ranks import replier  # the rank side only (the parent imports this module too)
+        from pdcheck.handshake_ranks import replier  # the rank side only (the parent imports this module too)
 
         fmt = FORMATS[side.wire]
         own = encode_reply(fmt, self.values, side.compat_hash)

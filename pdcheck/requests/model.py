@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck.releases import params as kvparams
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests.faults import P_RANKS, Fault, pick
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read
@@ -50,12 +51,16 @@ class Accounting(msgspec.Struct):
 
 
 def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
-               expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1) -> dict[str, Any]:
-    """The kv_transfer_params P returns from request_finished, with the release's keys only."""
+               expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1, *,
+               block_size: int = 16) -> dict[str, Any]:
+    """The kv_transfer_params P returns from request_finished, with the release's keys and value shapes
+    (releases.params): port is P's side-channel port; remote_num_tokens the tokens its blocks hold."""
     every: dict[str, Any] = {
-        "do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": list(blocks),
+        "do_remote_prefill": True, "do_remote_decode": False,
+        "remote_block_ids": kvparams.block_ids_value(line.first, [blocks]),
         "remote_engine_id": engine_id, "remote_host": "127.0.0.1", "remote_port": port, "tp_size": tp_size,
-        "remote_request_id": request_id or f"req-{req}", "remote_num_tokens": len(blocks),
+        "remote_request_id": request_id or f"req-{req}",
+        "remote_num_tokens": kvparams.num_tokens(len(blocks), block_size),
         # vLLM's P returns None here (it stamps an expiry only on D's turn-2 blocks); the corrected path sends it
         "remote_blocks_expiry_time": expiry_at if line.line == CORRECTED.line else None, "transfer_mode": "pull",
         "dcp_size": 1, "pp_size": 1, "remote_registration_generation": generation,
@@ -67,10 +72,12 @@ def params_for(line: Lifecycle, req: int, blocks: list[int], engine_id: str, por
 def apply_bad(params: dict[str, Any], kind: str, p_blocks: int, earlier: list[int] | None) -> dict[str, Any]:
     """A router (or a hand-made request) that corrupts one field (bad-params:KIND)."""
     out = dict(params)
+    ids = params["remote_block_ids"]
+    n = sum(len(g) for g in kvparams.block_id_groups(ids))
     if kind == "out-of-range":
-        out["remote_block_ids"] = [p_blocks + 7 + i for i in range(len(params["remote_block_ids"]))]
+        out["remote_block_ids"] = kvparams.reshaped(ids, [p_blocks + 7 + i for i in range(n)])
     elif kind == "reused-ids" and earlier:
-        out["remote_block_ids"] = list(earlier)
+        out["remote_block_ids"] = kvparams.reshaped(ids, list(earlier))
     elif kind == "wrong-engine":
         out["remote_engine_id"] = f"{params['remote_engine_id']}-other"
     elif kind == "missing-request-id":
@@ -80,6 +87,20 @@ def apply_bad(params: dict[str, Any], kind: str, p_blocks: int, earlier: list[in
         # tp_size, but a router can still add one (they never read it from the params).
         out["tp_size"] = 2 * P_RANKS
     return out
+
+
+def read_ids(params: dict[str, Any], block_size: int = 16) -> list[int]:
+    """The P block ids D reads for a request: remote_block_ids in either shape (one KV-cache group here), the
+    last ones that hold the tokens it loads where P sends remote_num_tokens (vLLM reads the remote blocks
+    that match its local ones, counted from the end)."""
+    groups = kvparams.block_id_groups(params["remote_block_ids"])
+    if len(groups) != 1:
+        raise ValueError(f"remote_block_ids holds {len(groups)} KV-cache groups; this model has one")
+    ids = groups[0]
+    if "remote_num_tokens" in params:
+        want = -(-kvparams.tokens_to_load(params, len(ids) * block_size) // block_size)
+        ids = ids[len(ids) - want:] if want else []
+    return ids
 
 
 def tp_refusal(params: dict[str, Any], p_tp: int) -> str | None:
@@ -124,7 +145,7 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
         expiry = params.get("remote_blocks_expiry_time")
         if expiry is not None and now >= expiry:
             return "recomputed", "lease passed before D got the params: blocks not read, prefill recomputed"
-        bad = [b for b in params["remote_block_ids"] if not 0 <= b < p_blocks]
+        bad = [b for b in read_ids(params) if not 0 <= b < p_blocks]
         if bad:
             return "recomputed", f"remote block id {bad[0]} out of range (P has {p_blocks} blocks): refused, " \
                                  "recomputed"
@@ -286,7 +307,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         if pick(faults, "read-fail", i):
             out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", NOT_REGISTERED))
             return
-        ids = params["remote_block_ids"]
+        ids = read_ids(params)
         if any(not 0 <= b < pool for b in ids):
             out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "
                                             "of range -> NIXL_ERR_INVALID_PARAM"))

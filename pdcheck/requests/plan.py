@@ -85,18 +85,26 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
           fault_flags: list[str]) -> RequestsPlan:
     """doc: the scenario's TOML ({} without one); flags: the numeric flags given (None: not given)."""
     from pdcheck.releases import CORRECTED, resolve_many
+    from pdcheck.suggest import did_you_mean
 
     where = str(scenario) if scenario is not None else "command line"
     unknown = set(doc) - {"requests", "faults", "expect"}
+    if unknown and {"prefill", "decode"} & unknown:
+        name = scenario.stem if scenario is not None else "SCENARIO"
+        raise BadInput(f"{where}: a handshake scenario (it has [prefill]/[decode], no [requests]); run it with: "
+                       f"pdcheck handshake {name}")
     if unknown:
-        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: requests, faults, expect)")
+        hint = "".join(did_you_mean(k, ("requests", "faults", "expect")) for k in sorted(unknown))
+        raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: requests, faults, expect)"
+                       f"{hint}")
     req = doc.get("requests", {})
     if not isinstance(req, dict):
         raise BadInput(f"{where}: [requests] must be a table")
     bad = set(req) - _KEYS
     if bad:
+        hint = "".join(did_you_mean(k, _KEYS) for k in sorted(bad))
         raise BadInput(f"{where}: [requests] unknown key(s) {', '.join(sorted(bad))} (known: "
-                       f"{', '.join(sorted(_KEYS))})")
+                       f"{', '.join(sorted(_KEYS))}){hint}")
     vals = {k: v for k, v in req.items() if k != "issue"}
     policy = flags.get("failure_policy") if flags.get("failure_policy") is not None else req.get("failure_policy")
     if policy is not None and policy not in POLICIES:
@@ -130,7 +138,9 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     for rel, want in expect_doc.items():
         wants = want if isinstance(want, list) else [want] * n
         if len(wants) != n or any(w not in VERDICTS for w in wants):
-            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}")
+            odd = next((w for w in wants if w not in VERDICTS), None)
+            hint = did_you_mean(odd, VERDICTS) if isinstance(odd, str) else ""
+            raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}{hint}")
         expect[rel] = list(wants)
     if vllm is None:
         named = [r for r in expect if r != CORRECTED.name]

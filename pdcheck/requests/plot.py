@@ -1,10 +1,12 @@
 """`pdcheck requests --plot FILE`: P's blocks held over time and each request's latency, one line per release
-and the corrected path, drawn from the report (the same struct --json encodes). matplotlib is optional
+and the corrected path, drawn from the report (the same struct --json encodes), with P's restarts, the faults
+aimed at one request, and each line's expiry (abort timeout / lease) marked. matplotlib is optional
 (pdcheck[plot]) and imported only here."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pdcheck import figure
 from pdcheck.requests.report import OK, RequestsReport
@@ -30,6 +32,7 @@ def write(rep: RequestsReport, path: Path) -> None:
         if bad:
             lat.plot(*zip(*bad, strict=True), "x", ms=6, color=color,
                      label=f"{r.release}: wrong / freed-early / error")
+    _marks(rep, held, lat)
     held.axhline(rep.pool, ls="--", color="grey", lw=0.8, label=f"P's pool ({rep.pool})")
     held.set_xlabel("seconds into the release's run")
     held.set_ylabel("P's KV blocks held")
@@ -43,3 +46,30 @@ def write(rep: RequestsReport, path: Path) -> None:
     fig.suptitle(f"pdcheck requests {rep.scenario}: {rep.requests} requests at {rep.rate:g}/s, lease "
                  f"{rep.lease_s if rep.lease_s is not None else 'default'}{faults}", fontsize=9)
     figure.save(fig, path)
+
+
+def _marks(rep: RequestsReport, held: Any, lat: Any) -> None:
+    """Where a reader looks for the cause: a vertical line at the arrival of each request a fault names
+    (restart-p: P replaced after its params), and each line's expiry as a horizontal line on the latency
+    panel (a request above it was answered after P's timeout or lease had freed its blocks)."""
+    from pdcheck.requests.faults import parse
+
+    for f in rep.faults:
+        req = parse(f, rep.requests).request
+        if req is None:  # every request, or p=SHARE of them: the x markers show the ones that went wrong
+            continue
+        x = req / rep.rate
+        restart = f.startswith("restart-p")
+        for ax in (held, lat):
+            ax.axvline(x, color="black" if restart else "purple", ls="-" if restart else ":", lw=1)
+        held.annotate(f"P restarted after request {req}" if restart else f"{f} (request {req})", (x, 0),
+                      xytext=(3, 3), textcoords="offset points", fontsize=7, rotation=90, va="bottom")
+    expiries: dict[float, list[str]] = {}
+    for r in [*rep.releases, rep.corrected]:
+        if r.expiry_s is not None and any(y is not None and y >= r.expiry_s for y in r.latency_s):
+            expiries.setdefault(r.expiry_s, []).append(r.release)
+    for at, names in expiries.items():
+        lat.axhline(at, ls="--", lw=0.8, color="red")
+        lat.annotate(f"{', '.join(names)}: P frees unread blocks at {at:g} s (abort timeout / lease)", (0, at),
+                     xytext=(3, 3), textcoords="offset points", fontsize=7, color="red")
+

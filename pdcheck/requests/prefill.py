@@ -14,9 +14,9 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
+from pdcheck.handshake_ranks import served_metadata
 from pdcheck.kvcache import desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL
-from pdcheck.ranks import served_metadata
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests import push, texts
 from pdcheck.requests.handshake import Background, HandshakeFailed, PSide, endpoint
@@ -96,14 +96,15 @@ class RequestsP(RequestsRole):
                 rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
                 by_id[rid] = i
                 if mode == "push":
-                    params = push.params(line, i, blocks, self.spec.engine_id, 5600, 1,
-                                         deadline if expiry is not None else None, gens, rid, inc + 1)
+                    params = push.params(line, i, blocks, self.spec.engine_id, side.port, 1,
+                                         deadline if expiry is not None else None, gens, rid, inc + 1,
+                                         block_size=kv.geometry.block_size)
                 else:
                     # vLLM's registration generation is 1 in every P process (one registration at start-up), so
                     # a replaced P hands out the same one; the corrected path counts incarnations.
-                    params = params_for(line, i, blocks, self.spec.engine_id, 5600, 1,
+                    params = params_for(line, i, blocks, self.spec.engine_id, side.port, 1,
                                         deadline if expiry is not None else None, gens, rid,
-                                        inc + 1 if line is CORRECTED else 1)
+                                        inc + 1 if line is CORRECTED else 1, block_size=kv.geometry.block_size)
                 out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:

@@ -117,10 +117,11 @@ def keys(line: Lifecycle) -> tuple[str, ...]:
 
 
 def params(line: Lifecycle, req: int, blocks: list[int], engine_id: str, port: int, tp_size: int,
-           expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1) -> dict[str, Any]:
+           expiry_at: float | None, gens: list[int], request_id: str = "", generation: int = 1, *,
+           block_size: int = 16) -> dict[str, Any]:
     """generation: the corrected path's registration generation (P's incarnation + 1; releases send none)."""
     out = params_for(msgspec.structs.replace(line, keys=keys(line)), req, blocks, engine_id, port, tp_size,
-                     expiry_at, gens, request_id, generation)
+                     expiry_at, gens, request_id, generation, block_size=block_size)
     if "transfer_mode" in out:
         out["transfer_mode"] = "push"
     return out

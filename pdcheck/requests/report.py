@@ -4,6 +4,7 @@ it, the tables render it, so the two never disagree. Exit codes follow pdcheck.v
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
@@ -26,6 +27,7 @@ class RequestRow(msgspec.Struct):
     corrected_detail: str
     found_request: int | None = None
     model: str = ""  # the model's verdict where it differs from the real run's ("" when they agree)
+    params: dict[str, Any] | None = None  # the kv_transfer_params P produced for it, as P's release shapes them
 
 
 class ReleaseReport(msgspec.Struct):
@@ -83,9 +85,10 @@ class RequestsReport(msgspec.Struct):
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
     n = len(run.outcomes)
+    produced = run.params or [None] * n
     rows = [RequestRow(o.request, o.verdict, o.detail, c.verdict, c.detail, o.found_request,
-                       "" if e.verdict == o.verdict else e.verdict)
-            for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
+                       "" if e.verdict == o.verdict else e.verdict, produced[k] if k < len(produced) else None)
+            for k, (o, c, e) in enumerate(zip(run.outcomes, corrected.outcomes, run.expected, strict=True))]
     counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
     # An aborted request has no answer to judge: it fails the release only where D freed blocks under its READ.
     statuses = ["ok" if o.verdict in OK or o.verdict == "aborted" else o.verdict for o in run.outcomes]
@@ -142,8 +145,14 @@ def _name(release: str) -> str:
     return release if release == "corrected" else resolve(release).name
 
 
-_STYLE = {"delivered": "green", "recomputed": "yellow", "aborted": "yellow", "wrong": "bold red", "freed-early": "red", "hang": "red",
-          "error": "red"}
+_STYLE = {"delivered": "green", "recomputed": "yellow", "aborted": "yellow", "wrong": "bold red", "freed-early": "red",
+          "hang": "red", "error": "red"}
+# The counts table's verdict columns, in the order a reader weighs them; a column no line has is left out.
+_COLUMNS = ("delivered", "wrong", "freed-early", "hang", "error", "recomputed", "aborted")
+# The long texts a failed READ repeats in every request's detail, shown once each as a numbered note: NIXL's
+# exception ("NIXL transfer failed (request N): NIXL_ERR_X: nixlXError: NIXL_ERR_X") and the worker's context dict.
+_NIXL_EXC = re.compile(r"NIXL transfer failed \(request \d+\): (NIXL_ERR_\w+)(?:: \w+: \1)?")
+_CONTEXT = re.compile(r"Context: \{[^{}]*\}")
 
 
 def _handshakes(console: Any, title: str, logs: list[tuple[str, SideLog | None]]) -> None:
@@ -165,60 +174,172 @@ def _v(verdict: str) -> str:
     return f"[{_STYLE.get(verdict, 'white')}]{verdict}[/]"
 
 
-def render(rep: RequestsReport, console: Any) -> None:
+def _lost(r: ReleaseReport) -> str:
+    """How a line loses requests: '3 error, 2 leaked' (counts of the verdicts that are not right)."""
+    bad = [f"{n} {k}" for k, n in r.counts.items() if k not in OK]
+    if r.accounting.leaked:
+        bad.append(f"{r.accounting.leaked} leaked")
+    if r.accounting.d_freed_in_flight:
+        bad.append(f"{r.accounting.d_freed_in_flight} D blocks freed under a READ")
+    return ", ".join(bad)
+
+
+def verdict_line(rep: RequestsReport) -> str:
+    """The answer first (rich markup): 'loses requests: 0.9.1 (3 error, 2 leaked) · survives: 0.11.1 (3
+    recomputed) · corrected: 4 delivered, 1 recomputed · exit 1'."""
+    from rich.markup import escape
+
+    def counts(r: ReleaseReport) -> str:
+        return ", ".join(f"{n} {k}" for k, n in r.counts.items())
+
+    fail = [r for r in rep.releases if not r.survived]
+    ok = [r for r in rep.releases if r.survived]
+    parts = []
+    if fail:
+        parts.append("loses requests: [bold red]" + "; ".join(f"{escape(r.release)}[/] ({escape(_lost(r))})[bold red]"
+                                                             for r in fail) + "[/]")
+    if ok:
+        parts.append("survives: [green]" + "; ".join(
+            escape(r.release) + (f"[/] ({n} recomputed)[green]" if (n := r.counts.get("recomputed")) else "")
+            for r in ok) + "[/]")
+    c = rep.corrected
+    parts.append(f"corrected: {'[green]' if c.survived else '[bold red]'}{escape(counts(c))}[/]")
+    if rep.harness_errors:
+        parts.insert(0, "[bold red]harness errors: verdicts not to be trusted[/]")
+    code = f"[bold red]exit {rep.exit_code}[/]" if rep.exit_code else "[green]exit 0[/]"
+    return " · ".join([*parts, code])
+
+
+def _notes(text: str, notes: dict[str, int], first: dict[int, str]) -> str:
+    """`text` with NIXL's exception and the worker's context dict replaced by a numbered note, once per kind."""
+    def note(key: str, full: str) -> int:
+        n = notes.setdefault(key, len(notes) + 1)
+        first.setdefault(n, full)
+        return n
+
+    text = _NIXL_EXC.sub(lambda m: f"{m.group(1)} [{note(m.group(1), m.group(0))}]", text)
+    return _CONTEXT.sub(lambda m: f"Context [{note('context', m.group(0))}]", text)
+
+
+def _span_text(ids: list[int], most: int = 5) -> str:
+    """'2-4, 7, 9' (runs folded); past `most` pieces, the first ones and the count."""
+    runs: list[list[int]] = []
+    for i in ids:
+        if runs and i == runs[-1][-1] + 1:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    pieces = [f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs]
+    return ", ".join(pieces) if len(pieces) <= most else ", ".join(pieces[:most]) + f", … ({len(ids)} in all)"
+
+
+def _rows(r: ReleaseReport, every: bool, notes: dict[str, int], first: dict[int, str]) -> list[tuple[str, str, str]]:
+    """(requests, verdict, what happened) for one line: every request with --all, else the ones not delivered,
+    those whose verdict and detail differ only in numbers folded into one row."""
+    groups: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
+    for row in r.rows:
+        if row.verdict == "delivered" and not row.model and not every:
+            continue
+        detail = _notes(row.detail, notes, first)
+        key = (row.verdict, row.model, str(row.request) if every else re.sub(r"\d+", "#", detail))
+        groups.setdefault(key, []).append((row.request, detail))
+    out = []
+    for (verdict, model, _k), members in groups.items():
+        ids = [i for i, _d in members]
+        detail = members[0][1]
+        if len(ids) > 1:
+            detail = f"request {ids[0]}: {detail}"
+        shown = _v(verdict) + (f" [dim](model: {model})[/]" if model else "")
+        out.append((_span_text(ids), shown, detail))
+    return out
+
+
+def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
+    """The verdict line first, then one table of counts per line (corrected its last row), then the requests
+    that were not delivered (every request with `every`), NIXL's long texts once each as notes."""
+    from rich import box
     from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
 
     head = f"pdcheck requests: {escape(rep.scenario)}"
     if rep.issue:
         head += f" ({escape(rep.issue)})"
     console.print(f"[bold]{head}[/]: {rep.mode} mode, {rep.requests} requests at {rep.rate:g}/s, {rep.blocks_per_request} blocks "
                   f"each from P's {rep.pool}; lease {rep.lease_s if rep.lease_s is not None else 'default'}"
-                  f"{'; faults ' + escape(', '.join(rep.faults)) if rep.faults else ''}")
-    for r in rep.releases:
-        t = Table(title=f"vLLM {r.release} (line {r.line}): {r.expiry}"
-                        f"{f' {r.expiry_s:g} s' if r.expiry_s is not None else ''}; notification "
-                        f"{escape(r.notification)}")
-        for col in ("req", "verdict", "what happened", "corrected", "corrected: what happens"):
-            t.add_column(col, overflow="fold")
-        for row in r.rows:
-            model = f" [dim](model: {row.model})[/]" if row.model else ""
-            t.add_row(str(row.request), _v(row.verdict) + model, escape(row.detail), _v(row.corrected),
-                      escape(row.corrected_detail))
-        console.print(t)
-    on = "P's WRITE done" if rep.mode == "push" else "notification"
-    a = Table(title=f"P's blocks: requests freed on {on} / expired / still held / leaked; blocks reused")
-    for col in ("release", "verdicts", "from freed", "freed", "expired", "held", "leaked", "reused", "late"):
-        a.add_column(col, overflow="fold")
-    for r in [*rep.releases, rep.corrected]:
-        acc = r.accounting
-        counts = ", ".join(f"{k} {v}" for k, v in r.counts.items())
-        a.add_row(r.release, counts, f"{r.served_from_freed:.0%}", str(acc.freed), str(acc.expired), str(acc.held),
-                  ("[red]" if acc.leaked else "") + str(acc.leaked) + ("[/]" if acc.leaked else ""), str(acc.reused),
-                  str(acc.late_notifs))
-    console.print(a)
-    for r in [*rep.releases, rep.corrected]:
-        for line in r.expiry_log[:1] + r.notif_errors[:1]:
-            console.print(f"[dim]{escape(r.release)} P:[/] {escape(line)}")
+                  f"{'; faults ' + escape(', '.join(rep.faults)) if rep.faults else ''}", highlight=False)
+    console.print(verdict_line(rep), highlight=False)
     lines = [*rep.releases, rep.corrected]
+    cols = [k for k in _COLUMNS if k == "delivered" or any(r.counts.get(k) for r in lines)]
+    on = "P's WRITE done" if rep.mode == "push" else "notification"
+    a = Table(title=f"Requests per line; P's blocks: requests freed on {on} / expired / still held / leaked; "
+                    "late notifications", title_justify="left", highlight=False, box=box.SIMPLE_HEAD, pad_edge=False)
+    a.add_column("line", no_wrap=True)
+    for k in [*cols, "freed", "expired", "held", "leaked", "late"]:
+        a.add_column(k, justify="right", min_width=len(k))  # a header word is never cut
+    for r in lines:
+        acc = r.accounting
+        name = r.release if r.release == r.line or r.release == "corrected" else f"{r.release} ({r.line})"
+        label = Text(name, style="bold" if r is rep.corrected else ("" if r.survived else "red"))
+        a.add_row(label,
+                  *(f"[{_STYLE[k]}]{n}[/]" if (n := r.counts.get(k, 0)) and k != "delivered" else str(n)
+                    for k in cols),
+                  str(acc.freed), str(acc.expired), str(acc.held),
+                  f"[red]{acc.leaked}[/]" if acc.leaked else "0", str(acc.late_notifs),
+                  end_section=bool(rep.releases) and r is rep.releases[-1])
+    console.print(a)
+    console.print(Text("P frees unread blocks: " + ", ".join(
+        f"{r.release} " + (f"{r.expiry} {r.expiry_s:g} s" if r.expiry_s is not None else r.expiry) for r in lines),
+        style="dim"))
+    notes: dict[str, int] = {}
+    first: dict[int, str] = {}
+    t = Table(title="Every request" if every else "Requests not delivered (--all: every request)",
+              title_justify="left", highlight=False, box=box.SIMPLE_HEAD, pad_edge=False)
+    t.add_column("line", no_wrap=True)
+    t.add_column("requests", max_width=34)
+    t.add_column("verdict", no_wrap=True)
+    t.add_column("what happened", overflow="fold")
+    shown = 0
+    for r in lines:
+        for i, (ids, verdict, detail) in enumerate(_rows(r, every, notes, first)):
+            t.add_row(r.release if i == 0 else "", ids, verdict, escape(detail))
+            shown += 1
+    if shown:
+        console.print(t)
+        for n, full in first.items():
+            console.print(Text(f"  [{n}] {full}", style="dim"))  # Text: "[1]" must not be read as markup
+    for r in lines:
+        for line in r.expiry_log[:1] + r.notif_errors[:1]:
+            console.print(Text(f"{r.release} P: {_notes(line, notes, first)}", style="dim"))
+    if rep.releases:
+        kinds = dict.fromkeys(r.notification for r in rep.releases)
+        console.print(Text("D's done notification: " + ("; ".join(
+            f"{r.release} {r.notification}" for r in rep.releases) if len(kinds) > 1 else next(iter(kinds))),
+            style="dim"))
     _handshakes(console, "D's handshakes over P's side channel", [(r.release, r.handshake) for r in lines])
     _handshakes(console, "P's handshakes over D's side channel", [(r.release, r.p_handshake) for r in lines])
-    for r in [*rep.releases, rep.corrected]:
+    restarts: dict[str, list[str]] = {}
+    for r in lines:
+        if r.accounting.restarts:
+            restarts.setdefault(f"P replaced {r.accounting.restarts} time(s) (new process, new agent, same engine id);"
+                                f" {r.accounting.lost} request(s)' blocks died with it", []).append(r.release)
+    for text, names in restarts.items():
+        console.print(f"[dim]{escape(', '.join(names))}:[/] {escape(text)}", highlight=False)
+    for r in lines:
         acc = r.accounting
-        if acc.restarts:
-            console.print(f"[dim]{escape(r.release)}:[/] P replaced {acc.restarts} time(s) (new process, new agent, "
-                          f"same engine id); {acc.lost} request(s)' blocks died with it")
         if acc.d_freed_in_flight:
             console.print(f"[dim]{escape(r.release)}:[/] [red]D freed its blocks under an in-flight READ[/] for "
-                          f"{acc.d_freed_in_flight} aborted request(s)")
-    for e in rep.expectations:
-        mark = "[green]pass[/]" if e.passed else "[bold red]FAIL[/]"
-        console.print(f"expect {escape(e.release)}: {mark}" + ("" if e.passed else f" (expected {e.expected}, got "
-                                                                                      f"{e.got})"))
-    for r in [*rep.releases, rep.corrected]:
+                          f"{acc.d_freed_in_flight} aborted request(s)", highlight=False)
+    failed = [e for e in rep.expectations if not e.passed]
+    if rep.expectations:
+        console.print("expect: " + ("[green]every line as expected[/] (" + ", ".join(
+            escape(e.release) for e in rep.expectations) + ")" if not failed else "; ".join(
+            f"[bold red]{escape(e.release)} FAIL[/] (expected {escape(str(e.expected))}, got {escape(str(e.got))})"
+            for e in failed)), highlight=False)
+    for r in lines:
         if r.router_lag_s > LAG_NOTE_S:
             console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: this machine did not keep {rep.rate:g} "
-                          f"requests/s: the router handed a request on up to {r.router_lag_s:.2f} s late")
+                          f"requests/s: the router handed a request on up to {r.router_lag_s:.2f} s late",
+                          highlight=False)
     for text in rep.harness_errors:
-        console.print(f"[bold red]harness error:[/] {escape(text)}")
-    console.print(f"[dim]exit {rep.exit_code}[/]")
+        console.print(f"[bold red]harness error:[/] {escape(text)}", highlight=False)

@@ -70,6 +70,7 @@ class LineRun(msgspec.Struct):
     mode: str = "pull"
     handshake: SideLog | None = None  # D's side-channel handshakes with P in this line
     p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel in this line
+    params: list[dict[str, Any] | None] = []  # per request: the kv_transfer_params P produced (None: never prefilled)
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -371,9 +372,10 @@ def _one_line(lau: Any, slot: _PSlot, d: Any, to_d: _Outbox, name: str, line: Li
     if push:  # D's side channel, as P's handshakes found it (none: no PUSH_REG reached P)
         p_side = SideLog(acct.handshakes[0].endpoint if acct.handshakes else "", side.wire, len(acct.handshakes),
                          hs_error)
+    produced = [msgspec.msgpack.decode(prefilled[i].params) if i in prefilled else None for i in range(n)]
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode,
-                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side)
+                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side, produced)
 
 
 def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],

@@ -1,4 +1,4 @@
-"""SGLang's NIXL disaggregation, the second serving framework (issue #18).
+"""SGLang's NIXL disaggregation, the second serving framework.
 
 The mirror image of vLLM: P runs an HTTP bootstrap server, D pushes its destinations to P over ZMQ, P WRITEs
 into D. Release models (releases/), frames (wire), the bootstrap table (bootstrap), the pure verdict engine

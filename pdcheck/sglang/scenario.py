@@ -94,7 +94,7 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenar
     try:
         sc = msgspec.convert(doc, SgScenario)
     except msgspec.ValidationError as exc:
-        raise BadInput(f"{where}: {str(exc).replace('`', '')}") from None
+        raise BadInput(f"{where}: {_friendly(exc, doc)}") from None
     for side, inst in (("prefill", sc.prefill), ("decode", sc.decode)):
         if inst.dtype not in DTYPE_BYTES:
             raise BadInput(f"{where}: {side}.dtype: {inst.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
@@ -118,3 +118,20 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenar
             sc.prefill.tp_size * sc.prefill.pp_size * sc.prefill.dp_size):
         raise BadInput(f"{where}: prefill.registered: {sc.prefill.registered} > the prefill's ranks")
     return msgspec.structs.replace(sc, source=where)
+
+
+def _friendly(exc: msgspec.ValidationError, doc: dict[str, Any]) -> str:
+    """msgspec's error with the close key or value offered (pdcheck.suggest, as for vLLM scenarios)."""
+    from pdcheck.scenario import _AT, _field_names, enum_hint
+    from pdcheck.suggest import did_you_mean
+
+    m = _AT.match(str(exc))
+    if m is None:
+        return str(exc).replace("`", "")
+    path = (m.group("path") or "").lstrip(".")
+    msg = m.group("msg").replace("`", "")
+    msg = msg[0].lower() + msg[1:] if msg else msg
+    if msg.startswith("object contains unknown field"):
+        key = msg.rsplit(" ", 1)[-1]
+        return f"{path + '.' if path else ''}{key}: unknown key{did_you_mean(key, _field_names(SgScenario))}"
+    return enum_hint(msg, doc, path or "(top level)", SgScenario)

@@ -13,7 +13,7 @@ import msgspec
 from pdcheck import bounds, lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orch
-from pdcheck.envelope import write_json
+from pdcheck.envelope import write
 from pdcheck.errors import EXIT_OK, BadInput, HarnessError
 from pdcheck.launcher import launcher
 from pdcheck.sglang import bootstrap as bs
@@ -54,7 +54,7 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
             doc = Served("sglang", rel.name, f"http://127.0.0.1:{server.port}", p.tp_size, p.page_size,
                          p.kv_cache_dtype)
             if json_out:
-                write_json("serve", "sglang", None, doc)
+                write("serve", "sglang", None, doc)
             else:
                 print(f"serving SGLang {rel.name} prefill: bootstrap {doc.bootstrap_url}, {p.tp_size} P rank(s), "
                       f"page_size {p.page_size}", flush=True)

@@ -8,6 +8,7 @@ from pdcheck.wire.formats import (
     encode_reply,
     encode_request,
     parse_request,
+    parse_stage,
     strict_decode,
     tolerant_decode,
 )
@@ -15,5 +16,5 @@ from pdcheck.wire.schemas import AnyMeta
 
 __all__ = [
     "FORMATS", "GET_META_MSG", "AnyMeta", "WireError", "WireFormat", "encode_reply", "encode_request",
-    "parse_request", "strict_decode", "tolerant_decode",
+    "parse_request", "parse_stage", "strict_decode", "tolerant_decode",
 ]

@@ -34,6 +34,16 @@ class WireFormat:
         # F-H decode the request outside any try/except (docs/vllm-protocol.md §3.2, H15).
         return self.request != "raw"
 
+    # pdcheck.sidechannel.Codec: the side channel frames requests through these
+    def encode_request(self, tp_rank: int, pp_rank: int = 0) -> bytes:
+        return encode_request(self, tp_rank, pp_rank)
+
+    def parse_request(self, msg: bytes) -> int | None:
+        return parse_request(self, msg)
+
+    def parse_stage(self, msg: bytes) -> int:
+        return parse_stage(self, msg)
+
 
 FORMATS: dict[str, WireFormat] = {
     f.name: f
@@ -90,6 +100,14 @@ def parse_request(fmt: WireFormat, msg: bytes) -> int | None:
     else:
         _msg, _pp, tp_rank = decoded
     return int(tp_rank)
+
+
+def parse_stage(fmt: WireFormat, msg: bytes) -> int:
+    """The pipeline stage a request asks for: its pp_rank where the era's request carries one (H), else 0."""
+    if fmt.request in ("raw", "tp"):
+        return 0
+    _msg, pp_rank, _tp = msgspec.msgpack.decode(msg)
+    return int(pp_rank)
 
 
 # 0.29+ put KVCacheLayout names on the wire (`get_resolved_kv_cache_layout().name`) and compare them as strings:
