@@ -276,11 +276,13 @@ class Wheel:
         return type(name, (), ns)
 
     def _expiry_sweep(self) -> Any:
-        """The release's expiry statements: `_reap_expired_send_leases`, or get_finished's `now = ...; while
-        self._reqs_to_send: ...` as a function of done_sending; None before 0.10 (nothing expires)."""
+        """The release's expiry statements: `_reap_expired_send_leases`, or get_finished's (0.30:
+        get_transfer_results') `now = ...; while self._reqs_to_send: ...` as a function of done_sending; None before
+        0.10 (nothing expires)."""
         if hasattr(self.worker_cls, "_reap_expired_send_leases"):
             return self.worker_cls._reap_expired_send_leases
-        src = self.worker_src.get("get_finished", "")
+        # 0.30 sweeps in get_transfer_results (get_finished wraps it), the others in get_finished
+        src = self.worker_src.get("get_transfer_results") or self.worker_src.get("get_finished", "")
         fn = ast.parse(src).body[0]
         assert isinstance(fn, ast.FunctionDef)
         body = fn.body
@@ -364,6 +366,8 @@ class Wheel:
             # what D's handshake with P left behind (0.34: the first request's registration generation, 1)
             _remote_registration_generations={"P": 1} if known else {}, _engine_last_active={},
             _bidirectional_kv_xfer_enabled=False, _physical_blocks_per_logical_kv_block=1, pcp_rank=0,
+            use_host_buffer=False,  # 0.10.1 - 0.11.0's start_load_kv asks before it reads
+            _recving_transfers={},  # 0.32 - 0.33 seed it before they look at the engine's state
             pcp_dcp_sharded=False, transfer_topo=NS(), _logical_to_kernel_block_ids=lambda ids, *a: ids,
             _tp_size=_Recorded("_tp_size", {"D": 1}), tp_mappings=_Recorded("tp_mappings", {}))
         if checks:

@@ -23,9 +23,13 @@ from pdcheck.geometry import Geometry
 from pdcheck.releases import compat_hash_for, resolve
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
-RELEASES = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir() and minor(p.name) >= 14),
-                  key=lambda v: tuple(int(x) for x in v.split(".")))
-pytestmark = pytest.mark.skipif(not RELEASES, reason="set PDCHECK_VLLM_SRC to a directory of unpacked vLLM wheels")
+FOUND = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir()),
+               key=lambda v: tuple(int(x) for x in v.split(".")))
+pytestmark = pytest.mark.skipif(not FOUND, reason="set PDCHECK_VLLM_SRC to a directory of unpacked vLLM wheels")
+# wheelkit runs the topology class (TpKVTopology, then TransferTopology) that add_remote_agent calls before the
+# validation: 0.14+. An older release found there is listed as a skip that says so, not dropped silently.
+_OLDER = "wheelkit runs TpKVTopology/TransferTopology and the validation that calls them: 0.14+ only"
+CASES = [r if minor(r) >= 14 else pytest.param(r, marks=pytest.mark.skip(reason=f"{r}: {_OLDER}")) for r in FOUND]
 MLA = {"mla": True, "kv_heads": 1, "backend": "FLASHMLA"}
 
 
@@ -45,7 +49,7 @@ def _grid(release: str):  # noqa: ANN202 - a generator of (P, D) sides
         yield p, d
 
 
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", CASES)
 def test_validation_matches_the_wheel(release: str) -> None:
     real = Release(SRC, release)
     model = resolve(release)
@@ -59,7 +63,7 @@ def test_validation_matches_the_wheel(release: str) -> None:
     assert not differ, f"{len(differ)} cases differ, first: {differ[0]}"
 
 
-@pytest.mark.parametrize("release", RELEASES)
+@pytest.mark.parametrize("release", CASES)
 def test_compat_hash_matches_the_wheel(release: str) -> None:
     g = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=8, head_dim=128, dtype="bfloat16",
                  attn_backend="FLASH_ATTN", use_mla=False)

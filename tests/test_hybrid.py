@@ -68,13 +68,15 @@ def test_startup_refusal_grid(rel) -> None:
     v = tuple(int(x) for x in (rel.version or rel.versions[0]).split(".")[:3]) if rel is not CORRECTED else (99,)
     mamba, ds = _g(MAMBA), _g(MAMBA, ssm_conv_layout="DS")
     assert h.startup_refusal(rel, _g(SW)) is None  # sliding window: unified or clipped, never refused
-    if v < (0, 22):
+    if v < (0, 9, 1):
+        assert h.startup_refusal(rel, ds) == h.MSG_NO_V1_MAMBA  # 0.9.0's V1 has no Mamba KV cache at all
+    elif v < (0, 22):
         assert h.startup_refusal(rel, ds) == h.MSG_UNIFY  # dynamo #10741: HMA off by default with any connector
         assert not h.hma_enabled(rel, ds)
     else:
         assert h.startup_refusal(rel, ds) is None and h.hma_enabled(rel, ds)
         off = _g(MAMBA, ssm_conv_layout="DS", hma=False)
-        assert h.startup_refusal(rel, off) == (h.MSG_HMA_REQUIRED if (0, 34) <= v < (99,) else h.MSG_UNIFY)
+        assert h.startup_refusal(rel, off) == (h.MSG_HMA_REQUIRED if (0, 27) <= v < (99,) else h.MSG_UNIFY)
         assert h.startup_refusal(rel, mamba) == (h.MSG_DS_LAYOUT if (0, 20) <= v < (99,) else None)
     # an explicit --no-disable-hybrid-kv-cache-manager: refused by 0.14 - 0.17's factory, ignored before 0.14,
     # honoured from 0.18 (NixlConnector is SupportsHMA), the conv layout asserted from 0.20
@@ -96,10 +98,11 @@ def test_group_reads_per_release() -> None:
     assert h.group_reads(resolve("0.34.0"), _g(MAMBA, ssm_conv_layout="DS"))[1] == h.GroupRead(1, 2, 5, 1)
 
 
-def test_hma_block_size_assert_only_0_18_to_0_33() -> None:
+def test_hma_block_size_assert_only_0_18_to_0_26() -> None:
     g = _g(SW, block_size=32)
     assert h.handshake_refusal(resolve("0.26.0"), g, 16) == h.MSG_HMA_BLOCK_SIZE
-    assert h.handshake_refusal(resolve("0.30.0"), g, 16) == h.MSG_HMA_BLOCK_SIZE
+    assert h.handshake_refusal(resolve("0.27.0"), g, 16) is None  # the assert is gone from the 0.27.0 wheel on
+    assert h.handshake_refusal(resolve("0.30.0"), g, 16) is None
     assert h.handshake_refusal(resolve("0.22.0"), g, 16) == h.MSG_HMA_BLOCK_SIZE
     assert h.handshake_refusal(resolve("0.34.0"), g, 16) is None  # remote-block granularity
     assert h.handshake_refusal(resolve("0.26.0"), _g((), block_size=32), 16) is None  # not hybrid: no HMA

@@ -95,7 +95,7 @@ def test_connector_versions() -> None:
 
 @pytest.mark.parametrize(("release", "wire"), [
     ("0.17.1", "G"), ("0.18.0", "G18"), ("0.19.1", "G18"), ("0.20.2", "G20"), ("0.21.0", "G24"), ("0.23.0", "G24"),
-    ("0.28.0", "H"), ("0.29.0", "H31"), ("0.30.0", "H31"), ("0.33.0", "H31"), ("0.34.0", "H34"),
+    ("0.28.0", "H"), ("0.29.0", "H29"), ("0.30.0", "H31"), ("0.33.0", "H31"), ("0.34.0", "H34"),
 ])
 def test_wire_schema_per_release(release: str, wire: str) -> None:
     """ssm_sizes from 0.18, physical_blocks_per_logical_kv_block from 0.21, block_strides from 0.29."""

@@ -83,7 +83,7 @@ def test_version_helper_and_corrected() -> None:
 def test_vllm_and_sglang_use_the_one_table() -> None:
     assert resolve("0.14.1") is resolve("0.14.1") and resolve("0.14.1").name == "0.14.1"
     assert VLLM.at((0, 30, 2)).connector_version == resolve("0.30.0").connector_version
-    assert sglang_resolve("0.4.6.post1").name == "0.4.6.post1" and SGLANG.at((0, 5, 9)).name == "0.5.8"
+    assert sglang_resolve("0.4.6.post1").name == "0.4.6.post1" and SGLANG.at((0, 5, 14)).name == "0.5.13"
     with pytest.raises(BadInput, match=r"'0\.5' is ambiguous"):
         sglang_resolve("0.5")
     with pytest.raises(BadInput, match="runs beside every release"):
@@ -120,4 +120,4 @@ def test_the_0_29_to_0_33_keys() -> None:
         assert "remote_registration_generation" not in lines.line_of(release).keys
     assert "remote_registration_generation" in lines.line_of("0.33.0").keys
     assert "dcp_size" not in push.keys(lines.line_of("0.29.0")) and "dcp_size" in push.keys(lines.line_of("0.30.0"))
-    assert [ln.line for ln in lines.LINES][-5:] == ["0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.34.0"]
+    assert [ln.line for ln in lines.LINES][-6:] == ["0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.33.0", "0.34.0"]

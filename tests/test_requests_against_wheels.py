@@ -178,7 +178,10 @@ def _release_trace(w: Wheel, line: Lifecycle, faults: tuple[Fault, ...]) -> tupl
     if not dropped:
         wk.nixl_wrapper.inbox.append(line.notification(rid, 1))
         before = len(w.log.at("ERROR"))
-        step(slow + delay)
+        try:
+            step(slow + delay)
+        except KeyError:  # 0.10.0: `del self._reqs_to_send[req_id]` for blocks the sweep already freed
+            return "p-raises-keyerror", acc
         # P's own word for a notification of blocks it already released
         acc["late_notifs"] += sum("unrecognized request" in m for m in w.log.at("ERROR")[before:])
     step(run_end(1, 1.0, faults))
@@ -198,7 +201,13 @@ def test_fault_grid_p_side(release: str, case: str) -> None:
     w, line = wheel(release), line_of(release)
     if line.heartbeat:  # what a heartbeat extends the lease by
         assert w.lease_extension(LEASE) == line.lease_extension(LEASE)
-    assert _release_trace(w, line, GRID[case]) == _model(line, GRID[case])
+    theirs, mine = _release_trace(w, line, GRID[case]), _model(line, GRID[case])
+    if theirs[0] == "p-raises-keyerror":
+        # a done notification after the expiry: pdcheck counts a late notification, the release's P raises
+        assert mine[1]["late_notifs"] == 1 and mine[1]["expired"] == 1, mine
+        pytest.xfail(f"{release}: P's _get_new_notifs raises KeyError on a done notification for blocks its "
+                     "expiry sweep freed (the engine core dies); pdcheck's line counts a late notification")
+    assert theirs == mine
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -227,7 +236,9 @@ def _release_d(w: Wheel, params: dict[str, Any] | None, built: list[Any] | None 
         if "d-3" in s._reqs_need_recv:  # build_connector_meta's conversion into the worker's metadata
             meta = w.g["NixlConnectorMetadata"]()
             add = getattr(meta, "add_new_req_to_recv", None) or meta.add_new_req
-            add(request_id="d-3", local_block_ids=[5, 6], kv_transfer_params=r.kv_transfer_params)
+            # block ids per KV cache group where the release groups them (0.32+ read them group by group)
+            add(request_id="d-3", local_block_ids=([5, 6],) if grouped(w) else [5, 6],
+                kv_transfer_params=r.kv_transfer_params)
             if built is not None:
                 built.append(meta)
     except Exception as exc:  # noqa: BLE001 - the release's own exception is the outcome
@@ -328,7 +339,9 @@ def _push_releases() -> list[str]:
             and (SRC / r / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/push_worker.py").is_file()]
 
 
-PUSH_RELEASES = _push_releases()
+# None found (only releases before NixlPushConnector unpacked): one case that says why, not an empty set
+PUSH_RELEASES = _push_releases() or [pytest.param(None, marks=pytest.mark.skip(
+    reason="no unpacked release has NixlPushConnector (nixl/push_worker.py, 0.24+)"))]
 
 
 @pytest.mark.parametrize("release", PUSH_RELEASES)

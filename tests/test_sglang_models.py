@@ -20,8 +20,10 @@ REQ = wire.Request(7, [1, 2, 3], 0)
 
 
 def test_resolve_names_and_ranges() -> None:
-    assert [m.tag for m in resolve_many("all")] == ["R1", "R2", "R3", "R4", "R5", "R6", "R7"]
-    assert resolve("0.5.8").tag == "R5" and resolve("0.5.10").tag == "R5" and resolve("0.5.10").name == "0.5.10"
+    assert [m.tag for m in resolve_many("all")] == ["R1", "R2", "R3", "R4", "R5", "R5a", "R5b", "R5c", "R5d", "R6",
+                                                    "R7"]
+    assert resolve("0.5.8").tag == "R5" and resolve("0.5.10").tag == "R5b" and resolve("0.5.10").name == "0.5.10"
+    assert resolve("0.5.12.post1").tag == "R5d" and resolve("0.5.13").tag == "R6"
     assert resolve("0.4.6.post1").tag == "R1" and resolve("0.4.9").tag == "R3"
     for bad in ("0.3.0", "1.0.0", "latest", "0.5"):
         with pytest.raises(BadInput):
@@ -34,13 +36,14 @@ def test_each_era_parses_its_own_frames(rel) -> None:
     assert isinstance(parsed[-1], wire.Transfer) and parsed[-1].pages == [1, 2, 3] and parsed[-1].room == 7
     reg = parsed[0] if rel.split_registration else parsed[0].inline
     assert reg.kv_ptrs == D0.kv_ptrs and reg.agent_metadata == b"META"
-    if rel.wire in ("E4", "E5", "E6"):
+    if rel.wire in ("E4", "E5", "E5r", "E5s", "E6"):
         assert (reg.decode_tp_size, reg.decode_tp_rank, reg.item_len) == (1, 0, 4096)
 
 
 def test_frame_counts_per_era() -> None:
     n = {m.wire: [len(f) - (1 if m.guard else 0) for f in wire.encode(m, D0, REQ)] for m in MODELLED}
-    assert n == {"E1": [9], "E2": [11], "E3": [8, 7], "E4": [11, 7], "E5": [17, 9], "E6": [24, 10]}
+    assert n == {"E1": [9], "E2": [11], "E3": [8, 7], "E4": [11, 7], "E5r": [12, 8], "E5s": [14, 9],
+                 "E5": [17, 9], "E6": [24, 10]}
 
 
 # (D era, P era) -> the exception P's bootstrap thread dies on (reference §5.2; 0.5.8 -> 0.5.13 read from the
@@ -93,7 +96,7 @@ def test_foreign_traffic_and_none_aux_index() -> None:
 @pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
 def test_page_size_mismatch(rel) -> None:
     v = decide(rel, rel, Side(page_size=16), Side(page_size=32), 0)
-    if rel.tag in ("R5", "R6", "R7"):
+    if rel.tag >= "R5":  # 0.5.8+ (R5, R5a - R5d, R6, R7)
         assert (v.status, v.exception) == ("error", "RuntimeError")
         assert v.message == ("Page size mismatch: prefill server has page_size=16, but decode server has "
                              "page_size=32. Both servers must use the same --page-size value.")
@@ -103,7 +106,7 @@ def test_page_size_mismatch(rel) -> None:
     assert corrected(Side(page_size=16), Side(page_size=32)).status == "error"
     # D's page smaller: D offers 8 pages for P's 4; no assert (P pairs its 4 with D's first 4), P's own item length
     v = decide(rel, rel, Side(page_size=32), Side(page_size=16, num_pages=128), 0)
-    if rel.tag in ("R5", "R6", "R7"):
+    if rel.tag >= "R5":
         assert (v.status, v.exception) == ("error", "RuntimeError")
     else:
         assert v.status == "silent" and "kv_item_len" in v.message
@@ -115,7 +118,7 @@ def test_d_allocates_by_its_own_page_size_and_p_asserts_until_0_5_12() -> None:
     assert d_pages_for(Side(page_size=16), Side(page_size=32), 4) == 2
     assert d_pages_for(Side(page_size=16), Side(page_size=8), 4) == 8
     assert d_pages_for(Side(page_size=16), Side(page_size=48), 4) == 2  # 64 tokens: a partly filled last page
-    assert [r.page_count_assert for r in MODELLED] == [True] * 5 + [False] * 2
+    assert [r.page_count_assert for r in MODELLED] == [True] * 8 + [False] * 3  # to 0.5.11
     # a 0.5.13 P (its transfer worker truncates to D's pages) under a 0.5.3 D that checks nothing: it writes
     from msgspec.structs import replace
 
@@ -126,7 +129,7 @@ def test_d_allocates_by_its_own_page_size_and_p_asserts_until_0_5_12() -> None:
 @pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
 def test_kv_dtype_mismatch(rel) -> None:
     v = decide(rel, rel, Side(kv_cache_dtype="fp8_e4m3", dtype="fp8"), Side(), 0)
-    if rel.tag in ("R6", "R7"):
+    if rel.tag >= "R5b":  # 0.5.10+
         assert v.status == "error" and v.message == (
             "KV cache dtype mismatch: prefill server has kv_cache_dtype=fp8_e4m3, but decode server has "
             "kv_cache_dtype=auto. Both servers must use the same --kv-cache-dtype value.")
@@ -144,7 +147,9 @@ def test_head_dim_and_layers_never_checked(rel) -> None:
     assert decide(rel, rel, Side(layers=2), Side(layers=3), 0).status == "silent"
 
 
-EXPECT_P_GT_D = {"R1": "silent", "R2": "assert", "R3": "assert", "R4": "ok", "R5": "hang", "R6": "ok", "R7": "ok"}
+EXPECT_P_GT_D = {"R1": "silent", "R2": "assert", "R3": "assert", "R4": "ok", "R5": "hang", "R6": "ok", "R7": "ok",
+                 # 0.5.9 - 0.5.12 still key the kv notification by pp_rank (#19043, fixed in 0.5.13)
+                 "R5a": "hang", "R5b": "hang", "R5c": "hang", "R5d": "hang"}
 
 
 @pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
@@ -210,7 +215,7 @@ def test_query_before_all_p_ranks_registered(rel) -> None:
     v = decide(rel, rel, Side(tp_size=2), Side(tp_size=2), 1, registered=1)
     # 0.5.13+: the parallel-info fetch gets 503 until every P rank registered; D gives up after 15 attempts
     assert v.status == {"R1": "assert", "R2": "assert", "R3": "assert", "R4": "assert", "R5": "assert",
-                        "R6": "error", "R7": "error"}[rel.tag]
+                        "R5a": "assert", "R6": "error", "R7": "error"}.get(rel.tag, "error")  # 0.5.10+: error
 
 
 def test_bootstrap_missing() -> None:
@@ -224,7 +229,8 @@ def test_bootstrap_missing() -> None:
             bs.discover(rel, nothing, **kw)
         errs[rel.tag] = ei.value.exc
     assert errs == {"R1": "AssertionError", "R2": "TypeError", "R3": "TypeError", "R4": "AttributeError",
-                    "R5": "Failed", "R6": "retry", "R7": "retry"}
+                    "R5": "Failed", "R5a": "Failed", "R5b": "retry", "R5c": "retry", "R5d": "retry", "R6": "retry",
+                    "R7": "retry"}
     # 0.5.13+: the decode scheduler's fetch of P's parallel info, 15 attempts 1 s apart, then the abort
     for tag in ("R6", "R7"):
         v = decide(R[tag], R[tag], Side(), Side(), 0, no_bootstrap=True)
@@ -321,6 +327,7 @@ def test_duplicate_room(rel) -> None:
     v = decide(rel, rel, Side(), Side(), 0, fault="duplicate_room")
     assert v.status == "silent" and "A's pages are never written" in v.message
     then = {"R1": "again", "R2": "again", "R3": "KeyError: 7", "R4": "KeyError: 7", "R5": "KeyError: 7",
+            "R5a": "KeyError: 7", "R5b": "KeyError: 7", "R5c": "KeyError: 7", "R5d": "assert room in self.transfer_infos",
             "R6": "assert room in self.transfer_infos", "R7": "returns None"}[rel.tag]
     assert then in v.message
     assert corrected(Side(), Side(), "duplicate_room").status == "error"
@@ -330,7 +337,7 @@ def test_duplicate_room(rel) -> None:
 def test_no_transfer_info_leaves_p_bootstrapping(rel) -> None:
     v = decide(rel, rel, Side(), Side(), 0, fault="no_transfer_info")
     assert (v.status, v.stage) == ("hang", "bootstrap")
-    if rel.tag in ("R6", "R7"):
+    if rel.tag >= "R5b":  # 0.5.10+: the bootstrap timeout in common/conn.py
         assert v.timeout_s == 300.0 and "Request 7 timed out after 300s in KVPoll.Bootstrapping" in v.message
     else:
         assert v.timeout_s is None and "forever" in v.message
@@ -351,7 +358,8 @@ def test_prefill_killed_mid_transfer(rel) -> None:
             "R6": "1 requests affected; Decode transfer failed with exception KVTransferError(bootstrap_room=7): "
                   "Lost connection with prefill instance (bootstrap_addr: 127.0.0.1:8998)",
             }
-    assert text.get(rel.tag, text["R6"]) in v.message
+    # 0.5.9 - 0.5.12 as 0.5.8: the receiver's RuntimeError, no recorded reason
+    assert (text["R6"] if rel.records_reason else text.get(rel.tag, text["R5"])) in v.message
     assert ("is healthy before, but now it is down" in v.message) == (rel.tag in ("R6", "R7"))
 
 
@@ -363,7 +371,7 @@ def test_aux_buffer_skew(rel) -> None:
     if rel.tag in ("R1", "R2", "R3", "R4"):  # buffer 0 only (aux_item_lens[0])
         assert (more_d.status, more_p.status, both.status) == ("silent", "ok", "silent")
         assert "buffer 0 only" in more_d.message
-    elif rel.tag in ("R5", "R6"):  # one per D pointer with P's item lengths
+    elif rel.aux_pairing == "decode_count":  # one per D pointer with P's item lengths (0.5.8 - 0.5.13)
         assert (more_d.status, more_d.timeout_s, more_p.status, both.status) == ("hang", 300.0, "ok", "ok")
         assert "IndexError: list index out of range" in more_d.message
     else:  # the shorter list, and an error log
@@ -377,7 +385,7 @@ def test_aux_buffer_skew(rel) -> None:
 def test_hybrid_state(rel) -> None:
     both = decide(rel, rel, Side(hybrid=True), Side(hybrid=True), 0)
     only_d = decide(rel, rel, Side(), Side(hybrid=True), 0)
-    if rel.tag in ("R6", "R7"):
+    if rel.sends_state:  # 0.5.9+
         assert both.status == "ok"
         # 0.5.13 waits for the state notification; 0.5.23 completes by KV_STATUS without it
         assert (only_d.status, only_d.timeout_s) == ("hang", 300.0)
@@ -390,7 +398,7 @@ def test_state_frames_round_trip() -> None:
     d = wire.DFacts("127.0.0.1", 5555, "agent-d0", b"META", [0x1000, 0x2000], [0x3000], 0, 1, 0, 4096,
                     [0x9000], 256)
     req = wire.Request(7, [1, 2], 0, state_indices=[3])
-    for rel in (R["R6"], R["R7"]):
+    for rel in (R["R5a"], R["R5c"], R["R5d"], R["R6"], R["R7"]):
         reg, t = (wire.decode(rel, f) for f in wire.encode(rel, d, req))
         assert reg.state_ptrs == [0x9000] and t.state_indices == [3]
     assert wire.decode(R["R5"], wire.encode(R["R5"], d, req)[1]).state_indices == []  # 0.5.8 sends none
@@ -407,12 +415,12 @@ def test_dp_conflict(rel) -> None:
     p = Side(dp_size=2)
     assert decide(rel, rel, p, Side(), 0).status == "ok"  # routed by the room: DP rank 7 % 2
     v = decide(rel, rel, p, Side(), 0, fault="dp_conflict")
-    if rel.tag in ("R6", "R7"):
-        assert (v.status, v.exception) == ("error", "KVTransferError")
+    if rel.dp_conflict_check:  # 0.5.11+; the exception carries the reason from 0.5.13
+        assert (v.status, v.exception) == ("error", "KVTransferError" if rel.records_reason else "RuntimeError")
         assert ("follow_bootstrap_room conflict: dispatched to dp_rank 0 but bootstrap_room 7 implies dp_rank 1. "
                 "Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.") in v.message
     else:
-        assert v.status == "hang" and v.timeout_s == (300.0 if rel.tag == "R5" else None)
+        assert v.status == "hang" and v.timeout_s == (300.0 if rel.tag >= "R5" else None)
     assert corrected(p, Side(), "dp_conflict").status == "error"
 
 

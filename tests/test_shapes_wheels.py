@@ -31,6 +31,9 @@ def _flat(text: str) -> str:
 @pytest.mark.parametrize("release", RELEASES)
 def test_dp_engine_id_suffix(release: str) -> None:
     src = _text(release, "v1/engine/*.py")
+    if _v(release) < (0, 9, 1):  # 0.9.0's engine core keeps the configured id for every DP rank
+        assert not re.search(r"_dp\{(local_dp_rank|dp_rank)\}", src)
+        pytest.xfail("0.9.0 gives no _dp<N> suffix; pdcheck's ports.dp_engine_id adds it for every release")
     assert re.search(r'engine_id\}_dp\{(local_dp_rank|dp_rank)\}', src), "no _dp<N> engine-id suffix"
 
 
@@ -111,7 +114,10 @@ def test_hybrid_hma_with_nixl(release: str) -> None:
     conn = _conn(release)
     supports = bool(re.search(r"class Nixl\w*Connector\([^)]*SupportsHMA", conn))
     assert supports == hybrid.supports_hma(rel)
-    config = _flat(_text(release, "config.py", "config/vllm.py"))
+    config = _flat(_text(release, "config.py", "config/vllm.py", "config/__init__.py"))
+    if _v(release) < (0, 9, 1):  # 0.9.0 has no hybrid manager (nor its flag) at all
+        assert "disable_hybrid_kv_cache_manager" not in config and not supports
+        return
     assert "disable_hybrid_kv_cache_manager" in config and "kv_transfer_config is not None" in config
     factory = _flat(_text(release, "distributed/kv_transfer/kv_connector/factory.py"))
     if not supports and rel.number >= (0, 14):
@@ -133,6 +139,11 @@ def test_hybrid_unify_refusal_10741(release: str) -> None:
                  groups=(KVGroup(kind="full", layers=1), KVGroup(kind="mamba", layers=1)))
     said = hybrid.startup_refusal(rel, g)
     unify = hybrid.MSG_UNIFY.split(": ", 1)[1]
+    if said == hybrid.MSG_NO_V1_MAMBA:  # 0.9.0: no Mamba spec in V1, the engine args turn the model away
+        assert "class MambaSpec" not in _text(release, "v1/kv_cache_interface.py") and unify not in core
+        args = _text(release, "engine/arg_utils.py")
+        assert "VLLM_USE_V1=1 is not supported with {feature_name}." in args and "is_v1_compatible" in args
+        return
     assert hybrid.MSG_UNIFIED.split(" (e.g.")[0] in core  # the warning of the sliding-window conversion
     if said == hybrid.MSG_UNIFY:
         assert unify in core
@@ -222,7 +233,9 @@ def test_hybrid_clipping_runs_as_the_wheel_does(release: str) -> None:
                  groups=(KVGroup(kind="full", layers=1), KVGroup(kind="sliding_window", layers=1, window=64),
                          KVGroup(kind="mamba", layers=1)))
     n_sw = hybrid.sw_blocks(64, 16)
+    # _ssm_state_slots_are_positional (0.27 - 0.31): mamba_cache_mode == "all"; the default keeps one running state
     me = NS(_is_hma_required=True, blocks_per_sw=[0, n_sw, 0], _ssm_spec_blocks=[None, None, 0],
+            _ssm_state_slots_are_positional=False,
             kv_cache_config=NS(select_transfer_block_ids=lambda b: b))
     clip.__globals__["clip_ssm_state_blocks"] = _function(
         release, "distributed/kv_transfer/kv_connector/utils.py", "clip_ssm_state_blocks") \
@@ -253,13 +266,20 @@ def test_connector_asks_for_hnd_and_compares_advertised_layouts(release: str) ->
     nhd-native-46204). The backend's stride order is not what the check reads."""
     conn = _flat(_text(release, *_CONN))
     utils = _flat(_text(release, "distributed/kv_transfer/kv_connector/utils.py"))
+    meta = re.sub(r"#.*", "", conn).split("class NixlAgentMetadata")[1].split("class ")[0]
     if _v(release) < (0, 11, 0):
-        assert 'kv_connector == "NixlConnector"' in utils and 'return "HND"' in utils
-        assert "kv_cache_layout" not in re.sub(r"#.*", "", conn).split("class NixlAgentMetadata")[1].split("class ")[0]
+        # 0.9.0 - 0.10.0 have no layout on the wire; 0.10.1 does, and neither asks for HND in kv_connector/utils.py
+        # (0.9.1+ have get_kv_connector_cache_layout, 0.9.0 none at all)
+        assert ("kv_cache_layout" in meta) == (_v(release) >= (0, 10, 1))
+        if _v(release) >= (0, 9, 1):  # in kv_connector/utils.py (0.9.1 - 0.10.0) or the connector (0.10.1)
+            assert 'return "HND"' in utils + conn and "NixlConnector" in utils + conn
     else:
         assert "def get_required_kvcache_layout" in conn
-        assert ('return "LBHNC"' if _v(release) >= (0, 34) else 'return "HND"') in conn
-        assert "nixl_agent_meta.kv_cache_layout != kv_cache_layout" in conn
+        # 0.29+ name the layouts by KVCacheLayout (LBHNC = HND)
+        assert ('return "LBHNC"' if _v(release) >= (0, 29) else 'return "HND"') in conn
+        # 0.11.0 asserts equal layouts under heterogeneous TP only; 0.11.1+ raise on any difference
+        assert ("nixl_agent_meta.kv_cache_layout == self.kv_cache_layout" if _v(release) < (0, 11, 1)
+                else "nixl_agent_meta.kv_cache_layout != kv_cache_layout") in conn
         assert "get_kv_cache_stride_order" not in conn
 
 
@@ -272,8 +292,11 @@ def test_enable_permute_local_kv_limits(release: str) -> None:
         assert "enable_permute_local_kv" not in conn
         return
     assert "enable_permute_local_kv" in conn
-    if _v(release) >= (0, 34):
-        assert 'nixl_agent_meta.kv_cache_layout == "LBHNC"' in conn and 'kv_cache_layout == "LBNHC"' in conn
+    local = re.search(r'nixl_agent_meta\.kv_cache_layout == "LBHNC"\s+and kv_cache_layout == "LBNHC"', conn)
+    if _v(release) >= (0, 32):  # LBHNC into a local LBNHC only
+        assert local is not None
+    elif _v(release) >= (0, 29):  # a remote LBHNC, whatever the local layout
+        assert 'nixl_agent_meta.kv_cache_layout == "LBHNC"' in conn and local is None
     else:
         assert 'nixl_agent_meta.kv_cache_layout == "HND"' in conn
 
@@ -298,7 +321,7 @@ def test_from_logs_reads_the_release_lines(release: str) -> None:
     from pdcheck import fromlogs
 
     conn = _flat(_text(release, *_CONN))
-    cfg = _flat(_text(release, "config.py", "config/vllm.py"))
+    cfg = _flat(_text(release, "config.py", "config/vllm.py", "config/__init__.py"))
     # the engine config line: sizes and the cache dtype, by the names pdcheck reads
     keys = ["tensor_parallel_size=", "pipeline_parallel_size=", "kv_cache_dtype="]
     if _v(release) >= (0, 11):
@@ -373,15 +396,18 @@ def test_dense_virtual_pages_and_block_strides(release: str) -> None:
         assert int(version.group(1)) == rel.connector_version
     dense = mla_pages.has_dense_pages(release)
     assert dense == ((rel.connector_version or 0) >= mla_pages.DENSE_PAGES_CONNECTOR_VERSION)
-    assert ("block_strides: list[int]" in fields) == dense  # the wheels read: 0.34 has both, the others neither
+    # block_strides joins the metadata at connector version 9 (0.29), dense pages use it from version 10 (0.30)
+    strides = (rel.connector_version or 0) >= 9
+    assert ("block_strides: list[int]" in fields) == strides
     if dense:
         assert "10: Add dense virtual transfer pages for compressed MLA caches" in src
-        # each side's descriptors walk its own stride, reading block_len bytes of each row
+        # each side's descriptors walk its own stride: local rows by its cache stride, remote ones by P's
         assert "block_stride = cache.stride(0) * cache.element_size()" in src
-        assert "(addr, local_block_len, device_id, block_strides[i], count)" in src
-        assert "assert len(nixl_agent_meta.block_strides) == num_remote_regions" in src
+        assert "nixl_agent_meta.block_strides[" in src
+        if "(addr, local_block_len, device_id, block_strides[i], count)" not in src:  # 0.30 - 0.32's builders
+            assert "self.block_stride_per_layer[i]" in src
         assert "stride >= block_len" in src
-    else:
+    elif not strides:
         assert "block_strides" not in src
 
 
@@ -404,12 +430,15 @@ def test_multinode_where_d_finds_each_rank(release: str) -> None:
     rel = resolve(release)
     conn = _conn(release)
     core = _text(release, "v1/engine/core.py")
-    assert "remote_host=self.side_channel_host" in conn
+    # 0.9.0 names the env var itself, later releases the attribute they copy it into
+    assert "remote_host=self.side_channel_host" in conn or "remote_host=envs.VLLM_NIXL_SIDE_CHANNEL_HOST" in conn
     assert multinode.dials_head_node(rel)
     gathered = "content.update(worker_dict)" in core and re.search(
         r"kv_connector\.set_xfer_handshake_metadata(_pp_aware)?\(content\)", core) is not None
-    per_rank_listener = 'make_zmq_path("tcp", host, base_port + tp_rank)' in conn
-    dials_rank_port = 'make_zmq_path("tcp", host, port + p_remote_rank)' in conn
+    # 0.9.0 spells them port = VLLM_NIXL_SIDE_CHANNEL_PORT + rank and port + self.rank
+    per_rank_listener = ('make_zmq_path("tcp", host, base_port + tp_rank)' in conn
+                         or "port = envs.VLLM_NIXL_SIDE_CHANNEL_PORT + rank" in conn)
+    dials_rank_port = re.search(r'make_zmq_path\("tcp", host, port \+ (p_remote_rank|self\.rank)\)', conn) is not None
     asks_rank = re.search(r"msgspec\.msgpack\.encode\(\s*\(GET_META_MSG, (remote_pp_rank, )?(p_)?remote_rank\)",
                           conn) is not None
     serves_all = multinode.serves_all_ranks(rel.wire)

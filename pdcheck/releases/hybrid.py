@@ -11,9 +11,9 @@ The hybrid KV cache manager (HMA) with NixlConnector, per release (vllm/config):
   --no-disable-hybrid-kv-cache-manager turns it on (the factory accepts it);
 - 0.22+: config asks the connector (supports_hma), so it stays on unless --disable-hybrid-kv-cache-manager.
 With it off, unify_hybrid_kv_cache_specs turns sliding-window layers into full attention (every block of every
-layer is kept and transferred: correct, no memory saved); Mamba/SSM layers cannot be converted: 0.9.2 - 0.26
-raise "Hybrid KV cache manager is disabled but failed to convert ..." at start-up (dynamo #10741), 0.34 no longer
-raises there and the NIXL worker's `assert self._is_hma_required` stops it instead.
+layer is kept and transferred: correct, no memory saved); Mamba/SSM layers cannot be converted: 0.9.1 - 0.26
+raise "Hybrid KV cache manager is disabled but failed to convert ..." at start-up (dynamo #10741), 0.27+ no longer
+raise there and the NIXL worker's `assert self._is_hma_required` stops it instead; 0.9.0's V1 has no Mamba at all.
 With it on (0.18+): P clips each sliding-window group's blocks to its window (get_sw_clipped_blocks:
 cdiv(window, block_size) + 1 blocks), a Mamba group is one whole state page per request, full-attention groups
 send every block.
@@ -27,20 +27,25 @@ from pdcheck.geometry import Geometry
 from pdcheck.releaseline import is_corrected
 from pdcheck.releases.base import ReleaseModel
 
-# v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs, 0.9.2 - 0.26.0 (dynamo #10741)
+# v1/core/kv_cache_utils.py unify_hybrid_kv_cache_specs, 0.9.1 - 0.26.0 (dynamo #10741)
 MSG_UNIFY = ("ValueError: Hybrid KV cache manager is disabled but failed to convert the KV cache specs to one "
              "unified type.")
+# 0.9.0's V1 engine has no Mamba KV cache (no MambaSpec, no unify refusal): engine/arg_utils.py turns a model that
+# is not is_v1_compatible away under VLLM_USE_V1=1 (without it, the V0 fallback has no NixlConnector)
+MSG_NO_V1_MAMBA = "NotImplementedError: VLLM_USE_V1=1 is not supported with the model's architectures (no V1 Mamba)."
 # kv_connector/factory.py, 0.14.0 (0.11.1 has the check too, but its config forces HMA off before it runs)
 MSG_NOT_HMA = ("ValueError: Connector NixlConnector does not support HMA but HMA is enabled. Please set "
                "`--disable-hybrid-kv-cache-manager`.")
-# the worker's __init__, a bare assert present from 0.18.0; only 0.34 reaches it (earlier releases raise MSG_UNIFY first)
+# the worker's __init__, a bare assert present from 0.18.0; 0.27+ reach it (0.9.1 - 0.26 raise MSG_UNIFY first: the
+# unify refusal is gone from v1/core in the 0.27.0 - 0.34.0 wheels)
 MSG_HMA_REQUIRED = "AssertionError: assert self._is_hma_required (Mamba layers with the hybrid manager off)"
 # the worker's __init__ with Mamba layers: read in 0.20.0 - 0.26.0 and 0.34.0, absent from 0.18.0 and 0.19.0
 MSG_DS_LAYOUT = ("AssertionError: 3-read Mamba conv transfer requires DS conv state layout. Set "
                  "VLLM_SSM_CONV_STATE_LAYOUT=DS")
 # the worker's _validate_remote_agent_handshake, `if self._is_hma_required: assert block_size_ratio == 1`: read in
 # 0.18.0 and 0.19.0 (nixl_connector.py), 0.20.0 - 0.23.0 (nixl/worker.py), 0.24.0 - 0.26.0 (nixl/base_worker.py);
-# absent from 0.17.0 (no HMA path) and 0.34.0 (transfers at remote-block granularity instead)
+# absent from 0.17.0 (no HMA path) and from 0.27.0 on (read in 0.27.0 - 0.34.0: transfers at remote-block
+# granularity instead)
 MSG_HMA_BLOCK_SIZE = "HMA does not support different remote block size yet"
 # the engine's warning when it converts sliding-window layers (every release that unifies)
 MSG_UNIFIED = ("Hybrid KV cache manager is disabled for this hybrid model, This means we do not enable any "
@@ -77,17 +82,19 @@ def startup_refusal(rel: ReleaseModel, g: Geometry) -> str | None:
         return None
     if not hma_enabled(rel, g):
         # corrected too: Mamba state cannot live in a unified full-attention pool, so it refuses as 0.26 does
-        return MSG_HMA_REQUIRED if (0, 34) <= rel.number < (99,) else MSG_UNIFY
+        if rel.number < (0, 9, 1):
+            return MSG_NO_V1_MAMBA
+        return MSG_HMA_REQUIRED if (0, 27) <= rel.number < (99,) else MSG_UNIFY
     if (0, 20) <= rel.number < (99,) and g.ssm_conv_layout != "DS":  # 0.18 - 0.19 have no 3-read conv transfer
         return MSG_DS_LAYOUT
     return None
 
 
 def handshake_refusal(rel: ReleaseModel, local: Geometry, remote_block_size: int | None) -> str | None:
-    """A refusal at the handshake (so on the first request): 0.18 - 0.33 assert equal block sizes with HMA."""
+    """A refusal at the handshake (so on the first request): 0.18 - 0.26 assert equal block sizes with HMA."""
     if remote_block_size is None or remote_block_size == local.block_size or is_corrected(rel):
         return None
-    if hma_required(rel, local) and (0, 18) <= rel.number < (0, 34) and local.block_size % remote_block_size == 0:
+    if hma_required(rel, local) and (0, 18) <= rel.number < (0, 27) and local.block_size % remote_block_size == 0:
         return MSG_HMA_BLOCK_SIZE
     return None
 

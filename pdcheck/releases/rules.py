@@ -352,8 +352,8 @@ def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111,
                  permute: tuple[str, str | None] | None = ("HND", None)) -> Check:
     """0.11.1+: RuntimeError on any layout difference (homogeneous TP too), non-MLA only, unless the D sets
     enable_permute_local_kv and P's layout is `permute` = (remote, local or None for any): 0.11.1 - 0.28
-    `nixl_agent_meta.kv_cache_layout == "HND"`; 0.32+ LBHNC into a local LBNHC only. permute None: the flag is
-    not modelled for that release line (0.29 - 0.31, whose wheels were not read): a difference raises.
+    `nixl_agent_meta.kv_cache_layout == "HND"`; 0.29 - 0.31 `== "LBHNC"`; 0.32+ LBHNC into a local LBNHC only.
+    permute None: the flag is not modelled for that release line: a difference raises.
 
     enum_names (0.29+): the release compares KVCacheLayout names (what its metadata carries: pdcheck's fake P and
     serve advertise them on wires H31/H34); the D's own layout, which a scenario may name the pre-0.29 way, and an
@@ -570,7 +570,9 @@ def _layout_msg_32(c: Ctx) -> str:
             "LBNHC cache by setting 'enable_permute_local_kv'=True in --kv-transfer-config.")
 
 
-LAYOUT_29 = layout_check(enum_names=True, permute=None)  # KVCacheLayout names on the wire, 0.11.1's message
+# KVCacheLayout names on the wire, 0.11.1's message; the flag accepts a remote LBHNC whatever the local layout
+# (read in the 0.29.0 - 0.31.0 wheels: `nixl_agent_meta.kv_cache_layout == "LBHNC"` alone)
+LAYOUT_29 = layout_check(enum_names=True, permute=("LBHNC", None))
 LAYOUT_32 = layout_check(enum_names=True, message=_layout_msg_32, permute=("LBHNC", "LBNHC"))
 
 

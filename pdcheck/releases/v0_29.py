@@ -1,5 +1,5 @@
 """vLLM 0.29 - 0.34 (era H, per-region metadata: block_strides from 0.29, region_* from 0.30, region_members
-from 0.31, ple_block_len from 0.32, layer_group_ids from 0.34; pdcheck reads them with the H31/H34 schemas).
+from 0.31, ple_block_len from 0.32, layer_group_ids from 0.34; pdcheck reads them with the H29/H31/H34 schemas).
 
 0.29 names layouts with KVCacheLayout (LBHNC = HND, LBNHC = NHD) and splits heads only into a block-contiguous
 LOCAL layout; cross_layers_blocks leaves the hash. 0.30 asserts the region metadata at the end of the
@@ -56,12 +56,12 @@ def _validate(layout: Check, *, strides: bool, regions_31: bool) -> tuple[Step, 
 
 
 MODEL = replace(
-    MODEL_0_28, name="0.29.0", versions=("0.29.0",), wire="H31", version="0.29.0", connector_version=9,
+    MODEL_0_28, name="0.29.0", versions=("0.29.0",), wire="H29", version="0.29.0", connector_version=9,
     hash_factors=HASH_0_29,
     add_remote=(*HEAD_20, *_validate(rules.LAYOUT_29, strides=False, regions_31=False), PREP_24),
     summary="KVCacheLayout names; block-contiguous local layout to split heads",
 )
-MODEL_0_30 = replace(MODEL, name="0.30.0", versions=("0.30.0",), version="0.30.0", connector_version=11,
+MODEL_0_30 = replace(MODEL, name="0.30.0", versions=("0.30.0",), wire="H31", version="0.30.0", connector_version=11,
                      add_remote=(*HEAD_20, *_validate(rules.LAYOUT_29, strides=True, regions_31=False), PREP_24),
                      summary="region metadata asserted after the validation")
 MODEL_0_31 = replace(MODEL_0_30, name="0.31.0", versions=("0.31.0",), version="0.31.0", connector_version=13,

@@ -119,6 +119,9 @@ _FACTS: tuple[Lifecycle, ...] = (
     # the same request path as 0.22; push mode (NixlPushConnector, push.PUSH_SINCE) starts here
     Lifecycle("0.24.0", (0, 24, 0), (), _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
               "fail", _FAILURE, "hang", True),
+    # the same facts; push mode's handshake with D joins one future (push.handshake_joins) from here
+    Lifecycle("0.27.0", (0, 27, 0), (), _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,
+              "fail", _FAILURE, "hang", True),
     # the same facts; the pull worker reads per request (_read_blocks_for_req) and D's notification names the
     # expected consumers, which the model counts as before
     Lifecycle("0.34.0", (0, 34, 0), (), _NOTIF_N, "lease", 30.0, "kv_lease_duration", _LEASE_LOG, True,

@@ -184,10 +184,11 @@ def parse_registration(raw: bytes) -> Registration | str:
 
 
 def handshake_joins(line: Lifecycle) -> bool:
-    """0.28+ (and the corrected path): P's handshake with D runs on the background executor and every PUSH_REG
+    """0.27+ (and the corrected path): P's handshake with D runs on the background executor and every PUSH_REG
     that comes while it runs waits on the same future (_ensure_handshake), so one failure fails them all. 0.24-0.26:
-    the writer thread handshakes per request (_ensure_d_handshake, blocking), so each waiting request tries again."""
-    return line is CORRECTED or line.first >= (0, 28, 0)
+    the writer thread handshakes per request (_ensure_d_handshake, blocking), so each waiting request tries again.
+    Read in nixl/push_worker.py's _do_start_push_kv: 0.26.0 the old way, 0.27.0 the new."""
+    return line is CORRECTED or line.first >= (0, 27, 0)
 
 
 def handshake_failure_log(line: Lifecycle, d_engine: str, d_rid: str, error: str) -> str:

@@ -107,8 +107,9 @@ def ensure_failed(rel: SglangRelease, addr: str, room: int | str, why: str, **kw
     n = rel.ensure_retries
     assert n is not None
     secs = (n - 1) * rel.ensure_retry_s  # the first attempt at once, the last (n-1) intervals later
-    exc = receiver_error(rel, room, ABORTED)
-    return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError", timeout_s=secs, message=(
+    exc = receiver_error(rel, room, ABORTED)  # 0.5.10 - 0.5.12: the receiver's RuntimeError, without the reason
+    return SgVerdict(status="error", stage="bootstrap", exception=exc.split("(")[0].split(":")[0], timeout_s=secs,
+                     message=(
         f"{why}; after {secs:g} s: {ENSURE_FAILED.format(addr=addr, n=n)}; D aborts the receiver: Decode "
         f"handshake failed for request ... bootstrap_room={room} with exception {exc}"), **kw)  # type: ignore[arg-type]
 
@@ -247,10 +248,12 @@ def dp_conflict(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, room: int, 
     t, text = wait_text(d_rel)
     if p_rel.dp_conflict_check:
         reason = DP_CONFLICT.format(x=x, room=room, y=y)
-        return SgVerdict(status="error", stage="bootstrap", exception="KVTransferError", message=(
-            f"P DP rank {x}: Prefill bootstrap failed with exception KVTransferError(bootstrap_room={room}): "
-            f"{reason}; D's TransferInfo went to DP rank {y}, which has no such request: {text}"),
-            **kw)  # type: ignore[arg-type]
+        # 0.5.11 - 0.5.12 record the reason, but their sender raises RuntimeError("NIXL KVSender Exception")
+        exc = (f"KVTransferError(bootstrap_room={room}): {reason}" if p_rel.records_reason
+               else f"RuntimeError: NIXL KVSender Exception (recorded: {reason})")
+        return SgVerdict(status="error", stage="bootstrap", exception=exc.split("(")[0].split(":")[0], message=(
+            f"P DP rank {x}: Prefill bootstrap failed with exception {exc}; D's TransferInfo went to DP rank {y}, "
+            f"which has no such request: {text}"), **kw)  # type: ignore[arg-type]
     where = f" (and P DP rank {y} keeps the stray TransferInfo)"
     return SgVerdict(status="hang", stage="bootstrap", timeout_s=t, message=(
         f"the router sent room {room} to P DP rank {x}; D sends its TransferInfo to DP rank {y} "

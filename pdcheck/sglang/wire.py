@@ -77,6 +77,11 @@ class Transfer(msgspec.Struct, frozen=True):
 Parsed = Registration | Transfer | None  # None: a message the release ignores
 
 
+# Eras whose state frames are raw arrays, before common/utils.unpack_int_lists (0.5.12): E5r 0.5.9 - 0.5.10, E5s
+# 0.5.11 (+ state item lengths and dims in the registration, decode_prefix_len in the request)
+RAW_STATE = ("E5r", "E5s")
+
+
 def _a(x: int | str | None) -> bytes:
     return str(x).encode("ascii")
 
@@ -111,6 +116,10 @@ def encode(rel: SglangRelease, d: DFacts, req: Request, *, register: bool = True
         reg += [_a(d.gpu_id)]
     elif rel.wire == "E4":
         reg += [_a(d.gpu_id), _a(d.tp_size), _a(d.tp_rank), _a(d.item_len)]
+    elif rel.wire in RAW_STATE:  # 0.5.9 - 0.5.11: the state frame at #7 as raw uint64s (nixl/conn.py)
+        reg += [_q(d.state_ptrs) if d.state_ptrs else b"", _a(d.gpu_id), _a(d.tp_size), _a(d.tp_rank), _a(d.item_len)]
+        if rel.wire == "E5s":  # 0.5.11: the state item lengths and dims per tensor, raw uint32s
+            reg += [struct.pack(f"{1}I", d.state_item_len) if d.state_ptrs else b"", b""]
     else:  # E5 / E6: the state frame at #7 (empty: no hybrid state), staging and slots empty
         st = bool(d.state_ptrs)
         reg += [_pack_int_lists([d.state_ptrs], "Q") if st else b"", _a(d.gpu_id), _a(d.tp_size), _a(d.tp_rank),
@@ -120,6 +129,11 @@ def encode(rel: SglangRelease, d: DFacts, req: Request, *, register: bool = True
             reg += [",".join(["DRAM"] * len(d.kv_ptrs)).encode("ascii"), per_entry, b"", b"", _a(1), _a(0),
                     _pack_int_lists([[d.state_item_len * 16]], "Q") if st else b""]
     request = [GUARD, room, ip, port, name, idx, aux, _a(req.required_dst_info_num)]
+    if rel.wire in RAW_STATE:  # state indices as raw int32s; 0.5.11 adds str(decode_prefix_len or 0)
+        request += [np.asarray(req.state_indices, dtype=np.int32).tobytes()
+                    if req.state_indices and not req.is_dummy else b""]
+        if rel.wire == "E5s":
+            request += [_a(0)]
     if rel.wire in ("E5", "E6"):
         # state indices (one list per state pool), decode_prefix_len
         request += [_pack_int_lists([req.state_indices], "i") if req.state_indices and not req.is_dummy else b"",
@@ -231,6 +245,14 @@ def _registration(rel: SglangRelease, msg: list[bytes]) -> Registration:
     if rel.wire == "E6":
         return _registration_e6(msg)
     state: list[list[int]] = []
+    if rel.wire in RAW_STATE:
+        # 0.5.9 - 0.5.11's from_zmq: the raw state pointers at #7 first, (0.5.11) the raw item lengths and dims
+        if len(msg) > 7 and msg[7] != b"":
+            state = [list(struct.unpack(f"{len(msg[7]) // 8}Q", msg[7]))]
+        if rel.wire == "E5s":
+            for i in (12, 13):
+                if len(msg) > i and len(msg[i]) > 0:
+                    struct.unpack(f"{len(msg[i]) // 4}I", msg[i])
     if rel.wire == "E5":
         # optional frames first (R6 nixl/conn.py:130-160): the state list at #7 is parsed before gpu_id
         if len(msg) > 7 and msg[7] != b"":
@@ -249,7 +271,7 @@ def _registration(rel: SglangRelease, msg: list[bytes]) -> Registration:
     aux_ptrs = _unq(msg[6])
     if rel.wire == "E3":
         return Registration(name, meta, kv_ptrs, aux_ptrs, int(msg[7].decode("ascii")), endpoint=endpoint, port=port)
-    s = 1 if rel.wire in ("E5", "E6") else 0
+    s = 1 if rel.wire in ("E5", "E6", *RAW_STATE) else 0
     gpu = int(msg[7 + s].decode("ascii"))
     tp = int(msg[8 + s].decode("ascii"))
     rank = int(msg[9 + s].decode("ascii"))
@@ -269,13 +291,15 @@ def _staging(msg: list[bytes], i: int) -> None:
 
 def _transfer(rel: SglangRelease, msg: list[bytes]) -> Transfer:
     state: list[list[int]] = []
+    if rel.wire in RAW_STATE and len(msg) > 7 and msg[7] != b"":
+        state = [np.frombuffer(msg[7], dtype=np.int32).tolist()]
     if rel.wire in ("E5", "E6") and len(msg) > 7 and msg[7] != b"":
         state = _unpack_int_lists(msg[7], "i")
     t = Transfer(room=int(msg[0].decode("ascii")), endpoint=msg[1].decode("ascii"),
                  port=int(msg[2].decode("ascii")), agent_name=msg[3].decode("ascii"),
                  pages=np.frombuffer(msg[4], dtype=np.int32).tolist(), aux_index=int(msg[5].decode("ascii")),
                  required_dst_info_num=int(msg[6].decode("ascii")), state_indices=state[0] if state else [])
-    if rel.wire in ("E5", "E6") and len(msg) > 8 and msg[8] != b"":
+    if rel.wire in ("E5", "E5s", "E6") and len(msg) > 8 and msg[8] != b"":
         int(msg[8].decode("ascii"))
     return t
 

@@ -59,6 +59,7 @@ FORMATS: dict[str, WireFormat] = {
         WireFormat("G20", "G20", "per_dp", "tp", 1, True),
         WireFormat("G24", "G24", "per_dp", "tp", 1, True),
         WireFormat("H", "H", "per_dp", "pp_tp", 2, True),
+        WireFormat("H29", "H29", "per_dp", "pp_tp", 2, True),
         WireFormat("H31", "H31", "per_dp", "pp_tp", 2, True),
         WireFormat("H34", "H34", "per_dp", "pp_tp", 2, True),
     )
@@ -112,7 +113,7 @@ def parse_stage(fmt: WireFormat, msg: bytes) -> int:
 # 0.29+ put KVCacheLayout names on the wire (`get_resolved_kv_cache_layout().name`) and compare them as strings:
 # the pre-0.29 names of the same layouts.
 KV_LAYOUT_NAMES = {"HND": "LBHNC", "NHD": "LBNHC"}
-_ENUM_LAYOUT_WIRES = ("H31", "H34")
+_ENUM_LAYOUT_WIRES = ("H29", "H31", "H34")
 
 
 def build_metadata(fmt: WireFormat, values: AnyMeta | dict[str, Any]) -> Any:

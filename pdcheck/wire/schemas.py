@@ -85,7 +85,25 @@ class MetaG24(MetaG20):  # 0.21 - 0.28
 
 
 @dataclasses.dataclass
-class MetaH31:  # 0.31
+class MetaH29:  # 0.29: block_strides and dcp/pcp sizes, no per-region fields yet (read in the 0.29.0 wheel)
+    engine_id: str
+    agent_metadata: bytes
+    kv_caches_base_addr: list[int]
+    device_id: int
+    num_blocks: int
+    block_lens: list[int]
+    block_strides: list[int]
+    kv_cache_layout: str
+    block_size: int
+    ssm_sizes: tuple[int, int]
+    attn_backend_name: str
+    physical_blocks_per_logical_kv_block: int
+    dcp_size: int = 1
+    pcp_size: int = 1
+
+
+@dataclasses.dataclass
+class MetaH31:  # 0.30 - 0.33
     engine_id: str
     agent_metadata: bytes
     kv_caches_base_addr: list[int]
@@ -169,7 +187,7 @@ class AnyPayload(msgspec.Struct):
 
 SCHEMAS: dict[str, type] = {
     "A": MetaA, "B": MetaB, "C": MetaC, "D": MetaD, "E": MetaE, "F": MetaF,
-    "G": MetaG, "G18": MetaG18, "G20": MetaG20, "G24": MetaG24, "H": MetaG24, "H31": MetaH31, "H34": MetaH34,
+    "G": MetaG, "G18": MetaG18, "G20": MetaG20, "G24": MetaG24, "H": MetaG24, "H29": MetaH29, "H31": MetaH31, "H34": MetaH34,
 }
 
 

@@ -6,19 +6,23 @@ from msgspec.structs import replace
 
 from pdcheck.errors import BadInput
 from pdcheck.releaseline import CORRECTED, ReleaseTable, is_corrected, split_many, unique
-from pdcheck.sglang.releases import r0_4_6, r0_4_7, r0_4_9, r0_5_3, r0_5_8, r0_5_13, r0_5_23
+from pdcheck.sglang.releases import r0_4_6, r0_4_7, r0_4_9, r0_5_3, r0_5_8, r0_5_9, r0_5_13, r0_5_23
 from pdcheck.sglang.releases.base import SglangRelease
 
 __all__ = ["CORRECTED", "MODELLED", "TABLE", "resolve", "resolve_many"]
 
 # (first, last) inclusive (major, minor, patch) ranges -> model. Releases between the read wheels take the
-# earlier era (read: 0.4.6.post1, 0.4.7, 0.4.9.post2, 0.5.3, 0.5.8, 0.5.13, 0.5.23).
+# earlier era (read: 0.4.6.post1, 0.4.7, 0.4.9.post2, 0.5.3, 0.5.8 - 0.5.13, 0.5.23).
 TABLE: ReleaseTable[SglangRelease] = ReleaseTable((
     ((0, 4, 5), (0, 4, 6), r0_4_6.MODEL),
     ((0, 4, 7), (0, 4, 8), r0_4_7.MODEL),
     ((0, 4, 9), (0, 5, 2), r0_4_9.MODEL),
     ((0, 5, 3), (0, 5, 7), r0_5_3.MODEL),
-    ((0, 5, 8), (0, 5, 12), r0_5_8.MODEL),
+    ((0, 5, 8), (0, 5, 8), r0_5_8.MODEL),
+    ((0, 5, 9), (0, 5, 9), r0_5_9.MODEL),
+    ((0, 5, 10), (0, 5, 10), r0_5_9.MODEL_0_5_10),
+    ((0, 5, 11), (0, 5, 11), r0_5_9.MODEL_0_5_11),
+    ((0, 5, 12), (0, 5, 12), r0_5_9.MODEL_0_5_12),
     ((0, 5, 13), (0, 5, 22), r0_5_13.MODEL),
     ((0, 5, 23), (0, 5, 99), r0_5_23.MODEL),
 ), modelled="0.4.5.post3 to 0.5.x", noun="an SGLang release number", example="0.5.8", label="SGLang ")
