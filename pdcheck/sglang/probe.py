@@ -99,9 +99,18 @@ def recognise(get: bs.Get) -> tuple[SglangRelease | None, dict[str, Any], str]:
         # each era's exact key set; 0.5.23 leaves out the layout keys that are None (R7 common/conn.py:3232-3236)
         if st == 200 and isinstance(doc, dict) and set(doc) <= set(rel.info_keys) and \
                 set(rel.info_keys) - set(doc) <= _DROPPED_WHEN_NONE:
-            return rel, doc, ""
+            return _first_alike(rel), doc, ""
         last = f"HTTP {st} {text[:80]}"
     return None, {}, last
+
+
+def _first_alike(rel: SglangRelease) -> SglangRelease:
+    """The first release whose server answers exactly as rel's does (same era, same keys): the answer cannot tell
+    them apart, and the report names that release (0.5.8 and 0.5.9 both answer as B4)."""
+    k = MODELLED.index(rel)
+    while k > 0 and (MODELLED[k - 1].bootstrap, MODELLED[k - 1].info_keys) == (rel.bootstrap, rel.info_keys):
+        k -= 1
+    return MODELLED[k]
 
 
 def layout(rel: SglangRelease, info: dict[str, Any]) -> tuple[int, int]:
