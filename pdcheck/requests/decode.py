@@ -44,7 +44,7 @@ class RequestsD(RequestsRole):
 
     def run(self) -> None:
         self.line: Lifecycle = CORRECTED
-        self.release = "corrected"  # the release under test: its log texts (pdcheck.requests.texts)
+        self.release = CORRECTED.line  # the release under test: its log texts (pdcheck.requests.texts)
         self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
         self.side: m.ReqSide | None = None  # P's side channel and the line's wire
         self.hs = DSide()

@@ -60,7 +60,7 @@ class RequestsP(RequestsRole):
         errors: list[str] = []
         by_id: dict[str, int] = {}
         epoch = 0  # which line of the run: request ids differ between lines
-        release_name = "corrected"  # the release under test: its log texts (pdcheck.requests.texts)
+        release_name = CORRECTED.line  # the release under test: its log texts (pdcheck.requests.texts)
         mode = "pull"
         d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
         notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE

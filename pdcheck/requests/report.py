@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 
+from pdcheck.releaseline import CORRECTED, is_corrected
 from pdcheck.requests.handshake import SideLog
 from pdcheck.requests.model import VERDICTS, Accounting, PRankAccount
 from pdcheck.requests.plan import RequestsPlan
@@ -127,7 +128,7 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
     rels = [_release(r, corrected) for r in runs[:-1]]
     corr = _release(corrected, corrected)
     got = {r.release: [row.verdict for row in r.rows] for r in rels}
-    got["corrected"] = [row.verdict for row in corr.rows]
+    got[CORRECTED] = [row.verdict for row in corr.rows]
     # Releases that did not run (--vllm named others) have nothing to compare.
     expectations = [Expectation(rel, got[_name(rel)] == want, want, got[_name(rel)])
                     for rel, want in plan.expect.items() if _name(rel) in got]
@@ -146,7 +147,7 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
 def _name(release: str) -> str:
     from pdcheck.releases import resolve
 
-    return release if release == "corrected" else resolve(release).name
+    return release if is_corrected(release) else resolve(release).name
 
 
 _STYLE = {"delivered": "green", "recomputed": "yellow", "aborted": "yellow", "wrong": "bold red", "freed-early": "red",
@@ -283,7 +284,7 @@ def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
         a.add_column(k, justify="right", min_width=len(k))  # a header word is never cut
     for r in lines:
         acc = r.accounting
-        name = r.release if r.release == r.line or r.release == "corrected" else f"{r.release} ({r.line})"
+        name = r.release if r.release == r.line or is_corrected(r.release) else f"{r.release} ({r.line})"
         label = Text(name, style="bold" if r is rep.corrected else ("" if r.survived else "red"))
         a.add_row(label,
                   *(f"[{_STYLE[k]}]{n}[/]" if (n := r.counts.get(k, 0)) and k != "delivered" else str(n)

@@ -111,7 +111,7 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
         slots = [_PSlot(p, _Outbox(p), got[p.id][1], k // sh.p_tp, k % sh.p_tp) for k, p in enumerate(ps)]
         dboxes = [_Outbox(d) for d in ds]
         try:
-            lines = [*releases, ("corrected", CORRECTED)]
+            lines = [*releases, (CORRECTED.line, CORRECTED)]
             for k, (name, line) in enumerate(lines):
                 if tick is not None:
                     tick("release lines", k, len(lines), name)

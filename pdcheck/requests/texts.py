@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-Version = tuple[int, int, int]
+from pdcheck.releaseline import Version, version_tuple
 
 # _log_failure and its "NIXL transfer failure: %s | Context: %s" line (0.11.1-0.13 logged free text instead).
 FAILURE_LOG_SINCE: Version = (0, 14, 0)
@@ -31,14 +31,6 @@ UNRECOGNIZED = ("Potentially invalid KV blocks for unrecognized request {req} we
                 "They may have expired.")
 
 
-def version(release: str) -> Version:
-    """'0.34.0' -> (0, 34, 0); 'corrected' (pdcheck's own path) counts as newer than every release."""
-    if release == "corrected":
-        return (99, 0, 0)
-    parts = [int(x) for x in release.split(".")[:3] if x.isdigit()]
-    return (*parts, 0, 0, 0)[:3]  # type: ignore[return-value]
-
-
 def _at(table: tuple[tuple[Version, str], ...], v: Version) -> str | None:
     found = None
     for since, text in table:
@@ -51,7 +43,7 @@ def failure_log(release: str, failure_type: str, context: dict[str, Any]) -> str
     """D's _log_failure line for failure_type (transfer_setup_failed, transfer_failed, transfer_exception), or
     None before the release had it. context: the keys after failure_type, in _log_failure's order (request_id,
     engine_id, the request's remote_* and block counts, then the call's extra context)."""
-    v = version(release)
+    v = version_tuple(release)
     if v < FAILURE_LOG_SINCE:
         return None
     msg = _at(SETUP_MSG if failure_type == "transfer_setup_failed" else STATE_MSG, v) or ""
@@ -60,8 +52,8 @@ def failure_log(release: str, failure_type: str, context: dict[str, Any]) -> str
 
 
 def skipping(release: str, req: str) -> str | None:
-    return SKIP.format(req=req) if version(release) >= SKIP_SINCE else None
+    return SKIP.format(req=req) if version_tuple(release) >= SKIP_SINCE else None
 
 
 def unrecognized(release: str, req: str) -> str | None:
-    return UNRECOGNIZED.format(req=req) if version(release) >= UNRECOGNIZED_SINCE else None
+    return UNRECOGNIZED.format(req=req) if version_tuple(release) >= UNRECOGNIZED_SINCE else None
