@@ -196,11 +196,13 @@ def free_base(host: str, n: int, attempts: int = 50) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ data parallel
-def dp_engine_id(engine_id: str, dp_rank: int, dp_size: int) -> str:
-    """vLLM's engine id of one DP rank: `<engine_id>_dp<N>` whenever dp_size > 1 (the v1 engine core appends it;
-    0.9.2 and 0.14.0 with the node-local DP rank, 0.26.0 and 0.34.0 with the global one, which agree on one node),
-    the id as configured otherwise."""
-    return f"{engine_id}_dp{dp_rank}" if dp_size > 1 else engine_id
+def dp_engine_id(engine_id: str, dp_rank: int, dp_size: int, release: ReleaseModel | None = None) -> str:
+    """vLLM's engine id of one DP rank: `<engine_id>_dp<N>` whenever dp_size > 1 and the release's engine core
+    appends it (ReleaseModel.dp_engine_suffix: 0.9.1+; 0.9.2 and 0.14.0 with the node-local DP rank, 0.26.0 and
+    0.34.0 with the global one, which agree on one node), the id as configured otherwise. release None (a matrix
+    of releases, or none named): the suffix, as every release but 0.9.0 has it."""
+    suffixed = release is None or release.dp_engine_suffix
+    return f"{engine_id}_dp{dp_rank}" if dp_size > 1 and suffixed else engine_id
 
 
 class DpRoute(msgspec.Struct, frozen=True):

@@ -50,6 +50,18 @@ def test_dp_engine_id_suffix_only_with_dp() -> None:
     assert ports.dp_engine_id("prefill", 0, 1) == "prefill"
 
 
+def test_dp_engine_ids_follow_each_release() -> None:
+    """0.9.0's engine core keeps the configured id on every DP rank; from 0.9.1 each gets `_dp<N>`: a plan of one
+    release names the sub-pairs' engines so, a matrix keeps the suffix."""
+    assert ports.dp_engine_id("P", 1, 2, resolve("0.9.0")) == "P"
+    assert ports.dp_engine_id("P", 1, 2, resolve("0.9.1")) == "P_dp1"
+    plan = build(_dp2(vllm=["0.9.0"]), None, RunOptions())
+    assert [(g.plan.scenario.prefill.engine_id, g.plan.scenario.decode.engine_id, g.plan.kv_owner)
+            for g in plan.dp] == [("P", "D", "P"), ("P", "D", "P")]
+    plan = build(_dp2(vllm=["0.9.0", "0.9.1"]), None, RunOptions())
+    assert [g.plan.scenario.prefill.engine_id for g in plan.dp] == ["P_dp0", "P_dp1"]
+
+
 def test_routes_round_robin_explicit_dp0_and_host_unset() -> None:
     sc = _sc({"dp_size": 2}, {"dp_size": 4})
     assert [(r.routed, r.reached, r.reached_side) for r in ports.dp_routes(sc)] == [
