@@ -4,7 +4,7 @@
         mkdir -p /tmp/vllm-src/$v && unzip -q /tmp/w$v/*.whl 'vllm/*.py' -d /tmp/vllm-src/$v; done
     PDCHECK_VLLM_SRC=/tmp/vllm-src python -m pytest -q tests/test_against_wheels.py
 
-Every release found there (0.14+) runs a grid of P/D geometries through the wheel's topology calls and
+Every release found there from 0.14 runs a grid of P/D geometries through the wheel's topology calls and
 `_validate_remote_agent_handshake` and through pdcheck's model: status, message and asserted expression must be
 equal. The compatibility hash of the wheel's `compute_nixl_compatibility_hash` must equal compat_hash_for.
 """
@@ -26,10 +26,25 @@ SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 FOUND = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir()),
                key=lambda v: tuple(int(x) for x in v.split(".")))
 pytestmark = pytest.mark.skipif(not FOUND, reason="set PDCHECK_VLLM_SRC to a directory of unpacked vLLM wheels")
-# wheelkit runs the topology class (TpKVTopology, then TransferTopology) that add_remote_agent calls before the
-# validation: 0.14+. An older release found there is listed as a skip that says so, not dropped silently.
-_OLDER = "wheelkit runs TpKVTopology/TransferTopology and the validation that calls them: 0.14+ only"
-CASES = [r if minor(r) >= 14 else pytest.param(r, marks=pytest.mark.skip(reason=f"{r}: {_OLDER}")) for r in FOUND]
+
+
+def _validated_apart(release: str) -> bool:
+    """Whether the release has _validate_remote_agent_handshake (0.11.1+), which wheelkit runs with the topology
+    class add_remote_agent calls before it (TpKVTopology, inside the worker in 0.11.1 - 0.12, then TransferTopology)."""
+    return any("def _validate_remote_agent_handshake" in p.read_text()
+               for p in (SRC / release / "vllm/distributed/kv_transfer/kv_connector/v1").glob("**/*.py"))
+
+
+# 0.9.x - 0.11.0 check the metadata inline in add_remote_agent, between the NIXL agent registration and the
+# descriptor preparation: nothing there runs apart from NIXL. 0.11.1 - 0.13 validate apart (wheelkit loads their
+# TpKVTopology), but _nixl_handshake asserts `metadata.block_size <= self.block_size` ("nP > nD is not supported
+# yet.") before add_remote_agent, which wheelkit does not run yet: the grid runs from 0.14.
+_INLINE = "checks inline in add_remote_agent, between NIXL calls (no _validate_remote_agent_handshake before 0.11.1)"
+_PRE = "_nixl_handshake's block-size assert before add_remote_agent (0.11.1 - 0.13) is not run by wheelkit yet"
+CASES = [r if minor(r) >= 14 else pytest.param(r, marks=pytest.mark.skip(
+         reason=f"{r}: {_PRE if _validated_apart(r) else _INLINE}")) for r in FOUND]
+# the compatibility hash: compute_nixl_compatibility_hash from 0.13; before it no hash is sent (compat_hash_for None)
+HASH_CASES = FOUND
 MLA = {"mla": True, "kv_heads": 1, "backend": "FLASHMLA"}
 
 
@@ -63,10 +78,15 @@ def test_validation_matches_the_wheel(release: str) -> None:
     assert not differ, f"{len(differ)} cases differ, first: {differ[0]}"
 
 
-@pytest.mark.parametrize("release", CASES)
+@pytest.mark.parametrize("release", HASH_CASES)
 def test_compat_hash_matches_the_wheel(release: str) -> None:
     g = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=8, head_dim=128, dtype="bfloat16",
                  attn_backend="FLASH_ATTN", use_mla=False)
+    hashed = any("def compute_nixl_compatibility_hash" in p.read_text()
+                 for p in (SRC / release / "vllm/distributed/kv_transfer/kv_connector/v1").glob("**/*.py"))
+    if not hashed:  # the release neither computes nor sends a compatibility hash
+        assert compat_hash_for(resolve(release), g) is None
+        return
     # VllmConfig leaves the hybrid KV cache manager on with NixlConnector from 0.22 (GPU platform)
     want = Release(SRC, release).compat_hash(model="pdcheck/fake-model", dtype="torch.bfloat16", num_kv_heads=8,
                                              head_size=128, layers=2, backend="FLASH_ATTN",

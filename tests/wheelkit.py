@@ -109,14 +109,19 @@ class Release:
         layout = root / "v1" / "kv_cache_layout.py"
         if layout.exists():
             _run(layout.read_text(), g, release)
-        utils = _segments(root / "distributed/kv_transfer/kv_connector/utils.py",
-                          {"TransferTopology", "EngineTransferInfo", "TpKVTopology"})
-        for name in ("EngineTransferInfo", "TransferTopology", "TpKVTopology"):
-            if name in utils:
-                _run("from __future__ import annotations\n" + utils[name], g, release)
         worker = next(p for p in sorted(root.glob("distributed/kv_transfer/kv_connector/v1/**/*.py"),
                                         key=lambda p: "base_worker" not in p.name and p.name != "worker.py")
                       if "def _validate_remote_agent_handshake" in p.read_text() and "class Nixl" in p.read_text())
+        utils = _segments(root / "distributed/kv_transfer/kv_connector/utils.py",
+                          {"TransferTopology", "EngineTransferInfo", "TpKVTopology"})
+        if not utils:  # 0.11.1 - 0.12: TpKVTopology is a class inside NixlConnectorWorker
+            utils = _segments(worker, {"TpKVTopology"})
+        # 0.11.1 - 0.13 name the backend through AttentionBackendEnum (only its PALLAS member is compared)
+        g.update(AttentionBackend=type, AttentionBackendEnum=type("E", (dict,), {"PALLAS": "PALLAS",
+                                                                                "__missing__": lambda _s, k: k})())
+        for name in ("EngineTransferInfo", "TransferTopology", "TpKVTopology"):
+            if name in utils:
+                _run("from __future__ import annotations\n" + textwrap.dedent(utils[name]), g, release)
         val = _segments(worker, {"_validate_remote_agent_handshake"})["_validate_remote_agent_handshake"]
         _run("from __future__ import annotations\n" + textwrap.dedent(val), g, release)
         self.g = g
@@ -179,7 +184,7 @@ class Release:
 
     def _worker(self, d: Side, **kw: Any) -> NS:
         gd = d.geometry
-        me = NS(use_mla=gd.use_mla, _has_mamba=False, _is_hma_required=False, use_host_buffer=False,
+        me = NS(use_mla=gd.use_mla, _has_mamba=False, _use_pallas=False, _is_hma_required=False, use_host_buffer=False,
                 kv_cache_layout=d.layout, host_buffer_kv_cache_layout=d.layout,
                 kv_transfer_config=NS(enable_permute_local_kv=False), enable_permute_local_kv=False,
                 backend_name=gd.attn_backend, block_len_per_layer=[gd.block_len] * gd.num_regions, dcp_size=1,
@@ -197,12 +202,13 @@ class Release:
         cls = self.g["TpKVTopology"]
         fields = {f.name for f in dataclasses.fields(cls)}
         kw: dict[str, Any] = dict(tp_rank=d_rank, engine_id="D", remote_tp_size=tp_size,
-                                  remote_block_size=block_size, is_mla=gd.use_mla, total_num_kv_heads=gd.total_kv_heads)
+                                  remote_block_size=block_size, is_mla=gd.use_mla, total_num_kv_heads=gd.total_kv_heads,
+                                  tp_size=d.tp, block_size=d.block_size)  # the last two: 0.11.1's own fields
         if "attn_backends" in fields:
             kw["attn_backends"] = [_Backend]
         else:
             kw["attn_backend"] = _Backend
-        topo = cls(**kw)
+        topo = cls(**{k: v for k, v in kw.items() if k in fields})
         if hasattr(topo, "tp_ratio"):
             topo.tp_ratio(p.tp)  # get_target_remote_ranks, before any request
         tp_size["P"], block_size["P"] = p.tp, p.block_size  # add_remote_agent: first value wins
