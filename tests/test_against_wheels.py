@@ -4,7 +4,7 @@
         mkdir -p /tmp/vllm-src/$v && unzip -q /tmp/w$v/*.whl 'vllm/*.py' -d /tmp/vllm-src/$v; done
     PDCHECK_VLLM_SRC=/tmp/vllm-src python -m pytest -q tests/test_against_wheels.py
 
-Every release found there from 0.14 runs a grid of P/D geometries through the wheel's topology calls and
+Every release found there from 0.11.1 runs a grid of P/D geometries through the wheel's topology calls and
 `_validate_remote_agent_handshake` and through pdcheck's model: status, message and asserted expression must be
 equal. The compatibility hash of the wheel's `compute_nixl_compatibility_hash` must equal compat_hash_for.
 """
@@ -36,13 +36,11 @@ def _validated_apart(release: str) -> bool:
 
 
 # 0.9.x - 0.11.0 check the metadata inline in add_remote_agent, between the NIXL agent registration and the
-# descriptor preparation: nothing there runs apart from NIXL. 0.11.1 - 0.13 validate apart (wheelkit loads their
-# TpKVTopology), but _nixl_handshake asserts `metadata.block_size <= self.block_size` ("nP > nD is not supported
-# yet.") before add_remote_agent, which wheelkit does not run yet: the grid runs from 0.14.
+# descriptor preparation: nothing there runs apart from NIXL. From 0.11.1 the checks run apart: wheelkit runs
+# _nixl_handshake's asserts before add_remote_agent, the topology class and _validate_remote_agent_handshake.
 _INLINE = "checks inline in add_remote_agent, between NIXL calls (no _validate_remote_agent_handshake before 0.11.1)"
-_PRE = "_nixl_handshake's block-size assert before add_remote_agent (0.11.1 - 0.13) is not run by wheelkit yet"
-CASES = [r if minor(r) >= 14 else pytest.param(r, marks=pytest.mark.skip(
-         reason=f"{r}: {_PRE if _validated_apart(r) else _INLINE}")) for r in FOUND]
+CASES = [r if _validated_apart(r) else pytest.param(r, marks=pytest.mark.skip(reason=f"{r}: {_INLINE}"))
+         for r in FOUND]
 # the compatibility hash: compute_nixl_compatibility_hash from 0.13; before it no hash is sent (compat_hash_for None)
 HASH_CASES = FOUND
 MLA = {"mla": True, "kv_heads": 1, "backend": "FLASHMLA"}

@@ -3,9 +3,10 @@
 A directory SRC/<release>/vllm/... holds the .py files of one wheel (`pip download vllm==X --no-deps` and
 `unzip whl 'vllm/*.py'`). From it this module executes, as the release wrote them:
 - `compute_nixl_compatibility_hash` and `hash_factors`, with a stand-in VllmConfig;
-- the topology class (TpKVTopology up to 0.19, TransferTopology from 0.20), the calls add_remote_agent makes on
-  it before the validation (tp_ratio, register, block_size_ratio), and `_validate_remote_agent_handshake`,
-  with a stand-in worker.
+- the topology class (TpKVTopology up to 0.19, TransferTopology from 0.20), the asserts `_nixl_handshake` makes
+  on the metadata before calling add_remote_agent (0.11.1 - 0.13: "nP > nD is not supported yet."), the calls
+  add_remote_agent makes on the topology before the validation (tp_ratio, register, block_size_ratio), and
+  `_validate_remote_agent_handshake`, with a stand-in worker.
 Nothing here is part of pdcheck; the release-model tests use it to compare pdcheck's models with the source.
 """
 
@@ -45,6 +46,29 @@ def _segments(path: Path, names: set[str]) -> dict[str, str]:
             if isinstance(target, ast.Name) and target.id in names and node.value is not None:
                 out[target.id] = repr(ast.literal_eval(node.value))
     return out
+
+
+def _pre_add_asserts(path: Path) -> str:
+    """`def _pre_add(self, metadata)` holding the assert statements `_nixl_handshake` runs on the decoded metadata
+    just before the statement that calls add_remote_agent (empty body when the release has none)."""
+    text = path.read_text()
+    fn = next(n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef) and n.name == "_nixl_handshake")
+    asserts: list[str] = []
+    for node in ast.walk(fn):
+        for stmts in (getattr(node, f, None) for f in ("body", "orelse", "finalbody")):
+            if not isinstance(stmts, list):
+                continue
+            for i, stmt in enumerate(stmts):
+                calls = any(isinstance(c, ast.Attribute) and c.attr == "add_remote_agent" for c in ast.walk(stmt))
+                if not calls or isinstance(stmt, ast.With):  # the call's own statement list, not a block around it
+                    continue
+                for prev in reversed(stmts[:i]):
+                    if not isinstance(prev, ast.Assert | ast.If | ast.Expr):
+                        break  # the metadata's assignment (or anything else) ends the run of checks
+                    if isinstance(prev, ast.Assert):
+                        asserts.insert(0, ast.get_source_segment(text, prev) or "")
+    body = "".join(textwrap.indent(textwrap.dedent(a), "    ") + "\n" for a in asserts) or "    pass\n"
+    return "def _pre_add(self, metadata):\n" + body
 
 
 def _run(code: str, g: dict[str, Any], tag: str) -> None:
@@ -124,6 +148,10 @@ class Release:
                 _run("from __future__ import annotations\n" + textwrap.dedent(utils[name]), g, release)
         val = _segments(worker, {"_validate_remote_agent_handshake"})["_validate_remote_agent_handshake"]
         _run("from __future__ import annotations\n" + textwrap.dedent(val), g, release)
+        shake = next(p for p in sorted(root.glob("distributed/kv_transfer/kv_connector/v1/**/*.py"))
+                     if "def _nixl_handshake(" in p.read_text())
+        self.pre_add_code = _pre_add_asserts(shake)
+        _run(self.pre_add_code, g, release)
         self.g = g
 
     # ---- compatibility hash
@@ -211,6 +239,7 @@ class Release:
         topo = cls(**{k: v for k, v in kw.items() if k in fields})
         if hasattr(topo, "tp_ratio"):
             topo.tp_ratio(p.tp)  # get_target_remote_ranks, before any request
+        self.g["_pre_add"](NS(block_size=d.block_size), self._meta(p))
         tp_size["P"], block_size["P"] = p.tp, p.block_size  # add_remote_agent: first value wins
         topo.block_size_ratio_from_engine_id("P")
         me = self._worker(d, kv_topo=topo, _tp_size=tp_size, dst_num_blocks={"P": p.blocks[0]})
@@ -226,6 +255,7 @@ class Release:
                   is_mamba=False, total_num_kv_heads=heads, attn_backends=[_Backend])
         topo = cls(**{k: v for k, v in kw.items() if k in fields})
         topo.tp_ratio(p.tp)  # handshake_target_ranks, before any request
+        self.g["_pre_add"](NS(block_size=d.block_size), self._meta(p))
         info = dict(remote_tp_size=p.tp, remote_block_size=p.block_size, remote_block_len=gp.block_len,
                     remote_physical_blocks_per_logical=1, remote_dcp_size=1)
         params = list(inspect.signature(topo.register_remote_engine).parameters)
