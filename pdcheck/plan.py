@@ -99,17 +99,16 @@ def dp_scenario(sc: Scenario, rt: DpRoute, p_rel: ReleaseModel | None = None,
     engine. p_rel, d_rel: each side's release (ports.dp_engine_id), None where a matrix runs several."""
     p, d = sc.prefill, sc.decode
     one = {"dp_size": 1, "dp_rank": 0}
+    expected, answered = ports.dp_route_ids(sc, rt, p_rel, d_rel)
     if rt.reached_side == "prefill":
-        answers = msgspec.structs.replace(p, **{**one, "dp_rank": rt.reached},
-                                          engine_id=ports.dp_engine_id(p.engine_id, rt.reached, p.dp_size, p_rel)) \
+        answers = msgspec.structs.replace(p, **{**one, "dp_rank": rt.reached}, engine_id=answered) \
             if p.dp_size > 1 else p
     else:  # D's own node's engine of that DP rank listens at the port (VLLM_NIXL_SIDE_CHANNEL_HOST unset on P)
         answers = msgspec.structs.replace(d, **{**one, "dp_rank": rt.reached}, side_channel_host_set=True,
-                                          engine_id=ports.dp_engine_id(d.engine_id, rt.reached, d.dp_size, d_rel),
+                                          engine_id=answered,
                                           base_port=p.base_port, host=p.host, vllm=p.vllm)
     dec = msgspec.structs.replace(d, **{**one, "dp_rank": rt.d_dp},
                                   engine_id=ports.dp_engine_id(d.engine_id, rt.d_dp, d.dp_size, d_rel))
-    expected = sc.kv_transfer_params.remote_engine_id or ports.dp_engine_id(p.engine_id, rt.routed, p.dp_size, p_rel)
     params = msgspec.structs.replace(sc.kv_transfer_params, remote_engine_id=expected, dp_route=None,
                                      dp_port="routed")
     return msgspec.structs.replace(sc, name=f"{sc.name} (decode DP rank {rt.d_dp})", prefill=answers, decode=dec,
