@@ -75,3 +75,12 @@ def test_before_era_h_one_stage_answers_each_port(release: str, stage: int):
     assert [r.pp_rank for r in rep.prefill_ranks] == [stage, stage] and rep.stages == []
     assert any(f"answers with stage {stage}'s metadata" in n for n in rep.notes)
     assert all(v.contacted_stages == [stage] for v in rep.verdicts) and rep.verdicts
+
+
+@pytest.mark.parametrize(("args", "text"), [
+    (("--vllm", "0.34.0", "--pp-size", "0"), "--pp-size: 0 is out of range (1 to 16)"),
+    (("--sglang", "0.5.8", "--pp-size", "2"), "--pp-size: not available for SGLang"),
+])
+def test_pp_size_bad_input_is_one_line(args: tuple[str, ...], text: str):
+    r = pdcheck("probe", "127.0.0.1:5600", *args)
+    assert r.returncode == 2 and r.stderr.startswith(f"pdcheck: error: {text}") and len(r.stderr.splitlines()) == 1
