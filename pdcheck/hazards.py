@@ -587,8 +587,9 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
 def _h09(f: Facts, rels: Rels) -> Hazard:
     if f.dg.use_mla:
         return _no("H09", "MLA: one latent per token, no head layout to disagree on")
-    if f.p.kv_cache_layout == f.d.kv_cache_layout:
-        return _no("H09", f"both {f.d.kv_cache_layout}")
+    if rules.same_layout(f.p.kv_cache_layout, f.d.kv_cache_layout):  # LBHNC is HND's 0.29+ name
+        same = {f.p.kv_cache_layout, f.d.kv_cache_layout}
+        return _no("H09", f"both {' = '.join(sorted(same))}")
     ratio = f.ratio
     detail = f"P {f.p.kv_cache_layout} vs D {f.d.kv_cache_layout}, tp_ratio {ratio if ratio else 'n/a'}"
     if ratio > 1:

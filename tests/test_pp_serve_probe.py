@@ -84,3 +84,19 @@ def test_before_era_h_one_stage_answers_each_port(release: str, stage: int):
 def test_pp_size_bad_input_is_one_line(args: tuple[str, ...], text: str):
     r = pdcheck("probe", "127.0.0.1:5600", *args)
     assert r.returncode == 2 and r.stderr.startswith(f"pdcheck: error: {text}") and len(r.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("release", ["0.29.0", "0.34.0"])
+def test_enum_layout_names_are_no_h09_a_real_mismatch_is(release: str):
+    """A 0.29+ P advertises LBHNC, HND's KVCacheLayout name: against an HND decode no H09; against NHD the
+    release refuses and H09 says why."""
+    geo = ("--kv-heads", "4", "--head-dim", "64", "--decode-blocks", "512")
+    with serve("--vllm", release, "--prefill-tp", "1", "--prefill-blocks", "512", *geo) as s:
+        same = pdcheck("probe", s.endpoint, "--vllm", release, "--prefill-tp", "1", *geo, "--json")
+        other = pdcheck("probe", s.endpoint, "--vllm", release, "--prefill-tp", "1", *geo,
+                        "--decode-kv-cache-layout", "NHD", "--json")
+    reps = [msgspec.json.decode(r.stdout, type=ProbeReport) for r in (same, other)]
+    assert [r.prefill_ranks[0].layout for r in reps] == ["LBHNC", "LBHNC"]
+    assert same.returncode == 0 and reps[0].verdict == "ok" and not [h for h in reps[0].hazards if h.applies]
+    assert other.returncode == 1 and [h.id for h in reps[1].hazards if h.applies] == ["H09"]
+    assert reps[1].verdicts[0].detail.startswith("RuntimeError: Heterogeneous TP expects same kv_cache_layout")
