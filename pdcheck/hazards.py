@@ -948,7 +948,8 @@ def _x01(f: Facts, rels: Rels) -> Hazard:
     p, d = f.p.pp_size, f.d.pp_size
     effects = {rel.name: shapes.pp_effect(rel, p, d) for rel in rels}
     effects[CORRECTED] = ("each D rank reads the layers of every P stage ((pp_rank, tp_rank) metadata, as 0.26+ "
-                          "serve it); a D stage reads the layers it holds")
+                          "serve it); a D stage reads the layers it holds; against a P before 0.26, which serves one "
+                          "stage per port, refused")  # shapes.stages_unreachable
     return _yes("X01", f"pipeline parallel: prefill pp_size {p}, decode pp_size {d}", effects)
 
 

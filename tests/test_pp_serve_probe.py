@@ -100,3 +100,16 @@ def test_enum_layout_names_are_no_h09_a_real_mismatch_is(release: str):
     assert same.returncode == 0 and reps[0].verdict == "ok" and not [h for h in reps[0].hazards if h.applies]
     assert other.returncode == 1 and [h.id for h in reps[1].hazards if h.applies] == ["H09"]
     assert reps[1].verdicts[0].detail.startswith("RuntimeError: Heterogeneous TP expects same kv_cache_layout")
+
+
+@pytest.mark.parametrize("release", ["0.11.1", "0.25.0"])
+def test_corrected_d_refuses_a_live_p_serving_one_stage_per_port(release: str):
+    """0.11.1 - 0.25 serve the last stage for every request (it names a TP rank only): asking again returns the
+    same stage, so the corrected D refuses instead of reading stage 1's layers as all of them."""
+    with serve(SCENARIO, "--vllm", release) as s:
+        doc = _live(s, release)
+    for d in doc["decode_ranks"]:
+        corr = d["verdicts"]["corrected"]
+        assert (corr["status"], corr["exception"], corr["check"]) == ("error", "RuntimeError", "pp_stages_served")
+        assert "serves one stage per port" in corr["message"] and "cannot read every stage's layers" in corr["message"]
+        assert corr["contacted"] == [] and d["transfer"]["corrected"]["message"] == "handshake ended in error"
