@@ -587,8 +587,9 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
 def _h09(f: Facts, rels: Rels) -> Hazard:
     if f.dg.use_mla:
         return _no("H09", "MLA: one latent per token, no head layout to disagree on")
-    if f.p.kv_cache_layout == f.d.kv_cache_layout:
-        return _no("H09", f"both {f.d.kv_cache_layout}")
+    if rules.same_layout(f.p.kv_cache_layout, f.d.kv_cache_layout):  # LBHNC is HND's 0.29+ name
+        same = {f.p.kv_cache_layout, f.d.kv_cache_layout}
+        return _no("H09", f"both {' = '.join(sorted(same))}")
     ratio = f.ratio
     detail = f"P {f.p.kv_cache_layout} vs D {f.d.kv_cache_layout}, tp_ratio {ratio if ratio else 'n/a'}"
     if ratio > 1:
@@ -959,7 +960,8 @@ def _x01(f: Facts, rels: Rels) -> Hazard:
     p, d = f.p.pp_size, f.d.pp_size
     effects = {rel.name: shapes.pp_effect(rel, p, d) for rel in rels}
     effects[CORRECTED] = ("each D rank reads the layers of every P stage ((pp_rank, tp_rank) metadata, as 0.26+ "
-                          "serve it); a D stage reads the layers it holds")
+                          "serve it); a D stage reads the layers it holds; against a P before 0.26, which serves one "
+                          "stage per port, refused")  # shapes.stages_unreachable
     return _yes("X01", f"pipeline parallel: prefill pp_size {p}, decode pp_size {d}", effects)
 
 

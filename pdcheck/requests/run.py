@@ -253,9 +253,8 @@ class _LineState:
         elif isinstance(msg, m.Ack):
             self.acks += 1
             self.d_began[0] = self.acks >= len(self.d_ids)
-        elif isinstance(msg, m.ReqHandshook):
-            if slot is not None or self.d_ids.get(rank.id) == (0, 0):  # D0's count: one per engine it met
-                self.shakes.append(msg)
+        elif isinstance(msg, m.ReqHandshook):  # every D rank's: each handshakes with each engine it meets
+            self.shakes.append(msg)
         elif isinstance(msg, m.ReqFreed) and sh.p_tp > 1 and slot is not None:
             got = self.done.setdefault(msg.request, {})
             got[slot.tp_rank] = msg
@@ -505,7 +504,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     produced = [msgspec.msgpack.decode(prefilled[i].params) if i in prefilled else None for i in range(n)]
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode,
-                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side, produced,
+                   SideLog(", ".join(dict.fromkeys(s.endpoint for s in shakes)) or endpoint(side), side.wire,
+                           len(shakes), failed), p_side, produced,
                    p_ranks=[_rank_account(sl, a) for sl, a in zip(slots, accts, strict=True)] if not sh.single
                    else [])
 
