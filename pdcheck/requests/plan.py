@@ -42,7 +42,7 @@ from pdcheck.errors import BadInput
 from pdcheck.requests import faults as fl
 from pdcheck.requests.lines import POLICIES, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import VERDICTS
-from pdcheck.requests.push import MODES, PUSH_SINCE, has_pp
+from pdcheck.requests.push import MODES, PP_SINCE, PUSH_SINCE, has_pp
 from pdcheck.requests.push import available as push_available
 from pdcheck.requests.run import Options
 from pdcheck.requests.shapes import MAX_RANKS, WORLD_SINCE, Shape
@@ -172,8 +172,8 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         def has_push(r: Any) -> bool:
             return push_available(r.number)
 
-        if vllm.strip() == "all":  # every modelled release that has push mode
-            models = [r for r in models if has_push(r)]
+        if vllm.strip() == "all":  # every modelled release that has push mode (on P TP > D TP: that counts)
+            models = [r for r in models if has_push(r) and (shape.p_tp <= shape.d_tp or r.number >= PP_SINCE)]
         for r in models:
             if not has_push(r):
                 origin = "--mode push" if flags.get("mode") is not None else f'{where}: [requests] mode = "push"'

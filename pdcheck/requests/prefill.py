@@ -63,7 +63,7 @@ class RequestsP(RequestsRole):
         release_name = CORRECTED.line  # the release under test: its log texts (pdcheck.requests.texts)
         mode = "pull"
         d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
-        notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE
+        notif_faults: dict[int, m.ReqPrefill] = {}  # push: drop-notif / delay-notif / a failed WRITE
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
         idle = HELD_POLL_S
@@ -155,7 +155,7 @@ class RequestsP(RequestsRole):
                     free.extend(got.blocks)
                     admit()
             elif isinstance(msg, m.ReqPrefill):
-                notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s, msg.write_fail)
+                notif_faults[msg.request] = msg
                 waiting.append(msg.request)
                 admit()
             elif isinstance(msg, m.ReqEnd):
@@ -291,7 +291,7 @@ class _PushTarget:
         return [d for d in range(self.shape.d_tp) if me in shapes.sources(self.shape, d)]
 
     def register(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
-                 faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                 faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
                  errors: list[str]) -> int | None:
         """A PUSH_REG: the request written (its blocks can be freed), None (no held request matches), -1 (dropped,
         failed, waiting for the handshake with D, or another consumer's registration of a request matched
@@ -324,13 +324,13 @@ class _PushTarget:
         self.fetch = (reg.engine_id, todo, [])  # todo[0]: the D rank being fetched
         self.hs.start(todo[0][1])
 
-    def poll(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+    def poll(self, held: dict[int, _Held], faults: dict[int, m.ReqPrefill],
              pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
         """The handshake, if it ended: the requests written now."""
         got = self.hs.result()
         return [] if got is None else self._settle(got, held, faults, pending, errors)
 
-    def finish(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+    def finish(self, held: dict[int, _Held], faults: dict[int, m.ReqPrefill],
                pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
         """The line's end: every handshake still running, to its end (each within the release's timeout)."""
         out: list[int] = []
@@ -341,7 +341,7 @@ class _PushTarget:
         return out
 
     def _settle(self, got: AnyMeta | HandshakeFailed, held: dict[int, _Held],
-                faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
                 errors: list[str]) -> list[int]:
         side = self.hs.side
         assert side is not None and self.fetch is not None
@@ -404,35 +404,37 @@ class _PushTarget:
         self.engines[eng] = out
 
     def write(self, i: int, reg: push.Registration, held: dict[int, _Held],
-              faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+              faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
               errors: list[str]) -> int:
         """P's WRITEs into D's registered blocks, one per D rank it feeds: the request (its blocks can be freed),
         or -1 (one failed)."""
         h = held[i]
         d_rid, d_blocks = reg.request_id, reg.blocks
-        drop, delay, fail = faults.get(i, (False, 0.0, False))
+        f = faults.get(i, m.ReqPrefill(i))
         note = push.completion(d_rid, self.shape.p_tp)  # "{D request id}:{P world size}"
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
         regions = kv.geometry.num_regions
         targets = self.engines[reg.engine_id]
         try:
-            if fail:
+            if f.write_fail:
                 # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
                 bad = self.agent.prep(targets[0].agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
                                       kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
                 self.agent.release_dlist(bad)
-            for t in targets:
+            for d, t in zip(self.consumers(), targets, strict=True):
+                quiet = (f.drop_notif and f.drop_rank in (-1, d)) or (f.notif_delay_s > 0 and f.delay_rank in (-1, d))
                 self.agent.read(t.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), t.remote,
                                 desc_ids(regions, t.num_blocks, np.asarray(d_blocks[:n])),
-                                b"" if drop or delay > 0 else note, op="WRITE", context=f"push {d_rid}")
+                                b"" if quiet else note, op="WRITE", context=f"push {d_rid}")
         except (NixlCallError, OverflowError, ValueError) as exc:
             # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
             # lease) and D is not told (the completion rides on the WRITE)
             errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
             self.failed.append(i)
             return -1
-        if delay > 0 and not drop:
-            pending.extend((time.time() + delay, t.agent, note) for t in targets)
+        for d, t in zip(self.consumers(), targets, strict=True):
+            if f.notif_delay_s > 0 and f.delay_rank in (-1, d) and not (f.drop_notif and f.drop_rank in (-1, d)):
+                pending.append((time.time() + f.notif_delay_s, t.agent, note))
         return i
 
     def take(self) -> tuple[list[int], list[m.ReqHandshook], list[int]]:

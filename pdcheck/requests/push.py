@@ -470,12 +470,22 @@ def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_reque
     worker WRITEs each of its consumers its part and P's scheduler frees once every worker's WRITEs are done, so
     each D rank meets what the one D rank meets on TP 1 (0.26+: D counts one completion per P rank writing it,
     push.expected_notifs)."""
-    outs: dict[int, Outcome] = {}
+    ranked = any(f.d_rank is not None for f in faults)
+    by_rank: list[list[Outcome]] = []
     acc = Accounting()
-    for g in range(shape.p_dp):
-        got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, faults, engine_id, settle,
-                          (g, shape.p_dp), shape.p_tp)
-        outs.update({o.request: o for o in got})
-        for f in msgspec.structs.fields(Accounting):
-            setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
-    return per_rank([outs[i] for i in range(requests)], shape), acc
+    for r in range(shape.d_tp if ranked else 1):
+        # drop-notif / delay-notif rank=DK: P's WRITE to that D rank goes without its completion (P frees on its
+        # WRITEs either way): that D rank meets the fault, the others the run without it.
+        mine = tuple(f for f in faults if f.on(r))
+        outs: dict[int, Outcome] = {}
+        for g in range(shape.p_dp):
+            got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, mine, engine_id, settle,
+                              (g, shape.p_dp), shape.p_tp)
+            outs.update({o.request: o for o in got})
+            if r == 0:
+                for f in msgspec.structs.fields(Accounting):
+                    setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
+        by_rank.append(per_rank([outs[i] for i in range(requests)], shape))
+    if not ranked:
+        return by_rank[0], acc
+    return [by_rank[k % shape.d_tp][k] for k in range(requests * shape.d_tp)], acc

@@ -588,9 +588,11 @@ def _prefill(i: int, opts: Options) -> m.ReqPrefill:
     """A request to P; in push mode with the faults on P's WRITE: its completion notification, its failure."""
     if opts.mode != "push":
         return m.ReqPrefill(i)
-    delay = pick(opts.faults, "delay-notif", i)
-    return m.ReqPrefill(i, pick(opts.faults, "drop-notif", i) is not None, delay.seconds if delay else 0.0,
-                        pick(opts.faults, "read-fail", i) is not None)
+    delay, drop = pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i)
+    return m.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
+                        pick(opts.faults, "read-fail", i) is not None,
+                        drop.d_rank if drop is not None and drop.d_rank is not None else -1,
+                        delay.d_rank if delay is not None and delay.d_rank is not None else -1)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
