@@ -26,6 +26,11 @@ utils.py; kv_connector/factory.py registers NixlPushConnector from 0.24.0, 0.23.
   vLLM PR #50754).
 * params: pdcheck.releases.params (PUSH), transfer_mode "push"; no remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
   on_new_request); the push scheduler never reads it.
+* On a TP shape (push_worker.py, 0.24.0-0.34.0): each D rank's PUSH_REG goes to every P agent of the engine it
+  handshook with (its sources); P's _xfer_blocks_for_req WRITEs every D rank of plan.all_source_ranks, with P
+  TP < D TP each its chunk of P's block (src_xfer_handles_by_tp_ratio), and the D ranks' other PUSH_REGs for
+  the request stay pending, never matched. 0.24/0.25's D is done at the first completion: with P TP > D TP a race
+  (the plan refuses that pair).
 * Before 0.24 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
   0.24/0.25 otherwise differ from 0.26 only in PP and MLA (0.26 WRITEs MLA to every D rank): not modelled here.
 
