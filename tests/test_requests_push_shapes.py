@@ -24,7 +24,8 @@ LOST = ["delivered", "delivered", "hang", "delivered", "delivered", "hang", "del
 
 
 def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3):
-    opts = Options(requests=n, rate=20.0, lease_s=0.5, faults=parse_all(list(faults), n), mode="push", shape=shape)
+    # A lease the first line's handshakes (D with P, then P with each D rank) fit in on a loaded machine
+    opts = Options(requests=n, rate=20.0, lease_s=1.0, faults=parse_all(list(faults), n), mode="push", shape=shape)
     return {r.release: r for r in run([(v, line_of(v)) for v in releases], opts)}
 
 
@@ -49,11 +50,12 @@ def _line_counts(table: str) -> dict[str, list[int]]:
 
 def test_push_tp2_scenario_each_d_rank_written_by_its_p_rank_and_table_agrees_with_json(pdcheck):
     path = str(SCENARIOS / "requests" / "requests-push-tp2-lost-completion.toml")
-    run_ = pdcheck("requests", path, "--json", timeout=120)
+    # 0.24 (its D done at the first completion: one per D rank here) and the corrected path; smoke runs the rest
+    run_ = pdcheck("requests", path, "--vllm", "0.24.0", "--json", timeout=120)
     assert run_.code == 1, run_.err  # both D ranks wait on requests 2 and 5
     doc = run_.json()
     assert doc["mode"] == "push" and doc["shape"] == "P TP 2 -> D TP 2"
-    assert [e["passed"] for e in doc["expectations"]] == [True] * 4, doc["expectations"]
+    assert [(e["release"], e["passed"]) for e in doc["expectations"]] == [("0.24.0", True), ("corrected", True)]
     for rel in [*doc["releases"], doc["corrected"]]:
         assert rel["model_agrees"], rel["rows"]
         assert [r["rank"] for r in rel["rows"]] == ["D0", "D1"] * 8
@@ -66,9 +68,10 @@ def test_push_tp2_scenario_each_d_rank_written_by_its_p_rank_and_table_agrees_wi
         # each P rank handshook with the one D rank it feeds, over that D rank's own side channel
         assert rel["p_handshake"]["handshakes"] == 2 and not rel["p_handshake"]["failed"]
     assert "PR #50754" in doc["releases"][0]["rows"][4]["detail"]
-    table = pdcheck("requests", path, timeout=120)
+    table = pdcheck("requests", path, "--vllm", "0.24.0", timeout=120)
     assert table.code == 1 and "push mode" in table.out
     counts = _line_counts(table.out)
+    assert set(counts) == {"0.24.0", "corrected"}, table.out
     lines = [*doc["releases"], doc["corrected"]]
     cols = [v for v in VERDICTS if any(rel["counts"].get(v) for rel in lines)]  # the table's verdict columns
     for rel in lines:

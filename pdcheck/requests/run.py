@@ -197,6 +197,8 @@ def _settle_before_restart(lau: Any, ranks: list[Any], req: int, st: _LineState,
             notified = not (pick(opts.faults, "drop-notif", j) or pick(opts.faults, "delay-notif", j))
             if dec.status == "read" and notified and j not in st.freed:
                 return False
+            if dec.status == "registered" and j not in st.freed:  # push: P's WRITE into D's blocks still to come
+                return False
         return True
 
     deadline = time.monotonic() + timeout_s
