@@ -29,7 +29,7 @@ from pdcheck.errors import BadInput, FetchRefused, FetchTimeout, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.netio import MAX_FRAME_BYTES
-from pdcheck.ports import rank_port
+from pdcheck.ports import dp_configured_id, dp_engine_id, rank_port
 from pdcheck.releases import shapes
 from pdcheck.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.report import contacted_text, verdict_detail
@@ -93,23 +93,23 @@ class DpProbeReport(msgspec.Struct, kw_only=True):
     verdicts: list[RankVerdict] = []  # every DP rank's, rank "DP<k>/D<i>"
 
 
-def dp_notes(reports: list[ProbeReport], dp_size: int) -> list[str]:
-    """Each DP rank's listener should answer for `<engine>_dp<N>` (ports.dp_engine_id), a different engine per
-    DP rank: another suffix, or one engine at two ports, means the port layout reaches the wrong DP rank
-    (vLLM #27083)."""
-    from pdcheck.ports import dp_engine_id
-
+def dp_notes(reports: list[ProbeReport], dp_size: int, release: ReleaseModel) -> list[str]:
+    """Each DP rank's listener should answer for its own engine id (ports.dp_engine_id: `<engine>_dp<N>` where
+    the release appends the suffix), a different engine per DP rank: another suffix, or one engine at two ports,
+    means the port layout reaches the wrong DP rank (vLLM #27083). A release whose DP ranks all keep the
+    configured id gives the ids nothing to tell apart: no note."""
     out: list[str] = []
     seen: dict[str, int] = {}
     for rep in reports:
         ids = sorted({r.engine_id for r in rep.prefill_ranks if r.status == "ok" and r.engine_id})
         for eid in ids:
-            if not eid.endswith(f"_dp{rep.dp_rank}"):
-                base = eid.rsplit("_dp", 1)[0]
+            base = dp_configured_id(eid, release)
+            want = dp_engine_id(base, rep.dp_rank, dp_size, release)
+            if eid != want:
                 out.append(f"DP rank {rep.dp_rank} (ports {','.join(map(str, rep.ports))}) answers for {eid!r}, "
-                           f"not {dp_engine_id(base, rep.dp_rank, dp_size)!r}: a D routed to this DP rank fails "
+                           f"not {want!r}: a D routed to this DP rank fails "
                            f"'Remote NIXL agent engine ID mismatch'")
-            if eid in seen and seen[eid] != rep.dp_rank:
+            if eid in seen and seen[eid] != rep.dp_rank and dp_engine_id(base, 0, dp_size, release) != base:
                 out.append(f"DP ranks {seen[eid]} and {rep.dp_rank} answer for the same engine {eid!r}")
             seen.setdefault(eid, rep.dp_rank)
     return out

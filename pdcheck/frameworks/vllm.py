@@ -230,7 +230,7 @@ class VLLM(Framework):
                   release_source=source, max_tp=max_tp, pp_size=pp_size)
         if dp_size > 1:
             reps = [pr.run(host, port, release, dp_rank=k, **kw) for k in range(dp_rank, dp_rank + dp_size)]
-            notes = pr.dp_notes(reps, dp_size)
+            notes = pr.dp_notes(reps, dp_size, release)
             code = verdict.exit_code([r.exit_code == 0 for r in reps] + [not notes])
             dp_rep = pr.DpProbeReport(endpoint=f"{host}:{port}", dp_size=dp_size, dp_ranks=reps, notes=notes,
                                       exit_code=code, verdicts=[

@@ -40,6 +40,7 @@ from pdcheck.requests.model import (
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool, hang_handshake
 from pdcheck.requests.push import simulate as push_simulate
 from pdcheck.requests.shapes import Shape, d_group, d_label, engine, geometry, p_group
+from pdcheck.requests.texts import engine_deaths
 
 P_ENGINE = "pdcheck-req-P"
 D_ENGINE = "pdcheck-req-D"
@@ -471,6 +472,9 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                               hs_failed=set(acct.handshake_failed), hs_error=hs_error) if push else _verdict
     if sh.single:
         outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
+        if engine_deaths(acct.notif_errors):  # P admitted nothing after its engine core died
+            outcomes = [msgspec.structs.replace(o, detail=hang_detail(line, opts.pool, True))
+                        if i not in prefilled else o for i, o in enumerate(outcomes)]
     else:  # a verdict per (request, D rank): each D TP rank's own answer
         outcomes = []
         for i in range(n):
@@ -629,7 +633,8 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
         leaked=0 if expires else len(acct.holding),
         held=len(acct.holding) if expires else 0,
         late_notifs=acct.late_notifs,
-        heartbeats=acct.heartbeats)
+        heartbeats=acct.heartbeats,
+        engine_died=min(1, engine_deaths(acct.notif_errors)))
 
 
 def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled],
