@@ -145,6 +145,10 @@ class Handshaker:
                                      ctx.meta.tp_size or 1)[1:]:
                 self.handshake(p, None)
         elif flow == "corrected":
+            # It reads every P stage; a P whose side channel serves one stage per port cannot give it them.
+            refused = shapes.stages_unreachable(self.fmt.name, params.pp_size)
+            if refused:
+                raise _Stop("error", "RuntimeError", refused, expr=shapes.PP_STAGES_CHECK)
             for p in corrected_reads(local.tp_rank, local.tp_size, params.tp_size, local.geometry.total_kv_heads,
                                      local.use_mla):
                 self.handshake(p, params.tp_size)

@@ -587,8 +587,9 @@ def _h08(f: Facts, rels: Rels) -> Hazard:
 def _h09(f: Facts, rels: Rels) -> Hazard:
     if f.dg.use_mla:
         return _no("H09", "MLA: one latent per token, no head layout to disagree on")
-    if f.p.kv_cache_layout == f.d.kv_cache_layout:
-        return _no("H09", f"both {f.d.kv_cache_layout}")
+    if rules.same_layout(f.p.kv_cache_layout, f.d.kv_cache_layout):  # LBHNC is HND's 0.29+ name
+        same = {f.p.kv_cache_layout, f.d.kv_cache_layout}
+        return _no("H09", f"both {' = '.join(sorted(same))}")
     ratio = f.ratio
     detail = f"P {f.p.kv_cache_layout} vs D {f.d.kv_cache_layout}, tp_ratio {ratio if ratio else 'n/a'}"
     if ratio > 1:
@@ -903,31 +904,43 @@ def _h17(f: Facts, rels: Rels) -> Hazard:
 
 def _h20(f: Facts, rels: Rels) -> Hazard:
     """Data parallel: the port a decode DP rank contacts belongs to another engine (the wrong DP port, or its
-    own node's listener when VLLM_NIXL_SIDE_CHANNEL_HOST is left unset on P, vLLM #27083)."""
+    own node's listener when VLLM_NIXL_SIDE_CHANNEL_HOST is left unset on P, vLLM #27083). Engine ids per
+    release (ports.dp_route_ids): where every DP rank keeps the configured id, the wrong DP rank answers for
+    the expected engine."""
     p, d = f.p, f.d
     if p.dp_size == 1 and d.dp_size == 1:
         return _no("H20", "one DP rank per side")
-    wrong = []
-    for rt in ports.dp_routes(f.sc):
-        expected = f.sc.kv_transfer_params.remote_engine_id or ports.dp_engine_id(p.engine_id, rt.routed, p.dp_size)
-        inst = p if rt.reached_side == "prefill" else d
-        got = ports.dp_engine_id(inst.engine_id, rt.reached, inst.dp_size)
-        if got != expected:
-            wrong.append((rt, expected, got))
+    routes = ports.dp_routes(f.sc)
+    misrouted = [rt for rt in routes if rt.reached_side != "prefill" or rt.reached != rt.routed]
+    one = rels[0] if len(rels) == 1 else None  # the ids the detail names: the one release's, else the suffix
+    p_own = _p_release(f)
+    wrong = [(rt, e, g) for rt in routes for e, g in [ports.dp_route_ids(f.sc, rt, p_own or one, one)]
+             if g != e or rt in misrouted]
     if not wrong:
         return _no("H20", f"each decode DP rank reaches the prefill DP rank its router picked "
                           f"(prefill dp_size {p.dp_size}, decode dp_size {d.dp_size})")
     why = ("VLLM_NIXL_SIDE_CHANNEL_HOST is unset on P ('localhost' is advertised): D reaches its own node's "
            "listener" if not p.side_channel_host_set else "the proxy hands out DP rank 0's side-channel port")
-    detail = why + "; " + ", ".join(f"decode DP rank {rt.d_dp} expects {e!r}, reaches {g!r}" for rt, e, g in wrong)
-    rt, exp, got = wrong[0]
+    detail = why + "; " + ", ".join(f"decode DP rank {rt.d_dp} expects {e!r}, reaches {g!r}"
+                                    + (f" (prefill DP rank {rt.reached})" if e == g else "") for rt, e, g in wrong)
+    rt = wrong[0][0]
     effects: dict[str, str] = {}
     for rel in rels:
-        if _has(rel, "engine_id_matches"):
+        exp, got = ports.dp_route_ids(f.sc, rt, p_own or rel, rel)
+        own = ports.dp_engine_id(d.engine_id, rt.d_dp, d.dp_size, rel)
+        if got == exp:
+            effects[rel.name] = (f"decode DP rank {rt.d_dp}: every DP rank answers for {got!r} (the configured "
+                                 f"engine id): the handshake passes with prefill DP rank {rt.reached}'s agent and the "
+                                 f"reads take its blocks for requests DP rank {rt.routed} prefilled (wrong KV, no error)")
+        elif _has(rel, "engine_id_matches"):
             effects[rel.name] = f"decode DP rank {rt.d_dp}: RuntimeError: {msg_engine_id(exp, got)}"
+        elif got == own and _has(rel, "engine_id_conflict"):
+            effects[rel.name] = (f"decode DP rank {rt.d_dp}: its own node's listener answers for its own id "
+                                 f"{got!r}: AssertionError: Conflict engine id found!")
         else:
             effects[rel.name] = (f"decode DP rank {rt.d_dp}: no engine-id check: {got!r}'s agent is registered as "
                                  f"{exp!r}; the first read raises KeyError")
+    exp, got = ports.dp_route_ids(f.sc, rt)
     effects[CORRECTED] = f"refused: answered for {got!r}, expected {exp!r} (set VLLM_NIXL_SIDE_CHANNEL_HOST; one port per DP rank)"
     return _yes("H20", detail, effects)
 
@@ -947,7 +960,8 @@ def _x01(f: Facts, rels: Rels) -> Hazard:
     p, d = f.p.pp_size, f.d.pp_size
     effects = {rel.name: shapes.pp_effect(rel, p, d) for rel in rels}
     effects[CORRECTED] = ("each D rank reads the layers of every P stage ((pp_rank, tp_rank) metadata, as 0.26+ "
-                          "serve it); a D stage reads the layers it holds")
+                          "serve it); a D stage reads the layers it holds; against a P before 0.26, which serves one "
+                          "stage per port, refused")  # shapes.stages_unreachable
     return _yes("X01", f"pipeline parallel: prefill pp_size {p}, decode pp_size {d}", effects)
 
 

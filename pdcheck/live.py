@@ -86,7 +86,7 @@ def run(plan: Plan) -> RunResult:
                 p_host=host, p_engine_tag=engine_tag(p.engine_id), remote_engine_id=sc.remote_engine_id(),
                 params_tp_size=sc.params_tp_size(), hang_timeout_ms=opts.hang_timeout_ms,
                 transfer=opts.transfer, requests=requests, live=True, memory_layout=d.backend_layout,
-                permute_local_kv=d.enable_permute_local_kv)))
+                permute_local_kv=d.enable_permute_local_kv, p_pp_size=p.pp_size)))
             for r in range(d.tp_size)
         }
         ready = orc.await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)

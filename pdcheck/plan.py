@@ -92,22 +92,23 @@ class DpGroup(msgspec.Struct, frozen=True):
     plan: Plan
 
 
-def dp_scenario(sc: Scenario, rt: DpRoute) -> Scenario:
-    """The pair one decode DP rank forms: its own TP group (engine id with the DP suffix) and the TP group that
-    answers at the port it contacts, while kv_transfer_params still name the routed P DP rank's engine."""
+def dp_scenario(sc: Scenario, rt: DpRoute, p_rel: ReleaseModel | None = None,
+                d_rel: ReleaseModel | None = None) -> Scenario:
+    """The pair one decode DP rank forms: its own TP group (engine id with its release's DP suffix) and the TP
+    group that answers at the port it contacts, while kv_transfer_params still name the routed P DP rank's
+    engine. p_rel, d_rel: each side's release (ports.dp_engine_id), None where a matrix runs several."""
     p, d = sc.prefill, sc.decode
     one = {"dp_size": 1, "dp_rank": 0}
+    expected, answered = ports.dp_route_ids(sc, rt, p_rel, d_rel)
     if rt.reached_side == "prefill":
-        answers = msgspec.structs.replace(p, **{**one, "dp_rank": rt.reached},
-                                          engine_id=ports.dp_engine_id(p.engine_id, rt.reached, p.dp_size)) \
+        answers = msgspec.structs.replace(p, **{**one, "dp_rank": rt.reached}, engine_id=answered) \
             if p.dp_size > 1 else p
     else:  # D's own node's engine of that DP rank listens at the port (VLLM_NIXL_SIDE_CHANNEL_HOST unset on P)
         answers = msgspec.structs.replace(d, **{**one, "dp_rank": rt.reached}, side_channel_host_set=True,
-                                          engine_id=ports.dp_engine_id(d.engine_id, rt.reached, d.dp_size),
+                                          engine_id=answered,
                                           base_port=p.base_port, host=p.host, vllm=p.vllm)
     dec = msgspec.structs.replace(d, **{**one, "dp_rank": rt.d_dp},
-                                  engine_id=ports.dp_engine_id(d.engine_id, rt.d_dp, d.dp_size))
-    expected = sc.kv_transfer_params.remote_engine_id or ports.dp_engine_id(p.engine_id, rt.routed, p.dp_size)
+                                  engine_id=ports.dp_engine_id(d.engine_id, rt.d_dp, d.dp_size, d_rel))
     params = msgspec.structs.replace(sc.kv_transfer_params, remote_engine_id=expected, dp_route=None,
                                      dp_port="routed")
     return msgspec.structs.replace(sc, name=f"{sc.name} (decode DP rank {rt.d_dp})", prefill=answers, decode=dec,
@@ -180,12 +181,14 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
             raise BadInput("--prefill-endpoint with dp_size > 1: probe each DP rank's side channel "
                            "(pdcheck probe --dp-size) and run the handshake against one of them")
         groups = []
+        # each side's engine ids follow its own release, or the run's one release (a matrix keeps the suffix)
+        p_rel, d_rel = (own or (releases[0] if len(releases) == 1 else None) for own in (p_own, d_own))
         for rt in ports.dp_routes(sc):
-            sub = build(dp_scenario(sc, rt), vllm, options, ray=ray, where=where)
-            owner = ports.dp_engine_id(sc.prefill.engine_id, rt.routed, sc.prefill.dp_size)
+            sub = build(dp_scenario(sc, rt, p_rel, d_rel), vllm, options, ray=ray, where=where)
+            owner = ports.dp_engine_id(sc.prefill.engine_id, rt.routed, sc.prefill.dp_size, p_rel)
             groups.append(DpGroup(rt, msgspec.structs.replace(sub, kv_owner=owner)))
         reached = {g.route.reached for g in groups if g.route.reached_side == "prefill"}
-        idle = [DpGroup(rt, build(dp_scenario(sc, rt), vllm, options, ray=ray, where=where))
+        idle = [DpGroup(rt, build(dp_scenario(sc, rt, p_rel, d_rel), vllm, options, ray=ray, where=where))
                 for k in range(sc.prefill.dp_size) if k not in reached
                 for rt in [ports.DpRoute(0, k, k, "prefill")]]
         first = groups[0].plan
@@ -255,7 +258,7 @@ def build_serve(sc: Scenario, release: ReleaseModel, options: ServeOptions) -> S
         if port is None:
             port = ports.free_base(p.host, ports.ports_per_dp(release.wire, p.tp_size) * p.dp_size)
         dp = [build_serve(msgspec.structs.replace(sc, prefill=msgspec.structs.replace(
-                  p, dp_size=1, dp_rank=k, engine_id=ports.dp_engine_id(p.engine_id, k, p.dp_size))),
+                  p, dp_size=1, dp_rank=k, engine_id=ports.dp_engine_id(p.engine_id, k, p.dp_size, release))),
                   release, msgspec.structs.replace(options, port=port)) for k in range(p.dp_size)]
         return msgspec.structs.replace(dp[0], dp=dp)
     base = ports.serve_base(release.wire, p.host, options.port if options.port is not None else p.base_port,

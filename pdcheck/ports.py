@@ -196,11 +196,32 @@ def free_base(host: str, n: int, attempts: int = 50) -> int:
 
 
 # ------------------------------------------------------------------------------------------------ data parallel
-def dp_engine_id(engine_id: str, dp_rank: int, dp_size: int) -> str:
-    """vLLM's engine id of one DP rank: `<engine_id>_dp<N>` whenever dp_size > 1 (the v1 engine core appends it;
-    0.9.2 and 0.14.0 with the node-local DP rank, 0.26.0 and 0.34.0 with the global one, which agree on one node),
-    the id as configured otherwise."""
-    return f"{engine_id}_dp{dp_rank}" if dp_size > 1 else engine_id
+def dp_engine_id(engine_id: str, dp_rank: int, dp_size: int, release: ReleaseModel | None = None) -> str:
+    """vLLM's engine id of one DP rank: `<engine_id>_dp<N>` whenever dp_size > 1 and the release's engine core
+    appends it (ReleaseModel.dp_engine_suffix: 0.9.1+; 0.9.2 and 0.14.0 with the node-local DP rank, 0.26.0 and
+    0.34.0 with the global one, which agree on one node), the id as configured otherwise. release None (a matrix
+    of releases, or none named): the suffix, as every release but 0.9.0 has it."""
+    suffixed = release is None or release.dp_engine_suffix
+    return f"{engine_id}_dp{dp_rank}" if dp_size > 1 and suffixed else engine_id
+
+
+def dp_configured_id(engine_id: str, release: ReleaseModel) -> str:
+    """The configured engine id behind one DP rank's (dp_engine_id undone): the `_dp<N>` suffix stripped where
+    the release appends it, the id itself where it does not."""
+    head, sep, tail = engine_id.rpartition("_dp")
+    return head if release.dp_engine_suffix and sep and tail.isdigit() else engine_id
+
+
+def dp_route_ids(sc: Scenario, rt: DpRoute, p_rel: ReleaseModel | None = None,
+                 d_rel: ReleaseModel | None = None) -> tuple[str, str]:
+    """(expected, answered): the engine id kv_transfer_params name for the routed prefill DP rank, and the id of
+    the engine whose listener answers at the port the decode DP rank contacts, each by its side's release
+    (dp_engine_id)."""
+    p, d = sc.prefill, sc.decode
+    expected = sc.kv_transfer_params.remote_engine_id or dp_engine_id(p.engine_id, rt.routed, p.dp_size, p_rel)
+    if rt.reached_side == "prefill":
+        return expected, dp_engine_id(p.engine_id, rt.reached, p.dp_size, p_rel)
+    return expected, dp_engine_id(d.engine_id, rt.reached, d.dp_size, d_rel)
 
 
 class DpRoute(msgspec.Struct, frozen=True):

@@ -23,14 +23,16 @@ import zmq
 from pdcheck import bounds as b
 from pdcheck import releases
 from pdcheck import verdict as verdict_rule
-from pdcheck.engine import Params
+from pdcheck.engine import Outcome, Params
 from pdcheck.engine import run as engine_run
 from pdcheck.errors import BadInput, FetchRefused, FetchTimeout, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.netio import MAX_FRAME_BYTES
-from pdcheck.ports import rank_port
+from pdcheck.ports import dp_configured_id, dp_engine_id, rank_port
+from pdcheck.releases import shapes
 from pdcheck.releases.base import Local, Prepared, ReleaseModel
+from pdcheck.report import contacted_text, verdict_detail
 from pdcheck.results import ProbeRank
 from pdcheck.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.sidechannel import fetch
@@ -59,6 +61,8 @@ class ProbeReport(msgspec.Struct, kw_only=True):
     # None without a decode configuration. The verdict comes from these (pdcheck.verdict), as in `handshake`.
     decode_status: list[str] | None = None
     verdicts: list[RankVerdict] = []  # decode_status in the shape every command shares (empty: no decode)
+    pp_size: int = 1  # P's pipeline stages as given (--prefill-pp or the scenario's prefill.pp_size)
+    stages: list[ProbeRank] = []  # era H with pp_size > 1: the later stages' (pp_rank, tp_rank) replies
 
 
 def parse_endpoint(text: str, what: str = "HOST:PORT") -> tuple[str, int]:
@@ -89,23 +93,23 @@ class DpProbeReport(msgspec.Struct, kw_only=True):
     verdicts: list[RankVerdict] = []  # every DP rank's, rank "DP<k>/D<i>"
 
 
-def dp_notes(reports: list[ProbeReport], dp_size: int) -> list[str]:
-    """Each DP rank's listener should answer for `<engine>_dp<N>` (ports.dp_engine_id), a different engine per
-    DP rank: another suffix, or one engine at two ports, means the port layout reaches the wrong DP rank
-    (vLLM #27083)."""
-    from pdcheck.ports import dp_engine_id
-
+def dp_notes(reports: list[ProbeReport], dp_size: int, release: ReleaseModel) -> list[str]:
+    """Each DP rank's listener should answer for its own engine id (ports.dp_engine_id: `<engine>_dp<N>` where
+    the release appends the suffix), a different engine per DP rank: another suffix, or one engine at two ports,
+    means the port layout reaches the wrong DP rank (vLLM #27083). A release whose DP ranks all keep the
+    configured id gives the ids nothing to tell apart: no note."""
     out: list[str] = []
     seen: dict[str, int] = {}
     for rep in reports:
         ids = sorted({r.engine_id for r in rep.prefill_ranks if r.status == "ok" and r.engine_id})
         for eid in ids:
-            if not eid.endswith(f"_dp{rep.dp_rank}"):
-                base = eid.rsplit("_dp", 1)[0]
+            base = dp_configured_id(eid, release)
+            want = dp_engine_id(base, rep.dp_rank, dp_size, release)
+            if eid != want:
                 out.append(f"DP rank {rep.dp_rank} (ports {','.join(map(str, rep.ports))}) answers for {eid!r}, "
-                           f"not {dp_engine_id(base, rep.dp_rank, dp_size)!r}: a D routed to this DP rank fails "
+                           f"not {want!r}: a D routed to this DP rank fails "
                            f"'Remote NIXL agent engine ID mismatch'")
-            if eid in seen and seen[eid] != rep.dp_rank:
+            if eid in seen and seen[eid] != rep.dp_rank and dp_engine_id(base, 0, dp_size, release) != base:
                 out.append(f"DP ranks {seen[eid]} and {rep.dp_rank} answer for the same engine {eid!r}")
             seen.setdefault(eid, rep.dp_rank)
     return out
@@ -138,16 +142,19 @@ def _fill(pr: ProbeRank, meta: AnyMeta, remote_hash: str | None, expected: str |
     pr.tp_size, pr.attn_backend, pr.regions = meta.tp_size, meta.attn_backend_name, len(meta.kv_caches_base_addr)
     pr.compat_hash, pr.compat_hash_expected = remote_hash, expected
     pr.hash_match = None if remote_hash is None or expected is None else remote_hash == expected
+    names = meta.region_names or [n for members in meta.region_members or [] for n in members]
+    pr.layers = list(dict.fromkeys(names)) if names else None
 
 
 def ask(ctx: zmq.Context, host: str, port: int, fmt: WireFormat, tp_rank: int, timeout_ms: int,
-        expected_hash: str | None, max_tp: int = b.MAX_TP) -> tuple[ProbeRank, AnyMeta | None, list[bytes] | None]:
-    """One request of era `fmt` for `tp_rank`, one strict decode; the reply's frames when it decoded. Never
-    raises for what P sends."""
+        expected_hash: str | None, max_tp: int = b.MAX_TP,
+        pp_rank: int = 0) -> tuple[ProbeRank, AnyMeta | None, list[bytes] | None]:
+    """One request of era `fmt` for `tp_rank` (and `pp_rank`, which only era H's request names), one strict
+    decode; the reply's frames when it decoded. Never raises for what P sends."""
     pr = ProbeRank(tp_rank=tp_rank, port=port, status="ok")
     t0 = time.perf_counter()
     try:
-        frames = fetch(ctx, host, port, fmt, tp_rank, timeout_ms)
+        frames = fetch(ctx, host, port, fmt, tp_rank, timeout_ms, pp_rank)
     except FetchTimeout:
         pr.status = "no_reply"
         pr.message = (f"no reply from {_endpoint(host, port)} within {timeout_ms} ms (nothing listening, another "
@@ -296,6 +303,42 @@ def probe_ranks(host: str, base: int, release: ReleaseModel, *, dp_rank: int = 0
     return ranks, replies, notes
 
 
+def probe_stages(host: str, base: int, release: ReleaseModel, ranks: list[ProbeRank], pp_size: int, *,
+                 dp_rank: int = 0, timeout_ms: int = 2000, expected_hash: str | None = None,
+                 max_tp: int = b.MAX_TP) -> tuple[list[ProbeRank], dict[tuple[int, int], list[bytes] | None],
+                                                   list[str]]:
+    """P's pipeline stages past the first: from era H each TP rank's metadata is served per stage under
+    (pp_rank, tp_rank) on the same port, so every stage of every rank that answered is asked; a stage P lacks
+    raises KeyError in its listener thread (H15), which is why only the stages given are asked. Before era H a
+    request names a TP rank only and its port answers with one stage (shapes.served_stage): nothing more to ask.
+    Sets each stage-0 rank's pp_rank; returns the later stages' ranks, their replies by (pp_rank, tp_rank), notes."""
+    fmt = FORMATS[release.wire]
+    if pp_size <= 1:
+        return [], {}, []
+    for pr in ranks:
+        pr.pp_rank = shapes.answered_stage(fmt.name, 0, pp_size)
+    if fmt.name < shapes.PP_STAGES_KEYED:
+        stage = shapes.served_stage(fmt.name, pp_size)
+        return [], {}, [f"P has {pp_size} pipeline stages: an era-{fmt.name} request names a TP rank only, and its "
+                        f"port answers with stage {stage}'s metadata; the other stages' layers are never served"]
+    out: list[ProbeRank] = []
+    replies: dict[tuple[int, int], list[bytes] | None] = {}
+    ctx = zmq.Context()
+    try:
+        for s in range(1, pp_size):
+            for pr0 in ranks:
+                if pr0.status != "ok":
+                    continue
+                pr, _meta, frames = ask(ctx, host, pr0.port, fmt, pr0.tp_rank, timeout_ms, expected_hash, max_tp,
+                                        pp_rank=s)
+                pr.pp_rank = s
+                out.append(pr)
+                replies[(s, pr0.tp_rank)] = frames
+    finally:
+        ctx.destroy(0)
+    return out, replies, []
+
+
 def _layers(regions: int, geometry_flat: bool) -> int:
     return regions if geometry_flat else max(1, regions // 2)
 
@@ -343,8 +386,9 @@ def probed_instance(base: Instance, ranks: list[ProbeRank], host: str, port: int
 
 def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_size: int | None = None,
         timeout_ms: int = 2000, decode_sc: Scenario | None = None, decode_from: str | None = None,
-        release_source: str = "--vllm", max_tp: int = b.MAX_TP) -> ProbeReport:
-    """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks)."""
+        release_source: str = "--vllm", max_tp: int = b.MAX_TP, pp_size: int | None = None) -> ProbeReport:
+    """Probe, then evaluate the hazards against `decode_sc` (its [prefill] table supplies what the wire lacks).
+    pp_size: P's pipeline stages (default: the scenario's prefill.pp_size, else 1)."""
     expected = None
     if decode_sc is not None:
         expected = releases.compat_hash_for(release, decode_sc.decode.geometry(), decode_sc.decode.model,
@@ -353,15 +397,23 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
                                        timeout_ms=timeout_ms, expected_hash=expected, max_tp=max_tp,
                                        hint=releases.for_release(release, decode_sc.prefill.geometry())
                                        if decode_sc is not None else None)
+    if pp_size is None:
+        pp_size = decode_sc.prefill.pp_size if decode_sc is not None else 1
+    stages, stage_replies, stage_notes = probe_stages(host, port, release, ranks, pp_size, dp_rank=dp_rank,
+                                                      timeout_ms=timeout_ms, expected_hash=expected, max_tp=max_tp)
+    notes += stage_notes
     fmt = FORMATS[release.wire]
     ok = [r for r in ranks if r.status == "ok"]
     hazards: list[Hazard] = []
     statuses: list[str] | None = None  # each D rank's handshake outcome; None: no decode configuration
+    outcomes: list[Outcome] = []
     if decode_sc is not None and ok:
         p_inst = probed_instance(decode_sc.prefill, ranks, host, port, dp_rank, notes, release)
-        sc = msgspec.structs.replace(decode_sc, prefill=p_inst)
+        sc = msgspec.structs.replace(decode_sc, prefill=msgspec.structs.replace(p_inst, pp_size=pp_size))
         hazards = evaluate(sc, [release])
-        statuses = decode_statuses(sc, release, dict(enumerate(replies)), expected)
+        outcomes = decode_outcomes(sc, release, {**{(0, r): f for r, f in enumerate(replies)}, **stage_replies},
+                                   expected)
+        statuses = [o.status for o in outcomes]
     elif decode_sc is None:
         notes.append("no decode configuration (a scenario or --decode-* flags): hazards not evaluated")
     engines = sorted({r.engine_id for r in ok if r.engine_id})
@@ -372,7 +424,7 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
             notes.append(f"P rank {r.tp_rank}: compatibility hash {r.compat_hash} differs from the {release.name} "
                          f"decode's {r.compat_hash_expected}: a real {release.name} decode refuses it "
                          "(RuntimeError: NIXL compatibility hash mismatch, H17)")
-    unreadable = len(ok) < len(ranks)
+    unreadable = len(ok) < len(ranks) or any(r.status != "ok" for r in stages)
     # With a decode configuration, the handshake's own rule on the engine's outcomes (pdcheck.verdict): the
     # hazards explain, they do not decide. Without one, only what the replies themselves show.
     d_tp = decode_sc.decode.tp_size if decode_sc is not None else 0
@@ -385,21 +437,25 @@ def run(host: str, port: int, release: ReleaseModel, *, dp_rank: int = 0, tp_siz
         num_blocks_spread=spread([r.num_blocks for r in ok if r.num_blocks is not None]) if ok else None,
         decode=decode_from if decode_sc is not None else None, hazards=hazards, notes=notes, verdict=verdict,
         exit_code=verdict_rule.exit_code([verdict == "ok"]), decode_status=statuses,
-        verdicts=[RankVerdict(release=release.name, rank=verdict_rule.rank_label(i), status=st)
-                  for i, st in enumerate(statuses or [])],
+        verdicts=[RankVerdict(release=release.name, rank=verdict_rule.rank_label(i), status=o.status,
+                              detail="" if o.status == "ok" else verdict_detail(o) + _when(release, o),
+                              stage=None if o.handshake is None else f"handshake {o.handshake}",
+                              contacted=list(o.contacted), contacted_stages=list(o.contacted_stages))
+                  for i, o in enumerate(outcomes)],
+        pp_size=pp_size, stages=stages,
     )
 
 
 class _Replay:
-    """HandshakeIO over the replies the probe already read: a D rank's handshake flow runs in-process without
-    sending anything again, loading an agent or registering memory (probe stays read-only). A rank that was not
-    asked answers nothing, as a rank P lacks would."""
+    """HandshakeIO over the replies the probe already read, by (pp_rank, tp_rank): a D rank's handshake flow runs
+    in-process without sending anything again, loading an agent or registering memory (probe stays read-only).
+    A rank or stage that was not asked answers nothing, as one P lacks would."""
 
-    def __init__(self, replies: dict[int, list[bytes] | None]) -> None:
+    def __init__(self, replies: dict[tuple[int, int], list[bytes] | None]) -> None:
         self.replies = replies
 
-    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None) -> list[bytes]:
-        frames = self.replies.get(p_rank)
+    def fetch(self, fmt: WireFormat, p_rank: int, timeout_ms: int | None, pp_rank: int = 0) -> list[bytes]:
+        frames = self.replies.get((pp_rank, p_rank))
         if frames is None:
             raise FetchTimeout
         return frames
@@ -411,17 +467,19 @@ class _Replay:
         pass  # nothing is registered: the descriptor ids are all the verdict needs
 
 
-def decode_statuses(sc: Scenario, release: ReleaseModel, replies: dict[int, list[bytes] | None],
-                    local_hash: str | None) -> list[str]:
-    """Each D rank's outcome under `release` against the replies P gave: the pure engine, with the Local and
-    Params a `pdcheck handshake` D rank builds (handshake_ranks.decode_main)."""
+def decode_outcomes(sc: Scenario, release: ReleaseModel, replies: dict[tuple[int, int], list[bytes] | None],
+                    local_hash: str | None) -> list[Outcome]:
+    """Each D rank's outcome under `release` against the replies P gave, by (pp_rank, tp_rank): the pure engine,
+    with the Local and Params a `pdcheck handshake` D rank builds (handshake_ranks.decode_main), P's pipeline
+    stages included (the stages the release asks, shapes.asked_stages)."""
     d = sc.decode
     g = releases.registered_geometry(d.vllm, d.geometry(), [release])
-    params = Params(sc.remote_engine_id(), sc.params_tp_size(), release.wire, local_hash)
+    params = Params(sc.remote_engine_id(), sc.params_tp_size(), release.wire, local_hash,
+                    pp_size=sc.prefill.pp_size)
     out = []
     for r in range(d.tp_size):
         local = Local(d.engine_id, r, d.tp_size, d.blocks()[r], g, d.kv_cache_layout, d.device_id(r))
-        out.append(engine_run(release, local, params, _Replay(replies)).status)
+        out.append(engine_run(release, local, params, _Replay(replies)))
     return out
 
 
@@ -435,15 +493,19 @@ def render(rep: ProbeReport, console: Any) -> None:
     src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
     console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release}{src} (era {rep.wire}, "
                   f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
-    t = Table(title="Prefill ranks (as the side channel advertises them)")
-    for col in ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms"):
+    staged = rep.pp_size > 1
+    t = Table(title="Prefill ranks (as the side channel advertises them" +
+              (f"; P has {rep.pp_size} pipeline stages: (pp_rank, tp_rank))" if staged else ")"))
+    cols = ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms")
+    for col in (*cols, *(("regions", "layers") if staged else ())):
         t.add_column(col, overflow="fold")  # a narrow terminal folds a header onto two lines, never cuts it
-    for r in rep.prefill_ranks:
+    for r in [*rep.prefill_ranks, *rep.stages]:
         style = "green" if r.status == "ok" else "bold red"
         lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
-        t.add_row(str(r.tp_rank), Text(r.status, style=style), str(r.num_blocks or "-"), lens,
+        t.add_row(rank_text(r), Text(r.status, style=style), str(r.num_blocks or "-"), lens,
                   str(r.block_size or "-"), r.layout or "-", "-" if r.device_id is None else str(r.device_id),
-                  r.attn_backend or "-", "-" if r.reply_ms is None else f"{r.reply_ms:.1f}")
+                  r.attn_backend or "-", "-" if r.reply_ms is None else f"{r.reply_ms:.1f}",
+                  *((str(r.regions or "-"), ", ".join(r.layers or []) or "-") if staged else ()))
     console.print(t)
     ok = [r for r in rep.prefill_ranks if r.status == "ok"]
     if ok:
@@ -456,9 +518,9 @@ def render(rep: ProbeReport, console: Any) -> None:
             same = {r.hash_match for r in ok if r.compat_hash == h}
             tail = " (differs from the decode's)" if False in same else " (equals the decode's)" if True in same else ""
             console.print(f"  compatibility hash: {h}{tail}", highlight=False)
-    for r in rep.prefill_ranks:
+    for r in [*rep.prefill_ranks, *rep.stages]:
         if r.message:
-            console.print(Text(f"  P rank {r.tp_rank}: {r.message}", style="red"))
+            console.print(Text(f"  P rank {rank_text(r)}: {r.message}", style="red"))
     if rep.num_blocks_spread is not None:
         console.print(spread_line("num_blocks", rep.num_blocks_spread))
     ht = hazard_table(rep.hazards, f"Hazards against the decode configuration ({rep.decode})")
@@ -469,9 +531,24 @@ def render(rep: ProbeReport, console: Any) -> None:
     for n in rep.notes:
         console.print(Text(f"  note: {n}", style="dim"))
     if rep.decode_status is not None:
-        per = ", ".join(f"D{r} {s}" for r, s in enumerate(rep.decode_status))
+        per = ", ".join(f"{v.rank} {v.status}" + (f" (asked {contacted_text(v)})" if v.contacted_stages else "")
+                        for v in rep.verdicts)
         console.print(f"  decode handshakes as vLLM {rep.release}: {per}", highlight=False)
+        for v in rep.verdicts:
+            if v.detail:
+                console.print(Text(f"  {v.rank}: {v.detail}", style="red"))
     console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
+
+
+def _when(release: ReleaseModel, o: Outcome) -> str:
+    """When the refusal reaches the user, as handshake's report says it (shapes.when_raised)."""
+    w = shapes.when_raised(release, o.status, o.check)
+    return "" if w is None else f" ({w})"
+
+
+def rank_text(r: ProbeRank) -> str:
+    """A probed rank as the side channel keys it: "1", or "(0,1)" (pp_rank, tp_rank) with pipeline stages."""
+    return str(r.tp_rank) if r.pp_rank is None else f"({r.pp_rank},{r.tp_rank})"
 
 
 def release_from_url(url: str, timeout_s: float) -> str:

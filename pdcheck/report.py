@@ -136,7 +136,7 @@ def rank_verdicts(decode: list[DecodeRank], names: list[str], dp: bool) -> list[
             t = (d.transfer or {}).get(n)
             out.append(verdict.RankVerdict(
                 release=n, rank=verdict.rank_label(d.tp_rank, d.dp_rank, dp), status=v.status,
-                detail="" if v.status == "ok" else _detail(v) + _where(v) + (f" ({d.when[n]})" if n in d.when else ""),
+                detail="" if v.status == "ok" else verdict_detail(v) + (f" ({d.when[n]})" if n in d.when else ""),
                 stage=None if v.handshake is None else f"handshake {v.handshake}", contacted=list(v.contacted),
                 contacted_stages=list(v.contacted_stages),
                 proof=None if t is None else verdict.Proof(status=t.status, blocks=t.blocks, wrong=t.wrong)))
@@ -180,6 +180,11 @@ def contacted_text(v: m.Verdict) -> str:
     if v.contacted_stages:
         return "P" + ",".join(f"({s},{r})" for s, r in zip(v.contacted_stages, v.contacted, strict=False))
     return f"P{','.join(map(str, v.contacted)) or '-'}"
+
+
+def verdict_detail(v: m.Verdict) -> str:
+    """A failed verdict's one line: the exception or assert, and with pipeline stages on P where it stopped."""
+    return _detail(v) + _where(v)
 
 
 def _where(v: m.Verdict) -> str:

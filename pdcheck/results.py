@@ -45,6 +45,10 @@ class ProbeRank(msgspec.Struct, kw_only=True):
     compat_hash_expected: str | None = None  # what a D of this release with the decode configuration computes
     hash_match: bool | None = None
     out_of_bounds: str | None = None  # the advertised field out of bounds, or "reply" over the caps (garbled)
+    # P with pipeline stages (probe --prefill-pp): the stage whose metadata answered, asked by number from era H,
+    # before it the one the release's listener serves for a TP rank (releases.shapes); None: one stage
+    pp_rank: int | None = None
+    layers: list[str] | None = None  # the layer names the metadata carries (0.30+ region names), in order
 
 
 class Live(msgspec.Struct):

@@ -25,10 +25,12 @@ from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.envelope import write
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.geometry import Geometry
 from pdcheck.handshake_ranks import prefill_main
 from pdcheck.launcher import launcher
 from pdcheck.plan import ServePlan
 from pdcheck.progress import log_line
+from pdcheck.releases import shapes
 from pdcheck.releases.base import ReleaseModel
 from pdcheck.releases.params import block_ids_value, num_tokens, pull_keys
 from pdcheck.scenario import Scenario
@@ -38,6 +40,17 @@ class Endpoint(msgspec.Struct):
     host: str
     port: int
     ranks: list[int]  # the P TP ranks this listener answers for
+    stages: list[int] = msgspec.field(default_factory=lambda: [0])  # the P pipeline stages a request reaches here (releases.shapes: by era)
+
+
+class ServedStage(msgspec.Struct):
+    """One P pipeline stage as served: its layers and whether a request can reach its metadata (era H keys
+    every stage by (pp_rank, tp_rank); before it a TP rank's port answers with one stage, shapes.served_stage)."""
+
+    pp_rank: int
+    layers: list[int]  # [first, end) model layers this stage holds (vLLM's get_pp_indices)
+    regions: int  # the registered regions its metadata carries
+    served: bool
 
 
 class ServedRank(msgspec.Struct):
@@ -72,6 +85,8 @@ class Ready(msgspec.Struct):
     engine_tag: int  # the engine part of every coordinate tag (pdcheck.kvcache.engine_tag)
     version_url: str | None = None  # --api-port: GET answers {"version": release} as vLLM's /version does
     dp_ranks: list[Ready] = []  # prefill.dp_size > 1: each DP rank's document (this one is DP rank 0's)
+    pp_size: int = 1  # P's pipeline stages; each serves its own layers' metadata (stages)
+    stages: list[ServedStage] = []  # pp_size > 1: every stage, in pp_rank order
 
 
 def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, tag_blocks: int) -> dict[str, Any]:
@@ -86,7 +101,7 @@ def transfer_params(sc: Scenario, release: ReleaseModel, host: str, port: int, t
         "do_remote_prefill": True, "do_remote_decode": False,
         "remote_block_ids": block_ids_value(v, [ids]), "remote_engine_id": p.engine_id,
         "remote_request_id": "pdcheck-serve-0", "remote_host": host, "remote_port": port, "tp_size": p.tp_size,
-        "dcp_size": 1, "pp_size": 1,
+        "dcp_size": 1, "pp_size": p.pp_size,
         "remote_num_tokens": num_tokens(n, p.block_size),
         "remote_blocks_expiry_time": None,  # what a P node sends (only a D node exports an expiry)
         "remote_registration_generation": 0, "transfer_mode": "pull",
@@ -121,7 +136,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                     device_id=p.device_id(r), device=opts.device, host=host,
                     geometry=pg, kv_cache_layout=p.kv_cache_layout,
                     inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks,
-                    memory_layout=p.backend_layout)))
+                    memory_layout=p.backend_layout, pp_size=p.pp_size)))
                 for k, g in enumerate(groups) for r in range(tp)
             }
             ready = orc.await_ready(lau, list(ranks.values()), opts.start_timeout_s)
@@ -135,6 +150,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
             orc.await_serving(lau, ranks, listeners, opts.start_timeout_s)
             from pdcheck.kvcache import engine_tag
 
+            stages, reached = served_stages(release.wire, pg, p.pp_size)
             docs = []
             for k, g in enumerate(groups):
                 gp = g.scenario.prefill
@@ -149,11 +165,13 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                     event="ready", pid=os.getpid(), scenario=sc.name,
                     release=release.name, wire=release.wire, engine_id=gp.engine_id, host=host, base_port=base,
                     remote_port=rport, tp_size=tp, dp_rank=gp.dp_rank, compat_hash=chash,
-                    endpoints=[Endpoint(host, ls.port, ls.ranks) for r in range(tp) for ls in listeners[k * tp + r]],
+                    endpoints=[Endpoint(host, ls.port, ls.ranks, reached) for r in range(tp)
+                               for ls in listeners[k * tp + r]],
                     prefill_ranks=served,
                     kv_transfer_params=transfer_params(g.scenario, release, host, rport, opts.tag_blocks),
                     engine_tag=engine_tag(gp.engine_id),
-                    version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version"))
+                    version_url=None if api is None else f"http://{_bracket(host)}:{api.server_port}/version",
+                    pp_size=p.pp_size, stages=stages))
             on_ready(msgspec.structs.replace(docs[0], dp_ranks=docs) if sp.dp else docs[0])
             # From here a signal stops the serving loop, which stops the ranks and says what they served.
             with lifecycle.signals_recorded() as signalled:
@@ -188,6 +206,18 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
         if api is not None:
             api.shutdown()
             api.server_close()
+
+
+def served_stages(wire: str, g: Geometry, pp_size: int) -> tuple[list[ServedStage], list[int]]:
+    """Every P stage as a listener of era `wire` serves it (shapes.stage_metadata cuts the metadata per stage),
+    and the stages a request can reach: every one under (pp_rank, tp_rank) from era H, before it the one stage
+    a TP rank's port answers with (shapes.served_stage)."""
+    if pp_size <= 1:
+        return [], [0]
+    total = sum(gr.layers for gr in g.groups) if g.groups else g.layers
+    reached = list(range(pp_size)) if wire >= shapes.PP_STAGES_KEYED else [shapes.served_stage(wire, pp_size)]
+    return [ServedStage(s, list(shapes.pp_layers(total, pp_size, s)), len(shapes.stage_regions(g, pp_size, s)),
+                        s in reached) for s in range(pp_size)], reached
 
 
 def _bracket(host: str) -> str:
@@ -237,12 +267,19 @@ def _print_ready(doc: Ready, json_out: bool) -> None:
     from pdcheck.console import console
 
     c = console()
+    pp = f" x PP {doc.pp_size}" if doc.pp_size > 1 else ""
     c.print(f"[bold]pdcheck serve[/] {doc.scenario}: vLLM {doc.release} prefill (era {doc.wire}), engine "
-            f"{doc.engine_id}, TP {doc.tp_size}, pid {doc.pid}")
+            f"{doc.engine_id}, TP {doc.tp_size}{pp}, pid {doc.pid}")
     for d in doc.dp_ranks or [doc]:
         dp = f"DP rank {d.dp_rank} ({d.engine_id}): " if doc.dp_ranks else ""
         for e in d.endpoints:
             c.print(f"  {dp}side channel {e.host}:{e.port} answers for TP rank(s) {','.join(map(str, e.ranks))}")
+    for st in doc.stages:
+        first, end = st.layers
+        where = (f"served under ({st.pp_rank}, r) for each TP rank r" if len(doc.endpoints[0].stages) > 1 else
+                 "what each TP rank's port answers with" if st.served else
+                 "never served: a request names a TP rank only and its port answers with another stage")
+        c.print(f"  PP stage {st.pp_rank}: layers {first}..{end - 1} ({st.regions} region(s)); {where}")
     for r in doc.prefill_ranks:
         c.print(f"  P rank {r.tp_rank}: num_blocks {r.num_blocks}, device {r.device_id}, agent {r.agent_name}, "
                 f"blocks 0..{r.tagged_blocks - 1} tagged")

@@ -11,6 +11,20 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
 
+# The CLI runs here as on a pipe (a CI log): no window width. pytest-xdist's workers set COLUMNS=80 LINES=24, which
+# would wrap the reports the tests read; a test that wants a width sets its own.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The suite runs on pytest-xdist (`-n`, `--dist loadgroup`): Ray clusters on loopback share host ports that
+    `ray start` does not let us choose all of (its dashboard agent's, among others), so every Ray test runs on one
+    worker, one cluster at a time."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
 
 class Run:
     def __init__(self, proc: subprocess.CompletedProcess[str]) -> None:

@@ -194,6 +194,15 @@ def test_layout_mismatch() -> None:
     assert "not on the wire (era C)" in h.effects["0.10.0"]
 
 
+@pytest.mark.parametrize(("p_layout", "d_layout", "applies"), [
+    ("LBHNC", "HND", False), ("LBNHC", "NHD", False), ("LBHNC", "NHD", True), ("HND", "LBNHC", True)])
+def test_layout_names_compare_as_the_release_resolves_them(p_layout: str, d_layout: str, applies: bool) -> None:
+    """0.29+ metadata carries KVCacheLayout names (LBHNC is HND's): the same layout by either name is no H09."""
+    geo = {"tp_size": 1, "num_blocks": 512, "kv_heads": 4, "head_dim": 64}
+    sc = synth({**geo, "kv_cache_layout": p_layout}, {**geo, "kv_cache_layout": d_layout}, vllm=["0.34.0"])
+    assert by_id(sc)["H09"].applies is applies
+
+
 def test_mla_has_no_layout_hazard_and_hangs_090() -> None:
     hz = by_id(bundled("mla"))
     assert not hz["H09"].applies and not hz["H08"].applies

@@ -52,8 +52,8 @@ class StageIO:
         pass
 
 
-def _run(rel: ReleaseModel, r: int = 1) -> tuple[Any, list[tuple[int, int]]]:
-    wire = "H34" if rel is CORRECTED else rel.wire
+def _run(rel: ReleaseModel, r: int = 1, p_wire: str | None = None) -> tuple[Any, list[tuple[int, int]]]:
+    wire = p_wire or ("H34" if rel is CORRECTED else rel.wire)
     h = compat_hash_for(rel if rel is not CORRECTED else resolve("0.34.0"), G, "pdcheck/fake-model")
     io = StageIO(wire, h, [])
     local = Local("decode", r, 2, 64, G, "HND", r, model="pdcheck/fake-model")
@@ -114,6 +114,15 @@ def test_corrected_reads_every_stage() -> None:
     out, asked = _run(CORRECTED)
     assert out.status == "ok" and asked == [(0, 1), (1, 1)]
     assert out.contacted_stages == [0, 1]
+
+
+@pytest.mark.parametrize(("p_wire", "stage"), [("B", 0), ("G", 1), ("G24", 1)])
+def test_corrected_refuses_a_p_serving_one_stage_per_port(p_wire: str, stage: int) -> None:
+    """Before era H a request names a TP rank only: asking again returns the same stage, never the others."""
+    out, asked = _run(CORRECTED, p_wire=p_wire)
+    assert (out.status, out.exception, out.check) == ("error", "RuntimeError", shapes.PP_STAGES_CHECK)
+    assert out.message == shapes.stages_unreachable(p_wire, 2) and asked == []
+    assert f"(era {p_wire}) serves one stage per port" in out.message and f"stage {stage} answers" in out.message
 
 
 @pytest.mark.parametrize("rel", [r for r in MODELLED if r.number >= (0, 9, 1)], ids=lambda r: r.name)

@@ -197,3 +197,76 @@ def test_vllms_own_decode_handshake_against_serve(release):
             assert list(names.values()) == [f"prefill-engine-p{rank}"]
     assert [m.num_blocks for m in added] == [3008, 2992]
     assert [m.engine_id for m in added] == ["prefill-engine"] * 2
+
+
+def _assert_in(release: str, function: str, text: str) -> Any:
+    """The release's own `assert` statement inside `function` whose message holds `text`, compiled to run
+    against stand-in locals."""
+    tree = ast.parse(_segment(release, function))
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.Assert) and n.msg is not None
+                and text in ast.unparse(n.msg))
+    return compile(ast.Module([node], []), f"<vllm {release} {function} assert>", "exec")
+
+
+@pytest.mark.parametrize("release", ["0.26.0", "0.34.0"])
+def test_vllms_own_decode_fetches_stage_0_of_a_pp2_serve_and_refuses_it(release):
+    """serve of a P with 2 pipeline stages (scenario pp2-prefill-only); vLLM's own `_nixl_handshake` asks the stages
+    P's kv_transfer_params name (0.34: pp_size 2, stage 0 first; 0.26: no pp_size, stage 0 only) and gets stage
+    (0, r)'s metadata: half of D's layers. Then the release's own refusal of it: 0.34's `_pair_regions` (the
+    RuntimeError naming the layer stage 0 lacks), 0.26's layer-count assert (_validate_remote_agent_handshake)."""
+    from test_live import serve
+
+    from pdcheck.nixlagent import Agent
+
+    if not (Path(SRC or "") / release).is_dir():
+        pytest.skip(f"{release} not unpacked under PDCHECK_VLLM_SRC")
+    ns = with_vllm_handshake(release)
+    layers = ["model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"]
+    if release >= "0.34":
+        for name in ("_region_sort_key", "_pair_regions"):
+            exec(compile(_segment(release, name), f"<vllm {release} {name}>", "exec"), ns)  # noqa: S102
+        shared = next(line for path in _sources(release) for line in path.read_text().splitlines()
+                      if line.startswith("_SHARED_REGION_GROUP_ID ="))  # the module constant, as written
+        exec(shared, ns)  # noqa: S102
+        ns.update(re=__import__("re"), defaultdict=__import__("collections").defaultdict)
+    check = None if release >= "0.34" else _assert_in(release, "_validate_remote_agent_handshake",
+                                                             "Number of KV layers")
+    agent = Agent("vllm-decode-pp")
+    with serve("pp2-prefill-only", "--vllm", release) as s:
+        pp_size = s.doc["kv_transfer_params"].get("pp_size", 1)  # what D's request metadata reads from P's params
+        assert pp_size == (2 if release >= "0.34" else 1)
+        for rank in (0, 1):
+            got: list[Any] = []
+            me = SimpleNamespace(
+                compat_hash=s.doc["compat_hash"], enforce_compat_hash=True, block_size=16, use_host_buffer=True,
+                device_id=rank, _is_csa_linear=False, _validate_remote_parallel_config=lambda _m: None,
+                kv_topo=SimpleNamespace(get_target_remote_rank=lambda _tp, r=rank: r),
+                transfer_topo=SimpleNamespace(handshake_target_ranks=lambda *_a, r=rank: [r]),
+                # D (PP 1) holds both layers, one region each
+                pp_size=1, _regions_by_layer={n: [i] for i, n in enumerate(layers)}, _packed_member_layouts={},
+                kv_cache_config=SimpleNamespace(transfer_group_index_by_layer=dict.fromkeys(layers, 0)),
+                block_len_per_layer=[s.doc["prefill_ranks"][rank]["block_len"]] * 2, _has_mamba=False)
+
+            def add_remote_agent(metadata: Any, *_args: Any, me: Any = me, got: list[Any] = got) -> str:
+                got.append(metadata)
+                if "_pair_regions" in ns:
+                    ns["_pair_regions"](me, metadata)  # 0.34's add_remote_agent pairs regions by layer first
+                else:
+                    exec(check, {"self": me, "nixl_agent_meta": metadata})  # noqa: S102
+                return agent.add_remote(metadata.agent_metadata)
+
+            me.add_remote_agent = add_remote_agent
+            if release >= "0.34":
+                with pytest.raises(RuntimeError, match=r"Engine prefill does not hold the KV layers "
+                                                       r"\['model\.layers\.1\.self_attn\.attn'\]\."):
+                    ns["_nixl_handshake"](me, "127.0.0.1", s.doc["base_port"], 2, "prefill", remote_pp_size=pp_size)
+                assert [m.region_names for m in got] == [[layers[0]]]  # stage (0, rank): layer 0 only
+            else:
+                with pytest.raises(AssertionError, match="Number of KV layers must match"):
+                    ns["_nixl_handshake"](me, "127.0.0.1", s.doc["base_port"], 2, "prefill", remote_pp_size=pp_size)
+                assert [len(m.block_lens) for m in got] == [1]  # stage (0, rank): one of D's two layers
+        s.proc.send_signal(__import__("signal").SIGTERM)
+        s.proc.wait(30)
+        err = s.proc.stderr.read().decode()
+    asked = [line.split("request ")[1].split(" tp_rank")[0] for line in err.splitlines() if " request " in line]
+    assert asked == ["['get_meta_msg', 0, 0]", "['get_meta_msg', 0, 1]"]  # stage 0 of each TP rank, nothing more

@@ -95,7 +95,7 @@ def _releases() -> list[str]:
     out = []
     for text in [*(f"0.{m}.0" for m in range(9, 35)), "0.9.1", "0.9.2", "0.10.1", "0.10.1.1", "0.11.1", "0.25.1"]:
         out.append(resolve(text).name)
-    return sorted(set(out), key=version_tuple)
+    return sorted(set(out), key=lambda v: (version_tuple(v), v))  # version_tuple ties 0.10.1 and 0.10.1.1
 
 
 @pytest.fixture(scope="module")

@@ -165,6 +165,20 @@ def test_push_lost_completion_scenario_real_writes_and_table_agrees_with_json(pd
     assert "push mode" in table.out and "freed on P's WRITE done" in table.out and table.code == 1
 
 
+def test_a_late_notification_kills_0_10_0s_prefill_engine(pdcheck):
+    """0.10.0's P raises KeyError on a done notification for blocks its abort timeout freed: the engine core dies
+    (the release's log text), admits nothing more; the real ranks and the model agree."""
+    doc = pdcheck("requests", "--vllm", "0.10.0", "--requests", "4", "--rate", "1", "--lease", "1.6", "--fault",
+                  "delay-notif:2.2:0", "--json", timeout=120).json()
+    rel = doc["releases"][0]
+    assert [r["verdict"] for r in rel["rows"]] == ["delivered", "delivered", "delivered", "hang"]
+    assert rel["model_agrees"] and "engine core died" in rel["rows"][3]["detail"]
+    acc = rel["accounting"]
+    assert (acc["freed"], acc["expired"], acc["late_notifs"], acc["engine_died"]) == (2, 1, 1, 1)
+    assert any(e.startswith("EngineCore encountered a fatal error. KeyError: 'req-") for e in rel["notif_errors"])
+    assert doc["corrected"]["accounting"]["engine_died"] == 0
+
+
 def test_push_faults_on_real_ranks_match_the_model(pdcheck):
     doc = pdcheck("requests", "--vllm", "0.34.0", "--mode", "push", "--requests", "6", "--lease", "0.4",
                   "--fault", "slow-decode:1.2:1", "--fault", "bad-params:reused-ids:2", "--fault",

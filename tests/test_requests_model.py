@@ -213,6 +213,22 @@ def test_delayed_notification_past_the_lease_is_late_and_heartbeats_count() -> N
     assert acc.heartbeats == 0 and acc.late_notifs == 4
 
 
+def test_a_late_notification_kills_0_10_0s_engine_core() -> None:
+    """0.10.0's P raises KeyError on a done notification for blocks the abort timeout freed: its engine core dies,
+    so it frees and admits nothing after it (later requests hang, what it held stays held); 0.10.1 logs it."""
+    faults = parse_all(["delay-notif:0.7:0", "slow-decode:0.6:1"], 4)  # request 1 read at 1.1 s, after the death
+    out, acc = simulate(line_of("0.10.0"), 4, 2.0, 2, 4, 5.0, faults)
+    assert (acc.late_notifs, acc.engine_died, acc.expired, acc.freed) == (0, 0, 0, 4)  # no expiry yet: nothing late
+    out, acc = simulate(line_of("0.10.0"), 4, 2.0, 2, 4, 0.3, faults)
+    assert (acc.late_notifs, acc.engine_died, acc.expired, acc.freed) == (1, 1, 1, 0)
+    assert [o.verdict for o in out] == ["delivered", "delivered", "hang", "hang"]
+    assert acc.held == 1  # request 1's blocks: its notification came after P died, its expiry never runs
+    out, acc = simulate(line_of("0.10.1"), 4, 2.0, 2, 4, 0.3, faults)
+    assert (acc.late_notifs, acc.engine_died) == (2, 0) and [o.verdict for o in out] == [
+        "delivered", "freed-early", "delivered", "delivered"]
+    assert line_of("0.10.0").late_notif == "raises" and line_of("0.10.1").late_notif == "logged"
+
+
 def test_failure_policy_applies_from_0_13() -> None:
     from pdcheck.requests.lines import with_policy
 
@@ -532,6 +548,8 @@ def test_log_texts_start_where_the_wheels_print_them() -> None:
         "NIXL transfer failure: transfer_failed | Context:")
     assert texts.skipping("0.21.0", "r") is None and texts.skipping("0.22.0", "r") == (
         "Skipping KV post-processing for failed request r")
-    assert texts.unrecognized("0.9.2", "r") is None and texts.unrecognized("0.10.0", "r") == (
+    assert texts.unrecognized("0.10.0", "r") is None  # 0.10.0's P raises KeyError instead: texts.engine_died
+    assert texts.engine_deaths([texts.engine_died("r"), "other"]) == 1
+    assert texts.unrecognized("0.9.2", "r") is None and texts.unrecognized("0.10.1", "r") == (
         "Potentially invalid KV blocks for unrecognized request r were retrieved by a decode worker. They may "
         "have expired.")

@@ -50,6 +50,58 @@ def test_dp_engine_id_suffix_only_with_dp() -> None:
     assert ports.dp_engine_id("prefill", 0, 1) == "prefill"
 
 
+def test_dp_engine_ids_follow_each_release() -> None:
+    """0.9.0's engine core keeps the configured id on every DP rank; from 0.9.1 each gets `_dp<N>`: a plan of one
+    release names the sub-pairs' engines so, a matrix keeps the suffix."""
+    assert ports.dp_engine_id("P", 1, 2, resolve("0.9.0")) == "P"
+    assert ports.dp_engine_id("P", 1, 2, resolve("0.9.1")) == "P_dp1"
+    plan = build(_dp2(vllm=["0.9.0"]), None, RunOptions())
+    assert [(g.plan.scenario.prefill.engine_id, g.plan.scenario.decode.engine_id, g.plan.kv_owner)
+            for g in plan.dp] == [("P", "D", "P"), ("P", "D", "P")]
+    plan = build(_dp2(vllm=["0.9.0", "0.9.1"]), None, RunOptions())
+    assert [g.plan.scenario.prefill.engine_id for g in plan.dp] == ["P_dp0", "P_dp1"]
+
+
+def test_dp_configured_id_undoes_each_release_suffix() -> None:
+    r90, r91 = resolve("0.9.0"), resolve("0.9.1")
+    assert ports.dp_configured_id("P_dp1", r91) == "P" and ports.dp_configured_id("P_dp1", r90) == "P_dp1"
+    assert ports.dp_configured_id("P_dpx", r91) == "P_dpx" and ports.dp_configured_id("P", r91) == "P"
+    rt = ports.DpRoute(1, 1, 0, "prefill")
+    assert ports.dp_route_ids(_dp2(), rt, r90, r90) == ("P", "P")
+    assert ports.dp_route_ids(_dp2(), rt, r91, r91) == ("P_dp1", "P_dp0")
+
+
+def _dp_probe(ids: list[str]) -> list[Any]:
+    from pdcheck.probe import ProbeReport
+    from pdcheck.results import ProbeRank
+
+    return [ProbeReport(endpoint="h:1", release="x", release_source="--vllm", wire="A", dp_rank=k, ports=[k],
+                        prefill_ranks=[ProbeRank(tp_rank=0, port=k, status="ok", engine_id=e)], num_blocks_spread=None,
+                        decode=None, hazards=[], notes=[], verdict="ok", exit_code=0) for k, e in enumerate(ids)]
+
+
+def test_dp_notes_read_the_release_engine_ids() -> None:
+    """0.9.0's DP ranks all answer for the configured id: nothing to note; from 0.9.1 the same id on two DP
+    ranks, or a rank without its suffix, means the ports reach the wrong DP rank."""
+    from pdcheck.probe import dp_notes
+
+    assert dp_notes(_dp_probe(["P", "P"]), 2, resolve("0.9.0")) == []
+    assert dp_notes(_dp_probe(["P_dp0", "P_dp1"]), 2, resolve("0.9.1")) == []
+    notes = dp_notes(_dp_probe(["P", "P"]), 2, resolve("0.9.1"))
+    assert "answers for 'P', not 'P_dp0'" in notes[0] and "same engine 'P'" in notes[-1]
+    assert "not 'P_dp1'" in dp_notes(_dp_probe(["P_dp0", "P_dp0"]), 2, resolve("0.14.0"))[0]
+
+
+def test_h20_on_0_9_0_the_wrong_dp_rank_answers_for_the_same_engine() -> None:
+    hz = _hz(_dp2(kv_transfer_params={"dp_port": "dp0"}), "0.9.0")["H20"]
+    assert hz.applies and "expects 'P', reaches 'P' (prefill DP rank 0)" in hz.detail
+    assert "wrong KV, no error" in hz.effects["0.9.0"] and "KeyError" not in hz.effects["0.9.0"]
+    assert "expected 'P_dp1'" in hz.effects[CORRECTED.name]
+    hz = _hz(_sc({"dp_size": 2, "side_channel_host_set": False}, {"dp_size": 2}), "0.9.0")["H20"]
+    assert hz.effects["0.9.0"].endswith("its own id 'D': AssertionError: Conflict engine id found!")
+    assert not _hz(_dp2(), "0.9.0")["H20"].applies
+
+
 def test_routes_round_robin_explicit_dp0_and_host_unset() -> None:
     sc = _sc({"dp_size": 2}, {"dp_size": 4})
     assert [(r.routed, r.reached, r.reached_side) for r in ports.dp_routes(sc)] == [

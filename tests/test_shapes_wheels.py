@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pdcheck import ports
 from pdcheck.releases import hybrid, multinode, resolve, shapes
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
@@ -30,11 +31,14 @@ def _flat(text: str) -> str:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_dp_engine_id_suffix(release: str) -> None:
+    """Whether the engine core names each DP rank's engine `<id>_dp<N>` (0.9.1+) or keeps the configured id for
+    every DP rank (0.9.0), as ports.dp_engine_id says for the release."""
     src = _text(release, "v1/engine/*.py")
-    if _v(release) < (0, 9, 1):  # 0.9.0's engine core keeps the configured id for every DP rank
-        assert not re.search(r"_dp\{(local_dp_rank|dp_rank)\}", src)
-        pytest.xfail("0.9.0 gives no _dp<N> suffix; pdcheck's ports.dp_engine_id adds it for every release")
-    assert re.search(r'engine_id\}_dp\{(local_dp_rank|dp_rank)\}', src), "no _dp<N> engine-id suffix"
+    suffixed = bool(re.search(r'engine_id\}_dp\{(local_dp_rank|dp_rank)\}', src))
+    assert suffixed or not re.search(r"_dp\{(local_dp_rank|dp_rank)\}", src)
+    want = "E_dp1" if suffixed else "E"
+    assert ports.dp_engine_id("E", 1, 2, resolve(release)) == want
+    assert ports.dp_engine_id("E", 0, 1, resolve(release)) == "E"
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -18,6 +18,9 @@ EPILOG = f"""[bold]Examples[/]
   pdcheck probe p-node:5600 --vllm 0.26.0 --prefill-tp 4 \\
       --scenario my.toml --json
   [dim]# release read from P's API server before any side-channel request[/]
+  [dim]# a prefill with 2 pipeline stages: every (pp_rank, tp_rank) asked[/]
+  pdcheck probe p-node:5600 --vllm 0.34.0 --prefill-tp 2 --pp-size 2 \\
+      --scenario pp2-prefill-only
   pdcheck probe p-node:5600 --vllm auto \\
       --version-url http://p-node:8000/version
   [dim]# an SGLang prefill's bootstrap server, its release read from it[/]
@@ -49,6 +52,10 @@ def register(app: typer.Typer) -> None:
         dp_size: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
                                     help="Ask N DP ranks from --dp-rank on, each at its own side-channel port, and "
                                          "check their engine ids (_dp<N>).")] = 1,
+        pp_size: Annotated[int | None, Opt(metavar="N", rich_help_panel=PROBE, show_default=False,
+                                           help="P's pipeline stages: from 0.26 each stage's metadata is asked "
+                                                "under (pp_rank, tp_rank) (default: the scenario's prefill.pp_size, "
+                                                "else 1; a stage P lacks kills its listener).")] = None,
         tp_size: Annotated[int | None, Opt("--tp-size", hidden=True, show_default=False,
                                            help="The same as --prefill-tp (the older spelling).")] = None,
         timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=PROBE,
@@ -75,6 +82,7 @@ def register(app: typer.Typer) -> None:
         p_tp = overrides.get("prefill", {}).get("tp_size")  # --prefill-tp: P's TP size (default: discovered)
         outcome = fw.probe({"endpoint": endpoint, "releases": rels, "overrides": overrides,
                             "decode_sglang": decode_sglang, "dp_rank": dp_rank, "dp_size": dp_size,
+                            "pp_size": pp_size,
                             "tp_size": p_tp if p_tp is not None else tp_size, "timeout": timeout,
                             "max_tp": max_tp, "version_url": version_url, "scenario": scenario})
         emit("probe", fw.name, outcome, json_out)

@@ -94,6 +94,7 @@ class SGLang(Framework):
     def probe(self, o: dict[str, Any]) -> Outcome:
         from pdcheck.sglang import probe as sp
 
+        unsupported(self, {"--pp-size": o.get("pp_size")}, "docs/sglang.md")
         rep = sp.probe_report(o["endpoint"], o["releases"], o["decode_sglang"], o["scenario"], o["timeout"])
         return Outcome(rep.exit_code, rep, lambda console: sp.render(rep, console))
 

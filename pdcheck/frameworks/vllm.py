@@ -222,12 +222,15 @@ class VLLM(Framework):
             raise BadInput("--dp-rank must be >= 0 and --prefill-tp >= 1")
         if not 1 <= dp_size <= b.MAX_DP_SIZE:
             raise BadInput(f"--dp-size: {dp_size} is out of range (1 to {b.MAX_DP_SIZE})")
+        pp_size = o.get("pp_size")
+        if pp_size is not None and not 1 <= pp_size <= b.MAX_PP_SIZE:
+            raise BadInput(f"--pp-size: {pp_size} is out of range (1 to {b.MAX_PP_SIZE})")
         decode_sc, where = pr.decode_config(o["scenario"], o["overrides"])
         kw = dict(tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)), decode_sc=decode_sc, decode_from=where,
-                  release_source=source, max_tp=max_tp)
+                  release_source=source, max_tp=max_tp, pp_size=pp_size)
         if dp_size > 1:
             reps = [pr.run(host, port, release, dp_rank=k, **kw) for k in range(dp_rank, dp_rank + dp_size)]
-            notes = pr.dp_notes(reps, dp_size)
+            notes = pr.dp_notes(reps, dp_size, release)
             code = verdict.exit_code([r.exit_code == 0 for r in reps] + [not notes])
             dp_rep = pr.DpProbeReport(endpoint=f"{host}:{port}", dp_size=dp_size, dp_ranks=reps, notes=notes,
                                       exit_code=code, verdicts=[

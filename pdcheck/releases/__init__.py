@@ -82,6 +82,15 @@ REPRESENTATIVES = ("0.9.0", "0.9.1", "0.9.2", "0.10.0", "0.10.1", "0.11.0", "0.1
                    "0.16.0", "0.18.0", "0.20.0", "0.21.0", "0.22.0", "0.24.0", "0.26.0", "0.28.0", "0.29.0",
                    "0.30.0", "0.31.0", "0.32.0", "0.33.0", "0.34.0")
 MODELLED = [resolve(v) for v in REPRESENTATIVES]
+SUITE_FROM = (0, 9, 1)  # the wheel suites read releases from here (0.9.0's connector is the first one, read apart)
+
+
+def suite_releases() -> list[str]:
+    """The releases whose wheels the opt-in fidelity suites read (CI picks from these): the first release of
+    every line in TABLE from SUITE_FROM, and the x.y.0 of every minor the table models after it."""
+    picks = {f for f in TABLE.firsts() if f >= SUITE_FROM}
+    picks |= {(0, m, 0) for m in range(SUITE_FROM[1] + 1, TABLE.last[1] + 1) if TABLE.at((0, m, 0)) is not None}
+    return [".".join(map(str, v)) for v in sorted(picks)]
 
 
 def resolve_many(text: str, where: str = "--vllm") -> list[ReleaseModel]:

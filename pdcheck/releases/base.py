@@ -210,6 +210,9 @@ class ReleaseModel:
     # How FlashAttention lays out and registers KV (geometry.KVRegions): "split" K and V regions up to 0.22,
     # "blocks_first" [num_blocks, 2, ...] from 0.23, "packed" [num_blocks, heads, block_size, 2 * head_dim] from 0.26.
     fa_kv_regions: str = "split"
+    # The engine core names each DP rank's engine `<engine_id>_dp<N>` when dp_size > 1 (v1/engine/core.py, from
+    # 0.9.1); 0.9.0's keeps the configured id for every DP rank (ports.dp_engine_id).
+    dp_engine_suffix: bool = True
 
     @property
     def number(self) -> tuple[int, int, int]:

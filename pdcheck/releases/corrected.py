@@ -92,7 +92,7 @@ def _head_split(c: Ctx) -> bool:
 
 def _layout_ok(c: Ctx) -> bool:
     """Equal layouts, or (enable_permute_local_kv) a heads-first P whose slices D permutes into its own layout."""
-    if rules.layout_enum(c.meta.kv_cache_layout) == rules.layout_enum(c.local.kv_cache_layout):
+    if rules.same_layout(c.meta.kv_cache_layout, c.local.kv_cache_layout):
         return True
     return c.local.permute_local_kv and heads_first(c.meta.kv_cache_layout or "")
 

@@ -341,11 +341,18 @@ def layout_enum(value: str | None) -> str | None:
     return LAYOUT_ENUM.get(value, value) if value is not None else None
 
 
+def same_layout(remote: str | None, local: str | None) -> bool:
+    """The one layout comparison (0.29+ and the corrected D): 0.29+ metadata carries KVCacheLayout names and D
+    resolves its own layout to one (vLLM reads HND/NHD as LBHNC/LBNHC), so an old-style name and its enum
+    name are the same layout; before 0.29 both sides carry the old strings, which this leaves as they are."""
+    return layout_enum(remote) == layout_enum(local)
+
+
 def permute_active(c: Ctx) -> bool:
     """enable_permute_local_kv took effect: the layouts differ and the release accepted it (its layout check
     passed), so it reads P's heads-first slices and permutes every received block into its own layout."""
     return (c.local.permute_local_kv and not c.local.use_mla
-            and layout_enum(c.meta.kv_cache_layout) != layout_enum(c.local.kv_cache_layout))
+            and not same_layout(c.meta.kv_cache_layout, c.local.kv_cache_layout))
 
 
 def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111,
@@ -361,7 +368,7 @@ def layout_check(*, enum_names: bool, message: object = MSG_LAYOUT_111,
 
     def ok(c: Ctx) -> bool:
         if enum_names:
-            same = layout_enum(c.meta.kv_cache_layout) == layout_enum(c.local.kv_cache_layout)
+            same = same_layout(c.meta.kv_cache_layout, c.local.kv_cache_layout)
         else:
             same = c.meta.kv_cache_layout == c.local.kv_cache_layout
         if same or permute is None or not c.local.permute_local_kv:

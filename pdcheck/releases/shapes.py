@@ -108,6 +108,20 @@ def served_stage(wire: str, pp_size: int) -> int:
     return pp_size - 1 if wire >= "F" else 0
 
 
+PP_STAGES_CHECK = "pp_stages_served"  # the corrected D's check that P serves every stage it must read
+
+
+def stages_unreachable(wire: str, p_pp: int) -> str | None:
+    """The corrected D's refusal where P's side channel cannot give it every stage's metadata: before era H a
+    request names a TP rank only and each port answers with one stage (served_stage), so asking again returns
+    the same stage and the other stages' layers stay out of reach. None: one stage, or every stage is served."""
+    if p_pp <= 1 or wire >= PP_STAGES_KEYED:
+        return None
+    return (f"refused: P has {p_pp} pipeline stages, but its side channel (era {wire}) serves one stage per port "
+            f"(a request names a TP rank only; stage {served_stage(wire, p_pp)} answers every one): the corrected D "
+            "cannot read every stage's layers")
+
+
 def params_pp_size(rel: ReleaseModel, p_pp: int) -> int | None:
     """kv_transfer_params["pp_size"] as pull P sends it, or None where P's params carry no pp_size."""
     return p_pp if "pp_size" in pull_keys(rel.number) else None

@@ -21,5 +21,6 @@ MODEL = ReleaseModel(
         rules.prep_if_target(with_replication=False, device="local_rank"),
     ),
     notif="{req}",
+    dp_engine_suffix=False,  # every DP rank's engine keeps the configured id
     summary="per-rank ports, same-rank handshake, no metadata checks beyond the engine-id conflict",
 )

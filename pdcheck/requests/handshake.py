@@ -35,9 +35,10 @@ MAX_PER_POLL = 16  # requests answered per look (D sends one per handshake)
 
 
 class SideLog(msgspec.Struct):
-    """A line's handshakes: where D found P's side channel, the wire it spoke, how many D made."""
+    """A line's handshakes: where D found P's side channel, the wire it spoke, how many D made (every D rank's
+    together: on a TP or DP shape each D rank handshakes with each engine it meets)."""
 
-    endpoint: str
+    endpoint: str  # every endpoint reached, comma-separated (a P DP rank each), in the order first reached
     wire: str
     handshakes: int
     failed: str = ""  # the first failed handshake's reason ("" when none failed)

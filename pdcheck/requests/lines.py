@@ -7,6 +7,8 @@ pull_worker.py; config/kv_transfer.py), listed in docs/release-models.md and doc
   returns).
 * done notification: 0.9.0 "{req}"; 0.9.1-0.12 "{req}:{tp_ratio}"; 0.13 "{remote_request_id}:{tp_ratio}";
   0.14 "{remote_request_id}:{world}"; 0.34 "{remote_request_id}:{expected_consumers}" (and "HB:<ids>" heartbeats).
+* a done notification after the expiry freed the blocks: 0.10.0's P raises KeyError in _get_new_notifs and its
+  engine core dies (texts.ENGINE_DIED); 0.10.1+ log it (texts.UNRECOGNIZED) and go on.
 * freeing without a notification: never before 0.10 (a leak); VLLM_NIXL_ABORT_REQUEST_TIMEOUT 120 s in 0.10.x
   and 0.11.0, 480 s from 0.11.1 ("Releasing expired KV blocks for request %s which were retrieved by %d decode
   worker(s) within %d seconds."); from 0.22 a lease, kv_lease_duration (30 s), renewed by D's heartbeats every
@@ -62,6 +64,9 @@ class Lifecycle(msgspec.Struct, frozen=True):
     failure_log: str  # what the release logs for a failed READ
     missing_request_id: str  # "n/a" | "hang" | "recompute": params without remote_request_id
     engine_id_checked: bool  # 0.10+: the handshake refuses metadata of another engine id
+    # A done notification for blocks the expiry already freed: "logged" (P logs it and goes on; 0.10.1+), or
+    # "raises" (0.10.0: _get_new_notifs' `del self._reqs_to_send[req_id]` raises KeyError, the engine core dies).
+    late_notif: str = "logged"
 
     @property
     def notif_key(self) -> str:
@@ -102,6 +107,9 @@ _FACTS: tuple[Lifecycle, ...] = (
     Lifecycle("0.9.0", (0, 9, 0), (), "{req}", "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
     Lifecycle("0.9.1", (0, 9, 1), (), _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
     Lifecycle("0.10.0", (0, 10, 0), (), _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
+              _ABORT_LOG, False, "crash", _CRASH, "n/a", True, late_notif="raises"),
+    # the same facts; _get_new_notifs logs a notification for a request it no longer holds (texts.UNRECOGNIZED)
+    Lifecycle("0.10.1", (0, 10, 1), (), _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "crash", _CRASH, "n/a", True),
     Lifecycle("0.11.1", (0, 11, 1), (), _NOTIF_N, "abort-timeout", 480.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "recompute", _RECOMPUTE, "n/a", True),

@@ -49,6 +49,7 @@ class Accounting(msgspec.Struct):
     restarts: int = 0  # restart-p: P processes replaced
     lost: int = 0  # requests whose blocks died with a replaced P (neither freed nor expired)
     d_freed_in_flight: int = 0  # abort-d: requests whose D blocks were freed under their in-flight READ
+    engine_died: int = 0  # P's engine core died on a late notification (lines.Lifecycle.late_notif "raises")
 
 
 class PRankAccount(msgspec.Struct):
@@ -202,8 +203,11 @@ def held_for(faults: tuple[Fault, ...], req: int, d_rank: int | None = None) -> 
     return (hold.seconds if hold else 0.0), False
 
 
-def hang_detail(line: Lifecycle, pool: int) -> str:
+def hang_detail(line: Lifecycle, pool: int, engine_died: bool = False) -> str:
     """Why a request never got blocks, and until when it would wait."""
+    if engine_died:
+        return ("P's engine core died on a late done notification (KeyError, P's log below): nothing admits the "
+                "request")
     until = ("forever: nothing frees unread blocks before 0.10 (no VLLM_NIXL_ABORT_REQUEST_TIMEOUT)"
              if line.expiry == "none" else f"until {line.expiry_knob} frees them")
     return f"P's {pool} KV blocks stayed held by earlier requests: the request waits for free blocks {until}"
@@ -282,8 +286,9 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         admit(t)
 
     def admit(t: float) -> None:
-        """Waiting requests take free blocks in arrival order (vLLM's scheduler waits for free blocks)."""
-        while waiting and len(free) >= blocks_per_request and running(t):
+        """Waiting requests take free blocks in arrival order (vLLM's scheduler waits for free blocks); a dead
+        P's scheduler takes none (they hang)."""
+        while waiting and len(free) >= blocks_per_request and running(t) and not acc.engine_died:
             i = waiting.pop(0)
             blocks = [free.pop(0) for _ in range(blocks_per_request)]
             for b in blocks:
@@ -477,20 +482,24 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         elif kind == "read":
             read(i, t)
         elif kind == "notif":
+            if acc.engine_died:
+                continue  # nothing reads notifications any more
             if reqs[i].holding:
                 release(i, t)
                 acc.freed += 1
             else:
                 acc.late_notifs += 1
+                # 0.10.0: _get_new_notifs raises KeyError: P's engine core dies, holding what it held
+                acc.engine_died = int(line.late_notif == "raises")
         elif kind == "expire":
             r = reqs[i]
-            if not running(t):
+            if not running(t) or acc.engine_died:
                 continue  # the run ended first: P still holds them
             if r.holding and t >= r.deadline:
                 release(i, t)
                 acc.expired += 1
     for i in waiting:
-        out[i] = Outcome(i, "hang", hang_detail(line, pool))
+        out[i] = Outcome(i, "hang", hang_detail(line, pool, bool(acc.engine_died)))
     count_still_held(reqs.values(), acc)
     return [out[i] for i in range(group[0], requests, group[1])], acc
 

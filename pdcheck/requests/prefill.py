@@ -57,6 +57,7 @@ class RequestsP(RequestsRole):
         held: dict[int, _Held] = {}
         waiting: deque[int] = deque()
         late = beats = 0
+        dead = False  # the engine core died (0.10.0's KeyError on a late notification): nothing more is done
         errors: list[str] = []
         by_id: dict[str, int] = {}
         epoch = 0  # which line of the run: request ids differ between lines
@@ -78,7 +79,7 @@ class RequestsP(RequestsRole):
 
         def admit() -> None:
             nonlocal next_expiry
-            take = min(len(waiting), len(free) // per_req)
+            take = 0 if dead else min(len(waiting), len(free) // per_req)
             if not take:
                 return
             # Every request that fits now takes its blocks in arrival order, tagged in one pass.
@@ -126,8 +127,8 @@ class RequestsP(RequestsRole):
         generation = 0  # the corrected path after one TP worker's restart: the engine's generation (m.ReqReplaced)
 
         def handle(msg: m.Msg | None) -> None:
-            nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side, release_name, rid_inc
-            nonlocal generation
+            nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side, release_name, dead
+            nonlocal rid_inc, generation
             if isinstance(msg, m.ReqBegin):
                 mode = msg.mode
                 if mode == "push":
@@ -152,6 +153,7 @@ class RequestsP(RequestsRole):
                 waiting.clear()
                 by_id.clear()
                 late = beats = 0
+                dead = False
                 errors = []
                 kv.clear_all(np.arange(n))
             elif isinstance(msg, m.ReqAdopt):
@@ -202,6 +204,8 @@ class RequestsP(RequestsRole):
             idle = HELD_POLL_S if msgs or notifs else min(POLL_S, 2 * idle)
             for _peer, got in notifs.items():
                 for raw in got:
+                    if dead:  # nothing reads notifications any more
+                        break
                     if raw.startswith(push.PUSH_REG_PREFIX):  # push mode: D registered its blocks
                         if d_side is None:
                             errors.append("PUSH_REG outside push mode; dropping")
@@ -233,6 +237,10 @@ class RequestsP(RequestsRole):
                             release(i, "notif")
                     else:
                         late += 1
+                        if line.late_notif == "raises":  # 0.10.0: KeyError, the engine core dies
+                            errors.append(texts.engine_died(rid))
+                            dead = True
+                            continue
                         said = texts.unrecognized(release_name, rid)  # the release's logger.error for it
                         if said is not None:
                             errors.append(said)
@@ -244,7 +252,7 @@ class RequestsP(RequestsRole):
             for when, agent, note in [x for x in pending if x[0] <= now]:
                 pending.remove((when, agent, note))
                 self.agent.send_notif(agent, note)
-            if now >= next_expiry:
+            if now >= next_expiry and not dead:
                 for i in [i for i, h in held.items() if now >= h.deadline]:
                     rid = next((k for k, v in by_id.items() if v == i), str(i))
                     release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))

@@ -14,6 +14,7 @@ from pdcheck.requests.handshake import SideLog
 from pdcheck.requests.model import VERDICTS, Accounting, PRankAccount
 from pdcheck.requests.plan import RequestsPlan
 from pdcheck.requests.run import LineRun
+from pdcheck.requests.texts import engine_deaths
 from pdcheck.verdict import RankVerdict, exit_code, rank_label, survives
 
 LAG_NOTE_S = 0.05  # a router this late changes which blocks a timing-bound fault meets
@@ -323,8 +324,10 @@ def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
         for n, full in first.items():
             console.print(Text(f"  [{n}] {full}", style="dim"))  # Text: "[1]" must not be read as markup
     for r in lines:
-        for line in r.expiry_log[:1] + r.notif_errors[:1]:
-            console.print(Text(f"{r.release} P: {_notes(line, notes, first)}", style="dim"))
+        for line in r.expiry_log[:1] + r.notif_errors[:1] + [e for e in r.notif_errors[1:] if engine_deaths([e])]:
+            # P's engine core dying (0.10.0's KeyError on a late notification) is the run's verdict on P
+            console.print(Text(f"{r.release} P: {_notes(line, notes, first)}",
+                               style="bold red" if engine_deaths([line]) else "dim"))
     if rep.releases:
         kinds = dict.fromkeys(r.notification for r in rep.releases)
         console.print(Text("D's done notification: " + ("; ".join(

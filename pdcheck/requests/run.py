@@ -40,6 +40,7 @@ from pdcheck.requests.model import (
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool, hang_handshake
 from pdcheck.requests.push import simulate as push_simulate
 from pdcheck.requests.shapes import Shape, d_group, d_label, engine, geometry, p_group
+from pdcheck.requests.texts import engine_deaths
 
 P_ENGINE = "pdcheck-req-P"
 D_ENGINE = "pdcheck-req-D"
@@ -260,9 +261,8 @@ class _LineState:
         elif isinstance(msg, m.Ack):
             self.acks += 1
             self.d_began[0] = self.acks >= len(self.d_ids)
-        elif isinstance(msg, m.ReqHandshook):
-            if slot is not None or self.d_ids.get(rank.id) == (0, 0):  # D0's count: one per engine it met
-                self.shakes.append(msg)
+        elif isinstance(msg, m.ReqHandshook):  # every D rank's: each handshakes with each engine it meets
+            self.shakes.append(msg)
         elif isinstance(msg, m.ReqFreed) and sh.p_tp > 1 and slot is not None:
             self.worker_done(slot, msg)
         else:
@@ -529,6 +529,9 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                               hs_failed=set(acct.handshake_failed), hs_error=hs_error) if push else _verdict
     if sh.single:
         outcomes = [judge(i, line, opts.pool, prefilled, decoded, freed, owner) for i in range(n)]
+        if engine_deaths(acct.notif_errors):  # P admitted nothing after its engine core died
+            outcomes = [msgspec.structs.replace(o, detail=hang_detail(line, opts.pool, True))
+                        if i not in prefilled else o for i, o in enumerate(outcomes)]
     else:  # a verdict per (request, D rank): each D TP rank's own answer
         outcomes = []
         for i in range(n):
@@ -558,7 +561,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     produced = [msgspec.msgpack.decode(prefilled[i].params) if i in prefilled else None for i in range(n)]
     return LineRun(name, line.line, outcomes, exp, acc, exp_acc, expiry, logs, acct.notif_errors, seconds,
                    lag, _timeline(t0, prefilled, freed, lost_at), latency, opts.mode,
-                   SideLog(endpoint(side), side.wire, len(shakes), failed), p_side, produced,
+                   SideLog(", ".join(dict.fromkeys(s.endpoint for s in shakes)) or endpoint(side), side.wire,
+                           len(shakes), failed), p_side, produced,
                    p_ranks=[_rank_account(sl, a) for sl, a in zip(slots, accts, strict=True)] if not sh.single
                    else [])
 
@@ -695,7 +699,8 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
         leaked=0 if expires else len(acct.holding),
         held=len(acct.holding) if expires else 0,
         late_notifs=acct.late_notifs,
-        heartbeats=acct.heartbeats)
+        heartbeats=acct.heartbeats,
+        engine_died=min(1, engine_deaths(acct.notif_errors)))
 
 
 def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled],

@@ -26,9 +26,14 @@ SKIP_SINCE: Version = (0, 22, 0)
 SKIP = "Skipping KV post-processing for failed request {req}"
 # P's _get_new_notifs: a done notification for a request it no longer holds (the abort timeout or lease freed
 # its blocks first; logger.error).
-UNRECOGNIZED_SINCE: Version = (0, 10, 0)
+UNRECOGNIZED_SINCE: Version = (0, 10, 1)
 UNRECOGNIZED = ("Potentially invalid KV blocks for unrecognized request {req} were retrieved by a decode worker. "
                 "They may have expired.")
+# 0.10.0's P for the same notification (lines.Lifecycle.late_notif "raises"): `del self._reqs_to_send[req_id]`
+# raises, and run_engine_core's logger.exception ends the engine core.
+ENGINE_DIED = ("EngineCore encountered a fatal error. KeyError: '{req}' (_get_new_notifs: del "
+               "self._reqs_to_send[req_id], blocks the abort timeout already freed)")
+ENGINE_DIED_HEAD = ENGINE_DIED.split(" KeyError", 1)[0]
 
 
 def _at(table: tuple[tuple[Version, str], ...], v: Version) -> str | None:
@@ -57,3 +62,12 @@ def skipping(release: str, req: str) -> str | None:
 
 def unrecognized(release: str, req: str) -> str | None:
     return UNRECOGNIZED.format(req=req) if version_tuple(release) >= UNRECOGNIZED_SINCE else None
+
+
+def engine_died(req: str) -> str:
+    return ENGINE_DIED.format(req=req)
+
+
+def engine_deaths(errors: list[str]) -> int:
+    """How many of P's logged errors are its engine core dying (at most one per P process)."""
+    return sum(e.startswith(ENGINE_DIED_HEAD) for e in errors)
