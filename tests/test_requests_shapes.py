@@ -117,7 +117,7 @@ def test_tp2_one_d_rank_holds_and_fails_its_read_the_other_delivers():
     # 0.14.0 (no heartbeats, the abort timeout at 0.5 s): D rank 1 holds request 1 past it and reads freed blocks;
     # D rank 1's READ of request 2 fails. D rank 0 reads both at once and notifies P rank 0; P's scheduler frees
     # each only when P rank 1 expires (its consumer never notified in time).
-    by = _run(Shape(2, 1, 2, 1), ["hold:0.8:1:rank=D1", "read-fail:2:rank=D1"], releases=("0.14.0",))
+    by = _run(Shape(2, 1, 2, 1), ["hold:1.0:1:rank=D1", "read-fail:2:rank=D1"], releases=("0.14.0",))
     rel, cor = by["0.14.0"], by["corrected"]
     _agrees(rel)
     _agrees(cor)
@@ -131,7 +131,7 @@ def test_tp2_one_d_rank_holds_and_fails_its_read_the_other_delivers():
 def test_tp2_one_d_rank_slow_and_aborted_on_0_34():
     # slow-decode on D rank 1 only: its params arrive after the lease, with no heartbeat (its scheduler did not
     # have the request); D rank 0 read at once. abort-d on D rank 0 only: D rank 1 delivers request 2.
-    by = _run(Shape(2, 1, 2, 1), ["slow-decode:0.8:1:rank=D1", "abort-d:2:rank=D0"], releases=("0.34.0",))
+    by = _run(Shape(2, 1, 2, 1), ["slow-decode:1.0:1:rank=D1", "abort-d:2:rank=D0"], releases=("0.34.0",))
     rel, cor = by["0.34.0"], by["corrected"]
     _agrees(rel)
     _agrees(cor)
