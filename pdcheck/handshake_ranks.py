@@ -107,7 +107,7 @@ class PrefillRole(_HandshakeRole):
                 own = frames.get(spec.tp_rank) or frames[ls.ranks[0]]
                 later = {s: stage_frames(s) for s in range(1, pp)} if keyed else {}
                 # Raw eras (A-E) serve their own rank whatever was asked; F-H look the rank up (KeyError kills it).
-                log = _request_log(ls) if spec.log_requests else None
+                log = _request_log(ls, pp) if spec.log_requests else None
                 listeners.append(Listener(ctx, spec.host, ls.bind_port, fmt, replier(fmt, frames, own), log,
                                           stage_reply=_stage_replier(fmt, later) if later else None))
         except Exception as exc:
@@ -187,12 +187,19 @@ def served_metadata(engine_id: str, agent: Agent, kv: KVCache, *, tp_size: int, 
     )
 
 
-def _request_log(ls: m.ListenerSpec) -> Any:
+def _request_log(ls: m.ListenerSpec, pp_size: int = 1) -> Any:
+    fmt = FORMATS[ls.wire]
+    keyed = ls.wire >= shapes.PP_STAGES_KEYED
+
     def log(identity: bytes, request: bytes, rank: int | None, nbytes: int) -> None:
         # Raw eras (A-E) do not name a rank: the listener answers for its own.
         served = ls.ranks[0] if rank is None else rank
-        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {readable(request)} tp_rank {served} "
-                  f"-> reply {nbytes} bytes")
+        # With stages, the one that answered: asked by number from era H (a request logged there parsed),
+        # before it the one the listener serves (shapes.answered_stage)
+        stage = (f"pp_rank {shapes.answered_stage(ls.wire, fmt.parse_stage(request) if keyed else 0, pp_size)} "
+                 if pp_size > 1 else "")
+        log_line(f"era {ls.wire} :{ls.port} peer {identity.hex()} request {readable(request)} {stage}"
+                  f"tp_rank {served} -> reply {nbytes} bytes")
 
     return log
 

@@ -394,6 +394,8 @@ class ReqPrefill(msgspec.Struct, tag=True):
     drop_notif: bool = False  # push mode: P's WRITE goes without its completion notification
     notif_delay_s: float = 0.0  # push mode: ... which P sends this late
     write_fail: bool = False  # push mode: read-fail hits P's WRITE (a real NIXL error)
+    drop_rank: int = -1  # push mode on a shape: only the notification to this D TP rank is dropped (-1: every one)
+    delay_rank: int = -1  # ... only this D TP rank's is delayed
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):

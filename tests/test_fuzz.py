@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tomllib
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -353,18 +354,23 @@ def test_fuzz_through_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]
             if len(got) < (2 if started else 3):
                 got.append(case)
     cases = [c for group in picked.values() for c in group]
-    violations = []
-    for case in cases:
+
+    def one(i: int, case: Case) -> str | None:
+        tmp = tmp_path / f"cli-{i}"  # each run its own TMPDIR: a left temp dir is that run's
+        tmp.mkdir()
         argv = [*case.argv, "--hang-timeout", "0.5"] if case.argv[0] == "handshake" else case.argv
-        code, err, alive = run_cli(argv, tmp_path)
+        code, err, alive = run_cli(argv, tmp)
         started = code in (0, 1)
         why = check(case, None if started else code, err, started)
         if alive:
             why = f"left running: {alive}"
-        if list(tmp_path.glob("pymp-*")):
+        if list(tmp.glob("pymp-*")):
             why = "pymp temp dir left"
-        if why:
-            violations.append(f"{case.name} {argv[:8]}: {why}: {err.strip()[-300:]}")
+        return f"{case.name} {argv[:8]}: {why}: {err.strip()[-300:]}" if why else None
+
+    # Side by side: each case is a fresh interpreter that mostly starts up and waits; the cases are independent.
+    with ThreadPoolExecutor(4) as pool_:
+        violations = [v for v in pool_.map(one, range(len(cases)), cases) if v]
     print(f"fuzz via CLI: {len(cases)} cases, {len(violations)} violations")
     assert not violations, "\n".join(violations)
     assert len(cases) >= 15

@@ -39,6 +39,10 @@ def test_serve_034_every_stage_probe_reads_each_and_d_stops_at_stage_0():
         assert [e.stages for e in ready.endpoints] == [[0, 1]]  # one scheduler port keyed by (pp_rank, tp_rank)
         code, rep = _probe(s, "0.34.0")
         doc = _live(s, "0.34.0")
+    asked = [x.split(" request ")[1] for x in s.err.decode().splitlines() if "-> reply" in x]
+    # serve's request log names the stage that answered: probe asks (0, r) and (1, r), D ranks (0, r)
+    assert {"['get_meta_msg', 1, 0] pp_rank 1 tp_rank 0 -> reply", "['get_meta_msg', 0, 1] pp_rank 0 tp_rank 1 -> reply"} \
+        <= {x.rsplit(" ", 2)[0] for x in asked}
     assert code == 1 and rep.verdict == "hazard" and rep.pp_size == 2
     assert [(r.pp_rank, r.tp_rank, r.layers) for r in rep.prefill_ranks] == [(0, 0, [L0]), (0, 1, [L0])]
     assert [(r.pp_rank, r.tp_rank, r.status, r.layers) for r in rep.stages] == [(1, 0, "ok", [L1]), (1, 1, "ok", [L1])]
@@ -72,6 +76,8 @@ def test_before_era_h_one_stage_answers_each_port(release: str, stage: int):
         assert {tuple(e.stages) for e in ready.endpoints} == {(stage,)}
         assert [st.served for st in ready.stages] == [st.pp_rank == stage for st in ready.stages]
         _code, rep = _probe(s, release)
+    logged = [x for x in s.err.decode().splitlines() if "-> reply" in x]
+    assert logged and all(f" pp_rank {stage} tp_rank " in x for x in logged)  # the stage the port answers with
     assert [r.pp_rank for r in rep.prefill_ranks] == [stage, stage] and rep.stages == []
     assert any(f"answers with stage {stage}'s metadata" in n for n in rep.notes)
     assert all(v.contacted_stages == [stage] for v in rep.verdicts) and rep.verdicts
@@ -96,6 +102,8 @@ def test_enum_layout_names_are_no_h09_a_real_mismatch_is(release: str):
         other = pdcheck("probe", s.endpoint, "--vllm", release, "--prefill-tp", "1", *geo,
                         "--decode-kv-cache-layout", "NHD", "--json")
     reps = [msgspec.json.decode(r.stdout, type=ProbeReport) for r in (same, other)]
+    logged = [x for x in s.err.decode().splitlines() if "-> reply" in x]
+    assert len(logged) == 2 and all("pp_rank" not in x for x in logged)  # one stage: the TP rank only
     assert [r.prefill_ranks[0].layout for r in reps] == ["LBHNC", "LBHNC"]
     assert same.returncode == 0 and reps[0].verdict == "ok" and not [h for h in reps[0].hazards if h.applies]
     assert other.returncode == 1 and [h.id for h in reps[1].hazards if h.applies] == ["H09"]

@@ -268,5 +268,6 @@ def test_vllms_own_decode_fetches_stage_0_of_a_pp2_serve_and_refuses_it(release)
         s.proc.send_signal(__import__("signal").SIGTERM)
         s.proc.wait(30)
         err = s.proc.stderr.read().decode()
-    asked = [line.split("request ")[1].split(" tp_rank")[0] for line in err.splitlines() if " request " in line]
-    assert asked == ["['get_meta_msg', 0, 0]", "['get_meta_msg', 0, 1]"]  # stage 0 of each TP rank, nothing more
+    asked = [line.split("request ")[1].split(" -> ")[0] for line in err.splitlines() if " request " in line]
+    # stage 0 of each TP rank, nothing more
+    assert asked == ["['get_meta_msg', 0, 0] pp_rank 0 tp_rank 0", "['get_meta_msg', 0, 1] pp_rank 0 tp_rank 1"]

@@ -216,7 +216,7 @@ def test_plan_reads_the_shape_keys_and_refuses_what_does_not_run():
         ({"prefill": {"tp_size": 2}}, "0.11.1", "reads no P TP > D TP"),
         ({"prefill": {"tp_size": 8}, "decode": {"tp_size": 8}}, "0.34.0", "at most 8"),
         ({"prefill": {"pp_size": 2}}, "0.34.0", "unknown key(s) pp_size"),
-        ({"decode": {"tp_size": 2}, "requests": {"mode": "push"}}, "0.34.0", "pull mode only"),
+        ({"prefill": {"tp_size": 2}, "requests": {"mode": "push"}}, "0.25.0", "races the other WRITEs"),
         ({"decode": {"tp_size": 2}, "faults": {"drop-notif": "rank=D2"}}, "0.34.0", "D TP rank 2 does not exist"),
     ]
     for extra, rel, said in cases:

@@ -37,8 +37,8 @@ class RequestsD(RequestsRole):
     also serves its own side channel (handshake.PSide with D's metadata), where P handshakes with D."""
 
     def ready(self) -> m.Msg:
-        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=1, kv_cache_layout="HND",
-                                 device_id=0)
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=self.spec.tp_size,
+                                 kv_cache_layout="HND", device_id=self.spec.tp_rank)
         self.own = PSide(self.host, 0, values, self.spec.mute_side)
         return msgspec.structs.replace(super().ready(), side_host=self.own.host, side_port=self.own.port)
 
@@ -676,8 +676,15 @@ class _PushWaiter:
         self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
         self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
         self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
+        # Completion notifications per D request id, and how many it takes (from the P world size each carries).
+        # On a shape one D rank's PUSH_REG can make P WRITE every D rank it feeds: D's scheduler allocated the same
+        # blocks on all its ranks at once, but here each D rank is a process of its own and may take the request
+        # a moment after the WRITE landed, so the notification counts until this rank registers.
         self.counts: dict[str, int] = {}
-        self.p_engine = ""
+        self.need: dict[str, int] = {}
+        self.gone: set[str] = set()  # done or dropped in this line: a later notification is "Unrecognized"
+        self.due: list[str] = []  # registered with every completion already counted
+        self.tags: dict[str, str] = {}  # D's request id -> the P engine it names (its blocks' tag)
 
     @property
     def busy(self) -> bool:
@@ -692,12 +699,16 @@ class _PushWaiter:
         self.kept.clear()
         self.held.clear()
         self.counts.clear()
+        self.need.clear()
+        self.gone.clear()
+        self.due.clear()
+        self.tags.clear()
         self.role.kv.clear_all(np.arange(self.role.kv.num_blocks))
 
     def take(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded | None:
         """The scheduler has the request (on_new_request): decide, heartbeat, register now or after the hold."""
         i = msg.request
-        refused = push.decide(line, msg.params, peer.engine_id, time.time())
+        refused = push.decide(line, msg.params, peer.engine_id, time.time(), self.role.p_geom.tp_size)
         if refused is not None:
             return m.ReqDecoded(i, "refused", *refused)
         assert msg.params is not None
@@ -709,7 +720,6 @@ class _PushWaiter:
                 peer = self.role.peer
             elif gen < peer.incarnation + 1:
                 return m.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
-        self.p_engine = peer.engine_id
         rid = msg.params.get("remote_request_id")
         beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
         if beats:
@@ -736,10 +746,15 @@ class _PushWaiter:
         d_rid = push.d_request_id(msg.request_id)
         deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
         self.waiting[d_rid] = (msg, blocks, deadline)
+        self.tags[d_rid] = peer.engine_id
+        if self.counts.get(d_rid, 0) >= self.need.get(d_rid, 1 << 30):
+            self.due.append(d_rid)
         try:
             own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
-            self.role.agent.send_notif(peer.agent, push.registration(d_rid, self.role.spec.engine_id, own.host,
-                                                                     own.port, blocks, msg.params, line))
+            reg = push.registration(d_rid, self.role.spec.engine_id, own.host, own.port, blocks, msg.params, line,
+                                    self.role.spec.tp_size)
+            for src in self.role.cur or []:  # _do_send_reg_notif: every P rank of the engine D handshook with
+                self.role.agent.send_notif(src.peer.agent, reg)
         except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
             if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 self._drop(d_rid)
@@ -758,6 +773,7 @@ class _PushWaiter:
             self.kept.add(d_rid)
         else:
             del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
+            self.gone.add(d_rid)
             self.free.extend(blocks)
         return m.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
                             d_freed_in_flight=line is not CORRECTED)
@@ -767,18 +783,24 @@ class _PushWaiter:
             return []
         self.role.own.poll(time.time())  # P's handshake with D
         out: list[m.ReqDecoded] = []
+        ready, self.due = self.due, []
         for _peer, got in self.role.agent.notifs().items():
             for raw in got:
-                d_rid, _, _world = raw.decode(errors="replace").rpartition(":")
-                if d_rid not in self.waiting:
+                d_rid, _, world = raw.decode(errors="replace").rpartition(":")
+                if d_rid in self.gone or (d_rid not in self.waiting and len(self.counts) >= push.D_POOL_MAX):
                     continue  # "Unrecognized request %s notif (may have expired)."
                 self.counts[d_rid] = self.counts.get(d_rid, 0) + 1
-                if self.counts[d_rid] < push.expected_notifs(line=line):
-                    continue
-                if d_rid in self.kept:  # an aborted request's WRITE is done: its blocks go back, no answer
-                    self._drop(d_rid)
-                    continue
-                out.append(self._check(d_rid))
+                p_world = int(world) if world.isdigit() else 1
+                self.need[d_rid] = push.expected_notifs(p_world, self.role.spec.tp_size, line=line)
+                if d_rid in self.waiting and self.counts[d_rid] >= self.need[d_rid]:
+                    ready.append(d_rid)
+        for d_rid in ready:
+            if d_rid not in self.waiting:
+                continue
+            if d_rid in self.kept:  # an aborted request's WRITE is done: its blocks go back, no answer
+                self._drop(d_rid)
+                continue
+            out.append(self._check(d_rid))
         now = time.time()
         for d_rid in [r for r, w in self.waiting.items() if now >= w[2]]:
             msg = self.waiting[d_rid][0]
@@ -809,15 +831,26 @@ class _PushWaiter:
     def _drop(self, d_rid: str) -> None:
         _msg, blocks, _ = self.waiting.pop(d_rid)
         self.kept.discard(d_rid)
-        self.counts.pop(d_rid, None)
+        self.forget(d_rid)
         self.free.extend(blocks)
+
+    def forget(self, d_rid: str) -> None:
+        self.counts.pop(d_rid, None)
+        self.need.pop(d_rid, None)
+        self.tags.pop(d_rid, None)
+        self.gone.add(d_rid)
 
     def _check(self, d_rid: str) -> m.ReqDecoded:
         msg, blocks, _ = self.waiting.pop(d_rid)
-        self.counts.pop(d_rid, None)
+        tag = engine_tag(self.tags.get(d_rid, ""))
+        self.forget(d_rid)
         kv = self.role.kv
-        chk = check_blocks(kv, np.asarray(blocks), msg.expect_blocks, engine_tag(self.p_engine), 0,
-                           read_len=kv.block_len, view=kv.view, gens=msg.expect_gens)
+        chk: BlockCheck | None = None
+        for rd in self.role.plan:  # each P rank's part of D's blocks (on one P and one D rank: the whole block)
+            chk = check_blocks(kv, np.asarray(blocks), msg.expect_blocks, tag, rd.p_rank, read_len=rd.read_len,
+                               local_offset=rd.local_offset, remote_offset=rd.remote_offset, view=kv.view,
+                               gens=msg.expect_gens, out=chk)
+        assert chk is not None
         self.free.extend(blocks)
         out = m.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
         if chk.first is not None:

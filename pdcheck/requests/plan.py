@@ -12,7 +12,7 @@ File format (every key optional; flags win):
     pool = 8                          # P's KV blocks
     seed = 0                          # which requests a fault's p=SHARE picks
     failure_policy = "recompute"      # kv_load_failure_policy of 0.13+ (default: each release's own)
-    mode = "push"                     # pull (default) | push: NixlPushConnector, 0.24+ releases only
+    mode = "push"                     # pull (default) | push: NixlPushConnector, 0.24+ (P TP > D TP: 0.26+)
 
     [prefill]                         # the shape, as handshake scenarios give it (default 1 each)
     tp_size = 2
@@ -42,7 +42,7 @@ from pdcheck.errors import BadInput
 from pdcheck.requests import faults as fl
 from pdcheck.requests.lines import POLICIES, Lifecycle, line_of, with_policy
 from pdcheck.requests.model import VERDICTS
-from pdcheck.requests.push import MODES, PUSH_SINCE
+from pdcheck.requests.push import MODES, PP_SINCE, PUSH_SINCE, has_pp
 from pdcheck.requests.push import available as push_available
 from pdcheck.requests.run import Options
 from pdcheck.requests.shapes import MAX_RANKS, WORLD_SINCE, Shape
@@ -178,8 +178,8 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         def has_push(r: Any) -> bool:
             return push_available(r.number)
 
-        if vllm.strip() == "all":  # every modelled release that has push mode
-            models = [r for r in models if has_push(r)]
+        if vllm.strip() == "all":  # every modelled release that has push mode (on P TP > D TP: that counts)
+            models = [r for r in models if has_push(r) and (shape.p_tp <= shape.d_tp or r.number >= PP_SINCE)]
         for r in models:
             if not has_push(r):
                 origin = "--mode push" if flags.get("mode") is not None else f'{where}: [requests] mode = "push"'
@@ -187,9 +187,15 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
                 raise BadInput(f"{origin}: vLLM {r.name} has no push mode (NixlPushConnector arrived in "
                                f"{since}); name {'.'.join(map(str, PUSH_SINCE[:2]))}+ releases")
     releases = [(r.name, with_policy(line_of(r.version or r.name), policy)) for r in models]
-    if not shape.single and mode == "push":
-        raise BadInput(f"{where}: {shape.text()} in push mode: the request path runs TP and DP shapes in pull mode "
-                       "only (push mode: one P rank and one D rank)")
+    if mode == "push" and shape.p_tp > shape.d_tp:
+        # 0.24/0.25's D calls a pushed request done at the first completion notification; 0.26 counts one per P
+        # rank writing into it (push.expected_notifs). With several P ranks per D rank what 0.24/0.25's D finds
+        # then is a race between the WRITEs: no verdict to name (docs/requests.md, push mode on TP shapes).
+        early = [r for r, ln in releases if not has_pp(ln)]
+        if early:
+            raise BadInput(f"{where}: {shape.text()} in push mode: vLLM {early[0]}'s D takes a request as done at "
+                           "the first P rank's completion notification (0.26 counts one per P rank writing into "
+                           "it), so what it decodes races the other WRITEs; name 0.26+ releases")
     if shape.p_tp > shape.d_tp:
         old = [r for r, ln in releases if ln.first < WORLD_SINCE]
         if old:

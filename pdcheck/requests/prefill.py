@@ -15,7 +15,7 @@ import numpy as np
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
 from pdcheck.handshake_ranks import served_metadata
-from pdcheck.kvcache import desc_ids, engine_tag, pattern
+from pdcheck.kvcache import block_descs, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests import push, shapes, texts
@@ -64,7 +64,7 @@ class RequestsP(RequestsRole):
         release_name = CORRECTED.line  # the release under test: its log texts (pdcheck.requests.texts)
         mode = "pull"
         d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
-        notif_faults: dict[int, tuple[bool, float, bool]] = {}  # push: drop-notif / delay-notif / a failed WRITE
+        notif_faults: dict[int, m.ReqPrefill] = {}  # push: drop-notif / delay-notif / a failed WRITE
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
         idle = HELD_POLL_S
@@ -133,7 +133,7 @@ class RequestsP(RequestsRole):
                 mode = msg.mode
                 if mode == "push":
                     d_side = d_side or _PushTarget(self)
-                    d_side.begin(line_of(msg.line), msg.side)
+                    d_side.begin(line_of(msg.line), msg.side, msg.peers)
                 if msg.side is not None:
                     side.begin(msg.side)  # this line's era from now on; D handshakes once the parent hears so
                     out.send(m.Serving(self.spec.tp_rank, [side.port]))
@@ -171,7 +171,7 @@ class RequestsP(RequestsRole):
                     free.extend(got.blocks)
                     admit()
             elif isinstance(msg, m.ReqPrefill):
-                notif_faults[msg.request] = (msg.drop_notif, msg.notif_delay_s, msg.write_fail)
+                notif_faults[msg.request] = msg
                 waiting.append(msg.request)
                 admit()
             elif isinstance(msg, m.ReqEnd):
@@ -262,44 +262,74 @@ class RequestsP(RequestsRole):
             out.flush()
 
 
+class _DRank:
+    """A D rank this P rank WRITEs, loaded at P's handshake with its engine: its agent, its blocks' dlist (the part
+    of each block this P rank fills), P's matching dlist."""
+
+    __slots__ = ("agent", "local", "meta", "num_blocks", "remote")
+
+    def __init__(self, agent: str, remote: Any, local: Any, num_blocks: int, meta: bytes) -> None:
+        self.agent, self.remote, self.local, self.num_blocks, self.meta = agent, remote, local, num_blocks, meta
+
+
 class _PushTarget:
     """P's side of push mode (push_worker.py): match D's PUSH_REG with a held request, handshake with D over D's
-    side channel (the PUSH_REG's decode_host / decode_port) before the first WRITE to it, in the background, the
-    WRITEs waiting for it; then WRITE the coordinate/generation-tagged blocks with the completion notification
-    attached. Once per line (a line is a fresh deployment; vLLM caches the handshake by D's engine id)."""
+    side channel before the first WRITE to that D engine, in the background, the WRITEs waiting for it; then WRITE
+    the coordinate/generation-tagged blocks with the completion notification attached. Once per line and D engine
+    (a line is a fresh deployment; vLLM caches the handshake by D's engine id).
+
+    On a TP shape each P rank handshakes with the D ranks it feeds (its consumers, kvsplit's rule read the other
+    way: shapes.sources) and WRITEs each the part of its blocks that D rank holds; the first PUSH_REG of a request
+    starts them all (vLLM's P WRITEs every rank of plan.all_source_ranks; the other consumers' PUSH_REGs for it
+    stay pending, never answered)."""
 
     def __init__(self, role: RequestsP) -> None:
         self.role, self.agent = role, role.agent
         self.hs = Background("D")
         self.line: Lifecycle = CORRECTED
         self.side: m.ReqSide | None = None  # the line's wire: P speaks it on D's side channel
-        self.d_agent, self.d_meta, self.d_blocks = "", b"", 0
-        self.remote: Any = None
-        self.local = self.agent.prep(LOCAL, role.kv.descs(role.kv.block_len, 0), role.kv.mem_type, "local")
-        self.ready = False  # this line's handshake with D is done
+        self.peers: dict[str, list[m.ReqSide]] = {}  # on a shape: each D engine id -> its side channel per TP rank
+        self.full = self.agent.prep(LOCAL, role.kv.descs(role.kv.block_len, 0), role.kv.mem_type, "local")
+        self.engines: dict[str, list[_DRank]] = {}  # loaded once, kept across lines (D never changes in a run)
+        self.ready: set[str] = set()  # D engines this line's handshake is done with
+        self.fetch: tuple[str, list[tuple[int, m.ReqSide]], list[tuple[int, AnyMeta]]] | None = None
         self.deferred: list[tuple[int, push.Registration]] = []  # matched, waiting for the handshake
+        self.matched: set[int] = set()  # requests a registration matched in this line
         self.failed: list[int] = []  # WRITE failed
         self.hs_failed: list[int] = []  # P's handshake with D failed: no WRITE
         self.shakes: list[m.ReqHandshook] = []
+        spec = role.spec
+        self.d_geom = spec.peer_geometry  # None: one P rank and one D rank, whole blocks
+        self.shape = shapes.Shape(spec.tp_size, 1, self.d_geom.tp_size if self.d_geom else 1, 1)
 
-    def begin(self, line: Lifecycle, side: m.ReqSide | None) -> None:
-        self.line, self.side, self.ready = line, side, False
+    def begin(self, line: Lifecycle, side: m.ReqSide | None, peers: dict[str, list[m.ReqSide]]) -> None:
+        self.line, self.side, self.peers, self.ready = line, side, peers, set()
         self.deferred, self.failed, self.hs_failed, self.shakes = [], [], [], []
+        self.matched = set()
+
+    def consumers(self) -> list[int]:
+        """The D TP ranks (of one D engine) this P rank WRITEs."""
+        me = self.role.spec.tp_rank
+        return [d for d in range(self.shape.d_tp) if me in shapes.sources(self.shape, d)]
 
     def register(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
-                 faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                 faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
                  errors: list[str]) -> int | None:
         """A PUSH_REG: the request written (its blocks can be freed), None (no held request matches), -1 (dropped,
-        failed, or waiting for the handshake with D)."""
+        failed, waiting for the handshake with D, or another consumer's registration of a request matched
+        already)."""
         got = push.parse_registration(raw)
         if isinstance(got, str):
             errors.append(got)
             return -1
         # _pop_matching_finished_blocks: the exact id, then the id without vLLM's random suffix
         i = by_id.get(got.request_id, by_id.get(push.base_id(got.request_id), -1))
+        if i in self.matched:
+            return -1
         if i not in held:
             return None
-        if self.ready:
+        self.matched.add(i)
+        if got.engine_id in self.ready:
             return self.write(i, got, held, faults, pending, errors)
         self.deferred.append((i, got))
         if not self.hs.busy:
@@ -307,16 +337,22 @@ class _PushTarget:
         return -1
 
     def _start(self, reg: push.Registration) -> None:
+        """P's handshake with D's engine: each D rank it WRITEs, one after the other (on a shape each on the side
+        channel the run names for it; else where the PUSH_REG says)."""
         assert self.side is not None
-        self.hs.start(msgspec.structs.replace(self.side, host=reg.host, port=reg.port))
+        sides = self.peers.get(reg.engine_id) if self.d_geom is not None else None
+        own = msgspec.structs.replace(self.side, host=reg.host, port=reg.port)
+        todo = [(d, sides[d] if sides and d < len(sides) else own) for d in self.consumers()]
+        self.fetch = (reg.engine_id, todo, [])  # todo[0]: the D rank being fetched
+        self.hs.start(todo[0][1])
 
-    def poll(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+    def poll(self, held: dict[int, _Held], faults: dict[int, m.ReqPrefill],
              pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
         """The handshake, if it ended: the requests written now."""
         got = self.hs.result()
         return [] if got is None else self._settle(got, held, faults, pending, errors)
 
-    def finish(self, held: dict[int, _Held], faults: dict[int, tuple[bool, float, bool]],
+    def finish(self, held: dict[int, _Held], faults: dict[int, m.ReqPrefill],
                pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
         """The line's end: every handshake still running, to its end (each within the release's timeout)."""
         out: list[int] = []
@@ -327,65 +363,100 @@ class _PushTarget:
         return out
 
     def _settle(self, got: AnyMeta | HandshakeFailed, held: dict[int, _Held],
-                faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+                faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
                 errors: list[str]) -> list[int]:
         side = self.hs.side
-        assert side is not None and self.deferred
-        expected = self.deferred[0][1].engine_id
-        if not isinstance(got, HandshakeFailed) and got.engine_id != expected:
-            got = HandshakeFailed(f"RuntimeError: {msg_engine_id(expected, got.engine_id)}")
+        assert side is not None and self.fetch is not None
+        eng, (now, *todo), metas = self.fetch
+        if not isinstance(got, HandshakeFailed) and got.engine_id != eng:
+            got = HandshakeFailed(f"RuntimeError: {msg_engine_id(eng, got.engine_id)}")
         self.shakes.append(m.ReqHandshook(endpoint(side), side.wire, str(got) if isinstance(got, HandshakeFailed)
                                           else ""))
+        mine = [(i, reg) for i, reg in self.deferred if reg.engine_id == eng]
+        if not isinstance(got, HandshakeFailed) and todo:  # the next D rank of the engine
+            self.fetch = (eng, todo, [*metas, (now[0], got)])
+            self.hs.start(todo[0][1])
+            return []
+        self.fetch = None
         if isinstance(got, HandshakeFailed):
             # 0.28+: every request waiting on the handshake's future fails with it; 0.26: one request per attempt.
             # The WRITE is skipped: P's blocks wait for the lease, D is never told.
-            n = len(self.deferred) if push.handshake_joins(self.line) else 1
-            for i, reg in self.deferred[:n]:
+            n = len(mine) if push.handshake_joins(self.line) else 1
+            for i, reg in mine[:n]:
                 errors.append(push.handshake_failure_log(self.line, reg.engine_id, reg.request_id, str(got)))
                 self.hs_failed.append(i)
-            del self.deferred[:n]
+            self.deferred = [x for x in self.deferred if x not in mine[:n]]
             if self.deferred:
                 self._start(self.deferred[0][1])
             return []
-        if got.agent_metadata != self.d_meta:  # D never changes in a run: loaded once, kept across lines
-            if self.d_agent:
-                forget_remote(self.agent, self.remote, self.d_agent)
-            self.d_agent, self.remote = load_remote(self.agent, self.role.kv, got, "D's blocks")
-            self.d_meta, self.d_blocks = got.agent_metadata, got.num_blocks
-        self.ready = True
+        self._load(eng, [*metas, (now[0], got)])
+        self.ready.add(eng)
+        self.deferred = [x for x in self.deferred if x not in mine]
+        if self.deferred:
+            self._start(self.deferred[0][1])
         # A request whose lease ended while the handshake ran is no longer P's to WRITE (a loopback handshake
         # takes milliseconds; vLLM would WRITE from the freed blocks).
-        done = [self.write(i, reg, held, faults, pending, errors) for i, reg in self.deferred if i in held]
-        self.deferred = []
+        done = [self.write(i, reg, held, faults, pending, errors) for i, reg in mine if i in held]
         return [i for i in done if i >= 0]
 
+    def _load(self, eng: str, metas: list[tuple[int, AnyMeta]]) -> None:
+        """Load each D rank's agent and prep the part of its blocks this P rank WRITEs (again only where D's
+        registration changed)."""
+        old = self.engines.get(eng, [])
+        if [t.meta for t in old] == [meta.agent_metadata for _d, meta in metas]:
+            return
+        for t in old:
+            forget_remote(self.agent, t.remote, t.agent)
+            if t.local is not self.full:
+                self.agent.release_dlist(t.local)
+        kv, me = self.role.kv, self.role.spec.tp_rank
+        out: list[_DRank] = []
+        for d, meta in metas:
+            if self.d_geom is None:  # one P rank and one D rank: P WRITEs its whole block
+                name, remote = load_remote(self.agent, kv, meta, "D's blocks")
+                out.append(_DRank(name, remote, self.full, meta.num_blocks, meta.agent_metadata))
+                continue
+            rd = next(r for r in shapes.reads(kv.geometry, self.d_geom, d) if r.p_rank == me)
+            name = self.agent.add_remote(meta.agent_metadata)
+            bl = meta.block_lens[0] if meta.block_lens else meta.block_len or self.d_geom.block_len
+            remote = self.agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, rd.read_len, 0,
+                                                       offset=rd.local_offset), kv.mem_type, "D's blocks")
+            local = self.agent.prep(LOCAL, kv.descs(rd.read_len, 0, offset=rd.remote_offset), kv.mem_type, "local")
+            out.append(_DRank(name, remote, local, meta.num_blocks, meta.agent_metadata))
+        self.engines[eng] = out
+
     def write(self, i: int, reg: push.Registration, held: dict[int, _Held],
-              faults: dict[int, tuple[bool, float, bool]], pending: list[tuple[float, str, bytes]],
+              faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
               errors: list[str]) -> int:
-        """P's WRITE into D's registered blocks: the request (its blocks can be freed), or -1 (it failed)."""
+        """P's WRITEs into D's registered blocks, one per D rank it feeds: the request (its blocks can be freed),
+        or -1 (one failed)."""
         h = held[i]
         d_rid, d_blocks = reg.request_id, reg.blocks
-        drop, delay, fail = faults.get(i, (False, 0.0, False))
-        note = push.completion(d_rid)
+        f = faults.get(i, m.ReqPrefill(i))
+        note = push.completion(d_rid, self.shape.p_tp)  # "{D request id}:{P world size}"
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
         regions = kv.geometry.num_regions
+        targets = self.engines[reg.engine_id]
         try:
-            if fail:
+            if f.write_fail:
                 # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
-                bad = self.agent.prep(self.d_agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
+                bad = self.agent.prep(targets[0].agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
                                       kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
                 self.agent.release_dlist(bad)
-            self.agent.read(self.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), self.remote,
-                            desc_ids(regions, self.d_blocks, np.asarray(d_blocks[:n])),
-                            b"" if drop or delay > 0 else note, op="WRITE", context=f"push {d_rid}")
+            for d, t in zip(self.consumers(), targets, strict=True):
+                quiet = (f.drop_notif and f.drop_rank in (-1, d)) or (f.notif_delay_s > 0 and f.delay_rank in (-1, d))
+                self.agent.read(t.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), t.remote,
+                                desc_ids(regions, t.num_blocks, np.asarray(d_blocks[:n])),
+                                b"" if quiet else note, op="WRITE", context=f"push {d_rid}")
         except (NixlCallError, OverflowError, ValueError) as exc:
             # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
             # lease) and D is not told (the completion rides on the WRITE)
             errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
             self.failed.append(i)
             return -1
-        if delay > 0 and not drop:
-            pending.append((time.time() + delay, self.d_agent, note))
+        for d, t in zip(self.consumers(), targets, strict=True):
+            if f.notif_delay_s > 0 and f.delay_rank in (-1, d) and not (f.drop_notif and f.drop_rank in (-1, d)):
+                pending.append((time.time() + f.notif_delay_s, t.agent, note))
         return i
 
     def take(self) -> tuple[list[int], list[m.ReqHandshook], list[int]]:

@@ -26,6 +26,11 @@ utils.py; kv_connector/factory.py registers NixlPushConnector from 0.24.0, 0.23.
   vLLM PR #50754).
 * params: pdcheck.releases.params (PUSH), transfer_mode "push"; no remote_blocks_expiry_time. A missing remote_request_id only stops D's heartbeats (base_scheduler
   on_new_request); the push scheduler never reads it.
+* On a TP shape (push_worker.py, 0.24.0-0.34.0): each D rank's PUSH_REG goes to every P agent of the engine it
+  handshook with (its sources); P's _xfer_blocks_for_req WRITEs every D rank of plan.all_source_ranks, with P
+  TP < D TP each its chunk of P's block (src_xfer_handles_by_tp_ratio), and the D ranks' other PUSH_REGs for
+  the request stay pending, never matched. 0.24/0.25's D is done at the first completion: with P TP > D TP a race
+  (the plan refuses that pair).
 * Before 0.24 there is no push connector; 0.34 also selects it with kv_connector_extra_config transfer_mode.
   0.24/0.25 otherwise differ from 0.26 only in PP and MLA (0.26 WRITEs MLA to every D rank): not modelled here.
 
@@ -74,6 +79,7 @@ from pdcheck.requests.model import (
     lose_held,
     on_failure,
     params_for,
+    per_rank,
     renew,
     run_end,
     tp_refusal,
@@ -148,12 +154,12 @@ class Registration(msgspec.Struct, frozen=True):
 
 
 def registration(d_rid: str, d_engine: str, d_host: str, d_port: int, d_blocks: list[int],
-                 p_params: dict[str, Any], line: Lifecycle | None = None) -> bytes:
+                 p_params: dict[str, Any], line: Lifecycle | None = None, d_tp: int = 1) -> bytes:
     """D's PUSH_REG notification, as its scheduler stages it and its writer sends it: decode_host / decode_port
     name D's own side channel (side_channel_host / side_channel_port), where P handshakes with D. remote_pp_size
     from 0.26 (line None: 0.26+)."""
     reg = {"request_id": d_rid, "decode_engine_id": d_engine, "decode_host": d_host, "decode_port": d_port,
-           "decode_tp_size": 1, "local_block_ids": [list(d_blocks)],
+           "decode_tp_size": d_tp, "local_block_ids": [list(d_blocks)],
            "remote_engine_id": p_params.get("remote_engine_id"), "remote_host": p_params.get("remote_host"),
            "remote_port": p_params.get("remote_port"), "remote_tp_size": p_params.get("tp_size", 1),
            "remote_pp_size": p_params.get("pp_size", 1)}
@@ -298,8 +304,10 @@ class _Req:
 
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
              lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
-             settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
-    """Each request's expected verdict and P's accounting in push mode. P allocates as in pull (model.simulate);
+             settle: float = SETTLE_S, group: tuple[int, int] = (0, 1),
+             p_tp: int = 1) -> tuple[list[Outcome], Accounting]:
+    """Each request's expected verdict and P's accounting in push mode. group (g, dp_size): only the requests the
+    router sends to P DP rank g, as model.simulate; p_tp: P's TP (the params' tp_size). P allocates as in pull (model.simulate);
     D's scheduler takes the request when the router hands it the params (late under slow-decode), heartbeats
     (unless lost) and registers at once or after its hold; P WRITEs if it still holds the blocks and frees them
     when the WRITE is done (a failed WRITE: at the lease); the completion notification (dropped or delayed by
@@ -393,7 +401,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             delay = pick(faults, "delay-notif", i)
             push(t + (delay.seconds if delay else 0.0), "notif", i)
 
-    for i in range(requests):
+    for i in range(group[0], requests, group[1]):
         push(i / rate, "arrive", i)
     horizon = run_end(requests, rate, faults, settle) + (expiry or 0.0)
     while heap:
@@ -404,7 +412,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             admit(t)
         elif kind == "recv":
             assert r is not None
-            prm: dict[str, Any] | None = params(line, i, r.blocks, engine_id, 5600, 1,
+            prm: dict[str, Any] | None = params(line, i, r.blocks, engine_id, 5600, p_tp,
                                                 r.deadline if r.deadline < math.inf else None, r.gens)
             bad = pick(faults, "bad-params", i)
             if bad is not None:
@@ -412,7 +420,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 prm = apply_bad(prm, bad.kind, pool, earlier)
             if pick(faults, "drop-params", i):
                 prm = None
-            refused = decide(line, prm, engine_id, t)
+            refused = decide(line, prm, engine_id, t, p_tp)
             if refused is not None:
                 out[i] = Outcome(i, *refused)
                 continue
@@ -456,4 +464,33 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         if i not in out:
             out[i] = Outcome(i, "hang", HANG_WRITE_FAILED if r.failed else HANG_NOTIF if r.written else HANG_UNMATCHED)
     count_still_held(reqs.values(), acc)
-    return [out[i] for i in range(requests)], acc
+    return [out[i] for i in range(group[0], requests, group[1])], acc
+
+
+def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
+                   lease: float | None, faults: tuple[Fault, ...], shape: Any, engine_id: str = "P",
+                   settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
+    """simulate on a TP/DP shape, as model.simulate_shape does for pull: each P DP rank's requests on its own pool,
+    then a verdict per (request, D TP rank). Every D TP rank of a request's D DP rank registers at once, each P TP
+    worker WRITEs each of its consumers its part and P's scheduler frees once every worker's WRITEs are done, so
+    each D rank meets what the one D rank meets on TP 1 (0.26+: D counts one completion per P rank writing it,
+    push.expected_notifs)."""
+    ranked = any(f.d_rank is not None for f in faults)
+    by_rank: list[list[Outcome]] = []
+    acc = Accounting()
+    for r in range(shape.d_tp if ranked else 1):
+        # drop-notif / delay-notif rank=DK: P's WRITE to that D rank goes without its completion (P frees on its
+        # WRITEs either way): that D rank meets the fault, the others the run without it.
+        mine = tuple(f for f in faults if f.on(r))
+        outs: dict[int, Outcome] = {}
+        for g in range(shape.p_dp):
+            got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, mine, engine_id, settle,
+                              (g, shape.p_dp), shape.p_tp)
+            outs.update({o.request: o for o in got})
+            if r == 0:
+                for f in msgspec.structs.fields(Accounting):
+                    setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
+        by_rank.append(per_rank([outs[i] for i in range(requests)], shape))
+    if not ranked:
+        return by_rank[0], acc
+    return [by_rank[k % shape.d_tp][k] for k in range(requests * shape.d_tp)], acc

@@ -39,6 +39,7 @@ from pdcheck.requests.model import (
 )
 from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED, d_pool, hang_handshake
 from pdcheck.requests.push import simulate as push_simulate
+from pdcheck.requests.push import simulate_shape as push_simulate_shape
 from pdcheck.requests.shapes import Shape, d_group, d_label, engine, geometry, p_group
 from pdcheck.requests.texts import engine_deaths
 
@@ -109,6 +110,7 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
                       peer_geometry=None if sh.single else geometry(sh, sh.p_tp))))
               for g in range(sh.d_dp) for r in range(sh.d_tp)]
         got = orc.gather(lau, [*ps, *ds], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
+        d_ready = [got[d.id][1] for d in ds]  # push mode: each D rank's own side channel, where P handshakes
         slots = [_PSlot(p, _Outbox(p), got[p.id][1], k // sh.p_tp, k % sh.p_tp) for k, p in enumerate(ps)]
         dboxes = [_Outbox(d) for d in ds]
         try:
@@ -117,7 +119,7 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
                 if tick is not None:
                     tick("release lines", k, len(lines), name)
                 # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
-                out.append(_one_line(lau, slots, ds, dboxes, name, line, opts))
+                out.append(_one_line(lau, slots, ds, dboxes, name, line, opts, d_ready))
             if tick is not None:
                 tick("release lines", len(lines), len(lines), "")
         finally:
@@ -131,7 +133,8 @@ def _p_spec(opts: Options, group: int, rank: int, incarnation: int = 0, side_por
     sh = opts.shape
     return m.ReqSpec("P", engine(P_ENGINE, group, sh.p_dp), GEOMETRY if sh.single else geometry(sh, sh.p_tp),
                      opts.pool, tp_rank=rank, incarnation=incarnation, side_port=side_port, mute_side=opts.mute_side,
-                     tp_size=sh.p_tp, dp_rank=group)
+                     tp_size=sh.p_tp, dp_rank=group,
+                     peer_geometry=None if sh.single else geometry(sh, sh.d_tp))  # push: which part P WRITEs where
 
 
 class _PSlot:
@@ -201,6 +204,8 @@ def _settle_before_restart(lau: Any, ranks: list[Any], req: int, st: _LineState,
                 return False
             notified = not (pick(opts.faults, "drop-notif", j) or pick(opts.faults, "delay-notif", j))
             if dec.status == "read" and notified and j not in st.freed:
+                return False
+            if dec.status == "registered" and j not in st.freed:  # push: P's WRITE into D's blocks still to come
                 return False
         return True
 
@@ -363,7 +368,7 @@ def _target() -> Any:
 
 
 def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], name: str, line: Lifecycle,
-              opts: Options) -> LineRun:
+              opts: Options, d_ready: list[m.ReqReady] | None = None) -> LineRun:
     push = opts.mode == "push"
     sh = opts.shape
     # The replacement after a restart-p binds the same port: one side channel per P rank for the whole run.
@@ -373,8 +378,13 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
              for g in range(sh.p_dp)}
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
                        mode=opts.mode, side=side, release=name, peers={} if sh.single else peers)
+    # push on a shape: P handshakes with the D ranks it WRITEs, each on its own side channel (vLLM's P: D's port
+    # plus the rank), per D engine id; on one P and one D rank P goes where the PUSH_REG says.
+    d_peers = {} if sh.single or not push or d_ready is None else {
+        engine(D_ENGINE, g, sh.d_dp): [side_for(name, dr.side_host, dr.side_port, GEOMETRY)
+                                       for dr in d_ready[g * sh.d_tp:(g + 1) * sh.d_tp]] for g in range(sh.d_dp)}
     for sl, sd in zip(slots, sides, strict=True):
-        sl.begin = msgspec.structs.replace(begin, side=sd, peers={})
+        sl.begin = msgspec.structs.replace(begin, side=sd, peers=d_peers)
         _begin_p(lau, sl, sl.begin, opts)  # push: P learns D's side channel from D's PUSH_REG, as vLLM's P does
     for box in to_ds:
         box.send(begin)  # D handshakes over P's side channel at its first request, and answers now (m.Ack)
@@ -548,7 +558,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
         exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
                              P_ENGINE, opts.settle_s)
     else:
-        exp, exp_acc = simulate_shape(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s,
+        exp, exp_acc = (push_simulate_shape if push else simulate_shape)(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s,
                                       opts.faults, sh, P_ENGINE, opts.settle_s)
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
@@ -572,8 +582,9 @@ def _merged(accts: list[m.ReqAccount]) -> m.ReqAccount:
     notifications, heartbeats and errors summed over the workers."""
     return m.ReqAccount(sorted({i for a in accts for i in a.holding}), sorted({i for a in accts for i in a.waiting}),
                         sum(a.late_notifs for a in accts), sum(a.heartbeats for a in accts),
-                        [e for a in accts for e in a.notif_errors], accts[0].write_failed, accts[0].handshakes,
-                        accts[0].handshake_failed)
+                        [e for a in accts for e in a.notif_errors], sorted({i for a in accts for i in a.write_failed}),
+                        [h for a in accts for h in a.handshakes],
+                        sorted({i for a in accts for i in a.handshake_failed}))
 
 
 def _rank_account(slot: _PSlot, a: m.ReqAccount) -> PRankAccount:
@@ -649,9 +660,11 @@ def _prefill(i: int, opts: Options) -> m.ReqPrefill:
     """A request to P; in push mode with the faults on P's WRITE: its completion notification, its failure."""
     if opts.mode != "push":
         return m.ReqPrefill(i)
-    delay = pick(opts.faults, "delay-notif", i)
-    return m.ReqPrefill(i, pick(opts.faults, "drop-notif", i) is not None, delay.seconds if delay else 0.0,
-                        pick(opts.faults, "read-fail", i) is not None)
+    delay, drop = pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i)
+    return m.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
+                        pick(opts.faults, "read-fail", i) is not None,
+                        drop.d_rank if drop is not None and drop.d_rank is not None else -1,
+                        delay.d_rank if delay is not None and delay.d_rank is not None else -1)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
