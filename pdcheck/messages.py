@@ -457,6 +457,26 @@ class ReqRelease(msgspec.Struct, tag=True):
     request: int
 
 
+class ReqAdopt(msgspec.Struct, tag=True):
+    """restart-p on one P TP worker: the scheduler's state its replacement takes (the other workers kept theirs),
+    so every worker's free list and generations stay the same: the free list in order, each block's generation,
+    the requests the dead worker held (their blocks died: done on this worker, freed when the scheduler says) and
+    how the scheduler names requests (the line count and process count in its request ids)."""
+
+    free: list[int]
+    gens: list[int]
+    held: dict[int, list[int]]
+    epoch: int
+    rid_inc: int
+
+
+class ReqReplaced(msgspec.Struct, tag=True):
+    """The corrected path, P TP rank 0 (the scheduler's params): a TP worker of its engine was replaced, so the
+    registration generation it hands out counts that process too."""
+
+    generation: int
+
+
 class ReqBatch(msgspec.Struct, tag=True):
     """Request-path messages of one loop turn, in order, in one pipe write (a wake-up per turn, not per request)."""
 
@@ -477,7 +497,7 @@ class ReqAccount(msgspec.Struct, tag=True):
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
        | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount
-       | ReqRelease
+       | ReqRelease | ReqAdopt | ReqReplaced
        | ReqBatch | ReqHandshook)
 
 _enc = msgspec.msgpack.Encoder()

@@ -331,3 +331,36 @@ def test_many_reads_in_flight_on_a_small_pool_every_block_checked(pdcheck):
     acc = rel["accounting"]
     assert (acc["allocated"], acc["freed"], acc["expired"]) == (180, 60, 0) and acc["reused"] >= 170
     assert doc["corrected"]["counts"] == {"delivered": 60}
+
+
+def test_one_p_worker_restart_scenario_table_names_the_d_rank_and_agrees_with_json(pdcheck):
+    import io
+    import re
+
+    import msgspec
+    from rich.console import Console
+
+    from pdcheck.requests.report import RequestsReport, render
+
+    run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-tp2-one-p-worker-restart.toml"), "--vllm",
+                  "0.34.0", "--json", timeout=120)
+    assert run.code == 1, run.err
+    rep = msgspec.json.decode(run.out, type=RequestsReport)  # the schema --json promises
+    assert [e.passed for e in rep.expectations] == [True, True], rep.expectations
+    rows = [(row.request, row.rank, row.verdict) for r in [*rep.releases, rep.corrected] for row in r.rows]
+    assert rows[:6] == [(0, "D0", "delivered"), (0, "D1", "delivered"), (1, "D0", "delivered"),
+                        (1, "D1", "delivered"), (2, "D0", "delivered"), (2, "D1", "error")]
+    assert [(v.request, v.rank, v.status) for v in rep.verdicts] == rows[:10]
+
+    def table(every: bool) -> str:
+        buf = io.StringIO()
+        render(rep, Console(file=buf, width=160, color_system=None), every=every)
+        return buf.getvalue()
+
+    every = table(True).split("Every request")[1]
+    assert re.search(r"requests\s+D rank\s+verdict", every)
+    row = re.compile(r"^\s*\S*\s+(\d+)\s+(D\d)\s+(delivered|wrong|freed-early|hang|error|recomputed|aborted)\b")
+    got = [(int(m.group(1)), m.group(2), m.group(3)) for ln in every.splitlines() if (m := row.match(ln))]
+    assert got == rows  # --all: a row per (request, D rank), every line in order, the corrected path's last
+    # by default the ones not delivered, folded per D rank
+    assert re.search(r"0\.34\.0\s+2-4\s+D1\s+error", table(False))

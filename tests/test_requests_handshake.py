@@ -171,3 +171,25 @@ def test_d_handshakes_lazily_at_the_first_request_naming_an_unknown_engine():
     assert hs is not None and hs.handshakes == 2 and hs.failed.startswith("handshake_setup_failed: RuntimeError")
     assert [o.verdict for o in by["0.34.0"].outcomes] == ["error", "delivered", "delivered"]
     assert "handshake_failed" in by["0.34.0"].outcomes[0].detail
+
+
+def test_a_heartbeat_starts_ds_lazy_handshake_from_0_22():
+    """From 0.22 D's _send_heartbeats calls _ensure_handshake for the engine a held request names: the heartbeat,
+    not the READ, starts the handshake, and a failed one is only logged, so each later heartbeat (every lease/6)
+    starts another until the request's own, after the hold, decides. Before 0.22 nothing heartbeats: the one
+    handshake is the request's, after its hold."""
+    from pdcheck.requests.faults import parse_all
+
+    faults = parse_all(["bad-params:wrong-engine:0", "hold:0.6:0"], 1)
+    out = run([("0.14.0", line_of("0.14.0")), ("0.34.0", line_of("0.34.0"))],
+              Options(requests=1, rate=20.0, lease_s=0.6, faults=faults))
+    by = {r.release: r for r in out}
+    for r in out:
+        assert [o.verdict for o in r.outcomes] == [o.verdict for o in r.expected]
+    assert by["0.14.0"].handshake is not None and by["0.14.0"].handshake.handshakes == 1
+    hs = by["0.34.0"].handshake
+    # the first heartbeat's at once, at least one more before the request's own at the hold's end
+    assert hs is not None and hs.handshakes >= 3 and hs.failed.startswith("handshake_setup_failed")
+    assert [o.verdict for o in by["0.34.0"].outcomes] == ["error"]
+    assert "handshake_failed" in by["0.34.0"].outcomes[0].detail
+

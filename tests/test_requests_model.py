@@ -198,7 +198,7 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
                   "params-dropped", "prefill-restart", "read-failure", "wrong-tp-52276")} | {
         "requests-tp2-one-consumer-lost.toml", "requests-hetero-p2-prefill-restart.toml",
         "requests-dp2-lost-notification.toml", "requests-push-tp2-lost-completion.toml",
-        "requests-push-hetero-write-failure.toml"}
+        "requests-push-hetero-write-failure.toml", "requests-tp2-one-p-worker-restart.toml"}
     assert fw.requests_files(scenarios / "requests") == files
     plans = [fw.FRAMEWORK.smoke_plan(f, SmokeOptions()) for f in files]
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
@@ -382,7 +382,7 @@ def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> No
     assert {o.verdict for o in out} == {"recomputed"}  # the corrected D gives its blocks back at the lease
 @pytest.mark.parametrize(("text", "needle"), [
     ("restart-p", "name the request"), ("restart-p:p=0.5", "name the request"), ("restart-p:7", "does not exist"),
-    ("restart-p:1:rank=1", "P rank 1 does not exist"), ("restart-p:1:rank=x", "rank= takes an integer"),
+    ("restart-p:1:rank=-1", "P rank -1 does not exist"), ("restart-p:1:rank=x", "rank= takes an integer"),
     ("restart-p:1:2", "too many"), ("hold", "give the seconds"), ("heartbeat-loss:0", "seconds must be"),
     ("read-fail:x", "must be an integer"), ("abort-d:9", "request 9 does not exist"),
 ])
@@ -393,7 +393,7 @@ def test_bad_new_faults_are_one_line(text: str, needle: str) -> None:
 
 def test_restart_p_every_release_reads_from_the_dead_agent_corrected_rehandshakes() -> None:
     f = parse("restart-p:2:rank=0", 5)
-    assert (f.request, f.rank, f.text()) == (2, 0, "restart-p:2")
+    assert (f.request, f.rank, f.text()) == (2, 0, "restart-p:2:rank=0")
     want = {"0.9.1": ["delivered"] * 2 + ["error"] * 3, "0.11.1": ["delivered"] * 2 + ["recomputed"] * 3,
             "0.34.0": ["delivered"] * 2 + ["error"] * 3, "corrected": ["delivered"] * 2 + ["recomputed"]
             + ["delivered"] * 2}

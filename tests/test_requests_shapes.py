@@ -20,8 +20,9 @@ from pdcheck.requests.shapes import Shape
 SCENARIOS = Path(__file__).resolve().parent.parent / "pdcheck" / "scenarios" / "requests"
 
 
-def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3):
-    opts = Options(requests=n, rate=20.0, lease_s=0.5, faults=parse_all(list(faults), n), shape=shape)
+def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3,
+         lease: float | None = 0.5):
+    opts = Options(requests=n, rate=20.0, lease_s=lease, faults=parse_all(list(faults), n), shape=shape)
     return {r.release: r for r in run([(v, line_of(v)) for v in releases], opts)}
 
 
@@ -88,6 +89,78 @@ def test_tp2_restart_p_replaces_every_worker_and_the_dead_agents_answer():
     assert "NIXL_ERR_REMOTE_DISCONNECT" in rel.outcomes[2].detail or "transfer" in rel.outcomes[2].detail
     assert [o.verdict for o in cor.outcomes] == ["delivered"] * 2 + ["recomputed"] * 2 + ["delivered"] * 2
     assert rel.accounting.restarts == 1
+
+
+def _by_rank(r) -> list[tuple[int, str, str]]:
+    return [(o.request, o.rank, o.verdict) for o in r.outcomes]
+
+
+def test_tp2_restart_one_p_worker_only_the_d_rank_reading_it_fails():
+    # restart-p:1:rank=1: only P TP rank 1's process is replaced. D rank 0 reads the live worker 0 and delivers;
+    # D rank 1 still reads worker 1's dead agent (no release re-handshakes with a known engine id); the corrected
+    # D re-handshakes at the failed READ. The default lease outlasts the replacement's start.
+    by = _run(Shape(2, 1, 2, 1), ["restart-p:1:rank=1"], releases=("0.34.0",), lease=None)
+    rel, cor = by["0.34.0"], by["corrected"]
+    _agrees(rel)
+    _agrees(cor)
+    assert _by_rank(rel) == [(0, "D0", "delivered"), (0, "D1", "delivered"), (1, "D0", "delivered"),
+                             (1, "D1", "error"), (2, "D0", "delivered"), (2, "D1", "error")]
+    assert "NIXL_ERR_REMOTE_DISCONNECT" in rel.outcomes[3].detail
+    assert [o.verdict for o in cor.outcomes] == ["delivered"] * 3 + ["recomputed"] + ["delivered"] * 2
+    # one worker replaced: P rank 0 freed request 1 on its consumer's notification (the dead worker's part
+    # counts done); request 2's notification to the new worker never comes (held until its lease)
+    assert rel.accounting.restarts == 1 and rel.accounting.freed == 2 and rel.accounting.held == 1
+    assert cor.accounting.freed == 3
+
+
+def test_tp2_one_d_rank_holds_and_fails_its_read_the_other_delivers():
+    # 0.14.0 (no heartbeats, the abort timeout at 0.5 s): D rank 1 holds request 1 past it and reads freed blocks;
+    # D rank 1's READ of request 2 fails. D rank 0 reads both at once and notifies P rank 0; P's scheduler frees
+    # each only when P rank 1 expires (its consumer never notified in time).
+    by = _run(Shape(2, 1, 2, 1), ["hold:1.0:1:rank=D1", "read-fail:2:rank=D1"], releases=("0.14.0",))
+    rel, cor = by["0.14.0"], by["corrected"]
+    _agrees(rel)
+    _agrees(cor)
+    assert _by_rank(rel) == [(0, "D0", "delivered"), (0, "D1", "delivered"), (1, "D0", "delivered"),
+                             (1, "D1", "freed-early"), (2, "D0", "delivered"), (2, "D1", "recomputed")]
+    assert [o.verdict for o in cor.outcomes] == ["delivered"] * 5 + ["recomputed"]
+    assert rel.accounting.freed == 1 and rel.accounting.expired + rel.accounting.held == 2
+    assert rel.accounting.late_notifs >= 1  # D rank 1's notification of request 1 came after the expiry
+
+
+def test_tp2_one_d_rank_slow_and_aborted_on_0_34():
+    # slow-decode on D rank 1 only: its params arrive after the lease, with no heartbeat (its scheduler did not
+    # have the request); D rank 0 read at once. abort-d on D rank 0 only: D rank 1 delivers request 2.
+    by = _run(Shape(2, 1, 2, 1), ["slow-decode:1.0:1:rank=D1", "abort-d:2:rank=D0"], releases=("0.34.0",))
+    rel, cor = by["0.34.0"], by["corrected"]
+    _agrees(rel)
+    _agrees(cor)
+    assert _by_rank(rel) == [(0, "D0", "delivered"), (0, "D1", "delivered"), (1, "D0", "delivered"),
+                             (1, "D1", "freed-early"), (2, "D0", "aborted"), (2, "D1", "delivered")]
+    assert [o.verdict for o in cor.outcomes] == ["delivered"] * 3 + ["recomputed", "aborted", "delivered"]
+
+
+def test_per_rank_faults_are_bounded_by_the_plans_shape():
+    doc = {"requests": {"requests": 3}, "prefill": {"tp_size": 2}, "decode": {"tp_size": 2}}
+    with pytest.raises(BadInput, match=r"restart-p:1:rank=2: P TP rank 2 does not exist \(prefill tp_size 2\)"):
+        build(None, {**doc, "faults": {"restart-p": "1:rank=2"}}, "0.34.0", {}, [])
+    with pytest.raises(BadInput, match=r"hold:1:rank=D2: D TP rank 2 does not exist"):
+        build(None, {**doc, "faults": {"hold": "1:rank=D2"}}, "0.34.0", {}, [])
+    plan = build(None, {**doc, "faults": {"restart-p": "1:rank=1", "read-fail": ["rank=D0"]}}, "0.34.0", {}, [])
+    assert [(f.name, f.rank, f.d_rank) for f in plan.options.faults] == [("restart-p", 1, None),
+                                                                         ("read-fail", None, 0)]
+
+
+def test_model_per_rank_faults_and_one_worker_restart():
+    line = line_of("0.34.0")
+    sh = Shape(2, 1, 2, 1)
+    out, acc = simulate_shape(line, 3, 20.0, 2, 8, 0.5, parse_all(["hold:0.8:1:rank=D1"], 3), sh)
+    assert [o.verdict for o in out] == ["delivered"] * 6 and acc.freed == 3  # D rank 1's heartbeats renew
+    out, _ = simulate_shape(line, 3, 20.0, 2, 8, 0.5, parse_all(["heartbeat-loss:0.8:1:rank=D1"], 3), sh)
+    assert [(o.rank, o.verdict) for o in out if o.request == 1] == [("D0", "delivered"), ("D1", "freed-early")]
+    # P TP 2 -> D TP 1: the one D rank reads the replaced worker too
+    out, _ = simulate_shape(line, 3, 20.0, 2, 8, None, parse_all(["restart-p:1:rank=0"], 3), Shape(2, 1, 1, 1))
+    assert [o.verdict for o in out] == ["delivered", "error", "error"]
 
 
 # -- pure rules ---------------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ class RequestsD(RequestsRole):
         self.expiry_s: float | None = None
         self.pending: list[tuple[float, bytes, list[_Src]]] = []  # (when, notification, to) for delay-notif
         self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
+        self.unshaken: list[_Hold] = []  # ... whose engine D does not know yet (no handshake has loaded it)
         self.flight: deque[_Flight] = deque()  # READs posted and not reaped, oldest first
         self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
         self._local_ids: dict[tuple[int, int], np.ndarray] = {}
@@ -81,8 +82,8 @@ class RequestsD(RequestsRole):
         while True:
             # READs in flight: a short look at the pipe, then at the READs again. D never spins on one READ: P
             # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
-            first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or waiter.busy
-                              else 0.05)
+            first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or self.unshaken
+                              or waiter.busy else 0.05)
             msgs = m.unbatch(first)
             while first is not None and self.queued():  # everything queued: its READs go out together
                 msgs += m.unbatch(first := m.recv(self.conn))
@@ -118,6 +119,8 @@ class RequestsD(RequestsRole):
             for item in [p for p in self.pending if p[0] <= now]:
                 self.pending.remove(item)
                 self.notify(item[1], item[2])
+        if self.unshaken:
+            self.tick_unshaken(time.time())
         if self.held:
             self.tick(time.time())
         if isinstance(msg, m.ReqBegin):
@@ -127,6 +130,7 @@ class RequestsD(RequestsRole):
             self.release = msg.release or msg.line
             self.pending.clear()  # a delayed notification of the last line is never sent into this one
             self.held.clear()
+            self.unshaken.clear()
             self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
             waiter.reset(msg.mode, self.expiry_s, msg.side)
             self.pushing = msg.mode == "push"
@@ -139,6 +143,8 @@ class RequestsD(RequestsRole):
             self.known.clear()
             self.unreached = None
             out.send(m.Ack())
+        elif isinstance(msg, m.ReqDecode) and not self.pushing and msg.hold_s > 0 and self.unknown(msg):
+            self.hold_unknown(msg)
         elif isinstance(msg, m.ReqDecode) and (refused := self.ensure(msg)) is not None:
             out.add(m.ReqDecoded(msg.request, "refused", *refused))
         elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
@@ -184,6 +190,51 @@ class RequestsD(RequestsRole):
                 self.backlog += m.unbatch(m.recv(self.conn))
             return self.unreached.verdict(self.line, msg.request, params)
         return None
+
+    def unknown(self, msg: m.ReqDecode) -> bool:
+        """The request's params name an engine D has not handshaken with in this line."""
+        params = msg.params if isinstance(msg.params, dict) else None
+        return params is not None and self.side is not None and str(params.get("remote_engine_id")) not in self.known
+
+    def hold_unknown(self, msg: m.ReqDecode) -> None:
+        """A request D's scheduler holds (hold / heartbeat-loss) whose engine D does not know. vLLM's D handshakes
+        lazily, for the first request or heartbeat that names an engine: from 0.22 the scheduler heartbeats the
+        request while it waits, and _send_heartbeats starts the handshake (_ensure_handshake) at the first one;
+        a failed one is only logged, and the next heartbeat starts another. Before 0.22 nothing does until the
+        request is scheduled for its READ (_background_nixl_handshake), after the hold; that handshake decides."""
+        now = time.time()
+        h = _Hold(msg, "", now + msg.hold_s, now)
+        self.unshaken.append(h)
+        self.tick_unshaken(now)
+
+    def tick_unshaken(self, now: float) -> None:
+        interval = (self.expiry_s or 0.0) / 6
+        for h in list(self.unshaken):
+            params = h.msg.params
+            assert isinstance(params, dict)
+            engine = str(params.get("remote_engine_id"))
+            if now >= h.read_at:  # scheduled: the request's own handshake (ensure), then as any request
+                self.unshaken.remove(h)
+                self.take(msgspec.structs.replace(h.msg, hold_s=0.0))
+                continue
+            beats = self.line.heartbeat and interval > 0 and "remote_request_id" in params
+            if engine not in self.known and beats and now >= h.next_hb:
+                port = params.get("remote_port")
+                self.handshake(engine, port if isinstance(port, int) else None)  # the heartbeat's
+                h.next_hb = now + interval
+            if engine in self.known:  # a handshake loaded it: the request waits out its hold as any held one
+                self.unshaken.remove(h)
+                self.take(msgspec.structs.replace(h.msg, hold_s=h.read_at - now))
+
+    def take(self, msg: m.ReqDecode) -> None:
+        """The scheduler takes a request (pull mode): the lazy handshake, then decide/hold/READ."""
+        refused = self.ensure(msg)
+        if refused is not None:
+            self.out.add(m.ReqDecoded(msg.request, "refused", *refused))
+            return
+        got = self.decode(msg)
+        if got is not None:
+            self.out.add(got)
 
     def handshake(self, engine: str | None = None, port: int | None = None) -> bool:
         """Fetch P's metadata over its side channel (decoded as the release decodes it) and load it when P's
@@ -368,6 +419,10 @@ class RequestsD(RequestsRole):
                 self.rehandshake()  # P was replaced since D's handshake: load the new one before reading
                 peer = self.peer
                 assert peer is not None
+                if gen > peer.incarnation + 1:  # another TP worker of the engine was replaced, not one D reads
+                    self.regs[peer.engine_id] = self.registrations = gen
+                    for src in self.cur:
+                        src.peer.incarnation = gen - 1
             elif gen < peer.incarnation + 1:
                 return m.ReqDecoded(i, "refused", "recomputed", f"P restarted after handing out these params "
                                     f"(registration generation {gen} < {peer.incarnation + 1}): its blocks died "

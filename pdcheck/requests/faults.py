@@ -15,7 +15,8 @@ MAX_SECONDS = 600.0
 
 # name -> (takes seconds, takes a kind, usage)
 _SPECS: dict[str, tuple[bool, bool, str]] = {
-    "slow-decode": (True, False, "slow-decode:SECONDS[:REQ|:p=SHARE] (D gets the params SECONDS late)"),
+    "slow-decode": (True, False, "slow-decode:SECONDS[:REQ|:p=SHARE][:rank=DK] (D gets the params SECONDS late; "
+                                "rank=DK: only D TP rank K)"),
     "drop-notif": (False, False, "drop-notif[:REQ|:p=SHARE][:rank=DK] (D's done notification never reaches P; "
                                  "rank=DK: only D TP rank K's, one consumer of several)"),
     "delay-notif": (True, False, "delay-notif:SECONDS[:REQ|:p=SHARE][:rank=DK]"),
@@ -23,15 +24,17 @@ _SPECS: dict[str, tuple[bool, bool, str]] = {
     "drop-params": (False, False, "drop-params[:REQ|:p=SHARE] (the router forwards without kv_transfer_params)"),
     "restart-p": (False, False, "restart-p:REQ[:rank=R] (P's process is replaced after it hands out REQ's params: "
                                 "same engine id, new agent)"),
-    "read-fail": (False, False, "read-fail[:REQ|:p=SHARE] (D's READ fails: a real NIXL error)"),
-    "hold": (True, False, "hold:SECONDS[:REQ|:p=SHARE] (D's scheduler has the request, reads SECONDS later; "
-                          "heartbeats renew the lease)"),
-    "heartbeat-loss": (True, False, "heartbeat-loss:SECONDS[:REQ|:p=SHARE] (as hold, but D's heartbeats never "
-                                    "reach P)"),
-    "abort-d": (False, False, "abort-d[:REQ|:p=SHARE] (D's client aborts the request while its READ is in "
-                              "flight)"),
+    "read-fail": (False, False, "read-fail[:REQ|:p=SHARE][:rank=DK] (D's READ fails: a real NIXL error)"),
+    "hold": (True, False, "hold:SECONDS[:REQ|:p=SHARE][:rank=DK] (D's scheduler has the request, reads SECONDS "
+                          "later; heartbeats renew the lease)"),
+    "heartbeat-loss": (True, False, "heartbeat-loss:SECONDS[:REQ|:p=SHARE][:rank=DK] (as hold, but D's heartbeats "
+                                    "never reach P)"),
+    "abort-d": (False, False, "abort-d[:REQ|:p=SHARE][:rank=DK] (D's client aborts the request while its READ is "
+                              "in flight)"),
 }
-P_RANKS = 1  # the request path runs one P rank (tp_rank 0)
+# The faults one D TP rank can have alone (rank=DK): the others of the shape read and notify as usual.
+D_RANK_FAULTS = ("slow-decode", "drop-notif", "delay-notif", "read-fail", "hold", "heartbeat-loss", "abort-d")
+P_RANKS = 1  # P's TP size where no shape says otherwise (restart-p's rank= is bounded by the plan's P TP)
 NAMES = tuple(_SPECS)
 # Every fault applies in push mode too (NixlPushConnector, 0.24+; read in the 0.24.0-0.26.0 and 0.34.0 push code,
 # see pdcheck.requests.push): read-fail is P's WRITE failing, hold / heartbeat-loss a request D's scheduler holds
@@ -46,8 +49,8 @@ class Fault(msgspec.Struct, frozen=True):
     request: int | None = None  # None: every request (or the `share` of them)
     share: float = 1.0  # p=SHARE: this fraction of the requests, picked by a hash of (seed, fault, request)
     seed: int = 0
-    rank: int = 0  # restart-p: which P rank
-    d_rank: int | None = None  # drop-notif / delay-notif: only this D TP rank's notification (None: every one)
+    rank: int | None = None  # restart-p: only this P TP worker's process (None: every TP worker of the engine)
+    d_rank: int | None = None  # D_RANK_FAULTS: only this D TP rank (None: every one)
 
     def on(self, d_rank: int) -> bool:
         """Whether the fault touches D TP rank d_rank's part of a request it hits."""
@@ -71,7 +74,7 @@ class Fault(msgspec.Struct, frozen=True):
             parts.append(str(self.request))
         elif self.share < 1.0:
             parts.append(f"p={self.share:g}")
-        if self.rank:
+        if self.rank is not None:
             parts.append(f"rank={self.rank}")
         if self.d_rank is not None:
             parts.append(f"rank=D{self.d_rank}")
@@ -112,7 +115,7 @@ def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fa
         if name == "bad-params" and kind == "reused-ids" and req == 0:
             raise BadInput(f"{where}: {text!r}: request 0 has no earlier request whose block ids it could reuse")
     d_rank = None
-    if args and args[0].startswith("rank=") and name in ("drop-notif", "delay-notif"):
+    if args and args[0].startswith("rank=") and name in D_RANK_FAULTS:
         raw = args.pop(0)[5:]
         if not (raw.startswith("D") and raw[1:].isdigit()):
             raise BadInput(f"{where}: {text!r}: rank= takes a D TP rank, e.g. rank=D1: {usage}")
@@ -137,16 +140,15 @@ def _restart(text: str, args: list[str], requests: int, where: str, usage: str, 
     if not args or args[0].startswith(("p=", "rank=")):
         raise BadInput(f"{where}: {text!r}: name the request after whose params P restarts: {usage}")
     req = _request(args.pop(0), text, requests, where, usage)
-    rank = 0
+    rank = None
     if args and args[0].startswith("rank="):
         raw = args.pop(0)[5:]
         try:
             rank = int(raw)
         except ValueError:
             raise BadInput(f"{where}: {text!r}: rank= takes an integer: {usage}") from None
-        if not 0 <= rank < P_RANKS:
-            raise BadInput(f"{where}: {text!r}: P rank {rank} does not exist (the request path runs {P_RANKS} P "
-                           "rank: 0)")
+        if rank < 0:  # the upper bound is the plan's P TP size (plan.py)
+            raise BadInput(f"{where}: {text!r}: P rank {rank} does not exist")
     if args:
         raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
     return Fault("restart-p", 0.0, "", req, 1.0, seed, rank)
@@ -158,10 +160,11 @@ def parse_all(items: list[str], requests: int, where: str = "--fault", seed: int
     return tuple(parse(t, requests, where, seed) for t in items)
 
 
-def pick(faults: tuple[Fault, ...], name: str, req: int) -> Fault | None:
-    """The last fault of that name that hits request req (a later --fault overrides an earlier one)."""
+def pick(faults: tuple[Fault, ...], name: str, req: int, d_rank: int | None = None) -> Fault | None:
+    """The last fault of that name that hits request req (a later --fault overrides an earlier one); with d_rank,
+    only one that touches that D TP rank (without: one on any rank, the request's slowest consumer)."""
     found = None
     for f in faults:
-        if f.name == name and f.hits(req):
+        if f.name == name and f.hits(req) and (d_rank is None or f.on(d_rank)):
             found = f
     return found

@@ -194,9 +194,10 @@ def abort_detail(line: Lifecycle) -> str:
            "once); its bytes may land in the next request's blocks"
 
 
-def held_for(faults: tuple[Fault, ...], req: int) -> tuple[float, bool]:
-    """hold / heartbeat-loss: (seconds D holds the request before its READ, whether its heartbeats are lost)."""
-    lost, hold = pick(faults, "heartbeat-loss", req), pick(faults, "hold", req)
+def held_for(faults: tuple[Fault, ...], req: int, d_rank: int | None = None) -> tuple[float, bool]:
+    """hold / heartbeat-loss: (seconds D holds the request before its READ, whether its heartbeats are lost); with
+    d_rank, that D TP rank's own (pick)."""
+    lost, hold = pick(faults, "heartbeat-loss", req, d_rank), pick(faults, "hold", req, d_rank)
     if lost is not None:
         return lost.seconds, True
     return (hold.seconds if hold else 0.0), False
@@ -223,19 +224,24 @@ def run_end(requests: int, rate: float, faults: tuple[Fault, ...], settle: float
 
 
 class _Req:
-    __slots__ = ("blocks", "deadline", "gens", "holding", "inc", "params")
+    __slots__ = ("blocks", "deadline", "gens", "holding", "inc", "params", "winc")
 
-    def __init__(self, blocks: list[int], gens: list[int], deadline: float, inc: int = 0) -> None:
-        self.blocks, self.gens, self.deadline, self.inc = blocks, gens, deadline, inc
+    def __init__(self, blocks: list[int], gens: list[int], deadline: float, inc: int = 0, winc: int = 0) -> None:
+        self.blocks, self.gens, self.deadline, self.inc, self.winc = blocks, gens, deadline, inc, winc
         self.holding = True
         self.params: dict[str, Any] = {}
 
 
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
              lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
-             settle: float = SETTLE_S, group: tuple[int, int] = (0, 1)) -> tuple[list[Outcome], Accounting]:
+             settle: float = SETTLE_S, group: tuple[int, int] = (0, 1), shape: Any = None,
+             ranks: dict[tuple[int, int], Outcome] | None = None) -> tuple[list[Outcome], Accounting]:
     """Each request's expected verdict and P's accounting. group (g, dp_size): only the requests the router
     sends to P DP rank g (i % dp_size == g: each DP rank an engine with its own pool), at their own times.
+    shape (pdcheck.requests.shapes.Shape) with `ranks`: where a fault touches one D TP rank (rank=DK) or one P TP
+    worker restarts (restart-p:REQ:rank=R), each D TP rank's own verdict goes into ranks[(request, D TP rank)]
+    (its own faults, at its own times; it reads worker R or not), while P's blocks follow the request: freed once
+    every consumer notified (the slowest or failing one decides) or at the expiry.
     P frees on notification or at the expiry (lease
     overrides the release's default; a release without one never frees unread blocks); freed blocks go to the
     tail of P's free list and later requests take them from its head (vLLM's free block queue). The run ends
@@ -251,9 +257,20 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     heap: list[tuple[float, int, str, int]] = []
     waiting: list[int] = []
     seq = 0
-    inc = d_inc = 0  # restart-p: P's incarnation, and the one whose agent D loaded
+    inc = 0  # restart-p: P's incarnation
+    d_inc: dict[int, int] = {}  # view (-1: the request; k: D TP rank k) -> the incarnation whose agent D loaded
     last_answer = 0.0
     ever: set[int] = set()
+    from pdcheck.requests.shapes import sources
+
+    p_tp = shape.p_tp if shape is not None else 1
+    d_tp = shape.d_tp if shape is not None else 1
+    # restart-p:REQ:rank=R on P TP > 1: one worker's process (w_inc times, R = w_rank, last at w_t)
+    w_inc, w_rank, w_t = 0, -1, math.inf
+    w_seen: set[int] = set()  # corrected: the D TP ranks that re-handshook after it
+    apart = ranks is not None and shape is not None and (
+        any(f.d_rank is not None for f in faults)
+        or (p_tp > 1 and any(f.name == "restart-p" and f.rank is not None for f in faults)))
 
     def push(t: float, kind: str, i: int) -> None:
         nonlocal seq
@@ -283,12 +300,19 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 last_gen_owner[(b, gen[b])] = i
             acc.allocated += len(blocks)
             deadline = t + expiry if expiry is not None else math.inf
-            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline, inc)
+            reqs[i] = _Req(blocks, [gen[b] for b in blocks], deadline, inc, w_inc)
             if deadline < math.inf:
                 push(deadline, "expire", i)
             slow = pick(faults, "slow-decode", i)
             push(t + (slow.seconds if slow else 0.0), "recv", i)
-            if pick(faults, "restart-p", i):
+            if apart:  # each D TP rank gets the params when its own slow-decode says
+                for k in range(d_tp):
+                    mine = pick(faults, "slow-decode", i, k)
+                    push(t + (mine.seconds if mine else 0.0), f"recv@{k}", i)
+            hit = pick(faults, "restart-p", i)
+            if hit is not None and hit.rank is not None and p_tp > 1:
+                restart_worker(hit.rank, t)
+            elif hit is not None:
                 restart()
 
     def restart() -> None:
@@ -302,57 +326,122 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         owner.clear()
         gen[:] = [0] * pool
 
-    def read(i: int, t: float) -> None:
-        """D's READ of request i at t, and what it finds."""
-        nonlocal d_inc, last_answer
+    def restart_worker(rank: int, t: float) -> None:
+        """One P TP worker's process is replaced: the scheduler and the other workers keep every block; what
+        the dead worker held is done on it. The D ranks that read it READ its dead agent from now on (a release
+        never re-handshakes with a known engine; the corrected D does at the first failed READ)."""
+        nonlocal w_inc, w_rank, w_t
+        w_inc, w_rank, w_t = w_inc + 1, rank, t
+        acc.restarts += 1
+
+    def read(i: int, t: float, view: int = -1) -> None:
+        """D's READ of request i at t, and what it finds. view -1: the request (P's accounting: its notification;
+        its verdict where the D ranks do not differ); k: D TP rank k's own verdict (ranks[(i, k)]) only."""
+        nonlocal last_answer
         last_answer = t  # every READ ends in an outcome D answers with
         r, params = reqs[i], reqs[i].params
-        if inc > d_inc or r.inc < inc:
+        rank = None if view < 0 else view
+
+        def answer(o: Outcome) -> None:
+            if view < 0:
+                out[i] = o
+            elif ranks is not None:
+                ranks[(i, view)] = o
+
+        if inc > d_inc.get(view, 0) or r.inc < inc:
             refused = restart_detail(line, r.inc, inc)
             if line is CORRECTED:
-                d_inc = inc
+                d_inc[view] = inc
             if refused is not None:
-                out[i] = Outcome(i, *refused)
+                answer(Outcome(i, *refused))
                 return
-        hold_s, lost = held_for(faults, i)
+        if view >= 0 and w_inc and t >= w_t and w_rank in sources(shape, view) and \
+                (line is not CORRECTED or view not in w_seen):
+            # this D rank reads the replaced worker's dead agent (the corrected D once, then re-handshakes)
+            w_seen.add(view)
+            answer(Outcome(i, *on_failure(line, i, "transfer_setup_failed", DISCONNECT)) if line is not CORRECTED
+                   else Outcome(i, "recomputed", f"{DISCONNECT}: P TP worker {w_rank} restarted; D re-handshook "
+                                                 "and recomputes"))
+            return
+        hold_s, lost = held_for(faults, i, rank)
         if line is CORRECTED and lost:
             exp = params.get("remote_blocks_expiry_time")
             if exp is not None and t >= exp:
-                out[i] = Outcome(i, "recomputed", "lease passed while D held the request (its heartbeats never "
-                                                  "renewed it): blocks not read, recomputed")
+                answer(Outcome(i, "recomputed", "lease passed while D held the request (its heartbeats never "
+                                                "renewed it): blocks not read, recomputed"))
                 return
-        if pick(faults, "read-fail", i):
-            out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", NOT_REGISTERED))
+        if pick(faults, "read-fail", i, rank):
+            answer(Outcome(i, *on_failure(line, i, "transfer_setup_failed", NOT_REGISTERED)))
             return
         ids = read_ids(params)
         if any(not 0 <= b < pool for b in ids):
-            out[i] = Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "
-                                            "of range -> NIXL_ERR_INVALID_PARAM"))
+            answer(Outcome(i, *on_failure(line, i, "transfer_setup_failed", "makeXferReq: remote index out "
+                                          "of range -> NIXL_ERR_INVALID_PARAM")))
+            return
+        if view >= 0:
+            answer(found(i, t, r, ids) if not pick(faults, "abort-d", i, rank) else
+                   Outcome(i, "aborted", abort_detail(line)))
+            return
+        if w_inc and line is not CORRECTED and r.winc == w_inc:
+            # admitted after one worker's restart: the D ranks that read it fail, and its replacement never hears
+            # of the request, so P's scheduler frees it only at that worker's expiry
+            out[i] = found(i, t, r, ids)
             return
         if pick(faults, "abort-d", i):
             out[i] = Outcome(i, "aborted", abort_detail(line))
             acc.d_freed_in_flight += not abort_waits_read(line)
         else:
-            # Whose KV each block read holds: the request that wrote the block's current generation.
-            found = [(b, gen[b], last_gen_owner.get((b, gen[b])))
-                     for b, mine in zip(ids, r.blocks, strict=True) if b != mine or owner.get(b) not in (i, None)
-                     or last_gen_owner.get((b, gen[b])) != i]
-            if found:
-                b, g, j = found[0]
-                whose = f"request {j}'s KV (generation {g})" if j is not None else "untagged bytes"
-                if line is CORRECTED:
-                    out[i] = Outcome(i, "recomputed", f"generation check: block {b} holds {whose}: refused, "
-                                                      "recomputed")
-                else:
-                    out[i] = Outcome(i, "wrong", f"block {b} holds {whose}", j)
-            elif not r.holding:
-                out[i] = Outcome(i, "freed-early", f"P freed the blocks at {r.deadline:.2f} s ({line.expiry}), D "
-                                                   f"read at {t:.2f} s")
-            else:
-                out[i] = Outcome(i, "delivered")
+            out[i] = found(i, t, r, ids)
         if not pick(faults, "drop-notif", i):
             delay = pick(faults, "delay-notif", i)
             push(t + (delay.seconds if delay else 0.0), "notif", i)
+
+    def found(i: int, t: float, r: _Req, ids: list[int]) -> Outcome:
+        """What a READ of request i's blocks at t finds."""
+        # Whose KV each block read holds: the request that wrote the block's current generation.
+        bad = [(b, gen[b], last_gen_owner.get((b, gen[b])))
+               for b, mine in zip(ids, r.blocks, strict=True) if b != mine or owner.get(b) not in (i, None)
+               or last_gen_owner.get((b, gen[b])) != i]
+        if bad:
+            b, g, j = bad[0]
+            whose = f"request {j}'s KV (generation {g})" if j is not None else "untagged bytes"
+            if line is CORRECTED:
+                return Outcome(i, "recomputed", f"generation check: block {b} holds {whose}: refused, recomputed")
+            return Outcome(i, "wrong", f"block {b} holds {whose}", j)
+        if not r.holding:
+            return Outcome(i, "freed-early", f"P freed the blocks at {r.deadline:.2f} s ({line.expiry}), D read at "
+                                             f"{t:.2f} s")
+        return Outcome(i, "delivered")
+
+    def recv_rank(i: int, t: float, k: int) -> None:
+        """D TP rank k gets request i's params at t: decides, then READs now or after its own hold."""
+        nonlocal last_answer
+        params = recv_params(i, t)
+        refused = decide(line, i, params, engine_id, pool, t)
+        if refused is not None:
+            if ranks is not None:
+                ranks[(i, k)] = Outcome(i, *refused)
+            last_answer = t
+            return
+        assert params is not None
+        reqs[i].params = params  # the same params every D rank gets (the request's recv may come later)
+        hold_s, _lost = held_for(faults, i, k)
+        if hold_s > 0:
+            push(t + hold_s, f"read@{k}", i)
+        else:
+            read(i, t, k)
+
+    def recv_params(i: int, t: float) -> dict[str, Any] | None:
+        r = reqs[i]
+        params: dict[str, Any] | None = params_for(line, i, r.blocks, engine_id, 5600, 1,
+                                                    r.deadline if r.deadline < math.inf else None, r.gens)
+        bad = pick(faults, "bad-params", i)
+        if bad is not None and params is not None:
+            earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+            params = apply_bad(params, bad.kind, pool, earlier)
+        if pick(faults, "drop-params", i):
+            params = None
+        return params
 
     for i in range(group[0], requests, group[1]):
         push(i / rate, "arrive", i)
@@ -368,16 +457,13 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         if kind == "arrive":
             waiting.append(i)
             admit(t)
+        elif kind.startswith("recv@"):
+            recv_rank(i, t, int(kind[5:]))
+        elif kind.startswith("read@"):
+            read(i, t, int(kind[5:]))
         elif kind == "recv":
             r = reqs[i]
-            params: dict[str, Any] | None = params_for(line, i, r.blocks, engine_id, 5600, 1,
-                                                        r.deadline if r.deadline < math.inf else None, r.gens)
-            bad = pick(faults, "bad-params", i)
-            if bad is not None and params is not None:
-                earlier = reqs[i - 1].blocks if i - 1 in reqs else None
-                params = apply_bad(params, bad.kind, pool, earlier)
-            if pick(faults, "drop-params", i):
-                params = None
+            params = recv_params(i, t)
             refused = decide(line, i, params, engine_id, pool, t)
             if refused is not None:
                 out[i] = Outcome(i, *refused)
@@ -455,22 +541,25 @@ def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_reque
     """simulate on a TP/DP shape: each P DP rank's requests on its own pool, then a verdict per (request, D TP
     rank) (per_rank); P's accounting summed over the DP ranks."""
     outs: dict[int, Outcome] = {}
+    ranks: dict[tuple[int, int], Outcome] = {}
     acc = Accounting()
     for g in range(shape.p_dp):
         got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, faults, engine_id, settle,
-                          (g, shape.p_dp))
+                          (g, shape.p_dp), shape, ranks)
         outs.update({o.request: o for o in got})
         for f in msgspec.structs.fields(Accounting):
             setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
-    return per_rank([outs[i] for i in range(requests)], shape), acc
+    return per_rank([outs[i] for i in range(requests)], shape, ranks), acc
 
 
-def per_rank(outcomes: list[Outcome], shape: Any) -> list[Outcome]:
+def per_rank(outcomes: list[Outcome], shape: Any,
+             ranks: dict[tuple[int, int], Outcome] | None = None) -> list[Outcome]:
     """The model on a TP/DP shape: every D TP rank of the D DP rank a request goes to reads its own P rank(s) at
     the same time and notifies each, and P's scheduler frees a request's blocks only once every worker counted
     every consumer (or its expiry), so each D rank meets what the one D rank meets on TP 1: the same verdict per
     (request, D rank). The counts per P rank differ (pdcheck.requests.shapes)."""
     from pdcheck.requests.shapes import d_group, d_label
 
-    return [msgspec.structs.replace(o, rank=d_label(shape, d_group(shape, o.request), r))
+    mine = ranks or {}
+    return [msgspec.structs.replace(mine.get((o.request, r), o), rank=d_label(shape, d_group(shape, o.request), r))
             for o in outcomes for r in range(shape.d_tp)]

@@ -100,7 +100,7 @@ class RequestsP(RequestsRole):
                 held[i] = _Held(blocks, gens, deadline)
                 next_expiry = min(next_expiry, deadline)
                 inc = self.spec.incarnation
-                rid = f"req-r{inc}.{epoch}.{i}" if inc else f"req-{epoch}.{i}"
+                rid = f"req-r{rid_inc}.{epoch}.{i}" if rid_inc else f"req-{epoch}.{i}"
                 by_id[rid] = i
                 if mode == "push":
                     params = push.params(line, i, blocks, self.spec.engine_id, side.port, tp,
@@ -111,7 +111,8 @@ class RequestsP(RequestsRole):
                     # a replaced P hands out the same one; the corrected path counts incarnations.
                     params = params_for(line, i, blocks, self.spec.engine_id, side.port, tp,
                                         deadline if expiry is not None else None, gens, rid,
-                                        inc + 1 if line is CORRECTED else 1, block_size=kv.geometry.block_size)
+                                        (generation or inc + 1) if line is CORRECTED else 1,
+                                        block_size=kv.geometry.block_size)
                 out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
@@ -122,8 +123,12 @@ class RequestsP(RequestsRole):
                 free.extend(h.blocks)
             out.add(m.ReqFreed(i, how, time.time(), log))
 
+        rid_inc = self.spec.incarnation  # a replaced TP worker names requests as the scheduler does (m.ReqAdopt)
+        generation = 0  # the corrected path after one TP worker's restart: the engine's generation (m.ReqReplaced)
+
         def handle(msg: m.Msg | None) -> None:
             nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side, release_name, dead
+            nonlocal rid_inc, generation
             if isinstance(msg, m.ReqBegin):
                 mode = msg.mode
                 if mode == "push":
@@ -151,6 +156,15 @@ class RequestsP(RequestsRole):
                 dead = False
                 errors = []
                 kv.clear_all(np.arange(n))
+            elif isinstance(msg, m.ReqAdopt):
+                # This worker replaces one that died mid-line: the scheduler's free list and generations; what the
+                # dead one held is done here (its blocks died with it) until the scheduler frees it.
+                free = deque(msg.free)
+                gen[:] = msg.gens
+                worker_done.update({i: _Held(b, [], float("inf")) for i, b in msg.held.items()})
+                epoch, rid_inc = msg.epoch, msg.rid_inc
+            elif isinstance(msg, m.ReqReplaced):
+                generation = msg.generation
             elif isinstance(msg, m.ReqRelease):
                 got = worker_done.pop(msg.request, None)
                 if got is not None:

@@ -239,25 +239,31 @@ def _span_text(ids: list[int], most: int = 5) -> str:
     return ", ".join(pieces) if len(pieces) <= most else ", ".join(pieces[:most]) + f", … ({len(ids)} in all)"
 
 
-def _rows(r: ReleaseReport, every: bool, notes: dict[str, int], first: dict[int, str]) -> list[tuple[str, str, str]]:
-    """(requests, verdict, what happened) for one line: every request with --all, else the ones not delivered,
-    those whose verdict and detail differ only in numbers folded into one row."""
-    groups: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
+def _rows(r: ReleaseReport, every: bool, notes: dict[str, int],
+          first: dict[int, str]) -> list[tuple[str, str, str, str]]:
+    """(requests, D rank, verdict, what happened) for one line: every (request, D rank) with --all, else the ones
+    not delivered, those of one D rank whose verdict and detail differ only in numbers folded into one row."""
+    groups: dict[tuple[str, str, str, str], list[tuple[int, str]]] = {}
     for row in r.rows:
         if row.verdict == "delivered" and not row.model and not every:
             continue
         detail = _notes(row.detail, notes, first)
-        key = (row.verdict, row.model, str(row.request) if every else re.sub(r"\d+", "#", detail))
+        key = (row.rank, row.verdict, row.model, str(row.request) if every else re.sub(r"\d+", "#", detail))
         groups.setdefault(key, []).append((row.request, detail))
     out = []
-    for (verdict, model, _k), members in groups.items():
+    for (rank, verdict, model, _k), members in groups.items():
         ids = [i for i, _d in members]
         detail = members[0][1]
         if len(ids) > 1:
             detail = f"request {ids[0]}: {detail}"
         shown = _v(verdict) + (f" [dim](model: {model})[/]" if model else "")
-        out.append((_span_text(ids), shown, detail))
+        out.append((_span_text(ids), rank, shown, detail))
     return out
+
+
+def d_ranks(rep: RequestsReport) -> int:
+    """How many D ranks the report's rows name (more than one: the table gains a D rank column)."""
+    return len({row.rank for r in [*rep.releases, rep.corrected] for row in r.rows})
 
 
 def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
@@ -303,12 +309,15 @@ def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
               title_justify="left", highlight=False, box=box.SIMPLE_HEAD, pad_edge=False)
     t.add_column("line", no_wrap=True)
     t.add_column("requests", max_width=34)
+    by_rank = d_ranks(rep) > 1  # a row names (request, D rank) on a shape with more than one D rank
+    if by_rank:
+        t.add_column("D rank", no_wrap=True)
     t.add_column("verdict", no_wrap=True)
     t.add_column("what happened", overflow="fold")
     shown = 0
     for r in lines:
-        for i, (ids, verdict, detail) in enumerate(_rows(r, every, notes, first)):
-            t.add_row(r.release if i == 0 else "", ids, verdict, escape(detail))
+        for i, (ids, rank, verdict, detail) in enumerate(_rows(r, every, notes, first)):
+            t.add_row(r.release if i == 0 else "", ids, *([rank] if by_rank else []), verdict, escape(detail))
             shown += 1
     if shown:
         console.print(t)

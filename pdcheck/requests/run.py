@@ -145,9 +145,11 @@ class _PSlot:
         self.group, self.tp_rank = group, tp_rank  # its P DP rank (engine) and TP rank
         self.incarnation = 0
         self.begin: m.ReqBegin | None = None  # the line this P rank runs (its own side channel)
+        self.lines = 0  # lines this process began (its request ids' epoch)
+        self.rid_inc = 0  # the process count its request ids carry (a replaced TP worker takes the others')
 
 
-def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> float:
+def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options, adopt: m.ReqAdopt | None = None) -> float:
     """Kill P's process and start its replacement on the one launcher: the same engine id, blocks and side-channel
     port, a new agent. The new P takes the line (begin) and serves its metadata on that port; D reads it there
     only where the release re-handshakes. Returns the seconds it took (the router holds requests meanwhile)."""
@@ -162,6 +164,7 @@ def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> floa
     old.reap(5.0)
     old.done = True
     slot.incarnation += 1
+    slot.lines, slot.rid_inc = 0, slot.incarnation
     log = getattr(lau, "log_dir", None)
     spec = _p_spec(opts, slot.group, slot.tp_rank, slot.incarnation, slot.ready.side_port)
     k = slot.group * opts.shape.p_tp + slot.tp_rank
@@ -170,6 +173,9 @@ def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> floa
     ready = orc.gather(lau, [p], m.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
     slot.rank, slot.box, slot.ready = p, _Outbox(p), ready[p.id][1]
     _begin_p(lau, slot, begin, opts)
+    if adopt is not None:  # one TP worker replaced: it takes the scheduler's state (the others kept theirs)
+        slot.box.send(adopt)
+        slot.lines, slot.rid_inc = adopt.epoch, adopt.rid_inc
     return time.time() - t0
 
 
@@ -177,6 +183,7 @@ def _begin_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> None:
     """P takes the line, and its side channel serves the line's wire once P says so (m.Serving): only then may D
     handshake, or it could read the last line's era."""
     slot.box.send(begin)
+    slot.lines += 1
     orc.gather(lau, [slot.rank], m.Serving, opts.start_timeout_s, _stage("the side channel's start",
                                                                          opts.start_timeout_s))
 
@@ -231,6 +238,7 @@ class _LineState:
         self.shakes: list[m.ReqHandshook] = []
         self.acks = 0
         self.d_began = [False]
+        self.sched_free: dict[int, list[int]] = {}  # P DP rank -> the scheduler's free list (TP shapes)
 
     def prefill_ready(self, slot: _PSlot | None, msg: m.ReqPrefilled) -> m.ReqPrefilled | None:
         """TP rank 0's prefill of a request once every P TP worker of its engine has it (its blocks tagged)."""
@@ -261,19 +269,56 @@ class _LineState:
         elif isinstance(msg, m.ReqHandshook):  # every D rank's: each handshakes with each engine it meets
             self.shakes.append(msg)
         elif isinstance(msg, m.ReqFreed) and sh.p_tp > 1 and slot is not None:
-            got = self.done.setdefault(msg.request, {})
-            got[slot.tp_rank] = msg
-            if msg.log and slot.tp_rank == 0:
-                self.logs.append(msg.log)
-            if len(got) == sh.p_tp and msg.request not in self.freed:
-                # the scheduler frees once every worker is done: at the last one, expired if any worker expired
-                how = "expired" if any(f.how == "expired" for f in got.values()) else msg.how
-                self.freed[msg.request] = m.ReqFreed(msg.request, how, max(f.t for f in got.values()))
-                for s in self.slots:
-                    if s.group == slot.group:
-                        s.box.send(m.ReqRelease(msg.request))
+            self.worker_done(slot, msg)
         else:
             _record_free(msg, self.freed, self.logs)
+
+    def worker_done(self, slot: _PSlot, msg: m.ReqFreed) -> None:
+        got = self.done.setdefault(msg.request, {})
+        got[slot.tp_rank] = msg
+        if msg.log and slot.tp_rank == 0:
+            self.logs.append(msg.log)
+        if len(got) == self.opts.shape.p_tp and msg.request not in self.freed:
+            # the scheduler frees once every worker is done: at the last one, expired if any worker expired (a
+            # replaced worker's "lost" counts as done, never as how)
+            hows = [f.how for f in got.values() if f.how != "lost"] or ["notif"]
+            how = "expired" if "expired" in hows else hows[-1]
+            self.freed[msg.request] = m.ReqFreed(msg.request, how, max(f.t for f in got.values()))
+            pf = self.prefilled.get(msg.request)
+            if pf is not None:
+                self.sched_free.setdefault(slot.group, self._fresh()).extend(pf.blocks)
+            for s in self.slots:
+                if s.group == slot.group:
+                    s.box.send(m.ReqRelease(msg.request))
+
+    def _fresh(self) -> list[int]:
+        return list(range(self.opts.pool))
+
+    def allocated(self, slot: _PSlot | None, pf: m.ReqPrefilled) -> None:
+        """The scheduler's free list of the P DP rank (what a replaced TP worker takes: replaced())."""
+        if self.opts.shape.p_tp > 1 and slot is not None:
+            free = self.sched_free.setdefault(slot.group, self._fresh())
+            for b in pf.blocks:
+                free.remove(b)
+
+    def replaced(self, slot: _PSlot) -> m.ReqAdopt:
+        """TP worker `slot` dies (after the params of the request restart-p names): what it held is done on it (its
+        blocks died; the scheduler frees each once the other workers are done); its replacement takes the
+        scheduler's state."""
+        now = time.time()
+        held = {i: pf.blocks for i, pf in self.prefilled.items() if p_group(self.opts.shape, i) == slot.group
+                and i not in self.freed and slot.tp_rank not in self.done.get(i, {})}
+        gens = [0] * self.opts.pool
+        for pf in self.prefilled.values():  # in the order P handed them out: each block's latest generation
+            if p_group(self.opts.shape, pf.request) == slot.group:
+                for b, g in zip(pf.blocks, pf.gens, strict=True):
+                    gens[b] = g
+        free = list(self.sched_free.setdefault(slot.group, self._fresh()))
+        kept = next(s for s in self.slots if s.group == slot.group and s is not slot)
+        adopt = m.ReqAdopt(free, gens, held, kept.lines, kept.rid_inc)
+        for i in held:
+            self.worker_done(slot, m.ReqFreed(i, "lost", now))
+        return adopt
 
 
 def _record_free(msg: m.Msg, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
@@ -385,7 +430,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
             elif action == "prefill":
                 to_p.setdefault(p_group(sh, i), []).append(_prefill(i, opts))
             else:
-                for r in range(sh.d_tp):  # each D TP rank of the request's D DP rank, its own faults
+                for r in _d_ranks(action, sh.d_tp):  # each D TP rank of the request's D DP rank, its own faults
                     to_dd.setdefault(d_group(sh, i) * sh.d_tp + r, []).append(_route(prefilled, i, opts, r))
         for sl in slots:  # every request due this turn, in one message per rank
             sl.box.send_all(to_p.get(sl.group, []))
@@ -417,20 +462,23 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                     continue  # P's scheduler hands the params out once every TP worker has the request
                 if isinstance(msg, m.ReqPrefilled):
                     prefilled[msg.request] = msg
-                    slow = pick(opts.faults, "slow-decode", msg.request)
-                    t_decode = msg.t + (slow.seconds if slow else 0.0)
+                    st.allocated(slot, msg)
+                    # slow-decode: the params reach each D TP rank when its own fault says (rank=DK: one late)
+                    late = [(s_.seconds if (s_ := pick(opts.faults, "slow-decode", msg.request, r)) else 0.0)
+                            for r in range(sh.d_tp)]
+                    t_decode = msg.t + late[0]
                     if pick(opts.faults, "restart-p", msg.request):
                         # Between handshake and transfer: P is replaced after handing out these params. Whatever it
                         # still held dies with it; the schedule pauses while the new P starts.
                         # The params D was due to get before this moment go to D now, before P dies, as the model
                         # orders them (on a loaded machine their turn of the loop may not have come yet: D then
                         # read an earlier request from the dead P); every D rank of the shape gets its own.
-                        early = sorted(e for e in due if e[2] == "decode" and e[0] <= msg.t)
+                        early = sorted(e for e in due if e[2].startswith("decode") and e[0] <= msg.t)
                         if early:
-                            due[:] = [e for e in due if not (e[2] == "decode" and e[0] <= msg.t)]
+                            due[:] = [e for e in due if not (e[2].startswith("decode") and e[0] <= msg.t)]
                             heapq.heapify(due)
                             for e in early:
-                                for r in range(sh.d_tp):
+                                for r in _d_ranks(e[2], sh.d_tp):
                                     to_ds[d_group(sh, e[3]) * sh.d_tp + r].send(_route(prefilled, e[3], opts, r))
                         _settle_before_restart(lau, ranks_now, msg.request, st, opts)
                         dying = [j for j in prefilled if j not in freed and j not in gone]
@@ -441,9 +489,16 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                         # push: the new P handshakes with D on D's first PUSH_REG to it. On a TP shape the whole
                         # engine (every TP worker of its DP rank) is replaced.
                         down = 0.0
+                        # restart-p:REQ:rank=R on a P TP > 1: only worker R's process; the others keep serving
+                        hit = pick(opts.faults, "restart-p", msg.request)
+                        one = hit.rank if hit is not None and sh.p_tp > 1 else None
                         for sl in slots:
-                            if slot is not None and sl.group == slot.group:
-                                down += _restart_p(lau, sl, sl.begin, opts)
+                            if slot is not None and sl.group == slot.group and one in (None, sl.tp_rank):
+                                down += _restart_p(lau, sl, sl.begin, opts,
+                                                   None if one is None else st.replaced(sl))
+                        if one is not None and slot is not None:  # the engine's generation counts the new process
+                            group = [sl for sl in slots if sl.group == slot.group]
+                            group[0].box.send(m.ReqReplaced(1 + sum(sl.incarnation for sl in group)))
                         if msg.request in restarts_due:
                             restarts_due.remove(msg.request)
                         due = [(w + down, s_, a, j) for w, s_, a, j in due]
@@ -451,8 +506,10 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                         parked.clear()
                         heapq.heapify(due)
                         end, hard, t_decode = end + down, hard + down, t_decode + down
-                    heapq.heappush(due, (t_decode, seq, "decode", msg.request))
-                    seq += 1
+                    for k, when in enumerate(late if len(set(late)) > 1 else late[:1]):
+                        heapq.heappush(due, (t_decode - late[0] + when, seq, "decode" if len(set(late)) == 1
+                                             else f"decode@{k}", msg.request))
+                        seq += 1
                 elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
                     registered.add(msg.request)
                     last_answer = time.time()
@@ -578,7 +635,7 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: 
         params = apply_bad(msgspec.msgpack.decode(pf.params), bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
-    hold_s, lost = held_for(opts.faults, i)
+    hold_s, lost = held_for(opts.faults, i, d_rank if opts.mode != "push" else None)
     if opts.mode == "push":  # the notification faults and read-fail hit P's WRITE instead (_prefill)
         return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
                            abort=pick(opts.faults, "abort-d", i) is not None)
@@ -586,8 +643,17 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: 
     delay = delay if delay is not None and delay.on(d_rank) else None
     drop = pick(opts.faults, "drop-notif", i)
     return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, drop is not None and drop.on(d_rank),
-                       delay.seconds if delay else 0.0, hold_s, lost, pick(opts.faults, "read-fail", i) is not None,
-                       pick(opts.faults, "abort-d", i) is not None, any(f.hits(i) for f in opts.faults))
+                       delay.seconds if delay else 0.0, hold_s, lost,
+                       pick(opts.faults, "read-fail", i, d_rank) is not None,
+                       pick(opts.faults, "abort-d", i, d_rank) is not None, any(f.hits(i) for f in opts.faults))
+
+
+def _d_ranks(action: str, d_tp: int) -> range:
+    """The D TP ranks a "decode" entry of the router's schedule goes to: every one, or "decode@K" only rank K."""
+    if action.startswith("decode@"):
+        k = int(action[7:])
+        return range(k, k + 1)
+    return range(d_tp)
 
 
 def _prefill(i: int, opts: Options) -> m.ReqPrefill:
