@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,12 @@ SCENARIOS = ROOT / "scenarios"
 # would wrap the reports the tests read; a test that wants a width sets its own.
 for _name in ("COLUMNS", "LINES"):
     os.environ.pop(_name, None)
+
+# A shell's background job (`pytest &` in a script, a CI step) starts with SIGINT ignored, and an ignored signal is
+# inherited by every child: the pdcheck processes the signal tests start would keep ignoring a Ctrl-C, as pdcheck
+# rightly does when started that way. The tests model a terminal's Ctrl-C, so their children start with it live.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
