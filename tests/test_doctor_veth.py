@@ -36,10 +36,13 @@ def _env(extra: dict[str, str]) -> dict[str, str]:
 
 
 def _pair(ns: tuple[str, str], a_ip: str, *, env_a: dict[str, str], env_b: dict[str, str],
-          listen: tuple[str, ...] = (), peer: tuple[str, ...] = (), timeout: int = 40) -> tuple[End, End, int]:
-    """The listener in namespace A on A's veth address (a port the OS picks), the peer in B dialling it."""
+          listen: tuple[str, ...] = (), peer: tuple[str, ...] = (), timeout: int = 40,
+          listen_timeout: int | None = None) -> tuple[End, End, int]:
+    """The listener in namespace A on A's veth address (a port the OS picks), the peer in B dialling it. The
+    listener's wait for the Hello includes the peer's own start-up (an interpreter, a rank: seconds on a busy
+    machine), so a short peer timeout gets a listener timeout of its own."""
     cmd = ["ip", "netns", "exec", ns[0], sys.executable, "-m", "pdcheck", "doctor", "--listen", f"{a_ip}:0",
-           "--json", "--timeout", str(timeout), *listen]
+           "--json", "--timeout", str(listen_timeout or timeout), *listen]
     lis = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(env_a), cwd=ROOT)
     try:
         assert lis.stderr is not None
@@ -49,7 +52,7 @@ def _pair(ns: tuple[str, str], a_ip: str, *, env_a: dict[str, str], env_b: dict[
         p = subprocess.run(["ip", "netns", "exec", ns[1], sys.executable, "-m", "pdcheck", "doctor", "--peer",
                             f"{a_ip}:{port}", "--json", "--timeout", str(timeout), *peer],
                            capture_output=True, text=True, env=_env(env_b), cwd=ROOT, timeout=timeout * 4)
-        out, err = lis.communicate(timeout=timeout * 4)
+        out, err = lis.communicate(timeout=(listen_timeout or timeout) * 4)
     finally:
         if lis.poll() is None:
             lis.kill()
@@ -125,10 +128,11 @@ def test_loopback_devices_cannot_reach_the_other_node(link) -> None:
 def test_listener_advertising_an_address_it_does_not_listen_on(link) -> None:
     """The listener tells the peer to use A's address on a port nobody listens on: exit 3, one line, bounded."""
     ns, a_ip, _, _, _ = link
-    lis, peer, _ = _pair(ns, a_ip, env_a={}, env_b={}, listen=("--advertise", f"{a_ip}:9"), timeout=6)
+    lis, peer, _ = _pair(ns, a_ip, env_a={}, env_b={}, listen=("--advertise", f"{a_ip}:9"), timeout=6,
+                         listen_timeout=20)
     assert peer.code == 3, peer.err
     lines = peer.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pdcheck: error:"), peer.err
-    assert f"advertises {a_ip}:9, where nothing answered" in lines[0]
+    assert f"advertises {a_ip}:9, where nothing answered" in lines[0], (lis.code, lis.err)
     assert peer.out == ""
     assert lis.code == 3 and lis.err.strip().splitlines()[-1].startswith("pdcheck: error: --listen"), lis.err

@@ -106,10 +106,14 @@ def test_smoke_on_a_terminal_shows_cases_and_ctrl_c_prints_what_finished(tmp_pat
     t = Pty(tmp_path, "smoke", str(d), "-j", "2", "--hang-timeout", "60")
     t.wait_for("smoke cases", 60)
     t.wait_for("5/7", 90)  # decode-fewer-blocks finished; the other still hangs
+    sigs = _signal_state(t.proc.pid)
     os.killpg(t.proc.pid, signal.SIGINT)  # the terminal's Ctrl-C: the whole foreground group
     t_sig = time.monotonic()
-    code = t.finish(30)
-    assert code == 130, t.text[-3000:]
+    try:
+        code = t.finish(30)
+    except AssertionError as exc:
+        raise AssertionError(f"SIGINT at {sigs}: {exc}") from None
+    assert code == 130, (sigs, t.text[-3000:])
     assert time.monotonic() - t_sig < 15
     out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", t.text)  # colours and cursor moves
     assert "(interrupted)" in out and "decode-fewer-blocks" in out.split("(interrupted)", 1)[1], out[-3000:]
@@ -137,14 +141,29 @@ def test_sequential_ctrl_c_prints_what_finished_as_json(tmp_path: Path) -> None:
             _comm(pid).startswith("pdcheck-D1") for pid in _family(proc.pid)):
         time.sleep(0.05)
     time.sleep(0.5)
+    sigs = _signal_state(proc.pid)
     os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=30)
-    assert proc.returncode == 130, err[-3000:]
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError(f"still running 30 s after SIGINT at {sigs}") from None
+    assert proc.returncode == 130, (sigs, err[-3000:])
     import json
 
     doc = json.loads(out)
     assert doc["exit_code"] == 130 and {c["scenario"] for c in doc["cases"]} == {"decode-fewer-blocks"}, doc
     assert "Traceback" not in err and err.count("pdcheck: error:") <= 1, err
+
+
+def _signal_state(pid: int) -> str:
+    """The process's blocked and ignored signal masks (a Ctrl-C that does nothing shows why here)."""
+    try:
+        return " ".join(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                        if ln.startswith(("SigBlk", "SigIgn", "SigCgt")))
+    except OSError:
+        return "gone"
 
 
 def _comm(pid: str) -> str:

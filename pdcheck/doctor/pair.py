@@ -245,6 +245,9 @@ def _evidence(log: Path, host: str, ucx: str) -> End:
     return End(host, d.data, d.notif, lanes, ucx)
 
 
+RANK_SETUP_S = 60.0
+
+
 class _Pair:
     """One bench rank on pdcheck's launcher, with transfer-bench's fault words (pdcheck.bench.runner)."""
 
@@ -262,7 +265,9 @@ class _Pair:
         self.host = host
         arena = (self.plan.pool_p if role == "P" else self.plan.pool_d)[0]
         self.ranks.start(self.rid, _spec(role, host, arena, _ucx_env()))
-        self.ready: m.BenchReady = self.ranks.gather([self.rid], m.BenchReady, timeout,
+        # --timeout bounds what the other end does; this rank's own start-up (an agent, a registration, on a
+        # busy machine seconds) gets at least RANK_SETUP_S, so a short --timeout never fails a healthy start.
+        self.ready: m.BenchReady = self.ranks.gather([self.rid], m.BenchReady, max(timeout, RANK_SETUP_S),
                                                      "creating the agent and registering memory")[self.rid]
 
     def ask(self, msg: m.Msg, kind: type, what: str) -> Any:
@@ -296,6 +301,9 @@ def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str |
     sock = bounded_socket(ctx, zmq.REP, host)
     pair: _Pair | None = None
     try:
+        # The rank (its agent, registered memory) starts before the announcement: "listening on" means a peer's
+        # Hello is answered at once, within the peer's own --timeout however long this machine took to start it.
+        pair = _Pair("P", host, timeout)
         try:
             if port:
                 sock.bind(_endpoint(host, port))
@@ -306,7 +314,6 @@ def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str |
         adv = advertise or _hostport(advertised_host(host), port)
         sys.stderr.write(f"pdcheck doctor: listening on {_hostport(host, port)} (advertising {adv})\n")
         sys.stderr.flush()
-        pair = _Pair("P", host, timeout)
         deadline = time.monotonic() + timeout
         hello = _serve(sock, deadline, timeout, Hello, "waiting for a peer's Hello")
         if hello.protocol != PROTOCOL or hello.shape != _shape():
