@@ -35,7 +35,7 @@ from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import engine, runner
 from pdcheck.sglang import plan as sp
 from pdcheck.sglang.probe import recognise
-from pdcheck.sglang.ranks import SERVE_TAG
+from pdcheck.sglang.ranks import SERVE_TAG, SgReq
 from pdcheck.sglang.releases import resolve
 from pdcheck.sglang.scenario import SgInstance, SgScenario, SgTransfer
 
@@ -92,6 +92,13 @@ def _real_d_status(room: dict[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------- real SGLang P, pdcheck's fake D
+def _p_pages(r: SgReq) -> list[int]:
+    """The page ids SGLang's P sends a request from: D's ids (so D's pages can be checked by coordinate), as
+    many as P's own scheduler holds the request's tokens in (more than D's when D's page is larger)."""
+    extra = [pg for pg in r.p_pages if pg not in r.d_pages]
+    return (list(r.d_pages) + extra)[:len(r.p_pages)]
+
+
 def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResult, dict[str, Any]]:
     sc = _scenario(shape, seed)
     # P's release named, as a user does where the era is ambiguous read-only (0.4.7 and 0.4.9.post2 answer alike)
@@ -100,13 +107,13 @@ def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResul
     live = sp.LiveBootstrap("127.0.0.1", port)
     reqs = sp.make_requests(sc)  # the fake D asks for the same page ids P serves from (live mode)
     params = {"side": _side(sc.prefill), "bootstrap_port": port, "tag": SERVE_TAG, "timeout_s": 120,
-              "requests": [{"room": r.room, "pages": r.d_pages} for r in reqs]}
+              "requests": [{"room": r.room, "pages": _p_pages(r)} for r in reqs]}
     with kit.Child("prefill", release, params) as p:
         p.expect("ready", START_S)
         era = recognise(bs.http_get("127.0.0.1", port, 5.0))[0]
         assert era is not None and era.bootstrap == resolve(release).bootstrap, era  # read-only, from GETs
         plan = sp.build(sc, release, sp.SgOptions(hang_timeout_s=HANG_S / 2), live)
-        assert [r.d_pages for r in plan.requests] == [r["pages"] for r in params["requests"]]
+        assert [r.d_pages for r in plan.requests] == [r.d_pages for r in reqs]
         res = runner.run(plan)
         assert p.proc.stdin is not None
         p.proc.stdin.write("\n")  # not a close: P reports what its senders reached, then waits for the close
@@ -178,7 +185,8 @@ def _serve(release: str, sc: SgScenario, tmp_path: Any) -> tuple[subprocess.Pope
     p = sc.prefill
     path.write_text('framework = "sglang"\n[prefill]\n' + "".join(
         f"{k} = {json.dumps(getattr(p, k))}\n" for k in ("page_size", "kv_cache_dtype", "dtype", "layers",
-                                                           "kv_heads", "head_dim", "num_pages")))
+                                                           "kv_heads", "head_dim", "num_pages"))
+                    + f"[decode]\npage_size = {sc.decode.page_size}\n")  # the request's tokens: P's own pages
     proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(path), "--sglang", release, "--json",
                              "--duration", "400"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))

@@ -272,6 +272,33 @@ def test_serve_and_prefill_endpoint(tmp_path) -> None:
     assert "P rank 0: 2 WRITE requests" in err
 
 
+def test_serve_holds_a_room_in_its_own_page_count(tmp_path) -> None:
+    """`pdcheck serve --sglang 0.5.3` told D's page size (32, P's 16): a room D asks 2 pages for is 4 pages on P,
+    whose add_transfer_request asserts and writes nothing; pdcheck's live D hangs, as the model says."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    from pdcheck.sglang.probe import parse_url
+    from pdcheck.sglang.scenario import load
+
+    scen = tmp_path / "live.toml"
+    scen.write_text('framework = "sglang"\n[prefill]\npage_size = 16\n[decode]\npage_size = 32\n')
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(scen), "--sglang", "0.5.3", "--json",
+                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    try:
+        live = sp.LiveBootstrap(*parse_url(json.loads(proc.stdout.readline())["bootstrap_url"]))
+        pair = runner.run(sp.build(load(scen), "0.5.3", sp.SgOptions(hang_timeout_s=1.5), live)).pairs[0]
+        assert [v.status for v in pair.observed] == [v.status for v in pair.model] == ["hang"], pair
+    finally:
+        proc.terminate()
+        _out, err = proc.communicate(timeout=30)
+    assert "P rank 0: 0 WRITE requests" in err and "assert len(chunked_dst_kv_indice) == len(kv_indices)" in err, err
+
+
 def test_scenario_from_logs_cli(pdcheck, tmp_path) -> None:
     line = ("INFO engine.py:154: server_args=ServerArgs(model_path='m', kv_cache_dtype='auto', page_size={ps}, "
             "tp_size=1, pp_size=1, dp_size=1, disaggregation_mode='{mode}', disaggregation_transfer_backend='nixl', "

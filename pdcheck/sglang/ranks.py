@@ -53,6 +53,9 @@ class SgPrefillSpec(msgspec.Struct, frozen=True):
     pp_rank: int = 0  # every PP stage registers; each fake stage holds (and writes) every layer
     fault: str = "none"  # scenario.Fault
     dp_rank: int = 0  # attention DP group; `requests` are the ones the router dispatched to it
+    # serve: the live decode's page size ([decode].page_size; 0: P's own). D's pages hold the request's tokens
+    # by D's page size, P's scheduler holds them by its own: a larger D page means more P pages (engine.d_pages_for)
+    d_page_size: int = 0
 
 
 SERVE_TAG = 0x5C1  # the coordinate tag of `serve --sglang` pages: a live D knows it without asking
@@ -257,8 +260,9 @@ class SgPrefillRole(Role):
         req = next((r for r in self.spec.requests if r.room == got.room), None)
         slot = req.slot if req is not None else 0
         if req is None and self.spec.serve and got.pages:
-            # A live decode's room: P "prefilled" the same page ids (tagged now, with serve's own tag).
-            req = SgReq(got.room, list(got.pages), list(got.pages))
+            # A live decode's room: P "prefilled" the same page ids (tagged now, with serve's own tag), as many as
+            # P's page size needs for the tokens of D's pages (more ids past D's when D's page is larger).
+            req = SgReq(got.room, self._own_pages(list(got.pages)), list(got.pages))
             self.kv.tag_many(self.spec.tag, self.spec.tp_rank, {r: req.p_pages for r in range(self.spec.side.num_ptrs)})
         if req is None or not got.pages:
             return  # a dummy request (empty indices), or a room this P never prefilled
@@ -270,6 +274,13 @@ class SgPrefillRole(Role):
             m.send(self.conn, m.Armed())
             return
         self._serve(got, reg, peer, req, slot, push)
+
+    def _own_pages(self, d_pages: list[int]) -> list[int]:
+        side = self.spec.side
+        n = -(-len(d_pages) * (self.spec.d_page_size or side.page_size) // side.page_size)
+        taken = set(d_pages)
+        extra = [pg for pg in range(side.num_pages) if pg not in taken]
+        return (d_pages + extra)[:n]
 
     def _serve_in_order(self, push: dict[str, Any]) -> None:
         """duplicate_room: P's scheduler sends each planned request in order; the room's entry after its

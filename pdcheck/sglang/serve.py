@@ -1,6 +1,7 @@
 """`pdcheck serve --sglang RELEASE`: fake SGLang P ranks and their bootstrap server, for a real SGLang decode (or
 `pdcheck handshake --sglang R --prefill-endpoint URL`) to use until a signal or --duration. Pages are tagged
-with SERVE_TAG when a room asks for them; P serves a room from the same page ids as the decode's."""
+with SERVE_TAG when a room asks for them; P serves a room from the same page ids as the decode's, as many as its
+own page size needs for the tokens of D's pages (D's page size: the scenario's [decode].page_size, else P's)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pdcheck import orchestrate as orch
 from pdcheck.envelope import write
 from pdcheck.errors import EXIT_OK, BadInput, HarnessError
 from pdcheck.launcher import launcher
+from pdcheck.scenario import read_toml
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang.ranks import SERVE_TAG, PFinal, SgPrefillSpec, sglang_prefill_main
 from pdcheck.sglang.releases import resolve
@@ -41,6 +43,9 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
         bounds.check_seconds("--duration", duration_s, bounds.SERVE_DURATION_S)  # nan, inf, 1e300 are bad input
     sc = load(scenario) if scenario is not None else load(None)
     p = sc.prefill.side()
+    # the decode's page size only where the scenario names it: otherwise D pages as P does
+    named = scenario is not None and "page_size" in (read_toml(scenario).get("decode") or {})
+    d_page_size = sc.decode.page_size if named else 0
     try:
         server = bs.Server(bs.Table(rel, p.tp_size), port=port or 0)
     except OSError as exc:
@@ -49,7 +54,7 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
     try:
         with launcher(None) as lau:
             ranks = [lau.start("P", r, sglang_prefill_main, msgspec.msgpack.encode(SgPrefillSpec(
-                r, rel.name, p, server.port, [], SERVE_TAG, serve=True))) for r in range(p.tp_size)]
+                r, rel.name, p, server.port, [], SERVE_TAG, serve=True, d_page_size=d_page_size))) for r in range(p.tp_size)]
             orch.await_ready(lau, ranks, 60.0)
             doc = Served("sglang", rel.name, f"http://127.0.0.1:{server.port}", p.tp_size, p.page_size,
                          p.kv_cache_dtype)
