@@ -502,10 +502,19 @@ def test_layout_ports_are_held_before_any_rank_starts():
     from pdcheck.scenario import load
 
     lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
-    base = next(p for p in range(lo + 1000, hi - 500, 500) if _free_run(p, 300))
-    sc = load(None, {"prefill": {"tp_size": 4, "num_blocks": 64, "base_port": base},
-                     "decode": {"tp_size": 8, "num_blocks": 64}})
-    plan = plan_ports(sc, [resolve("0.9.1"), resolve("0.13.0")], None)
+
+    def layout(base: int):  # type: ignore[no-untyped-def]
+        sc = load(None, {"prefill": {"tp_size": 4, "num_blocks": 64, "base_port": base},
+                         "decode": {"tp_size": 8, "num_blocks": 64}})
+        return plan_ports(sc, [resolve("0.9.1"), resolve("0.13.0")], None)
+
+    # A base whose own layout ports are free now: with tests running side by side the ephemeral range is busy
+    # (ranks' sockets, TIME_WAIT), so no fixed window of it is wholly free, but 16 given ports are.
+    def free(plan) -> bool:  # type: ignore[no-untyped-def]
+        return all(_free_run(port, 1) for port in set(plan.contacted) | {
+            ls.port for specs in plan.listeners.values() for ls in specs})
+
+    base, plan = next((b, pl) for b in range(lo + 1000, hi - 500, 37) if free(pl := layout(b)))
     from contextlib import ExitStack
 
     with ExitStack() as held:

@@ -89,11 +89,16 @@ def _asserted(exc: BaseException) -> str | None:
         if tb.tb_frame.f_code.co_filename in _SOURCES:
             last = (tb.tb_frame.f_code.co_filename, tb.tb_lineno)
         tb = tb.tb_next
-    if last is None:
-        return None
-    code = _SOURCES[last[0]]
+    return None if last is None else _assert_at(*last)
+
+
+@functools.cache
+def _assert_at(name: str, line: int) -> str | None:
+    """The assert statement's expression spanning `line` of the loaded source `name` (parsed once per line: the
+    grids hit the same few asserts thousands of times)."""
+    code = _SOURCES[name]
     for node in ast.walk(ast.parse(code)):
-        if isinstance(node, ast.Assert) and node.lineno <= last[1] <= (node.end_lineno or node.lineno):
+        if isinstance(node, ast.Assert) and node.lineno <= line <= (node.end_lineno or node.lineno):
             text = " ".join((ast.get_source_segment(code, node.test) or "").split())
             return text.replace("( ", "(").replace(" )", ")")
     return None
