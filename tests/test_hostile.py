@@ -468,11 +468,16 @@ def test_from_logs_corrupt_gzip_is_one_line(tmp):
 
 
 # ------------------------------------------------------------------------------------------- /dev/shm, ports
-def test_leaked_ucx_segments_are_removed_and_nothing_else(tmp):
+def test_leaked_ucx_segments_are_removed_and_nothing_else(tmp, monkeypatch):
     """remove_leaked_segments removes a new segment nobody holds, and keeps one that existed before the run and
-    one a live process (another run's rank, here a sleeper) holds open, as UCX's creator does until it unlinks."""
+    one a live process (another run's rank, here a sleeper) holds open, as UCX's creator does until it unlinks.
+    In a directory of its own: in /dev/shm an unheld segment is garbage any run's cleanup rightly removes, and
+    other runs (tests side by side) would take this test's stand-ins before it looks."""
     from pdcheck import launcher
 
+    shm = tmp / "shm"
+    shm.mkdir()
+    monkeypatch.setattr(launcher, "SHM_DIR", str(shm))
     tag = f"{os.getpid():x}{time.monotonic_ns() & 0xffffff:x}"
     old, leaked, held = (Path(launcher.SHM_DIR) / f"{launcher.UCX_SHM_PREFIX}{k}{tag}" for k in ("o", "l", "h"))
     old.write_bytes(b"x")
