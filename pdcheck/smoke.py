@@ -119,7 +119,7 @@ def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> 
 
 def default_jobs() -> int:
     """Parts at once: a scenario mostly waits, so several per core (docs/performance.md, "smoke")."""
-    return max(2, 4 * _cores())
+    return max(2, 6 * _cores())
 
 
 def _cores() -> int:
@@ -132,7 +132,7 @@ def _cores() -> int:
 def rank_budget() -> int:
     """Rank processes alive at once that the scheduler admits parts up to: starting a rank (its NIXL agent,
     its KV registration) is the CPU-bound part of a run; a part larger than the budget runs when it is alone."""
-    return 10 * _cores()
+    return 12 * _cores()
 
 
 class Interrupted(KeyboardInterrupt):
@@ -195,13 +195,16 @@ def run(directory: Path, opts: SmokeOptions, jobs: int = 1, select: Select = Sel
 
 def _run_parallel(parts: list[_Part], jobs: int, finished: Callable[[_Part, list[Case]], None],
                   report: Callable[[], SmokeReport]) -> None:
-    """Parts in worker threads, longest first, while at most `jobs` run and their ranks fit rank_budget()
+    """Parts in worker threads, the largest and then the longest first, while at most `jobs` run and their ranks
+    fit rank_budget()
     (a part alone always runs). Results are handed to `finished` in this thread. A signal stops every rank
     of every part (launcher.abort_all), waits for the workers to clean up, and raises Interrupted."""
     from pdcheck import launcher
 
     budget = rank_budget()
-    pending = sorted(parts, key=lambda p: -p.cost.seconds)
+    # The parts that need most of the rank budget first (left to the end, each would run alone there), then
+    # longest first.
+    pending = sorted(parts, key=lambda p: (2 * p.cost.ranks <= budget, -p.cost.seconds))
     running: dict[int, _Part] = {}
     done_q: queue.Queue[tuple[int, list[Case] | None, BaseException | None]] = queue.Queue()
     threads: list[threading.Thread] = []

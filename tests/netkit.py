@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from portkit import free_run
 
 RAY = str(Path(sys.executable).parent / "ray")
 
@@ -29,10 +29,12 @@ def _ray_tmpdir() -> Iterator[None]:
     """Ray keeps its sessions and the last cluster's address (ray_current_cluster) under RAY_TMPDIR/ray, by
     default /tmp/ray, where they outlive the test and a later `--ray auto` would find a cluster long gone.
     Every node and CLI run of this module uses one directory of its own, removed at the end (short: Ray's
-    Unix sockets live under it)."""
+    Unix sockets live under it). TMPDIR is a directory of the module's own too: what a rank actor leaves there
+    (its log file) is this run's, not a second copy of the suite's."""
     import tempfile
 
     _RAY_TMP["dir"] = tempfile.mkdtemp(prefix="pdck-ray-", dir="/tmp")
+    os.mkdir(os.path.join(_RAY_TMP["dir"], "tmp"))
     try:
         yield
     finally:
@@ -40,13 +42,13 @@ def _ray_tmpdir() -> Iterator[None]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=_RAY_TMP["dir"], **extra)
+    return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=_RAY_TMP["dir"],
+                TMPDIR=actor_tmp(), **extra)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def actor_tmp() -> str:
+    """The TMPDIR of this module's Ray nodes and CLI runs."""
+    return os.path.join(_RAY_TMP["dir"], "tmp")
 
 
 @contextmanager
@@ -87,7 +89,7 @@ def _ray_node(args: list[str], netns: str | None = None, env: dict[str, str] | N
 @contextmanager
 def _two_nodes(head_ip: str, worker_ip: str, ns: tuple[str, str] | None = None,
                envs: tuple[dict[str, str], dict[str, str]] | None = None) -> Iterator[str]:
-    port = _free_port() if ns is None else 6379  # a namespace of our own has every port free
+    port = free_run() if ns is None else 6379  # a namespace of our own has every port free
     addr = f"{head_ip}:{port}"
     e_head, e_worker = envs or (_env(), _env())
     with _ray_node(["--head", f"--port={port}", f"--node-ip-address={head_ip}",

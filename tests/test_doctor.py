@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from portkit import free_run
 
 from pdcheck.doctor import envcheck, netdevs
 from pdcheck.doctor.model import check, exit_code, summary
@@ -261,22 +262,16 @@ def _one_line_exit_3(r: subprocess.CompletedProcess[str]) -> str:
     return lines[0]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_dead_peer() -> None:
     t0 = time.monotonic()
-    line = _one_line_exit_3(_cli("--peer", f"127.0.0.1:{_free_port()}", "--timeout", "2", "--no-transfer"))
+    line = _one_line_exit_3(_cli("--peer", f"127.0.0.1:{free_run()}", "--timeout", "2", "--no-transfer"))
     assert "no reply within 2000 ms" in line and "--peer 127.0.0.1:" in line
     assert time.monotonic() - t0 < 15
 
 
 def test_lying_listener() -> None:
     """The listener advertises an address it does not listen on: the peer dials it, nobody answers."""
-    lie = _free_port()
+    lie = free_run()
     lis, port = _listener("--advertise", f"127.0.0.1:{lie}", "--timeout", "6")
     try:
         # the first exchange may wait for the listener's checks and rank; the lie costs one deadline

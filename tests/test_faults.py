@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, SCENARIOS
+from portkit import free_run, machine_wide
 
 SEED = str(SCENARIOS / "seed-19338-tp8.toml")
 SMALL = ["--prefill-tp", "2", "--decode-tp", "2", "--prefill-blocks", "64", "--decode-blocks", "64"]
@@ -328,25 +329,27 @@ def test_impostor_on_a_contacted_port_gets_no_bytes(tmp_path: Path) -> None:
 
     # 0.9.0 D ranks 2 and 3 contact P ranks 2 and 3 at base + 2, base + 3: P has only ranks 0 and 1.
     base = default_port(resolve("0.9.0").wire)
-    squat = [Impostor(base + 2), Impostor(base + 3)]
-    try:
-        code, doc, err = _hetero_090(tmp_path)
-    finally:
-        for s in squat:
-            s.close()
+    with machine_wide(f"port-{base}"):  # the released default: a second copy of the suite squats it too
+        squat = [Impostor(base + 2), Impostor(base + 3)]
+        try:
+            code, doc, err = _hetero_090(tmp_path)
+        finally:
+            for s in squat:
+                s.close()
     assert code == 1, err
     assert doc["matrix"]["0.9.0"][2:] == ["hang", "hang"]  # what vLLM 0.9.0 does: nobody answers
     assert sum(s.connections for s in squat) == 0  # default ports: the layout ports are not the bound ports
 
 
 def test_explicit_base_port_refuses_a_squatted_layout_port(tmp_path: Path) -> None:
-    squat = Impostor(7502)  # base 7500: P rank 2's layout port, which pdcheck must hold itself
+    base = free_run(4)  # D TP 4 contacts P ranks 0-3 at base .. base + 3
+    squat = Impostor(base + 2)  # P rank 2's layout port, which pdcheck must hold itself
     try:
-        code, doc, err = _hetero_090(tmp_path, "--prefill-base-port", "7500")
+        code, doc, err = _hetero_090(tmp_path, "--prefill-base-port", str(base))
     finally:
         squat.close()
     assert code == 3, err
-    assert "7502" in err and "Traceback" not in err
+    assert str(base + 2) in err and "Traceback" not in err
     assert squat.connections == 0
 
 

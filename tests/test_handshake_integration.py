@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import socket
-
 from conftest import SCENARIOS
+from portkit import free_run, is_free
 
 SEED = str(SCENARIOS / "seed-19338-tp8.toml")
 
@@ -94,20 +93,10 @@ def test_corrupted_block_is_caught(pdcheck):
     assert d0["verdicts"]["0.9.2"]["status"] == "silent"
 
 
-def _port_free(port: int) -> bool:
-    # SO_REUSEADDR as ZMQ binds: a TIME_WAIT left by the killed rank's connection is not a bound port.
-    with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 def test_rank_killed_mid_handshake_is_reported_and_reaped(pdcheck):
+    base = free_run(2)
     run = pdcheck("handshake", "--prefill-tp", "2", "--decode-tp", "2", "--prefill-blocks", "64",
-                  "--decode-blocks", "64", "--vllm", "0.9.2", "--prefill-base-port", "6711", "--inject", "die:P1",
+                  "--decode-blocks", "64", "--vllm", "0.9.2", "--prefill-base-port", str(base), "--inject", "die:P1",
                   "--hang-timeout", "1", "--json")
     assert run.code == 3, run.err
     doc = run.json()
@@ -116,7 +105,7 @@ def test_rank_killed_mid_handshake_is_reported_and_reaped(pdcheck):
     assert v[0]["status"] == "ok"
     assert v[1]["status"] == "hang" and v[1]["contacted"] == [1]  # 0.9.2 has no receive timeout
     assert _ranks(doc, "corrected")[1]["status"] == "error"
-    assert _port_free(6711) and _port_free(6712)
+    assert is_free(base, 2, reuse=True)  # a TIME_WAIT of the killed rank's connection is no bound port
 
 
 def test_bad_flags_exit_2_with_one_line(pdcheck):

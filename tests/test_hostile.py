@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from portkit import is_free
 
 from pdcheck import bounds
 from pdcheck.netio import MAX_FRAME_BYTES
@@ -516,7 +517,7 @@ def test_layout_ports_are_held_before_any_rank_starts():
     # A base whose own layout ports are free now: with tests running side by side the ephemeral range is busy
     # (ranks' sockets, TIME_WAIT), so no fixed window of it is wholly free, but 16 given ports are.
     def free(plan) -> bool:  # type: ignore[no-untyped-def]
-        return all(_free_run(port, 1) for port in set(plan.contacted) | {
+        return all(is_free(port) for port in set(plan.contacted) | {
             ls.port for specs in plan.listeners.values() for ls in specs})
 
     base, plan = next((b, pl) for b in range(lo + 1000, hi - 500, 37) if free(pl := layout(b)))
@@ -537,21 +538,6 @@ def test_layout_ports_are_held_before_any_rank_starts():
     r = run("handshake", "--prefill-tp", "4", "--decode-tp", "8", "--prefill-blocks", "64", "--decode-blocks", "64",
             "--vllm", "0.9.1,0.13.0", "--no-transfer", "--prefill-base-port", str(base), "--json")
     contract(r, json.loads(r.out)["exit_code"] if r.out else -1, within_s=60, rss_mb=2000)
-
-
-def _free_run(base: int, n: int) -> bool:
-    socks = []
-    try:
-        for p in range(base, base + n):
-            s = socket.socket()
-            socks.append(s)
-            s.bind(("127.0.0.1", p))
-        return True
-    except OSError:
-        return False
-    finally:
-        for s in socks:
-            s.close()
 
 
 # ---------------------------------------------------------------------- SGLang's bootstrap server, hostile

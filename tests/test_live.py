@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
 import socket
 import subprocess
@@ -12,11 +11,12 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import zmq
+from portkit import free_run
 
 from pdcheck.live import kills_listener
 from pdcheck.probe import agent_name, parse_endpoint
@@ -309,25 +309,8 @@ def test_serve_exits_cleanly_on_sigterm_and_reaps_every_rank():
         s.bind(("127.0.0.1", doc["base_port"]))
 
 
-def _free_run(n: int) -> int:
-    """A base port with n free ports from it, below the kernel's ephemeral range (which starts at 32768 by
-    default), so that no outgoing connection of a parallel test can take one between this check and serve's bind."""
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 32000)
-        try:
-            with ExitStack() as held:
-                for p in range(base, base + n):
-                    s = held.enter_context(socket.socket())
-                    s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-    raise AssertionError(f"no run of {n} free ports found")
-
-
 def test_serve_fixed_port_layout_per_worker_era():
-    base = _free_run(3)
+    base = free_run(3)
     with serve("--prefill-tp", "3", "--prefill-blocks", "64", "--vllm", "0.9.2", "--port", str(base)) as s:
         assert [e["port"] for e in s.doc["endpoints"]] == [base, base + 1, base + 2]
         assert s.doc["kv_transfer_params"]["remote_port"] == base
@@ -425,7 +408,7 @@ def test_serve_takes_prefill_base_port_and_its_vllm_wins_over_the_scenarios():
     """--prefill-base-port lays out the ports as --port does, and --vllm replaces the scenario's prefill.vllm
     (here 0.11.1, one scheduler port of era F) for the listeners too, not only for the ready document."""
     sc = SCEN / "cross-release-listener-death.toml"
-    base = _free_run(2)
+    base = free_run(2)
     with serve(str(sc), "--prefill-tp", "2", "--prefill-blocks", "64", "--vllm", "0.9.2",
                "--prefill-base-port", str(base)) as s:
         assert s.doc["release"] == "0.9.2" and s.doc["wire"] == "C"

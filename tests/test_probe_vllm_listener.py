@@ -16,7 +16,6 @@ import inspect
 import itertools
 import logging
 import os
-import socket
 import textwrap
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import Any
 import msgspec
 import pytest
 import zmq
+from portkit import free_run
 from test_live import pdcheck, probe_json
 
 SRC = os.environ.get("PDCHECK_VLLM_SRC")
@@ -118,12 +118,6 @@ def _serve_real(release: str, port: int) -> tuple[threading.Thread, threading.Ev
     return t, stop
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def with_vllm_handshake(release: str) -> dict[str, Any]:
     """The release's module namespace with its own decode-side `_nixl_handshake` compiled into it."""
     ns = _load(release)
@@ -141,7 +135,7 @@ def with_vllm_handshake(release: str) -> dict[str, Any]:
 def test_probe_reads_vllms_own_listener_and_wrong_era_kills_it(release):
     if not (Path(SRC or "") / release).is_dir():
         pytest.skip(f"{release} not unpacked under PDCHECK_VLLM_SRC")
-    port = _free_port()
+    port = free_run()
     thread, stop = _serve_real(release, port)
     try:
         for _ in range(2):  # the real listener survives a probe of its own era

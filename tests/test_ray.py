@@ -14,13 +14,13 @@ import re
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, SCENARIOS, Run
-from netkit import _dev, _env, _free_port, _ray_node, _ray_tmpdir, _two_nodes, _veth_pair  # noqa: F401
+from netkit import _dev, _env, _ray_node, _ray_tmpdir, _two_nodes, _veth_pair, actor_tmp  # noqa: F401
+from portkit import free_run
 
 # The local-run test runs without Ray too; CI installs [test], which has ray, so the rest run there for real.
 needs_ray = pytest.mark.skipif(importlib.util.find_spec("ray") is None,
@@ -87,7 +87,7 @@ def test_ray_address_nobody_answers_is_one_line_exit_2(pdcheck, address):
 @pytest.mark.ray
 @needs_ray
 def test_ray_cluster_without_the_decode_resource_is_bad_input():
-    port = _free_port()
+    port = free_run()
     with _ray_node(["--head", f"--port={port}", "--node-ip-address=127.0.0.1",
                     '--resources={"pdcheck_prefill": 8}']):
         run = _cli(["handshake", SEED, "--vllm", "0.9.1", "--no-transfer", "--json", "--ray", f"127.0.0.1:{port}"],
@@ -103,13 +103,12 @@ def test_ray_cluster_without_the_decode_resource_is_bad_input():
 def test_seed_on_two_ray_nodes_equals_the_local_run(pdcheck):
     """P ranks on the pdcheck_prefill node, D ranks on the pdcheck_decode node, one host."""
     local = pdcheck("handshake", SEED, "--json")
-    actor_logs = set(Path(tempfile.gettempdir()).glob("pdcheck-[PD]rank*.log"))
     t0 = time.monotonic()
     # D's node logs NIXL at INFO: its ranks' C-level lines must come back to the CLI's stderr, not stdout.
     with _two_nodes("127.0.0.1", "127.0.0.1", envs=(_env(), _env(NIXL_LOG_LEVEL="INFO"))) as addr:
         placed = _cli(["handshake", SEED, "--json", "--ray", addr])
     doc = _check(local, placed)
-    left = set(Path(tempfile.gettempdir()).glob("pdcheck-[PD]rank*.log")) - actor_logs
+    left = set(Path(actor_tmp()).glob("pdcheck-[PD]rank*.log"))  # the nodes' TMPDIR, this module's own
     assert not left, f"rank actors left their log files behind: {sorted(map(str, left))[:3]}"
     for r in range(8):
         # The header names the node as Ray knows it (its NodeManagerAddress may be this host's routable

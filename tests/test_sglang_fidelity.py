@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -30,6 +29,7 @@ import msgspec
 import pytest
 import sglangkit as kit
 from conftest import ROOT
+from portkit import free_run
 
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import engine, runner
@@ -57,12 +57,6 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "layers-d-more": ({}, {"layers": 4}),
 }
 MISMATCHES = ["page-size", "kv-dtype", "layers-p-more", "layers-d-more"]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _scenario(shape: str, seed: int = 0) -> SgScenario:
@@ -103,7 +97,7 @@ def _real_p(release: str, shape: str, seed: int = 0) -> tuple[runner.SgPairResul
     sc = _scenario(shape, seed)
     # P's release named, as a user does where the era is ambiguous read-only (0.4.7 and 0.4.9.post2 answer alike)
     sc = msgspec.structs.replace(sc, prefill=msgspec.structs.replace(sc.prefill, sglang=release))
-    port = _free_port()
+    port = free_run()
     live = sp.LiveBootstrap("127.0.0.1", port)
     reqs = sp.make_requests(sc)  # the fake D asks for the same page ids P serves from (live mode)
     params = {"side": _side(sc.prefill), "bootstrap_port": port, "tag": SERVE_TAG, "timeout_s": 120,

@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import http.server
 import json
+import os
 import shutil
+import subprocess
+import sys
 import threading
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import pytest
-from conftest import SCENARIOS
+from conftest import ROOT, SCENARIOS
 
 from pdcheck.errors import HarnessError
 from pdcheck.sglang import bootstrap as bs
@@ -234,21 +238,21 @@ def test_probe_bounds_a_huge_rank_list() -> None:
         srv.server_close()
 
 
+def _pdcheck_serve(scenario: Path, release: str) -> subprocess.Popen[str]:
+    """`pdcheck serve SCENARIO --sglang RELEASE --json` as a real CLI process; its first stdout line is the ready
+    document."""
+    return subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(scenario), "--sglang", release, "--json",
+                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
 def test_serve_and_prefill_endpoint(tmp_path) -> None:
     """`pdcheck serve --sglang` (a real CLI process: bootstrap server + fake P ranks) and fake D ranks against it
     with --prefill-endpoint: pages arrive by coordinate for the same release; an 0.5.13 D fails at the bootstrap
     (the live P's era is recognised from its answers, read-only)."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
     scen = tmp_path / "live.toml"
     scen.write_text('framework = "sglang"\n[prefill]\ntp_size = 2\n[decode]\ntp_size = 2\n')
-    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(scen), "--sglang", "0.5.23", "--json",
-                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = _pdcheck_serve(scen, "0.5.23")
     try:
         ready = json.loads(proc.stdout.readline())
         assert ready["framework"] == "sglang" and ready["p_ranks"] == 2
@@ -275,20 +279,12 @@ def test_serve_and_prefill_endpoint(tmp_path) -> None:
 def test_serve_holds_a_room_in_its_own_page_count(tmp_path) -> None:
     """`pdcheck serve --sglang 0.5.3` told D's page size (32, P's 16): a room D asks 2 pages for is 4 pages on P,
     whose add_transfer_request asserts and writes nothing; pdcheck's live D hangs, as the model says."""
-    import os
-    import subprocess
-    import sys
-
-    from conftest import ROOT
-
     from pdcheck.sglang.probe import parse_url
     from pdcheck.sglang.scenario import load
 
     scen = tmp_path / "live.toml"
     scen.write_text('framework = "sglang"\n[prefill]\npage_size = 16\n[decode]\npage_size = 32\n')
-    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", str(scen), "--sglang", "0.5.3", "--json",
-                             "--duration", "60"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    proc = _pdcheck_serve(scen, "0.5.3")
     try:
         live = sp.LiveBootstrap(*parse_url(json.loads(proc.stdout.readline())["bootstrap_url"]))
         pair = runner.run(sp.build(load(scen), "0.5.3", sp.SgOptions(hang_timeout_s=1.5), live)).pairs[0]

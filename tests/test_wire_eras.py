@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 import zmq
+from portkit import free_run
 
 from pdcheck.sidechannel import Listener, fetch
 from pdcheck.wire import FORMATS, WireError, encode_reply, encode_request, strict_decode
@@ -23,7 +24,7 @@ def test_fake_p_answers_same_era_d_over_a_real_socket(era):
     assert encode_request(fmt, 3).hex() == REQUEST_HEX[fmt.request]  # reference §3.2
     ctx = zmq.Context()
     try:
-        lst = Listener(ctx, "127.0.0.1", _free_port(), fmt,
+        lst = Listener(ctx, "127.0.0.1", free_run(), fmt,
                        lambda rank: encode_reply(fmt, {**VALUES, "num_blocks": 1000 + (rank or 0)}, "h" * 64))
         import threading
 
@@ -48,14 +49,6 @@ def test_fake_p_answers_same_era_d_over_a_real_socket(era):
         assert (h == "h" * 64) == fmt.wrapped
     finally:
         ctx.destroy(0)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # Reference §3.6: row = P era, column = D's strict decoder; None = OK, else the missing field.
@@ -95,8 +88,9 @@ def test_g_payload_read_by_pre_g_d_misses_engine_id():
 def test_real_cross_release_pair_kills_the_listener(pdcheck, tmp_path):
     # A 0.11.1 P (scheduler listener, msgpack requests) and a 0.11.0 D (raw b"get_meta_msg" to base + rank).
     sc = tmp_path / "x.toml"
-    sc.write_text('vllm = ["0.11.0"]\n[prefill]\nengine_id = "P"\ntp_size = 2\nnum_blocks = 64\nbase_port = 7301\n'
-                  'vllm = "0.11.1"\n[decode]\nengine_id = "D"\ntp_size = 2\nnum_blocks = 64\nbase_port = 7401\n')
+    p_base, d_base = free_run(2), free_run(2)
+    sc.write_text(f'vllm = ["0.11.0"]\n[prefill]\nengine_id = "P"\ntp_size = 2\nnum_blocks = 64\nbase_port = {p_base}\n'
+                  f'vllm = "0.11.1"\n[decode]\nengine_id = "D"\ntp_size = 2\nnum_blocks = 64\nbase_port = {d_base}\n')
     run = pdcheck("handshake", str(sc), "--json", "--hang-timeout", "1", "--no-transfer")
     assert run.code == 1, run.err
     doc = run.json()

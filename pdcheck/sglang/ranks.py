@@ -448,6 +448,11 @@ class SgDecodeRole(Role):
             zctx.destroy(0)
         m.send(self.conn, m.FrameworkFinal(self.spec.tp_rank, msgspec.msgpack.encode(
             DFinal(self.spec.tp_rank, verdict, transfer))))
+        # SGLang's decode loop keeps polling its transfers after a request is done, which drives its UCX worker:
+        # a P rank still WRITing (a duplicate room's second request) completes against it, as against a real
+        # decode, instead of timing out against a target nobody progresses.
+        while not self.conn.poll(0.005):
+            self.agent.progress()
         m.recv(self.conn)  # Stop
 
     def _request(self, zctx: zmq.Context) -> tuple[SgVerdict, m.TransferResult | None]:
