@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import zmq
@@ -28,6 +29,7 @@ MAX_FRAMES = 4  # frames in one reply: eras send 1 (A-G) or 2 (H)
 MAX_REPLY_BYTES = 32 << 20  # all frames of one reply together
 MAX_HTTP_HEADER = 64 << 10  # status line and headers of one HTTP response
 MAX_HTTP_BODY = 64 << 10  # default body cap; GET /version answers ~20 bytes
+WAITING_SLICE_MS = 5  # request_reply's while_waiting: how often it runs while the reply is awaited
 
 
 class PeerError(HarnessError):
@@ -61,8 +63,10 @@ def bounded_socket(ctx: zmq.Context, kind: int, host: str) -> zmq.Socket:
     return sock
 
 
-def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes, timeout_s: float) -> list[bytes]:
-    """Send `request` on a fresh REQ socket and return the reply frames, all within timeout_s.
+def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes, timeout_s: float,
+                  while_waiting: Callable[[], object] | None = None) -> list[bytes]:
+    """Send `request` on a fresh REQ socket and return the reply frames, all within timeout_s. while_waiting:
+    called every few milliseconds until the reply comes (what the caller's process must keep doing meanwhile).
 
     ReplyTimeout when no reply came in time (nothing listening, a mute peer, or a peer that sent an oversized
     frame: libzmq drops that connection silently, so the message says both). PeerError for a reply of too
@@ -76,9 +80,14 @@ def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes, ti
             sock.send(request)
         except zmq.Again:
             raise ReplyTimeout(f"{endpoint}: the request could not be sent within {timeout_s:g} s") from None
-        ms = int(_left(deadline) * 1000)
-        if ms <= 0 or not sock.poll(ms, zmq.POLLIN):
-            raise ReplyTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
+        while True:
+            ms = int(_left(deadline) * 1000)
+            if ms <= 0:
+                raise ReplyTimeout(f"no reply within {timeout_s * 1000:.0f} ms")
+            if sock.poll(ms if while_waiting is None else min(ms, WAITING_SLICE_MS), zmq.POLLIN):
+                break
+            if while_waiting is not None:
+                while_waiting()
         # A multipart message arrives whole, so once its first frame is readable every frame is; read them one
         # at a time to stop at the caps instead of building an unbounded list.
         frames: list[bytes] = []

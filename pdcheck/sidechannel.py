@@ -116,13 +116,13 @@ class Listener:
 
 
 def fetch(ctx: zmq.Context, host: str, port: int, fmt: Codec, tp_rank: int, timeout_ms: int,
-          pp_rank: int = 0) -> list[bytes]:
+          pp_rank: int = 0, while_waiting: Callable[[], object] | None = None) -> list[bytes]:
     """One handshake request on a fresh REQ socket (a REQ that timed out cannot be reused, docs/vllm-protocol.md §9), the
     whole exchange within timeout_ms and the reply bounded (netio.request_reply). FetchTimeout when nothing
     came in time; FetchRefused for a reply pdcheck refuses to read (too many frames or bytes)."""
     try:
         return request_reply(ctx, f"tcp://{_bracket(host)}:{port}", host, fmt.encode_request(tp_rank, pp_rank),
-                             timeout_ms / 1000)
+                             timeout_ms / 1000, while_waiting)
     except ReplyTimeout:
         raise FetchTimeout(f"{host}:{port}") from None
     except PeerError as exc:

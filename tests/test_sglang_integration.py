@@ -28,7 +28,14 @@ from pdcheck.sglang.scenario import SgInstance, SgScenario
 SG = SCENARIOS / "sglang"
 
 
-def _run(p: SgInstance, d: SgInstance, releases: str, hang_s: float = 1.5) -> runner.SgRunResult:
+# hang_s: how long D waits for what a release without a timeout never sends. A run where every release is
+# expected to finish keeps the long default, so a completion a loaded machine delays is not read as a hang
+# (1.5 s was not enough at load 28); a run expecting a hang names a short window, which cannot turn it into
+# anything else.
+HANG_S = 10.0
+
+
+def _run(p: SgInstance, d: SgInstance, releases: str, hang_s: float = HANG_S) -> runner.SgRunResult:
     sc = SgScenario(prefill=p, decode=d, source="test")
     return runner.run(sp.build(sc, releases, sp.SgOptions(hang_timeout_s=hang_s)))
 
@@ -43,7 +50,7 @@ def test_same_release_pages_arrive_by_coordinate() -> None:
 
 
 def test_page_size_mismatch_asserts_on_p_then_refused() -> None:
-    res = _run(SgInstance(page_size=16), SgInstance(page_size=32), "0.5.3,0.5.8")
+    res = _run(SgInstance(page_size=16), SgInstance(page_size=32), "0.5.3,0.5.8", hang_s=1.5)
     old, new = res.pairs
     # D allocated 2 pages of 32 for P's 4 of 16: P's add_transfer_request asserts, writes nothing, D waits
     assert old.observed[0].status == "hang" and old.model[0].status == "hang" and old.prefill[0].writes == 0
@@ -58,7 +65,7 @@ def test_page_size_mismatch_asserts_on_p_then_refused() -> None:
 def test_bootstrap_missing_fails_after_the_parallel_info_fetches() -> None:
     # 0.5.23's D scheduler: 15 fetches of P's parallel info (pdcheck runs them hang_s / 15 apart: only their
     # count decides), then the abort; 0.5.8 marks the room Failed at once
-    res = _run(SgInstance(), SgInstance(no_bootstrap=True), "0.5.8,0.5.23")
+    res = _run(SgInstance(), SgInstance(no_bootstrap=True), "0.5.8,0.5.23", hang_s=1.5)
     old, new = res.pairs
     assert old.observed[0].status == old.model[0].status == "error"
     v = new.observed[0]
@@ -69,7 +76,7 @@ def test_bootstrap_missing_fails_after_the_parallel_info_fetches() -> None:
 
 
 def test_frame_skew_kills_the_real_listener() -> None:
-    res = _run(SgInstance(sglang="0.4.9.post2"), SgInstance(), "0.4.7")
+    res = _run(SgInstance(sglang="0.4.9.post2"), SgInstance(), "0.4.7", hang_s=1.5)
     v = res.pairs[0].observed[0]
     assert v.status == "hang" and v.stage == "register" and v.timeout_s is None
     assert res.pairs[0].prefill[0].listener_dead.startswith("UnicodeDecodeError: 'ascii' codec")
@@ -260,8 +267,8 @@ def test_serve_and_prefill_endpoint(tmp_path) -> None:
         from pdcheck.sglang.scenario import load
 
         live = sp.LiveBootstrap(*parse_url(ready["bootstrap_url"]))
-        res = runner.run(sp.build(load(scen), "0.5.23,0.5.13", sp.SgOptions(hang_timeout_s=1.5), live))
-        same, old = res.pairs
+        same = runner.run(sp.build(load(scen), "0.5.23", sp.SgOptions(hang_timeout_s=HANG_S), live)).pairs[0]
+        old = runner.run(sp.build(load(scen), "0.5.13", sp.SgOptions(hang_timeout_s=1.5), live)).pairs[0]
         assert same.p_release == "0.5.23" and [v.status for v in same.observed] == ["ok", "ok"]
         assert all(t.status == "ok" and t.blocks > 0 for t in same.transfers)
         # PrefillServerInfo(**data) raises TypeError on 0.5.23's keys; 0.5.13's scheduler gives up after 15 fetches
@@ -314,12 +321,12 @@ def test_scenario_from_logs_cli(pdcheck, tmp_path) -> None:
 
 # ---- failure classes beyond the handshake, on real ranks (reference §11)
 def _fault_run(releases: str, fault: str, requests: int = 2, p: SgInstance | None = None,
-               d: SgInstance | None = None) -> runner.SgRunResult:
+               d: SgInstance | None = None, hang_s: float = HANG_S) -> runner.SgRunResult:
     from pdcheck.sglang.scenario import SgTransfer
 
     sc = SgScenario(prefill=p or SgInstance(), decode=d or SgInstance(), source="test",
                     transfer=SgTransfer(requests=requests, fault=fault, heartbeat_s=0.2))
-    return runner.run(sp.build(sc, releases, sp.SgOptions(hang_timeout_s=2.0)))
+    return runner.run(sp.build(sc, releases, sp.SgOptions(hang_timeout_s=hang_s)))
 
 
 def test_duplicate_room_merges_two_requests() -> None:
@@ -337,7 +344,7 @@ def test_duplicate_room_merges_two_requests() -> None:
 
 
 def test_missing_transfer_info_leaves_p_bootstrapping() -> None:
-    res = _fault_run("0.4.9.post2,0.5.13", "no_transfer_info", requests=1)
+    res = _fault_run("0.4.9.post2,0.5.13", "no_transfer_info", requests=1, hang_s=2.0)
     old, new = res.pairs
     for pair in res.pairs:
         assert pair.prefill[0].bootstrapping == [1000] and pair.prefill[0].registered == ["sglang-d0"]
@@ -348,9 +355,9 @@ def test_missing_transfer_info_leaves_p_bootstrapping() -> None:
 
 
 def test_prefill_killed_mid_transfer() -> None:
-    res = _fault_run("0.4.7,0.5.3,0.5.23", "kill_prefill", requests=1)
-    none, r4, r7 = res.pairs
-    for pair in res.pairs:
+    none = _fault_run("0.4.7", "kill_prefill", requests=1, hang_s=2.0).pairs[0]
+    r4, r7 = _fault_run("0.5.3,0.5.23", "kill_prefill", requests=1).pairs  # their heartbeats fail the room
+    for pair in (none, r4, r7):
         assert not pair.harness and pair.prefill == []  # every P rank was SIGKILLed: no final message
         assert [v.status for v in pair.observed] == [v.status for v in pair.model]
     assert (none.observed[0].status, none.observed[0].timeout_s) == ("hang", None)
@@ -360,10 +367,11 @@ def test_prefill_killed_mid_transfer() -> None:
 
 
 def test_aux_buffer_skew_on_real_metadata_buffers() -> None:
-    res = _fault_run("0.5.3,0.5.8,0.5.23", "none", requests=2, d=SgInstance(aux_buffers=2))
-    first, index_error, shorter = res.pairs
-    assert [p.observed[0].status for p in res.pairs] == ["silent", "hang", "silent"]
-    assert [p.model[0].status for p in res.pairs] == ["silent", "hang", "silent"]
+    first, shorter = _fault_run("0.5.3,0.5.23", "none", requests=2, d=SgInstance(aux_buffers=2)).pairs
+    index_error = _fault_run("0.5.8", "none", requests=2, d=SgInstance(aux_buffers=2), hang_s=2.0).pairs[0]
+    pairs = (first, index_error, shorter)
+    assert [p.observed[0].status for p in pairs] == ["silent", "hang", "silent"]
+    assert [p.model[0].status for p in pairs] == ["silent", "hang", "silent"]
     for pair in (first, shorter):  # KV right, D's second metadata buffer never written
         t = pair.transfers[0]
         assert t.wrong == 0 and t.status == "wrong" and "D buffer 1 slot 0: P has no buffer 1" in t.message
@@ -378,7 +386,7 @@ def test_hybrid_state_written_from_0_5_13() -> None:
     assert [p.model[0].status for p in res.pairs] == ["silent", "ok", "ok"]
     old = res.pairs[0].transfers[0]
     assert old.wrong == 0 and "D state slot 0: holds untagged bytes" in old.message  # KV right, state never sent
-    res = _fault_run("0.5.13", "none", requests=1, d=SgInstance(hybrid=True))  # P's model has no state
+    res = _fault_run("0.5.13", "none", requests=1, d=SgInstance(hybrid=True), hang_s=2.0)  # P's model: no state
     v = res.pairs[0].observed[0]
     assert (v.status, v.stage, v.timeout_s) == ("hang", "completion", 300.0)
 
@@ -389,7 +397,7 @@ def test_dp_routing_per_room_and_its_conflict() -> None:
     for pair in res.pairs:
         assert [v.status for v in pair.observed] == ["ok"], pair.observed
         assert pair.transfers[0].blocks == 2 * 4 * 4 and sorted(f.writes for f in pair.prefill) == [1, 1]
-    res = _fault_run("0.5.8,0.5.13", "dp_conflict", requests=1, p=SgInstance(dp_size=2))
+    res = _fault_run("0.5.8,0.5.13", "dp_conflict", requests=1, p=SgInstance(dp_size=2), hang_s=2.0)
     old, new = res.pairs
     assert (old.observed[0].status, old.model[0].status, old.observed[0].timeout_s) == ("hang", "hang", 300.0)
     assert sorted(room for f in old.prefill for room in f.bootstrapping) == [1000]  # the DP rank that has it

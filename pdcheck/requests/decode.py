@@ -47,7 +47,10 @@ class RequestsD(RequestsRole):
         self.release = CORRECTED.line  # the release under test: its log texts (pdcheck.requests.texts)
         self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
         self.side: m.ReqSide | None = None  # P's side channel and the line's wire
-        self.hs = DSide()
+        # vLLM's D handshakes on a background thread while its engine keeps stepping (and driving its NIXL
+        # worker): a P WRITing into D meanwhile (push mode) completes instead of waiting on a D that only waits
+        # for P's reply, a wait only the handshake's timeout would end.
+        self.hs = DSide(while_waiting=self.agent.progress)
         self.unreached: HandshakeFailed | None = None  # the last handshake failed: no P to read from
         self.pushing = False
         self.known: set[str] = set()  # engine ids D handshook with in this line (vLLM's _remote_agents)

@@ -14,6 +14,7 @@ same fetch and decoder (DSide(peer="D")), in the background (Background), as vLL
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -114,16 +115,17 @@ class DSide:
     """The fetching side of the handshake: one ZMQ context, a fresh REQ per handshake (sidechannel.fetch). D's in
     pull mode; P's too in push mode (peer "D": whose side channel it asks)."""
 
-    def __init__(self, peer: str = "P") -> None:
+    def __init__(self, peer: str = "P", while_waiting: Callable[[], object] | None = None) -> None:
         self.ctx = zmq.Context()
         self.peer = peer
+        self.while_waiting = while_waiting  # what the fetching rank keeps doing while it waits for the reply
 
     def fetch(self, side: m.ReqSide) -> AnyMeta:
         """P's metadata, decoded as the release decodes it; HandshakeFailed with the release's text."""
         fmt = FORMATS[side.wire]
         wait = side.timeout_ms if side.timeout_ms is not None else HANG_WAIT_MS
         try:
-            frames = fetch(self.ctx, side.host, side.port, fmt, 0, wait)
+            frames = fetch(self.ctx, side.host, side.port, fmt, 0, wait, while_waiting=self.while_waiting)
         except FetchTimeout:
             if side.timeout_ms is None:
                 raise HandshakeFailed(f"no reply from {self.peer}'s side channel {endpoint(side)}: this release blocks in "
