@@ -6,7 +6,7 @@ each run (the machine may be shared: a loaded machine gives pessimistic figures)
 same cases (scenario, release, expected, got, passed) in the same order and the same JUnit testcases. Target:
 -j N within 60 s on 2 cores. Exit 1 when the two runs disagree.
 
-    python3 benchmarks/smoke_wall.py              # -j default (6 per core) vs -j 1
+    python3 benchmarks/smoke_wall.py              # -j default (5 per core) vs -j 1
     python3 benchmarks/smoke_wall.py -j 8 --skip-serial -- -k sglang
 """
 

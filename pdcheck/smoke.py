@@ -119,7 +119,7 @@ def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> 
 
 def default_jobs() -> int:
     """Parts at once: a scenario mostly waits, so several per core (docs/performance.md, "smoke")."""
-    return max(2, 6 * _cores())
+    return max(2, 5 * _cores())
 
 
 def _cores() -> int:
@@ -129,10 +129,26 @@ def _cores() -> int:
         return os.cpu_count() or 1
 
 
-def rank_budget() -> int:
+def rank_budget(load: float | None = None) -> int:
     """Rank processes alive at once that the scheduler admits parts up to: starting a rank (its NIXL agent,
-    its KV registration) is the CPU-bound part of a run; a part larger than the budget runs when it is alone."""
-    return 12 * _cores()
+    its KV registration) is the CPU-bound part of a run; a part larger than the budget runs when it is alone.
+    On a machine other work already loads (the 1-minute load average, `load`, above LOADED_PER_CORE per core
+    when a part is admitted, as `make -l` looks), half of it: a request-path scenario's leases are absolute
+    lengths (docs/scenarios-and-flags.md, `pdcheck smoke`), and every rank more stretches its ranks' waits."""
+    budget = 10 * _cores()
+    if load is not None and load > LOADED_PER_CORE * _cores():
+        return budget // 2
+    return budget
+
+
+LOADED_PER_CORE = 3.0
+
+
+def _load() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -201,10 +217,9 @@ def _run_parallel(parts: list[_Part], jobs: int, finished: Callable[[_Part, list
     of every part (launcher.abort_all), waits for the workers to clean up, and raises Interrupted."""
     from pdcheck import launcher
 
-    budget = rank_budget()
     # The parts that need most of the rank budget first (left to the end, each would run alone there), then
     # longest first.
-    pending = sorted(parts, key=lambda p: (2 * p.cost.ranks <= budget, -p.cost.seconds))
+    pending = sorted(parts, key=lambda p: (2 * p.cost.ranks <= rank_budget(), -p.cost.seconds))
     running: dict[int, _Part] = {}
     done_q: queue.Queue[tuple[int, list[Case] | None, BaseException | None]] = queue.Queue()
     threads: list[threading.Thread] = []
@@ -219,6 +234,7 @@ def _run_parallel(parts: list[_Part], jobs: int, finished: Callable[[_Part, list
         key = 0
         while pending or running:
             used = sum(p.cost.ranks for p in running.values())
+            budget = rank_budget(_load())
             while pending and len(running) < jobs:
                 fit = next((p for p in pending if used + p.cost.ranks <= budget), None)
                 if fit is None:

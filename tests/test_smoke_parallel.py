@@ -171,3 +171,12 @@ def _comm(pid: str) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except OSError:
         return ""
+
+
+def test_rank_budget_halves_on_a_machine_other_work_loads() -> None:
+    from pdcheck import smoke
+
+    cores = smoke._cores()
+    full = smoke.rank_budget()
+    assert full == 10 * cores == smoke.rank_budget(0.0) == smoke.rank_budget(smoke.LOADED_PER_CORE * cores)
+    assert smoke.rank_budget(smoke.LOADED_PER_CORE * cores + 0.5) == full // 2

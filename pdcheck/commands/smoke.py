@@ -48,7 +48,7 @@ def register(app: typer.Typer) -> None:
                                 ] = HANG_TIMEOUT_S,
         jobs: Annotated[int | None, Opt("--jobs", "-j", metavar="N", rich_help_panel=RUN, show_default=False,
                                         help="Scenarios (or their independent parts) run at once, their rank "
-                                             "processes bounded by the cores (default: 6 per core; 1: one after "
+                                             "processes bounded by the cores (default: 5 per core; 1: one after "
                                              "another).")] = None,
         framework: Annotated[list[str] | None, Opt(metavar="NAME", rich_help_panel=SELECT, show_default=False,
                                                    help="Only this framework's scenarios (vllm, sglang; "
