@@ -30,14 +30,18 @@ def main() -> None:
         from pdcheck.cli import main as cli_main
 
         cli_main()
-    except KeyboardInterrupt:  # before cli.main took over its own interrupts
+    except SystemExit as exc:
+        exit_now(exc.code)
+        raise
+    except BaseException as exc:
+        # Before cli.main took over its own interrupts. A Ctrl-C can also surface as another error where the
+        # handler's KeyboardInterrupt lands inside C code (cli.run): after a signal, that error is the signal.
+        if not isinstance(exc, KeyboardInterrupt) and lifecycle.received() is None:
+            raise
         code = lifecycle.exit_code(lifecycle.EXIT_INTERRUPTED)
         lifecycle.shutdown(code)
         exit_now(code)
         raise SystemExit(code) from None
-    except SystemExit as exc:
-        exit_now(exc.code)
-        raise
 
 
 def exit_now(code: object) -> None:

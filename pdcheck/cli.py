@@ -156,6 +156,14 @@ def run(argv: list[str] | None = None) -> int:
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt
         return EXIT_INTERRUPTED
+    except Exception:
+        from pdcheck import lifecycle
+
+        # The handler's KeyboardInterrupt can land inside C code that reports another error in its place (seen: a
+        # TypeError out of an import typer started as the Ctrl-C came): after a signal, that error is the signal.
+        if lifecycle.received() is not None:
+            return EXIT_INTERRUPTED
+        raise
 
 
 def main() -> None:

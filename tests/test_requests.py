@@ -135,8 +135,11 @@ def test_delayed_notification_and_real_heartbeats(pdcheck):
     rel = doc["releases"][0]
     assert rel["counts"] == {"delivered": 4} and rel["model_agrees"]
     acc = rel["accounting"]
-    # P received D's real "HB:<id>" notifications, then expired the blocks before the late done notification
-    assert (acc["heartbeats"], acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 4, 0)
+    # P received D's real "HB:<ids>" notifications, then expired the blocks before the late done notification.
+    # One notification names every request D took in its turn (vLLM's worker): one per request unless a loaded
+    # machine hands D two requests in one turn.
+    assert 1 <= acc["heartbeats"] <= 4
+    assert (acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 0)
     # each late notification as 0.34.0's P logs it
     assert rel["notif_errors"][0] == ("Potentially invalid KV blocks for unrecognized request req-1.0 were retrieved "
                                       "by a decode worker. They may have expired.")
