@@ -20,9 +20,15 @@ from pdcheck.requests.shapes import Shape
 SCENARIOS = Path(__file__).resolve().parent.parent / "pdcheck" / "scenarios" / "requests"
 
 
+# A line's first request waits for every D rank's first handshake, which on a loaded machine outlasted a 0.5 s
+# lease (request 0 freed-early on D rank 1 at load 20): a test that does not test the expiry has a lease no
+# handshake outlasts, and one that does has 1 s, its faults' delays twice that.
+NO_EXPIRY_S = 5.0
+
+
 def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3,
-         lease: float | None = 0.5):
-    opts = Options(requests=n, rate=20.0, lease_s=lease, faults=parse_all(list(faults), n), shape=shape)
+         lease: float | None = NO_EXPIRY_S, **more: float):
+    opts = Options(requests=n, rate=20.0, lease_s=lease, faults=parse_all(list(faults), n), shape=shape, **more)
     return {r.release: r for r in run([(v, line_of(v)) for v in releases], opts)}
 
 
@@ -71,7 +77,7 @@ def test_dp2_routes_by_engine_id_and_names_dp_ranks():
 def test_tp2_one_consumer_lost_notification_waits_for_the_lease():
     # D TP rank 1's notification never reaches P rank 1: every D rank still verifies its blocks, but P's scheduler
     # frees each request only at P rank 1's lease (P rank 0 counted its consumer at once).
-    by = _run(Shape(2, 1, 2, 1), ["drop-notif:rank=D1"], releases=("0.34.0",))
+    by = _run(Shape(2, 1, 2, 1), ["drop-notif:rank=D1"], releases=("0.34.0",), lease=1.0, settle_s=1.5)
     for r in by.values():
         _agrees(r)
         assert {o.verdict for o in r.outcomes} == {"delivered"}
@@ -114,10 +120,10 @@ def test_tp2_restart_one_p_worker_only_the_d_rank_reading_it_fails():
 
 
 def test_tp2_one_d_rank_holds_and_fails_its_read_the_other_delivers():
-    # 0.14.0 (no heartbeats, the abort timeout at 0.5 s): D rank 1 holds request 1 past it and reads freed blocks;
+    # 0.14.0 (no heartbeats, the abort timeout at 1 s): D rank 1 holds request 1 past it and reads freed blocks;
     # D rank 1's READ of request 2 fails. D rank 0 reads both at once and notifies P rank 0; P's scheduler frees
     # each only when P rank 1 expires (its consumer never notified in time).
-    by = _run(Shape(2, 1, 2, 1), ["hold:1.0:1:rank=D1", "read-fail:2:rank=D1"], releases=("0.14.0",))
+    by = _run(Shape(2, 1, 2, 1), ["hold:2.0:1:rank=D1", "read-fail:2:rank=D1"], releases=("0.14.0",), lease=1.0)
     rel, cor = by["0.14.0"], by["corrected"]
     _agrees(rel)
     _agrees(cor)
@@ -131,7 +137,8 @@ def test_tp2_one_d_rank_holds_and_fails_its_read_the_other_delivers():
 def test_tp2_one_d_rank_slow_and_aborted_on_0_34():
     # slow-decode on D rank 1 only: its params arrive after the lease, with no heartbeat (its scheduler did not
     # have the request); D rank 0 read at once. abort-d on D rank 0 only: D rank 1 delivers request 2.
-    by = _run(Shape(2, 1, 2, 1), ["slow-decode:1.0:1:rank=D1", "abort-d:2:rank=D0"], releases=("0.34.0",))
+    by = _run(Shape(2, 1, 2, 1), ["slow-decode:2.0:1:rank=D1", "abort-d:2:rank=D0"], releases=("0.34.0",),
+              lease=1.0)
     rel, cor = by["0.34.0"], by["corrected"]
     _agrees(rel)
     _agrees(cor)
