@@ -202,7 +202,9 @@ def test_forkserver_killed_is_exit_3(tmp_path: Path, when: str) -> None:
     t_kill = time.monotonic()
     code, out, err = finish(w, timeout=30)
     assert code == 3, err
-    assert time.monotonic() - t_kill < 5.0
+    # Seen within seconds, not at the 60 s start-up timeout (at start-up the parent may still be importing the
+    # CLI: 5.5 s at load 24).
+    assert time.monotonic() - t_kill < 15.0
     assert "forkserver" in err and len(error_lines(err)) <= 1, err
     assert_clean(w, tmp_path, err)
 

@@ -19,7 +19,9 @@ def test_freed_early_scenario_real_outcomes_match_expectations(pdcheck):
     assert [w["request"] for w in wrong] == [0, 1]
     assert all(w["found_request"] not in (None, w["request"]) and "'s KV (generation" in w["detail"] for w in wrong)
     assert by["0.34.0"]["served_from_freed"] == pytest.approx(3 / 12)
-    assert by["0.34.0"]["accounting"]["expired"] == 3 and by["0.34.0"]["accounting"]["reused"] > 0
+    # The three slow requests expired; a quick one's done notification may also reach P after its lease on a
+    # loaded machine (its READ was in time: delivered, as the expectations say).
+    assert by["0.34.0"]["accounting"]["expired"] >= 3 and by["0.34.0"]["accounting"]["reused"] > 0
     assert any("before lease expired" in x for x in by["0.34.0"]["expiry_log"])
     assert any("within 0.5 seconds" in x for x in by["0.11.1"]["expiry_log"])
     assert doc["corrected"]["survived"] and doc["corrected"]["counts"] == {"delivered": 9, "recomputed": 3}
