@@ -4,6 +4,7 @@ engine's prediction and the corrected behaviour beside what the ranks observed."
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -72,7 +73,7 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     d_final: dict[int, DFinal] = {}
     p_final: dict[int, PFinal] = {}
     try:
-        with launcher(None) as lau:
+        with launcher(None) as lau, contextlib.ExitStack() as held:
             p_ranks = []
             for r in range(p_world):
                 pp, dp, tp = engine.p_rank_of(p, r)
@@ -81,12 +82,15 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                     tp, pair.p.name, p, server.port, mine, tag, register=r < registered, pp_rank=pp, fault=fault,
                     dp_rank=dp))))
             d_port = server.port
-            if sc.decode.no_bootstrap:  # a port that was free a moment ago: nothing listens there
+            if sc.decode.no_bootstrap:
+                # A port bound for the whole run and never listened on: every connection is refused, as where
+                # nothing listens, and no other part of a parallel smoke can take it meanwhile (one freed at once
+                # was taken by another part's bootstrap server, and D got that server's answer).
                 import socket
 
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", 0))
-                    d_port = s.getsockname()[1]
+                s = held.enter_context(socket.socket())
+                s.bind(("127.0.0.1", 0))
+                d_port = s.getsockname()[1]
             # D ranks start beside P's: their set-up (agent, registration) needs nothing of P; they contact
             # the bootstrap server only after Go, once every rank is ready
             d_ranks = [lau.start("D", r, sglang_decode_main, msgspec.msgpack.encode(SgDecodeSpec(
