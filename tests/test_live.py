@@ -265,11 +265,11 @@ def test_garbled_reply_is_a_verdict():
 
 
 def test_dead_endpoint_is_a_clear_error_within_the_timeout():
-    with socket.socket() as s:
+    with socket.socket() as s:  # bound for the probe's whole run, never listening: no other process takes it
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    t0 = time.monotonic()
-    r = pdcheck("probe", f"127.0.0.1:{port}", "--vllm", "0.26.0", "--timeout", "0.5")
+        t0 = time.monotonic()
+        r = pdcheck("probe", f"127.0.0.1:{port}", "--vllm", "0.26.0", "--timeout", "0.5")
     assert r.returncode == 3
     assert "no reply from 127.0.0.1" in r.stderr and "Traceback" not in r.stderr
     assert time.monotonic() - t0 < 15  # interpreter start-up plus the 0.5 s timeout
