@@ -53,6 +53,9 @@ MAX_WARMUP = 10**6
 MAX_CORRUPT_BLOCK = 2**31 - 1  # a descriptor index of request 0
 MIN_TIME_S = (0.001, 3600.0)
 MIN_RATE = 0.01  # arrivals per second (requests --rate): one every 100 s at the slowest
+# --time-scale / PDCHECK_TIME_SCALE: a request run in slow motion (never faster than written: its sub-second
+# leases already sit close to a handshake's length; docs/requests.md, "Slow motion")
+TIME_SCALE = (1.0, 20.0)
 
 # Untrusted input: a live peer, a --version-url, a log file (docs/reliability-untrusted.md). Frame and HTTP
 # caps live beside the code that enforces them (pdcheck.netio).

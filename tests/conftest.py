@@ -53,6 +53,18 @@ def _rank_logs_removed():
     lifecycle.finish_rank_logs(0)
 
 
+@pytest.fixture(autouse=True)
+def _slow_motion_under_load(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Every request run of the test, in its process or a child, at the machine's slow motion (tests/loadkit.py)."""
+    from loadkit import time_scale
+
+    from pdcheck.requests.plan import TIME_SCALE_ENV
+
+    k = time_scale()
+    monkeypatch.setenv(TIME_SCALE_ENV, f"{k:g}")
+    return k
+
+
 @pytest.fixture
 def pdcheck():
     """Run the real CLI in a fresh interpreter, as a user would."""

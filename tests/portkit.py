@@ -49,3 +49,12 @@ def machine_wide(name: str) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@contextmanager
+def refusing(host: str = "127.0.0.1") -> Iterator[int]:
+    """A port where every connection is refused for as long as the block runs: bound, never listened on, so no
+    other process (a parallel test's server) can take it meanwhile, as one freed at once could be."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.bind((host, 0))
+        yield s.getsockname()[1]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from portkit import free_run
+from portkit import free_run, refusing
 
 from pdcheck.doctor import envcheck, netdevs
 from pdcheck.doctor.model import check, exit_code, summary
@@ -270,20 +270,21 @@ def test_dead_peer() -> None:
 
 
 def test_lying_listener() -> None:
-    """The listener advertises an address it does not listen on: the peer dials it, nobody answers."""
-    lie = free_run()
-    lis, port = _listener("--advertise", f"127.0.0.1:{lie}", "--timeout", "6")
-    try:
-        # the first exchange may wait for the listener's checks and rank; the lie costs one deadline
-        # 20 s: at load 17 the listener's first answer took over 10 (the deadline is a ceiling, and the lie
-        # costs one whole deadline)
-        line = _one_line_exit_3(_cli("--peer", f"127.0.0.1:{port}", "--timeout", "20"))
-        assert f"advertises 127.0.0.1:{lie}, where nothing answered" in line
-        _, err = lis.communicate(timeout=30)
-    finally:
-        lis.kill()
+    """The listener advertises an address it does not listen on: the peer's connection there is refused, the
+    peer says so at once, and tells the listener over the address that answered; both end with one line, exit 3,
+    neither waiting out a deadline."""
+    with refusing() as lie:
+        lis, port = _listener("--advertise", f"127.0.0.1:{lie}")
+        try:
+            line = _one_line_exit_3(_cli("--peer", f"127.0.0.1:{port}", "--timeout", "20"))
+            assert f"advertises 127.0.0.1:{lie}, where nothing answered (connection refused)" in line
+            _, err = lis.communicate(timeout=30)
+        finally:
+            lis.kill()
     assert lis.returncode == 3
-    assert err.strip().splitlines()[-1].startswith("pdcheck: error:")
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("pdcheck: error: --listen: the peer says nothing answered at the advertised "
+                           f"127.0.0.1:{lie} (connection refused)"), err
 
 
 def test_bind_all_advertisement_is_refused() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import zmq
-from portkit import free_run
+from portkit import free_run, refusing
 
 from pdcheck.live import kills_listener
 from pdcheck.probe import agent_name, parse_endpoint
@@ -265,9 +265,7 @@ def test_garbled_reply_is_a_verdict():
 
 
 def test_dead_endpoint_is_a_clear_error_within_the_timeout():
-    with socket.socket() as s:  # bound for the probe's whole run, never listening: no other process takes it
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    with refusing() as port:  # for the probe's whole run
         t0 = time.monotonic()
         r = pdcheck("probe", f"127.0.0.1:{port}", "--vllm", "0.26.0", "--timeout", "0.5")
     assert r.returncode == 3

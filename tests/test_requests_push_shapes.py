@@ -10,6 +10,7 @@ import re
 
 import pytest
 from conftest import SCENARIOS
+from loadkit import scaled
 
 from pdcheck.errors import BadInput
 from pdcheck.requests import push
@@ -26,7 +27,7 @@ LOST = ["delivered", "delivered", "hang", "delivered", "delivered", "hang", "del
 def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3):
     # A lease the first line's handshakes (D with P, then P with each D rank) fit in on a loaded machine
     opts = Options(requests=n, rate=20.0, lease_s=1.0, faults=parse_all(list(faults), n), mode="push", shape=shape)
-    return {r.release: r for r in run([(v, line_of(v)) for v in releases], opts)}
+    return {r.release: r for r in run([(v, line_of(v)) for v in releases], scaled(opts))}
 
 
 def _agrees(r) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from loadkit import scaled
 
 from pdcheck.errors import BadInput
 from pdcheck.requests import shapes
@@ -29,7 +30,7 @@ NO_EXPIRY_S = 5.0
 def _run(shape: Shape, faults: list[str] = (), releases: tuple[str, ...] = ("0.34.0",), n: int = 3,
          lease: float | None = NO_EXPIRY_S, **more: float):
     opts = Options(requests=n, rate=20.0, lease_s=lease, faults=parse_all(list(faults), n), shape=shape, **more)
-    return {r.release: r for r in run([(v, line_of(v)) for v in releases], opts)}
+    return {r.release: r for r in run([(v, line_of(v)) for v in releases], scaled(opts))}
 
 
 def _agrees(r) -> None:

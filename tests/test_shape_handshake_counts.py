@@ -3,6 +3,8 @@ handshakes with each P engine it meets (real P and D rank processes)."""
 
 from __future__ import annotations
 
+from loadkit import scaled
+
 from pdcheck.requests.faults import parse_all
 from pdcheck.requests.lines import line_of
 from pdcheck.requests.run import Options, run
@@ -13,7 +15,7 @@ def _run(shape: Shape, n: int) -> dict:
     # A lease no loaded machine's first handshakes outlast (0.5 s expired requests at load 20): these tests count
     # handshakes, and every request must be delivered for the count to be the whole one.
     opts = Options(requests=n, rate=20.0, lease_s=10.0, faults=parse_all([], n), shape=shape)
-    return {r.release: r for r in run([("0.34.0", line_of("0.34.0"))], opts)}
+    return {r.release: r for r in run([("0.34.0", line_of("0.34.0"))], scaled(opts))}
 
 
 def test_tp2_to_tp4_counts_every_d_rank_handshake():

@@ -69,6 +69,10 @@ def register(app: typer.Typer) -> None:
                                         help="Which requests a fault's p=SHARE picks (default 0).")] = None,
         fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,
                                                help=f"A fault ({', '.join(NAMES)}); repeatable.")] = None,
+        time_scale: Annotated[float | None, Opt(metavar="K", rich_help_panel=LOAD, show_default=False,
+                                                help="Run every length (arrival gaps, lease, fault seconds) K times "
+                                                     "slower, 1-20, for a loaded machine; the verdicts stay the "
+                                                     "same (default $PDCHECK_TIME_SCALE, else 1).")] = None,
         json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                       help="One JSON document on stdout instead of tables.")] = False,
         every: Annotated[bool, Opt("--all", metavar="", rich_help_panel=OUTPUT,
@@ -86,5 +90,6 @@ def register(app: typer.Typer) -> None:
         outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot, "all": every,
                                "flags": {"requests": n_requests, "rate": rate, "lease": lease,
                                          "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
-                                         "failure_policy": failure_policy, "mode": mode}, "json_out": json_out})
+                                         "failure_policy": failure_policy, "mode": mode,
+                                         "time_scale": time_scale}, "json_out": json_out})
         emit("requests", fw.name, outcome, json_out)

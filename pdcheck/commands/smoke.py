@@ -68,6 +68,9 @@ def register(app: typer.Typer) -> None:
 
         bounds.check_timeouts(hang_timeout)
         bounds.check_out_file("--junit", junit)  # before anything runs
+        from pdcheck.requests.plan import time_scale
+
+        time_scale(None)  # $PDCHECK_TIME_SCALE, which every request-path scenario runs at (docs/requests.md)
         n = sm.default_jobs() if jobs is None else jobs
         if not 1 <= n <= sm.MAX_JOBS:
             from pdcheck.errors import BadInput

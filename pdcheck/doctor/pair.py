@@ -323,7 +323,12 @@ def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str |
         r = pair.ready
         _reply(sock, Offer(r.agent_name, r.metadata, r.addr, r.dev, adv, r.ucx_version))
         deadline = time.monotonic() + timeout
-        _serve(sock, deadline, timeout, Fill, "waiting for the peer's Fill (at the advertised address)")
+        fill = _serve(sock, deadline, timeout, (Fill, Aborted), "waiting for the peer's Fill (at the advertised "
+                      "address)")
+        if isinstance(fill, Aborted):  # the peer found nothing at the advertised address (and said so here)
+            _reply(sock, Evidence(pair.stop()))
+            raise PeerError(f"--listen: the peer says {fill.error[:bounds.MAX_PEER_STR]}; advertise the address "
+                            "this listener listens on")
         filled = pair.ask(pair.row, m.Filled, "filling the KV blocks")
         _reply(sock, Filled(filled.fill_ms))
         deadline = time.monotonic() + timeout
@@ -387,11 +392,18 @@ def dial(report: Any, target: tuple[str, int], timeout: float, expect: list[str]
             raise PeerError(f"{where}: agent metadata over {MAX_FRAME_BYTES >> 20} MiB")
         ahost, aport = check_advertised(offer.advertise, where)
         adv = _hostport(ahost, aport)
+        lie = "; a listener must advertise the address it listens on (VLLM_NIXL_SIDE_CHANNEL_HOST)"
+        # ZMQ would retry a refused connection silently until the deadline: a plain connect says so at once, and
+        # the listener hears it over the address that did answer instead of waiting out its own deadline.
+        refused = _unreachable(ahost, aport, timeout)
+        if refused:
+            _tell_unreachable(ctx, host, port, f"nothing answered at the advertised {adv} ({refused})", pair,
+                              timeout)
+            raise PeerError(f"{where}: the listener advertises {adv}, where nothing answered ({refused}){lie}")
         try:
             frames = request_reply(ctx, _endpoint(ahost, aport), ahost, msgspec.msgpack.encode(Fill()), timeout)
         except PeerError as exc:
-            raise PeerError(f"{where}: the listener advertises {adv}, where nothing answered ({exc}); a listener "
-                            "must advertise the address it listens on (VLLM_NIXL_SIDE_CHANNEL_HOST)") from None
+            raise PeerError(f"{where}: the listener advertises {adv}, where nothing answered ({exc}){lie}") from None
         _expect(frames, Filled, f"{where} (advertised {adv})")
         try:
             pair.ask(m.Peers([m.PeerInfo(0, offer.agent_name, offer.metadata, offer.addr, offer.dev)]), m.Ack,
@@ -426,6 +438,29 @@ def dial(report: Any, target: tuple[str, int], timeout: float, expect: list[str]
                 _clean(theirs), expect)
     finally:
         pair.close()
+
+
+def _unreachable(host: str, port: int, timeout: float) -> str:
+    """Why a TCP connection to host:port fails within timeout ("" when one opens; it closes at once)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return ""
+    except ConnectionRefusedError:
+        return "connection refused"
+    except TimeoutError:
+        return f"no connection within {timeout:g} s"
+    except OSError as exc:
+        return exc.strerror or str(exc)
+
+
+def _tell_unreachable(ctx: zmq.Context, host: str, port: int, why: str, pair: _Pair, timeout: float) -> None:
+    """The listener, over the address it was dialled at, learns that its advertised one answered nothing (an
+    Aborted in place of the Fill); a listener that does not answer is left to its own deadline."""
+    try:
+        request_reply(ctx, _endpoint(host, port), host,
+                      msgspec.msgpack.encode(Aborted(why, pair.evidence_after_failure())), timeout)
+    except PeerError:
+        pass
 
 
 def _clean(e: End) -> End:

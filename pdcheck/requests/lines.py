@@ -72,13 +72,15 @@ class Lifecycle(msgspec.Struct, frozen=True):
     def notif_key(self) -> str:
         return "remote_request_id" if "remote_request_id" in self.keys else "request_id"
 
-    def lease_extension(self, lease: float) -> float:
+    def lease_extension(self, lease: float, time_scale: float = 1.0) -> float:
         """How far past now a heartbeat pushes the lease (never shortening it): vLLM's `_lease_extension =
         kv_lease_duration * 2 // 3` (0.22+ worker; whole seconds, so a 1 s lease is never extended); a
-        sub-second --lease (time scaled down for a test) keeps the 2/3; the corrected path renews the whole lease."""
+        sub-second --lease (time scaled down for a test) keeps the 2/3; the corrected path renews the whole lease.
+        time_scale: the run in slow motion; the whole seconds are the scenario's, before it stretched."""
         if is_corrected(self):
             return lease
-        return lease * 2 // 3 if lease >= 1 else lease * 2 / 3
+        own = lease / time_scale
+        return time_scale * (own * 2 // 3 if own >= 1 else own * 2 / 3)
 
     def notification(self, req: str, consumers: int = 1) -> bytes:
         return self.notif.format(req=req, n=consumers).encode()

@@ -235,7 +235,8 @@ class _Req:
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
              lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
              settle: float = SETTLE_S, group: tuple[int, int] = (0, 1), shape: Any = None,
-             ranks: dict[tuple[int, int], Outcome] | None = None) -> tuple[list[Outcome], Accounting]:
+             ranks: dict[tuple[int, int], Outcome] | None = None,
+             time_scale: float = 1.0) -> tuple[list[Outcome], Accounting]:
     """Each request's expected verdict and P's accounting. group (g, dp_size): only the requests the router
     sends to P DP rank g (i % dp_size == g: each DP rank an engine with its own pool), at their own times.
     shape (pdcheck.requests.shapes.Shape) with `ranks`: where a fault touches one D TP rank (rank=DK) or one P TP
@@ -245,7 +246,9 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     P frees on notification or at the expiry (lease
     overrides the release's default; a release without one never frees unread blocks); freed blocks go to the
     tail of P's free list and later requests take them from its head (vLLM's free block queue). The run ends
-    `settle` seconds after the last request's notification: expiries still to come count as held."""
+    `settle` seconds after the last request's notification: expiries still to come count as held. time_scale: the
+    run's slow motion (Options.scaled: the lengths given are already stretched; only the lease extension's whole
+    seconds need it)."""
     expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
     free = list(range(pool))
     owner: dict[int, int] = {}
@@ -474,7 +477,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and not lost:
                 # D's scheduler tracks it from here: heartbeats until the read
-                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i))
+                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
             if hold_s > 0:
                 push(t + hold_s, "read", i)
             else:
@@ -505,13 +508,13 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
 
 
 def renew(line: Lifecycle, expiry: float, t: float, hold_s: float, r: Any, acc: Accounting,
-          expire_at: Callable[[float], None]) -> None:
+          expire_at: Callable[[float], None], time_scale: float = 1.0) -> None:
     """D's scheduler heartbeats request r from when it takes it (t) every lease/6 until its READ (pull) or its
     PUSH_REG (push), hold_s later: P counts them and its lease runs to at least the last one's time + the
     release's extension (expire_at: the expiry event, moved there)."""
     beats = int(hold_s // (expiry / 6))
     acc.heartbeats += 1 + beats
-    renewed = t + beats * (expiry / 6) + line.lease_extension(expiry)
+    renewed = t + beats * (expiry / 6) + line.lease_extension(expiry, time_scale)
     if r.holding and renewed > r.deadline:
         r.deadline = renewed
         expire_at(renewed)
@@ -537,7 +540,7 @@ def count_still_held(reqs: Iterable[Any], acc: Accounting) -> None:
 
 def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
                    lease: float | None, faults: tuple[Fault, ...], shape: Any, engine_id: str = "P",
-                   settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
+                   settle: float = SETTLE_S, time_scale: float = 1.0) -> tuple[list[Outcome], Accounting]:
     """simulate on a TP/DP shape: each P DP rank's requests on its own pool, then a verdict per (request, D TP
     rank) (per_rank); P's accounting summed over the DP ranks."""
     outs: dict[int, Outcome] = {}
@@ -545,7 +548,7 @@ def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_reque
     acc = Accounting()
     for g in range(shape.p_dp):
         got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, faults, engine_id, settle,
-                          (g, shape.p_dp), shape, ranks)
+                          (g, shape.p_dp), shape, ranks, time_scale)
         outs.update({o.request: o for o in got})
         for f in msgspec.structs.fields(Accounting):
             setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))

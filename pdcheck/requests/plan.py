@@ -32,6 +32,7 @@ File format (every key optional; flags win):
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,7 @@ MIN_RATE = bounds.MIN_RATE  # 1e-300 would put the second arrival past any timeo
 MAX_POOL = 4096
 MAX_BLOCKS_PER_REQUEST = 64
 MAX_LEASE_S = 600.0
+TIME_SCALE_ENV = "PDCHECK_TIME_SCALE"  # --time-scale's default: a loaded CI machine sets it once for every run
 _KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed", "failure_policy", "mode"}
 
 
@@ -127,7 +129,7 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     if mode not in MODES:
         raise BadInput(f"{mode_origin}: mode must be pull or push, not {mode!r}")
     vals.pop("mode", None)
-    vals.update({k: v for k, v in flags.items() if v is not None and k != "mode"})
+    vals.update({k: v for k, v in flags.items() if v is not None and k not in ("mode", "time_scale")})
 
     def src(key: str) -> str:
         return f"--{key.replace('_', '-')}" if flags.get(key) is not None else f"{where}: [requests]"
@@ -203,7 +205,23 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
                            "tp_ratio; see `pdcheck handshake`); name 0.14+ releases")
     name = scenario.stem if scenario is not None else "flags"
     return RequestsPlan(where if scenario is not None else "flags", name, str(req.get("issue", "")), releases,
-                        Options(n, rate, lease, per, pool, faults, policy, mode=mode, shape=shape), expect)
+                        Options(n, rate, lease, per, pool, faults, policy, mode=mode, shape=shape).scaled(
+                            time_scale(flags.get("time_scale"))), expect)
+
+
+def time_scale(flag: float | None) -> float:
+    """--time-scale, else $PDCHECK_TIME_SCALE, else 1: how much slower than written the run goes."""
+    if flag is not None:
+        return float(_number("--time-scale", "time scale", flag, *bounds.TIME_SCALE, False))
+    raw = os.environ.get(TIME_SCALE_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadInput(f"{TIME_SCALE_ENV}={raw[:40]!r}: give a number from {bounds.TIME_SCALE[0]:g} to "
+                       f"{bounds.TIME_SCALE[1]:g}") from None
+    return float(_number(f"${TIME_SCALE_ENV}", "time scale", value, *bounds.TIME_SCALE, False))
 
 
 def _shape(where: str, doc: dict[str, Any]) -> Shape:

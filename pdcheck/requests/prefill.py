@@ -51,6 +51,7 @@ class RequestsP(RequestsRole):
         n = self.spec.num_blocks
         line: Lifecycle = CORRECTED
         expiry: float | None = None
+        scale = 1.0  # the run's slow motion (ReqBegin.time_scale)
         per_req = 1
         free: deque[int] = deque()
         gen = np.zeros(n, dtype=np.int64)
@@ -128,7 +129,7 @@ class RequestsP(RequestsRole):
 
         def handle(msg: m.Msg | None) -> None:
             nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side, release_name, dead
-            nonlocal rid_inc, generation
+            nonlocal rid_inc, generation, scale
             if isinstance(msg, m.ReqBegin):
                 mode = msg.mode
                 if mode == "push":
@@ -141,6 +142,7 @@ class RequestsP(RequestsRole):
                 pending.clear()
                 line = line_of(msg.line)
                 release_name = msg.release or msg.line
+                scale = msg.time_scale
                 expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
                                                              else line.expiry_s)
                 per_req = msg.blocks_per_request
@@ -221,7 +223,7 @@ class RequestsP(RequestsRole):
                         for rid in raw[3:].decode(errors="replace").split(","):
                             i = by_id.get(rid, -1)
                             if i in held and expiry is not None:
-                                held[i].deadline = max(held[i].deadline, time.time() + line.lease_extension(expiry))
+                                held[i].deadline = max(held[i].deadline, time.time() + line.lease_extension(expiry, scale))
                         continue
                     try:
                         rid, said_n = line.parse_notification(raw)

@@ -305,7 +305,7 @@ class _Req:
 def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
              lease: float | None, faults: tuple[Fault, ...], engine_id: str = "P",
              settle: float = SETTLE_S, group: tuple[int, int] = (0, 1),
-             p_tp: int = 1) -> tuple[list[Outcome], Accounting]:
+             p_tp: int = 1, time_scale: float = 1.0) -> tuple[list[Outcome], Accounting]:
     """Each request's expected verdict and P's accounting in push mode. group (g, dp_size): only the requests the
     router sends to P DP rank g, as model.simulate; p_tp: P's TP (the params' tp_size). P allocates as in pull (model.simulate);
     D's scheduler takes the request when the router hands it the params (late under slow-decode), heartbeats
@@ -434,7 +434,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and "remote_request_id" in prm and not lost and d_inc == inc:
                 # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until the PUSH_REG
-                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i))
+                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
             if hold_s > 0:
                 push(t + hold_s, "register", i)
             else:
@@ -469,7 +469,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
 
 def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
                    lease: float | None, faults: tuple[Fault, ...], shape: Any, engine_id: str = "P",
-                   settle: float = SETTLE_S) -> tuple[list[Outcome], Accounting]:
+                   settle: float = SETTLE_S, time_scale: float = 1.0) -> tuple[list[Outcome], Accounting]:
     """simulate on a TP/DP shape, as model.simulate_shape does for pull: each P DP rank's requests on its own pool,
     then a verdict per (request, D TP rank). Every D TP rank of a request's D DP rank registers at once, each P TP
     worker WRITEs each of its consumers its part and P's scheduler frees once every worker's WRITEs are done, so
@@ -485,7 +485,7 @@ def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_reque
         outs: dict[int, Outcome] = {}
         for g in range(shape.p_dp):
             got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, mine, engine_id, settle,
-                              (g, shape.p_dp), shape.p_tp)
+                              (g, shape.p_dp), shape.p_tp, time_scale)
             outs.update({o.request: o for o in got})
             if r == 0:
                 for f in msgspec.structs.fields(Accounting):

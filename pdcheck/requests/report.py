@@ -86,6 +86,9 @@ class RequestsReport(msgspec.Struct):
     mode: str = "pull"  # "push": NixlPushConnector (pdcheck.requests.push)
     harness_errors: list[str] = []  # each request where the real ranks and the model disagree (exit 3)
     shape: str = ""  # TP and DP per side ("P TP 2 -> D TP 1"); "" for one P rank and one D rank
+    # The run in slow motion (--time-scale): rate, lease_s and the faults' seconds above are as run, already
+    # stretched by it; 1: as the scenario wrote them.
+    time_scale: float = 1.0
 
 
 def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
@@ -142,7 +145,8 @@ def build(plan: RequestsPlan, runs: list[LineRun]) -> RequestsReport:
                             request=row.request) for r in rels for row in r.rows]
     return RequestsReport(plan.name, plan.issue, o.requests, o.rate, o.lease_s, o.blocks_per_request, o.pool,
                           [f.text() for f in o.faults], rels, corr, expectations, code, verdicts, mode=o.mode,
-                          harness_errors=harness, shape="" if o.shape.single else o.shape.text())
+                          harness_errors=harness, shape="" if o.shape.single else o.shape.text(),
+                          time_scale=o.time_scale)
 
 
 def _name(release: str) -> str:
@@ -279,7 +283,9 @@ def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
         head += f" ({escape(rep.issue)})"
     console.print(f"[bold]{head}[/]: {rep.mode} mode, {rep.requests} requests at {rep.rate:g}/s, {rep.blocks_per_request} blocks "
                   f"each from P's {rep.pool}; lease {rep.lease_s if rep.lease_s is not None else 'default'}"
-                  f"{'; faults ' + escape(', '.join(rep.faults)) if rep.faults else ''}", highlight=False)
+                  f"{'; faults ' + escape(', '.join(rep.faults)) if rep.faults else ''}"
+                  f"{f'; every length x{rep.time_scale:g} (--time-scale)' if rep.time_scale != 1 else ''}",
+                  highlight=False)
     console.print(verdict_line(rep), highlight=False)
     lines = [*rep.releases, rep.corrected]
     cols = [k for k in _COLUMNS if k == "delivered" or any(r.counts.get(k) for r in lines)]

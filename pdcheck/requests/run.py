@@ -63,6 +63,18 @@ class Options(msgspec.Struct, frozen=True):
     mute_side: bool = False  # test hook: P's side channel never answers (D's handshake times out)
     mute_d_side: bool = False  # test hook, push mode: D's side channel never answers (P's handshake times out)
     shape: Shape = Shape()  # TP and DP per side (pdcheck.requests.shapes)
+    time_scale: float = 1.0  # the run in slow motion: every scenario length below is already multiplied by it
+
+    def scaled(self, k: float) -> Options:
+        """Every length of the scenario k times longer (arrival gaps, lease, fault delays, settle): the verdicts
+        are the same, as the model runs on the same lengths; only handshake and start-up costs, which do not
+        stretch, shrink beside them (docs/requests.md, "Slow motion")."""
+        if k == 1.0:
+            return self
+        faults = tuple(msgspec.structs.replace(f, seconds=f.seconds * k) for f in self.faults)
+        return msgspec.structs.replace(self, rate=self.rate / k, lease_s=None if self.lease_s is None else
+                                       self.lease_s * k, faults=faults, settle_s=self.settle_s * k,
+                                       time_scale=self.time_scale * k)
 
 
 class LineRun(msgspec.Struct):
@@ -377,7 +389,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     peers = {engine(P_ENGINE, g, sh.p_dp): [sides[k] for k, sl in enumerate(slots) if sl.group == g]
              for g in range(sh.p_dp)}
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
-                       mode=opts.mode, side=side, release=name, peers={} if sh.single else peers)
+                       mode=opts.mode, side=side, release=name, peers={} if sh.single else peers,
+                       time_scale=opts.time_scale)
     # push on a shape: P handshakes with the D ranks it WRITEs, each on its own side channel (vLLM's P: D's port
     # plus the rank), per D engine id; on one P and one D rank P goes where the PUSH_REG says.
     d_peers = {} if sh.single or not push or d_ready is None else {
@@ -553,13 +566,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
     acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
-    if sh.single:
-        model = push_simulate if push else simulate
-        exp, exp_acc = model(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults,
-                             P_ENGINE, opts.settle_s)
-    else:
-        exp, exp_acc = (push_simulate_shape if push else simulate_shape)(line, n, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s,
-                                      opts.faults, sh, P_ENGINE, opts.settle_s)
+    exp, exp_acc = expected(line, opts)
     # The schedule pauses while P restarts: arrivals are measured from when the router handed the request on.
     arrived = {i: pf.t for i, pf in prefilled.items()}
     latency = [answered[i] - arrived[i] if i in answered and i in arrived else None for i in range(n)]
@@ -575,6 +582,19 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                            len(shakes), failed), p_side, produced,
                    p_ranks=[_rank_account(sl, a) for sl, a in zip(slots, accts, strict=True)] if not sh.single
                    else [])
+
+
+def expected(line: Lifecycle, opts: Options) -> tuple[list[Outcome], Accounting]:
+    """The model's verdict per request (per D TP rank on a shape) and P's accounting for one release line: what
+    the real ranks' outcomes are compared with."""
+    sh, push = opts.shape, opts.mode == "push"
+    if sh.single:
+        return (push_simulate if push else simulate)(
+            line, opts.requests, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
+            opts.settle_s, time_scale=opts.time_scale)
+    return (push_simulate_shape if push else simulate_shape)(
+        line, opts.requests, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, sh, P_ENGINE,
+        opts.settle_s, opts.time_scale)
 
 
 def _merged(accts: list[m.ReqAccount]) -> m.ReqAccount:

@@ -1,0 +1,85 @@
+"""Slow motion (`--time-scale`, $PDCHECK_TIME_SCALE; docs/requests.md): every scenario length stretched, the same
+verdicts. The model's side is pure (every bundled request-path scenario at K = 1 and K = 3); the CLI's side is a
+real run at K = 2 whose report says the lengths as run."""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+import pytest
+from conftest import SCENARIOS
+
+from pdcheck.errors import BadInput
+from pdcheck.requests.faults import parse_all
+from pdcheck.requests.lines import line_of
+from pdcheck.requests.plan import TIME_SCALE_ENV, build, time_scale
+from pdcheck.requests.run import Options, expected
+from pdcheck.scenario import read_toml
+
+REQUEST_SCENARIOS = sorted((SCENARIOS / "requests").glob("*.toml"))
+
+
+def test_scaled_stretches_every_scenario_length_and_nothing_else() -> None:
+    o = Options(requests=5, rate=10.0, lease_s=0.5, faults=parse_all(["slow-decode:1.5:2", "drop-notif:3"], 5),
+                settle_s=0.5)
+    k = o.scaled(3.0)
+    assert (k.rate, k.lease_s, k.settle_s, k.time_scale) == (pytest.approx(10 / 3), 1.5, 1.5, 3.0)
+    assert [(f.name, f.seconds, f.request) for f in k.faults] == [("slow-decode", 4.5, 2), ("drop-notif", 0.0, 3)]
+    assert (k.requests, k.pool, k.blocks_per_request) == (o.requests, o.pool, o.blocks_per_request)
+    assert o.scaled(1.0) is o and Options(lease_s=None).scaled(2.0).lease_s is None  # the release's own default
+    assert k.scaled(2.0).time_scale == 6.0
+
+
+def test_lease_extension_keeps_the_scenarios_whole_seconds() -> None:
+    """vLLM's `kv_lease_duration * 2 // 3`: a 1 s lease is never extended, a 3 s one by 2 s, at any K."""
+    line = line_of("0.34.0")
+    assert line.lease_extension(1.0) == 0 and line.lease_extension(3.0) == 2
+    assert line.lease_extension(3.0, 3.0) == 0  # a 1 s lease in slow motion
+    assert line.lease_extension(9.0, 3.0) == 6  # a 3 s one
+    assert line.lease_extension(1.5, 3.0) == pytest.approx(1.0)  # sub-second (0.5 s): its 2/3, stretched
+
+
+@pytest.mark.parametrize("path", REQUEST_SCENARIOS, ids=[p.stem for p in REQUEST_SCENARIOS])
+def test_every_bundled_scenario_has_the_same_verdicts_in_slow_motion(path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TIME_SCALE_ENV)  # K = 1 as written, not the machine's slow motion
+    doc = read_toml(path)
+    one, three = build(path, doc, None, {}, []), build(path, doc, None, {"time_scale": 3.0}, [])
+    assert three.options.time_scale == 3.0 and one.options.time_scale == 1.0
+    for (name, line), _ in zip(one.releases, three.releases, strict=True):
+        for ln in (line, line_of("corrected")):
+            (a, acc_a), (b, acc_b) = expected(ln, one.options), expected(ln, three.options)
+            # whose KV a `wrong` request finds may change with the order of equal-time events (float sums of
+            # stretched gaps); the verdicts never do (docs/scenarios-and-flags.md, the freed-early scenarios)
+            assert [(o.request, o.rank, o.verdict) for o in a] == [(o.request, o.rank, o.verdict) for o in b], \
+                (path.stem, name)
+            assert msgspec.structs.asdict(acc_a) == msgspec.structs.asdict(acc_b), (path.stem, name)
+
+
+def test_flag_env_and_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TIME_SCALE_ENV, raising=False)
+    assert time_scale(None) == 1.0
+    monkeypatch.setenv(TIME_SCALE_ENV, "2.5")
+    assert time_scale(None) == 2.5 and time_scale(4.0) == 4.0  # the flag over the environment
+    for bad, says in (("0.5", "out of range (>= 1, <= 20)"), ("abc", "give a number from 1 to 20"),
+                      ("nan", "out of range")):
+        monkeypatch.setenv(TIME_SCALE_ENV, bad)
+        with pytest.raises(BadInput, match=re.escape(says)) as e:
+            time_scale(None)
+        assert TIME_SCALE_ENV in str(e.value)
+    with pytest.raises(BadInput, match="--time-scale: time scale = 21"):
+        time_scale(21.0)
+
+
+def test_a_real_run_in_slow_motion_says_its_lengths(pdcheck) -> None:
+    run = pdcheck("requests", "requests-freed-early", "--vllm", "0.34.0", "--time-scale", "2", "--json")
+    doc = run.json()
+    assert run.code == 1 and not doc["harness_errors"], run.err  # 0.34.0 loses requests; the model agrees
+    assert doc["time_scale"] == 2.0 and doc["lease_s"] == 1.0 and doc["rate"] == 5.0
+    assert doc["faults"][:1] == ["slow-decode:3:0"]
+    assert [e["passed"] for e in doc["expectations"]] == [True] * len(doc["expectations"])
+    table = pdcheck("requests", "requests-wrong-tp-52276", "--vllm", "0.34.0", "--time-scale", "1.5")
+    assert "every length x1.5 (--time-scale)" in table.out.splitlines()[0], table.out
+    bad = pdcheck("requests", "requests-freed-early", "--time-scale", "0")
+    assert bad.code == 2 and bad.err.strip() == \
+        "pdcheck: error: --time-scale: time scale = 0.0 is out of range (>= 1, <= 20)", bad.err
