@@ -135,7 +135,7 @@ def test_listener_advertising_an_address_it_does_not_listen_on(link) -> None:
     """The listener tells the peer to use A's address on a port nobody listens on: exit 3, one line, bounded."""
     ns, a_ip, _, _, _ = link
     lis, peer, _ = _pair(ns, a_ip, env_a={}, env_b={}, listen=("--advertise", f"{a_ip}:9"), timeout=6,
-                         listen_timeout=20)
+                         listen_timeout=60)
     assert peer.code == 3, peer.err
     lines = peer.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pdcheck: error:"), peer.err

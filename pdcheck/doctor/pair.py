@@ -325,10 +325,10 @@ def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str |
         deadline = time.monotonic() + timeout
         fill = _serve(sock, deadline, timeout, (Fill, Aborted), "waiting for the peer's Fill (at the advertised "
                       "address)")
-        if isinstance(fill, Aborted):  # the peer found nothing at the advertised address (and said so here)
+        if isinstance(fill, Aborted):  # the peer could not use the advertised address (and said so here)
             _reply(sock, Evidence(pair.stop()))
-            raise PeerError(f"--listen: the peer says {fill.error[:bounds.MAX_PEER_STR]}; advertise the address "
-                            "this listener listens on")
+            raise PeerError(f"--listen: the peer says this listener {fill.error[:bounds.MAX_PEER_STR]}; advertise "
+                            "an address of this node that this listener listens on (--advertise)")
         filled = pair.ask(pair.row, m.Filled, "filling the KV blocks")
         _reply(sock, Filled(filled.fill_ms))
         deadline = time.monotonic() + timeout
@@ -390,15 +390,19 @@ def dial(report: Any, target: tuple[str, int], timeout: float, expect: list[str]
             raise PeerError(f"{where}: memory address {offer.addr} or device {offer.dev} out of range")
         if len(offer.metadata) > MAX_FRAME_BYTES:
             raise PeerError(f"{where}: agent metadata over {MAX_FRAME_BYTES >> 20} MiB")
-        ahost, aport = check_advertised(offer.advertise, where)
+        # What is wrong with the advertised address, the listener hears over the address that did answer (an
+        # Aborted in place of the Fill) instead of waiting out its deadline. ZMQ would retry a refused connection
+        # silently until the deadline: a plain connect says so at once.
+        try:
+            ahost, aport = check_advertised(offer.advertise, where)
+        except PeerError as exc:
+            _tell_listener(ctx, host, port, str(exc).removeprefix(f"{where}: "), pair, timeout)
+            raise
         adv = _hostport(ahost, aport)
         lie = "; a listener must advertise the address it listens on (VLLM_NIXL_SIDE_CHANNEL_HOST)"
-        # ZMQ would retry a refused connection silently until the deadline: a plain connect says so at once, and
-        # the listener hears it over the address that did answer instead of waiting out its own deadline.
         refused = _unreachable(ahost, aport, timeout)
         if refused:
-            _tell_unreachable(ctx, host, port, f"nothing answered at the advertised {adv} ({refused})", pair,
-                              timeout)
+            _tell_listener(ctx, host, port, f"advertises {adv}, where nothing answered ({refused})", pair, timeout)
             raise PeerError(f"{where}: the listener advertises {adv}, where nothing answered ({refused}){lie}")
         try:
             frames = request_reply(ctx, _endpoint(ahost, aport), ahost, msgspec.msgpack.encode(Fill()), timeout)
@@ -453,9 +457,9 @@ def _unreachable(host: str, port: int, timeout: float) -> str:
         return exc.strerror or str(exc)
 
 
-def _tell_unreachable(ctx: zmq.Context, host: str, port: int, why: str, pair: _Pair, timeout: float) -> None:
-    """The listener, over the address it was dialled at, learns that its advertised one answered nothing (an
-    Aborted in place of the Fill); a listener that does not answer is left to its own deadline."""
+def _tell_listener(ctx: zmq.Context, host: str, port: int, why: str, pair: _Pair, timeout: float) -> None:
+    """The listener, over the address it was dialled at, learns what is wrong with the one it advertises (why:
+    "advertises ..."); a listener that does not answer is left to its own deadline."""
     try:
         request_reply(ctx, _endpoint(host, port), host,
                       msgspec.msgpack.encode(Aborted(why, pair.evidence_after_failure())), timeout)
