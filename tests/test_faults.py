@@ -185,6 +185,9 @@ def test_killed_rank_is_reported_within_2s(tmp_path: Path, victim: str, phase: s
         assert code == 3, err
         doc = json.loads(out)
         assert any(label in e and phase in e and "SIGKILL" in e for e in doc["harness_errors"]), doc["harness_errors"]
+        # stdout is the document; stderr repeats why it is exit 3 for a CI log that keeps only stderr
+        assert [ln.removeprefix("pdcheck: harness error: ") for ln in err.splitlines()
+                if ln.startswith("pdcheck: harness error: ")] == doc["harness_errors"][:5], err
     assert label in line and "SIGKILL" in line, err
     assert detect_s < 2.0, f"dead rank reported after {detect_s:.2f} s"
     assert total_s < 5.0, f"run ended {total_s:.2f} s after the kill"

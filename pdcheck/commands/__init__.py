@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -19,6 +20,7 @@ SCENARIO = "Scenario"
 
 # Every command's epilog ends with its exit codes; the signal codes are the same everywhere (pdcheck.lifecycle).
 SIGNALS = "130/143/129 interrupted (SIGINT/SIGTERM/SIGHUP)."
+HARNESS_LINES = 5  # --json: the first harness errors, repeated on stderr
 
 
 def exit_codes(ok: str, fail: str) -> str:
@@ -42,6 +44,9 @@ def emit(command: str, framework: str | None, outcome: Any, json_out: bool) -> N
         from pdcheck.envelope import write
 
         write(command, framework, outcome.exit_code, outcome.body)
+        # stdout is the document; a CI log that keeps only stderr still says why the run is exit 3
+        for text in (getattr(outcome.body, "harness_errors", None) or [])[:HARNESS_LINES]:
+            print(f"pdcheck: harness error: {text}", file=sys.stderr)
     else:
         outcome.render(console())
     raise typer.Exit(outcome.exit_code)

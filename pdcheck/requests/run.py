@@ -526,6 +526,11 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                 elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
                     registered.add(msg.request)
                     last_answer = time.time()
+                    if expiry is not None:
+                        # the corrected D gives up a lease after this PUSH_REG: a late one (D's first handshake
+                        # on a loaded machine) moves that past the schedule's end, which then waits for it
+                        end = max(end, last_answer + expiry + opts.settle_s)
+                        hard = max(hard, end + 30.0)
                 else:
                     st.take_other(rank, msg)
                     if isinstance(msg, m.ReqDecoded) and msg.request in decoded:
