@@ -42,6 +42,11 @@ class Run:
     def json(self) -> dict:
         return json.loads(self.out)
 
+    @property
+    def said(self) -> str:
+        """stderr and the end of stdout: why a run ended as it did (a --json run's cases and harness errors)."""
+        return f"{self.err}\n--- stdout, last 4000 characters ---\n{self.out[-4000:]}"
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _rank_logs_removed():

@@ -128,7 +128,7 @@ def test_smoke_runs_request_scenarios(pdcheck, tmp_path):
     d.mkdir()
     shutil.copy(SCENARIOS / "requests" / "requests-params-dropped.toml", d)
     run = pdcheck("smoke", str(d), "--json", timeout=120)
-    assert run.code == 0, run.err
+    assert run.code == 0, run.said
     doc = run.json()
     assert doc["failed"] == 0 and {c["release"] for c in doc["cases"]} == {"0.9.1", "0.34.0", "corrected"}
 
@@ -354,7 +354,7 @@ def test_one_p_worker_restart_scenario_table_names_the_d_rank_and_agrees_with_js
 
     run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-tp2-one-p-worker-restart.toml"), "--vllm",
                   "0.34.0", "--json", timeout=120)
-    assert run.code == 1, run.err
+    assert run.code == 1, run.said
     rep = msgspec.json.decode(run.out, type=RequestsReport)  # the schema --json promises
     assert [e.passed for e in rep.expectations] == [True, True], rep.expectations
     rows = [(row.request, row.rank, row.verdict) for r in [*rep.releases, rep.corrected] for row in r.rows]

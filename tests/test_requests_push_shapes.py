@@ -98,7 +98,7 @@ def test_push_p_tp1_to_d_tp2_one_p_rank_writes_each_d_rank_its_heads():
 def test_push_p_tp2_to_d_tp1_d_counts_both_p_ranks_and_a_failed_write_hangs(pdcheck):
     run_ = pdcheck("requests", str(SCENARIOS / "requests" / "requests-push-hetero-write-failure.toml"), "--json",
                    timeout=120)
-    assert run_.code == 1, run_.err
+    assert run_.code == 1, run_.said
     doc = run_.json()
     assert [e["passed"] for e in doc["expectations"]] == [True] * 3, doc["expectations"]
     for rel in doc["releases"]:

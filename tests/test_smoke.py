@@ -18,7 +18,7 @@ def test_smoke_passes_and_writes_valid_junit(pdcheck, tmp_path):
         shutil.copy(SCENARIOS / f"{name}.toml", d)
     junit = tmp_path / "out.xml"
     run = pdcheck("smoke", str(d), "--junit", str(junit), "--json")
-    assert run.code == 0, run.err
+    assert run.code == 0, run.said
     assert "nixl_agent.cpp" not in run.err and run.err == "", run.err
     doc = run.json()
     assert doc["failed"] == 0 and doc["passed"] == len(doc["cases"]) > 0
@@ -38,7 +38,7 @@ def test_failing_expectation_exits_1_and_is_a_junit_failure(pdcheck, tmp_path):
     (d / "wrong.toml").write_text(text.replace('"0.9.1" = "assert"', '"0.9.1" = "ok"'))
     junit = tmp_path / "out.xml"
     run = pdcheck("smoke", str(d), "--junit", str(junit))
-    assert run.code == 1, run.err
+    assert run.code == 1, run.said
     failures = ET.parse(junit).getroot().findall("testsuite/testcase/failure")
     assert len(failures) == 1 and "D0: assert (expected ok)" in failures[0].get("message")
 
@@ -71,7 +71,7 @@ def test_a_scenario_that_cannot_run_fails_its_cases_and_the_job_goes_on(pdcheck,
         run = pdcheck("smoke", str(d), "--json")
     finally:
         taken.close()
-    assert run.code == 1, run.err
+    assert run.code == 1, run.said
     doc = run.json()
     blocked = [c for c in doc["cases"] if c["scenario"] == "blocked"]
     good = [c for c in doc["cases"] if c["scenario"] == "decode-fewer-blocks"]

@@ -60,13 +60,13 @@ def test_side_by_side_gives_the_cases_and_junit_of_one_at_a_time(pdcheck, tmp_pa
 def test_filters_select_by_framework_phase_and_name(pdcheck, tmp_path: Path) -> None:
     d = _dir(tmp_path)
     sg = pdcheck("smoke", str(d), "--framework", "sglang", "--json", "--no-transfer")
-    assert sg.code == 0, sg.err
+    assert sg.code == 0, sg.said
     assert {c["scenario"] for c in sg.json()["cases"]} == {"sglang-kv-dtype-mismatch"}
     rq = pdcheck("smoke", str(d), "--phase", "requests", "--json")
-    assert rq.code == 0, rq.err
+    assert rq.code == 0, rq.said
     assert {c["scenario"] for c in rq.json()["cases"]} == {"requests-abort-mid-transfer"}
     k = pdcheck("smoke", str(d), "-k", "fewer", "-k", "p4", "--phase", "handshake", "--framework", "vllm", "--json")
-    assert k.code == 0, k.err
+    assert k.code == 0, k.said
     assert {c["scenario"] for c in k.json()["cases"]} == {"decode-fewer-blocks", "hetero-p4-d2"}
 
 
@@ -78,7 +78,7 @@ def test_filters_select_by_framework_phase_and_name(pdcheck, tmp_path: Path) -> 
 ])
 def test_bad_selection_is_one_line_exit_2(pdcheck, tmp_path: Path, args: list[str], where: str) -> None:
     run = pdcheck("smoke", str(_dir(tmp_path)), *args)
-    assert run.code == 2, run.err
+    assert run.code == 2, run.said
     lines = run.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pdcheck: error:") and where in lines[0], run.err
 
