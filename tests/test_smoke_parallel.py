@@ -46,7 +46,7 @@ def test_side_by_side_gives_the_cases_and_junit_of_one_at_a_time(pdcheck, tmp_pa
     d = _dir(tmp_path)
     par = pdcheck("smoke", str(d), "-j", "6", "--json", "--junit", str(tmp_path / "par.xml"))
     ser = pdcheck("smoke", str(d), "-j", "1", "--json", "--junit", str(tmp_path / "ser.xml"))
-    assert par.code == 0 and ser.code == 0, par.err + ser.err
+    assert par.code == 0 and ser.code == 0, par.said + ser.said
     assert par.err == "" and ser.err == "", par.err + ser.err  # a pipe: no progress
     assert _cases(par.json()) == _cases(ser.json())
     assert {c[1] for c in _cases(par.json())} == {"decode-fewer-blocks", "hetero-p4-d2", "sglang-kv-dtype-mismatch",
