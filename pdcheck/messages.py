@@ -387,7 +387,7 @@ class ReqBegin(msgspec.Struct, tag=True):
     side: ReqSide | None = None  # P's side channel: P serves this line's wire on it, D handshakes over it
     release: str = ""  # the release itself (a line spans several): its log texts (pdcheck.requests.texts)
     peers: dict[str, list[ReqSide]] = {}  # D on a shape: each P engine id -> its side channel per P TP rank
-    time_scale: float = 1.0  # the run in slow motion (lease_s is already stretched): lines.Lifecycle.lease_extension
+    time_scale: float = 1.0  # the lease's slow motion (lease_s is already stretched): Options.lease_scale
 
 
 class ReqPrefill(msgspec.Struct, tag=True):

@@ -30,6 +30,8 @@ def test_scaled_stretches_every_scenario_length_and_nothing_else() -> None:
     assert (k.requests, k.pool, k.blocks_per_request) == (o.requests, o.pool, o.blocks_per_request)
     assert o.scaled(1.0) is o and Options(lease_s=None).scaled(2.0).lease_s is None  # the release's own default
     assert k.scaled(2.0).time_scale == 6.0
+    # the lease extension's slow motion: the stretched lease's, never a release default's
+    assert k.lease_scale == 3.0 and Options(lease_s=None).scaled(3.0).lease_scale == 1.0
 
 
 def test_lease_extension_keeps_the_scenarios_whole_seconds() -> None:

@@ -250,7 +250,6 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     run's slow motion (Options.scaled: the lengths given are already stretched; only the lease extension's whole
     seconds need it)."""
     expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
-    time_scale = time_scale if lease is not None else 1.0  # the release's default lease is not stretched
     free = list(range(pool))
     owner: dict[int, int] = {}
     gen = [0] * pool

@@ -142,7 +142,7 @@ class RequestsP(RequestsRole):
                 pending.clear()
                 line = line_of(msg.line)
                 release_name = msg.release or msg.line
-                scale = msg.time_scale if msg.lease_s is not None else 1.0  # a release default never stretches
+                scale = msg.time_scale
                 expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
                                                              else line.expiry_s)
                 per_req = msg.blocks_per_request

@@ -314,7 +314,6 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     drop-notif / delay-notif) tells D. An abort after the PUSH_REG frees D's blocks at once (kept on the corrected
     path). The corrected path's D gives up at the lease after its registration and recomputes."""
     expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
-    time_scale = time_scale if lease is not None else 1.0  # the release's default lease is not stretched
     free, d_free = list(range(pool)), list(range(d_pool(requests, blocks_per_request, pool)))
     gen = [0] * pool
     reqs: dict[int, _Req] = {}

@@ -65,6 +65,12 @@ class Options(msgspec.Struct, frozen=True):
     shape: Shape = Shape()  # TP and DP per side (pdcheck.requests.shapes)
     time_scale: float = 1.0  # the run in slow motion: every scenario length below is already multiplied by it
 
+    @property
+    def lease_scale(self) -> float:
+        """The slow motion of the lease (lines.Lifecycle.lease_extension): a release's default lease is never
+        stretched."""
+        return self.time_scale if self.lease_s is not None else 1.0
+
     def scaled(self, k: float) -> Options:
         """Every length of the scenario k times longer (arrival gaps, lease, fault delays, settle): the verdicts
         are the same, as the model runs on the same lengths; only handshake and start-up costs, which do not
@@ -390,7 +396,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
              for g in range(sh.p_dp)}
     begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
                        mode=opts.mode, side=side, release=name, peers={} if sh.single else peers,
-                       time_scale=opts.time_scale)
+                       time_scale=opts.lease_scale)
     # push on a shape: P handshakes with the D ranks it WRITEs, each on its own side channel (vLLM's P: D's port
     # plus the rank), per D engine id; on one P and one D rank P goes where the PUSH_REG says.
     d_peers = {} if sh.single or not push or d_ready is None else {
@@ -596,10 +602,10 @@ def expected(line: Lifecycle, opts: Options) -> tuple[list[Outcome], Accounting]
     if sh.single:
         return (push_simulate if push else simulate)(
             line, opts.requests, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
-            opts.settle_s, time_scale=opts.time_scale)
+            opts.settle_s, time_scale=opts.lease_scale)
     return (push_simulate_shape if push else simulate_shape)(
         line, opts.requests, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, sh, P_ENGINE,
-        opts.settle_s, opts.time_scale)
+        opts.settle_s, opts.lease_scale)
 
 
 def _merged(accts: list[m.ReqAccount]) -> m.ReqAccount:
