@@ -67,3 +67,25 @@ def test_json_keeps_every_request() -> None:
     rep = _rep()
     doc = msgspec.json.decode(msgspec.json.encode(rep))
     assert len(doc["releases"][0]["rows"]) == 40 and doc["releases"][0]["rows"][5]["detail"] == NIXL.format(i=5)
+
+
+def test_a_voided_run_is_a_note_and_its_line_keeps_its_scale_in_json() -> None:
+    import msgspec
+
+    from pdcheck.requests.stall import Voided
+
+    acc = Accounting(freed=2)
+    outs = [Outcome(i, "delivered", "") for i in range(2)]
+    steady = LineRun("0.34.0", "0.34.0", outs, outs, acc, acc, 1.0, [], [], 1.0, 0.0, time_scale=1.5, stall_s=0.03,
+                     voided=[Voided(1.0, 0.41, 0.5)])
+    corr = LineRun("corrected", "corrected", outs, outs, acc, acc, 1.0, [], [], 1.0, 0.0)
+    plan = RequestsPlan("flags", "flags", "", [("0.34.0", line_of("0.34.0"))], Options(requests=2), {})
+    rep = report.build(plan, [steady, corr])
+    out = _text(rep, width=200)
+    assert ("note: vLLM 0.34.0: the machine stalled the run 0.41 s at x1, over a third of its shortest length "
+            "(0.5 s): that run's timing is void, the line ran again at x1.5") in out, out
+    doc = msgspec.json.decode(msgspec.json.encode(rep))
+    rel = doc["releases"][0]
+    assert (rel["time_scale"], rel["stall_s"], rel["voided"]) == (1.5, 0.03, [
+        {"time_scale": 1.0, "stall_s": 0.41, "length_s": 0.5}])
+    assert doc["time_scale"] == 1.0 and doc["corrected"]["voided"] == [] and rep.exit_code == 0

@@ -1,21 +1,25 @@
 """Slow motion (`--time-scale`, $PDCHECK_TIME_SCALE; docs/requests.md): every scenario length stretched, the same
 verdicts. The model's side is pure (every bundled request-path scenario at K = 1 and K = 3); the CLI's side is a
-real run at K = 2 whose report says the lengths as run."""
+real run at K = 2 whose report says the lengths as run. A line the machine stalls past a third of its shortest
+length runs again in slower motion (pdcheck.requests.stall): a real line whose parent is held shows it."""
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 
 import msgspec
 import pytest
 from conftest import SCENARIOS
+from loadkit import scaled
 
 from pdcheck.errors import BadInput
 from pdcheck.requests.faults import parse_all
 from pdcheck.requests.lines import line_of
 from pdcheck.requests.plan import TIME_SCALE_ENV, build, time_scale
-from pdcheck.requests.run import Options, expected
+from pdcheck.requests.run import Options, expected, run
+from pdcheck.requests.stall import AGAIN, SHARE, StallClock, Voided, shortest, void_note, voids
 from pdcheck.scenario import read_toml
 
 REQUEST_SCENARIOS = sorted((SCENARIOS / "requests").glob("*.toml"))
@@ -89,3 +93,45 @@ def test_a_real_run_in_slow_motion_says_its_lengths(pdcheck) -> None:
     bad = pdcheck("requests", "requests-freed-early", "--time-scale", "0")
     assert bad.code == 2 and bad.err.strip() == \
         "pdcheck: error: --time-scale: time scale = 0.0 is out of range (>= 1, <= 20)", bad.err
+
+
+def test_which_stall_voids_a_line() -> None:
+    # the lengths a verdict rests on: the scenario's lease and each timed fault's seconds; none: nothing to void
+    assert shortest(0.5, [1.5, 0.0]) == 0.5 and shortest(None, [0.8]) == 0.8 and shortest(None, [0.0]) is None
+    assert voids(0.17, 0.5, 1.0, 0) and not voids(0.16, 0.5, 1.0, 0) and not voids(5.0, None, 1.0, 0)
+    assert not voids(5.0, 0.5, 1.0, 3)  # three voided runs: the fourth stands
+    assert not voids(0.5, 0.5, 14.0, 0) and voids(0.5, 0.5, 13.0, 0)  # the bound (20) stops the slowing
+    assert void_note(Voided(1.0, 0.41, 0.5)) == ("the machine stalled the run 0.41 s at x1, over a third of its "
+                                                 "shortest length (0.5 s): that run's timing is void, the line ran "
+                                                 "again at x1.5")
+    with StallClock() as clock:
+        pass
+    assert 0.0 <= clock.worst < 1.0
+
+
+def test_a_line_the_machine_stalls_runs_again_in_slow_motion() -> None:
+    # A real line whose parent stops for 0.8 s (a C call that keeps the GIL, as a process given no core): the
+    # stall outgrows a third of the lease, the run is void, and the line runs again in slower motion.
+    import ctypes
+
+    held = threading.Event()
+
+    def hold() -> None:
+        ctypes.PyDLL(None).usleep(800_000)  # PyDLL: the GIL stays held for the call
+        held.set()
+
+    def tick(_stage: str, done: int, _total: int, note: str) -> None:
+        if done == 0 and " again " not in note and not held.is_set():
+            threading.Timer(0.2, hold).start()  # inside the first line's run (its handshake, its requests)
+
+    opts = scaled(Options(requests=4, rate=10.0, lease_s=0.4))
+    assert 0.8 > SHARE * opts.lease_s  # the held 0.8 s voids the first run at the suite's slow motion
+    out = run([("0.34.0", line_of("0.34.0"))], opts, tick)
+    assert held.is_set()
+    line = out[0]
+    assert line.voided[0].time_scale == opts.time_scale and line.voided[0].stall_s >= 0.75, line.voided
+    assert line.voided[0].length_s == opts.lease_s
+    assert line.time_scale >= AGAIN * opts.time_scale and line.stall_s <= SHARE * opts.lease_s * line.time_scale / \
+        opts.time_scale
+    # the verdicts are the steady run's, and the model (at its lengths) agrees with them
+    assert [o.verdict for o in line.outcomes] == [e.verdict for e in line.expected] == ["delivered"] * 4

@@ -14,6 +14,7 @@ from pdcheck.requests.handshake import SideLog
 from pdcheck.requests.model import VERDICTS, Accounting, PRankAccount
 from pdcheck.requests.plan import RequestsPlan
 from pdcheck.requests.run import LineRun
+from pdcheck.requests.stall import Voided, void_note
 from pdcheck.requests.texts import engine_deaths
 from pdcheck.verdict import RankVerdict, exit_code, rank_label, survives
 
@@ -55,6 +56,9 @@ class ReleaseReport(msgspec.Struct):
     handshake: SideLog | None = None  # D's side-channel handshakes with P (endpoint, wire era, count)
     p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel
     p_ranks: list[PRankAccount] = []  # on a TP/DP shape: each P rank's own count (accounting is the scheduler's)
+    time_scale: float = 1.0  # the slow motion this line's verdicts ran at: the run's, or more where runs were voided
+    stall_s: float = 0.0  # the worst the machine stalled the run during this line (pdcheck.requests.stall)
+    voided: list[Voided] = []  # earlier runs of this line whose timing a stall voided (their verdicts unused)
 
 
 class Expectation(msgspec.Struct):
@@ -110,13 +114,16 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
         {k: v for k, v in counts.items() if v}, (counts["wrong"] + counts["freed-early"]) / max(1, n),
         line.expiry, run.expiry_s, line.expiry_knob, _notification(line, run.mode), rows, run.accounting,
         run.expiry_log[:3], run.notif_errors[:3], all(not r.model for r in rows), run.seconds, run.router_lag_s,
-        run.timeline, run.latency_s, run.handshake, run.p_handshake, run.p_ranks)
+        run.timeline, run.latency_s, run.handshake, run.p_handshake, run.p_ranks, run.time_scale, run.stall_s,
+        run.voided)
 
 
 def disagreements(r: ReleaseReport) -> list[str]:
     """One line per request where the real run and the model disagree: a harness error."""
     lag = (f"; the router was up to {r.router_lag_s:.2f} s late (this machine did not keep the rate the model "
            "assumes)" if r.router_lag_s > LAG_NOTE_S else "")
+    if r.stall_s > LAG_NOTE_S:
+        lag += f"; the machine stalled the run up to {r.stall_s:.2f} s at x{r.time_scale:g}"
     return [f"vLLM {r.release} request {x.request}{' on ' + x.rank if x.rank else ''}: the real ranks gave "
             f"{x.verdict}, the model {x.model}{lag}" for x in r.rows if x.model]
 
@@ -360,6 +367,8 @@ def render(rep: RequestsReport, console: Any, every: bool = False) -> None:
             f"[bold red]{escape(e.release)} FAIL[/] (expected {escape(str(e.expected))}, got {escape(str(e.got))})"
             for e in failed)), highlight=False)
     for r in lines:
+        for v in r.voided:
+            console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: {escape(void_note(v))}", highlight=False)
         if r.router_lag_s > LAG_NOTE_S:
             console.print(f"[yellow]note:[/] vLLM {escape(r.release)}: this machine did not keep {rep.rate:g} "
                           f"requests/s: the router handed a request on up to {r.router_lag_s:.2f} s late",

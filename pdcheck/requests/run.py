@@ -41,6 +41,7 @@ from pdcheck.requests.push import HANG_NOTIF, HANG_UNMATCHED, HANG_WRITE_FAILED,
 from pdcheck.requests.push import simulate as push_simulate
 from pdcheck.requests.push import simulate_shape as push_simulate_shape
 from pdcheck.requests.shapes import Shape, d_group, d_label, engine, geometry, p_group
+from pdcheck.requests.stall import AGAIN, StallClock, Voided, shortest, voids
 from pdcheck.requests.texts import engine_deaths
 
 P_ENGINE = "pdcheck-req-P"
@@ -104,6 +105,9 @@ class LineRun(msgspec.Struct):
     p_handshake: SideLog | None = None  # push mode: P's handshakes with D over D's side channel in this line
     params: list[dict[str, Any] | None] = []  # per request: the kv_transfer_params P produced (None: never prefilled)
     p_ranks: list[PRankAccount] = []  # on a TP/DP shape: each P rank's own count
+    time_scale: float = 1.0  # the slow motion this line ran at (above the run's: the machine voided a run)
+    stall_s: float = 0.0  # the worst the machine stalled the parent during this line (pdcheck.requests.stall)
+    voided: list[Voided] = []  # earlier runs of this line whose timing a stall voided
 
 
 def _stage(what: str, timeout_s: float) -> orc.Stage:
@@ -137,7 +141,9 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
                 if tick is not None:
                     tick("release lines", k, len(lines), name)
                 # Every line begins with D's handshake with the P that runs now (after a restart-p: the replacement).
-                out.append(_one_line(lau, slots, ds, dboxes, name, line, opts, d_ready))
+                out.append(_steady(functools.partial(_one_line, lau, slots, ds, dboxes, name, line, d_ready=d_ready),
+                                   opts, None if tick is None else functools.partial(tick, "release lines", k,
+                                                                                     len(lines))))
             if tick is not None:
                 tick("release lines", len(lines), len(lines), "")
         finally:
@@ -145,6 +151,24 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
                 box.send(m.Stop())
                 box.close()
     return out
+
+
+def _steady(one_line: Callable[..., LineRun], opts: Options, tick: Callable[[str], None] | None) -> LineRun:
+    """A line, run again in slower motion while the machine stalls it past a share of its shortest length
+    (pdcheck.requests.stall): its verdicts are those of the last run, the voided ones listed beside them."""
+    voided: list[Voided] = []
+    while True:
+        with StallClock() as clock:
+            got = one_line(opts=opts)
+        length = shortest(opts.lease_s, [f.seconds for f in opts.faults])
+        if not voids(clock.worst, length, opts.time_scale, len(voided)):
+            got.time_scale, got.stall_s, got.voided = opts.time_scale, clock.worst, voided
+            return got
+        assert length is not None
+        voided.append(Voided(opts.time_scale, clock.worst, length))
+        opts = opts.scaled(AGAIN)
+        if tick is not None:
+            tick(f"{got.release} again at x{opts.time_scale:g} (the machine stalled {clock.worst:.2f} s)")
 
 
 def _p_spec(opts: Options, group: int, rank: int, incarnation: int = 0, side_port: int = 0) -> m.ReqSpec:
