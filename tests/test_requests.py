@@ -144,8 +144,9 @@ def test_delayed_notification_and_real_heartbeats(pdcheck):
     # machine hands D two requests in one turn.
     assert 1 <= acc["heartbeats"] <= 4
     assert (acc["expired"], acc["late_notifs"], acc["freed"]) == (4, 4, 0)
-    # each late notification as 0.34.0's P logs it
-    assert rel["notif_errors"][0] == ("Potentially invalid KV blocks for unrecognized request req-1.0 were retrieved "
+    # each late notification as 0.34.0's P logs it (the id P gave: a line the machine stalled ran again, as "req-2.0")
+    rid = rel["rows"][0]["params"]["remote_request_id"]
+    assert rel["notif_errors"][0] == (f"Potentially invalid KV blocks for unrecognized request {rid} were retrieved "
                                       "by a decode worker. They may have expired.")
 
 
@@ -265,10 +266,11 @@ def test_read_fail_and_abort_mid_transfer(pdcheck):
     assert "NIXL_ERR_NOT_FOUND" in by["0.34.0"]["rows"][1]["detail"]
     # the release's own _log_failure line and context dict; 0.22+ also warns that it skips post-processing
     new, old = by["0.34.0"]["rows"][1]["detail"], by["0.14.0"]["rows"][1]["detail"]
+    rid = by["0.34.0"]["rows"][1]["params"]["remote_request_id"]  # "req-2.1": the run's second line, request 1
     assert new.startswith("NIXL transfer failure: transfer_setup_failed. Deferring failure reporting until "
                           "outstanding transfers finish | Context: {'failure_type': 'transfer_setup_failed', "
-                          "'request_id': 'req-2.1', 'engine_id': 'pdcheck-req-D'")
-    assert "'remote_rank': 0}" in new and "Skipping KV post-processing for failed request req-2.1" in new
+                          f"'request_id': '{rid}', 'engine_id': 'pdcheck-req-D'")
+    assert "'remote_rank': 0}" in new and f"Skipping KV post-processing for failed request {rid}" in new
     assert old.startswith("NIXL transfer failure: transfer_setup_failed. Marking blocks as invalid | Context: {")
     assert "Skipping" not in old and old.endswith("-> kv_load_failure_policy recompute")
     # 0.14.0 frees D's blocks under the READ it posted; the 0.24+ lines wait for it: only 0.14.0 fails on it
