@@ -203,11 +203,12 @@ def test_forkserver_killed_is_exit_3(tmp_path: Path, when: str) -> None:
         w.wait_for(lambda comm, _cmd: comm == "pdcheck-D1:hs")
     os.kill(pid, signal.SIGKILL)
     t_kill = time.monotonic()
-    code, out, err = finish(w, timeout=30)
+    code, out, err = finish(w, timeout=45)
     assert code == 3, err
-    # Seen within seconds, not at the 60 s start-up timeout (at start-up the parent may still be importing the
-    # CLI: 5.5 s at load 24).
-    assert time.monotonic() - t_kill < 15.0
+    # Seen at the forkserver's death, not at the 60 s start-up timeout (or --hang-timeout 60): well before half of
+    # it. A tighter bound measures the machine: at start-up the parent may still be importing the CLI, 5.5 s at
+    # load 24, and a second copy beside the suite made it 15.8 s.
+    assert time.monotonic() - t_kill < 30.0
     assert "forkserver" in err and len(error_lines(err)) <= 1, err
     assert_clean(w, tmp_path, err)
 
