@@ -397,6 +397,8 @@ class ReqPrefill(msgspec.Struct, tag=True):
     write_fail: bool = False  # push mode: read-fail hits P's WRITE (a real NIXL error)
     drop_rank: int = -1  # push mode on a shape: only the notification to this D TP rank is dropped (-1: every one)
     delay_rank: int = -1  # ... only this D TP rank's is delayed
+    stall_s: float = 0.0  # test hook: P's loop stops this long before it takes the request (a machine that gives
+    # the process no core: pdcheck.requests.run's end waits for it)
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):
@@ -452,6 +454,13 @@ class ReqEnd(msgspec.Struct, tag=True):
     pass
 
 
+class ReqSync(msgspec.Struct, tag=True):
+    """A round trip through P's pipe: P sends it back once it has taken every message sent before it (its prefills
+    answered or queued for blocks), so a P the machine stalled is waited for, not judged."""
+
+    n: int
+
+
 class ReqRelease(msgspec.Struct, tag=True):
     """P on a TP shape: every TP worker reported the request done; the scheduler frees its blocks now."""
 
@@ -497,7 +506,7 @@ class ReqAccount(msgspec.Struct, tag=True):
 
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
-       | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqAccount
+       | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqSync | ReqAccount
        | ReqRelease | ReqAdopt | ReqReplaced
        | ReqBatch | ReqHandshook)
 

@@ -135,3 +135,16 @@ def test_a_line_the_machine_stalls_runs_again_in_slow_motion() -> None:
         opts.time_scale
     # the verdicts are the steady run's, and the model (at its lengths) agrees with them
     assert [o.verdict for o in line.outcomes] == [e.verdict for e in line.expected] == ["delivered"] * 4
+
+
+def test_a_prefill_the_machine_holds_past_the_schedule_is_waited_for() -> None:
+    # P's loop stops before it takes the last request, for twice the schedule's length (its last arrival plus the
+    # settle): the run ends only once P has taken every prefill sent to it (a ReqSync round trip through its pipe),
+    # so the request is delivered as the model says, not judged a hang because P had not answered yet. A P stopped
+    # 0.9 s at load 20 turned requests-abort-mid-transfer's request 3 into such a hang.
+    opts = scaled(Options(requests=4, rate=10.0))
+    opts = msgspec.structs.replace(opts, stall_p=((3, 2 * (3 / opts.rate + opts.settle_s)),))
+    out = run([("0.14.0", line_of("0.14.0"))], opts)
+    for line in out:
+        assert [o.verdict for o in line.outcomes] == [e.verdict for e in line.expected] == ["delivered"] * 4, \
+            (line.release, line.outcomes)

@@ -173,9 +173,13 @@ class RequestsP(RequestsRole):
                     free.extend(got.blocks)
                     admit()
             elif isinstance(msg, m.ReqPrefill):
+                if msg.stall_s > 0:
+                    time.sleep(msg.stall_s)  # the test hook: this process given no core for a while
                 notif_faults[msg.request] = msg
                 waiting.append(msg.request)
                 admit()
+            elif isinstance(msg, m.ReqSync):
+                out.send(msg)  # after every ReqPrefilled gathered before it
             elif isinstance(msg, m.ReqEnd):
                 if d_side is not None:  # a handshake with D still running ends first (within its timeout)
                     for i in d_side.finish(held, notif_faults, pending, errors):

@@ -63,6 +63,7 @@ class Options(msgspec.Struct, frozen=True):
     mode: str = "pull"  # "push": NixlPushConnector (0.26+), pdcheck.requests.push
     mute_side: bool = False  # test hook: P's side channel never answers (D's handshake times out)
     mute_d_side: bool = False  # test hook, push mode: D's side channel never answers (P's handshake times out)
+    stall_p: tuple[tuple[int, float], ...] = ()  # test hook: (request, seconds) P's loop stops before taking it
     shape: Shape = Shape()  # TP and DP per side (pdcheck.requests.shapes)
     time_scale: float = 1.0  # the run in slow motion: every scenario length below is already multiplied by it
 
@@ -280,6 +281,7 @@ class _LineState:
         self.shakes: list[m.ReqHandshook] = []
         self.acks = 0
         self.d_began = [False]
+        self.synced: dict[int, int] = {}  # P slot (index) -> the last ReqSync it sent back
         self.sched_free: dict[int, list[int]] = {}  # P DP rank -> the scheduler's free list (TP shapes)
 
     def prefill_ready(self, slot: _PSlot | None, msg: m.ReqPrefilled) -> m.ReqPrefilled | None:
@@ -305,6 +307,8 @@ class _LineState:
             self.by_rank[(msg.request, r)] = msg
             if all((msg.request, k) in self.by_rank for k in range(sh.d_tp)):
                 self.decoded[msg.request] = self.by_rank[(msg.request, 0)]
+        elif isinstance(msg, m.ReqSync) and slot is not None:
+            self.synced[self.slots.index(slot)] = msg.n
         elif isinstance(msg, m.Ack):
             self.acks += 1
             self.d_began[0] = self.acks >= len(self.d_ids)
@@ -457,6 +461,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
     end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s) + ((expiry or 0.0) if push else 0.0)
     registered: set[int] = set()  # push: D sent PUSH_REG (its outcome comes later, or never: a hang)
+    synced = False  # the ReqSync round trip with every P rank, sent once the schedule's end is reached
     last_answer = t0
     lag = 0.0
     hard = end + 30.0  # a rank that stops answering ends the run as a harness error, never a hang
@@ -482,7 +487,14 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
         if now >= max(end, last_answer + opts.settle_s) and len(decoded.keys() | registered) >= len(prefilled) \
                 and not due:
-            break
+            # ... and every prefill sent to P was taken: a P the machine stalled past the end has not answered one
+            # yet, and the run would call it a hang (P answers a ReqSync after everything before it)
+            if all(st.synced.get(k) == 1 for k in range(len(slots))):
+                break
+            if not synced:  # once: no prefill is sent after it (nothing is due)
+                synced = True
+                for sl in slots:
+                    sl.box.send(m.ReqSync(1))
         if now > hard:
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
@@ -713,13 +725,14 @@ def _d_ranks(action: str, d_tp: int) -> range:
 
 def _prefill(i: int, opts: Options) -> m.ReqPrefill:
     """A request to P; in push mode with the faults on P's WRITE: its completion notification, its failure."""
+    stall = dict(opts.stall_p).get(i, 0.0)
     if opts.mode != "push":
-        return m.ReqPrefill(i)
+        return m.ReqPrefill(i, stall_s=stall)
     delay, drop = pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i)
     return m.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
                         pick(opts.faults, "read-fail", i) is not None,
                         drop.d_rank if drop is not None and drop.d_rank is not None else -1,
-                        delay.d_rank if delay is not None and delay.d_rank is not None else -1)
+                        delay.d_rank if delay is not None and delay.d_rank is not None else -1, stall)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
