@@ -458,8 +458,6 @@ class ReqSync(msgspec.Struct, tag=True):
     """A round trip through P's pipe: P sends it back once it has taken every message sent before it (its prefills
     answered or queued for blocks), so a P the machine stalled is waited for, not judged."""
 
-    n: int
-
 
 class ReqRelease(msgspec.Struct, tag=True):
     """P on a TP shape: every TP worker reported the request done; the scheduler frees its blocks now."""

@@ -281,7 +281,7 @@ class _LineState:
         self.shakes: list[m.ReqHandshook] = []
         self.acks = 0
         self.d_began = [False]
-        self.synced: dict[int, int] = {}  # P slot (index) -> the last ReqSync it sent back
+        self.synced: set[int] = set()  # the P slots (indices) that sent the line's ReqSync back
         self.sched_free: dict[int, list[int]] = {}  # P DP rank -> the scheduler's free list (TP shapes)
 
     def prefill_ready(self, slot: _PSlot | None, msg: m.ReqPrefilled) -> m.ReqPrefilled | None:
@@ -308,7 +308,7 @@ class _LineState:
             if all((msg.request, k) in self.by_rank for k in range(sh.d_tp)):
                 self.decoded[msg.request] = self.by_rank[(msg.request, 0)]
         elif isinstance(msg, m.ReqSync) and slot is not None:
-            self.synced[self.slots.index(slot)] = msg.n
+            self.synced.add(self.slots.index(slot))
         elif isinstance(msg, m.Ack):
             self.acks += 1
             self.d_began[0] = self.acks >= len(self.d_ids)
@@ -489,12 +489,12 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                 and not due:
             # ... and every prefill sent to P was taken: a P the machine stalled past the end has not answered one
             # yet, and the run would call it a hang (P answers a ReqSync after everything before it)
-            if all(st.synced.get(k) == 1 for k in range(len(slots))):
+            if len(st.synced) == len(slots):
                 break
             if not synced:  # once: no prefill is sent after it (nothing is due)
                 synced = True
                 for sl in slots:
-                    sl.box.send(m.ReqSync(1))
+                    sl.box.send(m.ReqSync())
         if now > hard:
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
