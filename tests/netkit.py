@@ -42,8 +42,11 @@ def _ray_tmpdir() -> Iterator[None]:
 
 
 def _env(**extra: str) -> dict[str, str]:
+    # RAY_raylet_start_wait_time_s: how long `ray start` and ray.init wait for the GCS to list their node
+    # (Ray's default, 30 s). Beside a second copy of the suite a worker node took longer and gave up with "GCS
+    # cannot find the node ... Try increase the RAY_raylet_start_wait_time_s config." (docs/performance.md).
     return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=_RAY_TMP["dir"],
-                TMPDIR=actor_tmp(), **extra)
+                RAY_raylet_start_wait_time_s="120", TMPDIR=actor_tmp(), **extra)
 
 
 def actor_tmp() -> str:
