@@ -12,6 +12,7 @@ equal. The compatibility hash of the wheel's `compute_nixl_compatibility_hash` m
 
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
@@ -30,6 +31,7 @@ FOUND = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir()),
 pytestmark = pytest.mark.skipif(not FOUND, reason="set PDCHECK_VLLM_SRC to a directory of unpacked vLLM wheels")
 
 
+@functools.cache  # it reads the connector's files: once per release, not once per grid case
 def _validated_apart(release: str) -> bool:
     """Whether the release has _validate_remote_agent_handshake (0.11.1+), which wheelkit runs with the topology
     class add_remote_agent calls before it (TpKVTopology, inside the worker in 0.11.1 - 0.12, then TransferTopology)."""
