@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 
+import msgspec
 from rich.console import Console
 
 from pdcheck.requests import report
@@ -12,6 +13,7 @@ from pdcheck.requests.lines import line_of
 from pdcheck.requests.model import Accounting, Outcome
 from pdcheck.requests.plan import RequestsPlan
 from pdcheck.requests.run import LineRun, Options
+from pdcheck.requests.stall import Voided
 
 NIXL = ("NIXL transfer failed (request {i}): NIXL_ERR_REMOTE_DISCONNECT: nixlRemoteDisconnectError: "
         "NIXL_ERR_REMOTE_DISCONNECT (engine crash)")
@@ -62,18 +64,12 @@ def test_all_lists_every_request_and_the_header_words_fit() -> None:
 
 
 def test_json_keeps_every_request() -> None:
-    import msgspec
-
     rep = _rep()
     doc = msgspec.json.decode(msgspec.json.encode(rep))
     assert len(doc["releases"][0]["rows"]) == 40 and doc["releases"][0]["rows"][5]["detail"] == NIXL.format(i=5)
 
 
 def test_a_voided_run_is_a_note_and_its_line_keeps_its_scale_in_json() -> None:
-    import msgspec
-
-    from pdcheck.requests.stall import Voided
-
     acc = Accounting(freed=2)
     outs = [Outcome(i, "delivered", "") for i in range(2)]
     steady = LineRun("0.34.0", "0.34.0", outs, outs, acc, acc, 1.0, [], [], 1.0, 0.0, time_scale=1.5, stall_s=0.03,

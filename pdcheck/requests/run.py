@@ -461,7 +461,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
     end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s) + ((expiry or 0.0) if push else 0.0)
     registered: set[int] = set()  # push: D sent PUSH_REG (its outcome comes later, or never: a hang)
-    synced = False  # the ReqSync round trip with every P rank, sent once the schedule's end is reached
+    sync_sent = False  # the ReqSync round trip with every P rank, sent once the schedule's end is reached
     last_answer = t0
     lag = 0.0
     hard = end + 30.0  # a rank that stops answering ends the run as a harness error, never a hang
@@ -491,8 +491,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
             # yet, and the run would call it a hang (P answers a ReqSync after everything before it)
             if len(st.synced) == len(slots):
                 break
-            if not synced:  # once: no prefill is sent after it (nothing is due)
-                synced = True
+            if not sync_sent:  # once: no prefill is sent after it (nothing is due)
+                sync_sent = True
                 for sl in slots:
                     sl.box.send(m.ReqSync())
         if now > hard:
