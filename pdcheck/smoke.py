@@ -96,8 +96,8 @@ class Select:
                 raise BadInput(f"--phase: expected one of {', '.join(PHASES)}, got {ph!r}")
 
 
-def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> list[tuple[Framework, Any]]:
-    """(framework, plan) of every scenario file the filters keep, each validated by its framework (the file's
+def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> list[tuple[Framework, Any, Path]]:
+    """(framework, plan, file) of every scenario file the filters keep, each validated by its framework (the file's
     `framework` key picks it) exactly as its commands validate a file, before anything runs."""
     select.check()
     plans = []
@@ -111,7 +111,7 @@ def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> 
         plan = fw.smoke_plan(f, opts)
         if select.phases and fw.smoke_phase(plan) not in select.phases:
             continue
-        plans.append((fw, plan))
+        plans.append((fw, plan, f))
     if not plans:
         raise BadInput(f"{directory}: no scenario matches the filters (--framework, --phase, -k)")
     return plans
@@ -166,23 +166,45 @@ class _Part:
     fw: Framework
     plan: Any
     cost: SmokeCost
+    document: Any = None  # the report body its run gave (a framework passes it as case(..., document=body))
+
+    def case(self, *args: Any, document: Any = None, **kw: Any) -> Case:
+        """The `case` a framework's smoke_run calls for each of its cases; `document` (its run's report, the
+        body `pdcheck handshake|requests --json` would print) is kept for `smoke --documents`."""
+        if document is not None:
+            self.document = document
+        return Case(*args, **kw)
+
+
+class Document(msgspec.Struct, frozen=True):
+    """One scenario part's report, as `smoke --documents DIR` writes it (docs/json.md)."""
+
+    name: str  # the file's stem: the scenario's name, `.partK` after it when its framework split it
+    command: str  # the phase: the command whose --json this is
+    framework: str
+    body: Any
 
 
 def run(directory: Path, opts: SmokeOptions, jobs: int = 1, select: Select = Select(),
-        on_case: Callable[[Case, int, int], None] | None = None) -> SmokeReport:
+        on_case: Callable[[Case, int, int], None] | None = None,
+        documents: list[Document] | None = None) -> SmokeReport:
     """Every selected scenario, `jobs` parts at once. on_case(case, done, total) as each case is known (from
-    the main thread; total: the cases expected). Raises Interrupted with what finished on a signal."""
+    the main thread; total: the cases expected). `documents`, when given, gets each finished part's report
+    (file order). Raises Interrupted with what finished on a signal."""
     plans = discover(directory, opts, select)
-    parts = [_Part(i, k, fw, part, fw.smoke_cost(part)) for i, (fw, plan) in enumerate(plans)
+    parts = [_Part(i, k, fw, part, fw.smoke_cost(part)) for i, (fw, plan, _f) in enumerate(plans)
              for k, part in enumerate(fw.smoke_split(plan))]
     n_parts = {i: sum(1 for p in parts if p.scenario == i) for i in range(len(plans))}
-    total = sum(fw.smoke_count(plan) for fw, plan in plans)
+    total = sum(fw.smoke_count(plan) for fw, plan, _f in plans)
     t0 = time.perf_counter()
     results: dict[int, dict[int, list[Case]]] = {}  # scenario -> part index -> its cases
     done = 0
 
     def report() -> SmokeReport:
         cases = [c for i in sorted(results) if len(results[i]) == n_parts[i] for c in _merged(results[i])]
+        if documents is not None:
+            documents[:] = [_document(p, *plans[p.scenario][1:], n_parts[p.scenario]) for p in parts
+                            if p.document is not None and len(results.get(p.scenario, {})) == n_parts[p.scenario]]
         failed = sum(not c.passed for c in cases)
         return SmokeReport(str(directory), cases, len(cases) - failed, failed, time.perf_counter() - t0,
                            verdict.exit_code(c.passed for c in cases))
@@ -198,7 +220,7 @@ def run(directory: Path, opts: SmokeOptions, jobs: int = 1, select: Select = Sel
     if jobs <= 1:  # one at a time, in this thread
         try:
             for part in parts:
-                finished(part, part.fw.smoke_run(part.plan, Case))
+                finished(part, part.fw.smoke_run(part.plan, part.case))
         except KeyboardInterrupt:
             raise Interrupted(report()) from None
         return report()
@@ -226,7 +248,7 @@ def _run_parallel(parts: list[_Part], jobs: int, finished: Callable[[_Part, list
 
     def work(key: int, part: _Part) -> None:
         try:
-            done_q.put((key, part.fw.smoke_run(part.plan, Case), None))
+            done_q.put((key, part.fw.smoke_run(part.plan, part.case), None))
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread, which raises it there
             done_q.put((key, None, exc))
 
@@ -279,6 +301,25 @@ def _join(threads: list[threading.Thread], timeout_s: float) -> None:
         t.join(max(0.0, deadline - time.monotonic()))
     if not any(t.is_alive() for t in threads):  # nothing left that could start a rank: an in-process caller
         launcher.reset_abort()                 # (the tests' CLI runner) may run again
+
+
+def _document(part: _Part, plan: Any, file: Path, n_parts: int) -> Document:
+    name = file.stem
+    return Document(name if n_parts == 1 else f"{name}.part{part.index}", part.fw.smoke_phase(plan), part.fw.name,
+                    part.document)
+
+
+def write_documents(directory: Path, documents: list[Document]) -> None:
+    """Each part's report as DIR/NAME.json: the document `pdcheck <phase> NAME --json` prints (the envelope's
+    exit code is the report's own)."""
+    from pdcheck.envelope import document
+
+    for d in documents:
+        body = document(d.command, d.framework, getattr(d.body, "exit_code", None), d.body)
+        try:
+            (directory / f"{d.name}.json").write_bytes(msgspec.json.encode(body) + b"\n")
+        except OSError as exc:
+            raise BadInput(f"--documents: cannot write {directory / d.name}.json: {exc.strerror}") from None
 
 
 def _merged(parts: dict[int, list[Case]]) -> list[Case]:

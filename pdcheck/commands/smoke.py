@@ -41,6 +41,10 @@ def register(app: typer.Typer) -> None:
                                           help="Write JUnit XML here (GitHub/GitLab test reports).")] = None,
         json_out: Annotated[bool, Opt("--json", metavar="", rich_help_panel=OUTPUT,
                                       help="One JSON document on stdout instead of the table.")] = False,
+        documents: Annotated[Path | None, Opt(metavar="DIR", rich_help_panel=OUTPUT, show_default=False,
+                                              help="Also write each scenario's report there as NAME.json: the "
+                                                   "document `pdcheck handshake|requests NAME --json` prints "
+                                                   "(CI artifacts).")] = None,
         transfer: Annotated[bool, Opt("--transfer/--no-transfer", metavar="", rich_help_panel=RUN,
                                       help="Prove verdicts with real NIXL READs.")] = True,
         hang_timeout: Annotated[float, Opt(metavar="SECONDS", rich_help_panel=RUN,
@@ -68,6 +72,8 @@ def register(app: typer.Typer) -> None:
 
         bounds.check_timeouts(hang_timeout)
         bounds.check_out_file("--junit", junit)  # before anything runs
+        if documents is not None:
+            bounds.check_out_dir("--documents", documents)
         from pdcheck.requests.plan import time_scale
 
         time_scale(None)  # $PDCHECK_TIME_SCALE, which every request-path scenario runs at (docs/requests.md)
@@ -84,12 +90,16 @@ def register(app: typer.Typer) -> None:
                     tick.line(f"FAIL {case.scenario} {case.release}: {case.message}")
 
             interrupted = False
+            docs: list[sm.Document] = []
             try:
                 rep = sm.run(directory if directory is not None else BUNDLED,
                              SmokeOptions(transfer=transfer, hang_timeout_ms=int(hang_timeout * 1000)), n, select,
-                             on_case)
+                             on_case, docs if documents is not None else None)
             except sm.Interrupted as stop:
                 rep, interrupted = stop.report, True
+        if documents is not None:
+            documents.mkdir(parents=True, exist_ok=True)
+            sm.write_documents(documents, docs)
         _write(rep, junit, json_out, interrupted)
 
 

@@ -440,7 +440,8 @@ def _smoke_requests(plan: Any, case: Callable[..., Any]) -> list[Any]:
     return [case(rep.scenario, plan.source, e.release, e.passed, e.expected, e.got, secs,
                  "" if e.passed else ", ".join(f"request {i}: {g} (expected {w})" for i, (g, w) in
                                                enumerate(zip(e.got, e.expected, strict=False)) if g != w)
-                 or f"{len(e.got)} requests reported, {len(e.expected)} expected", framework=VLLM.name)
+                 or f"{len(e.got)} requests reported, {len(e.expected)} expected", framework=VLLM.name,
+                 document=rep)
             for e in rep.expectations]
 
 
@@ -468,7 +469,7 @@ def _smoke_handshake(plan: Any, case: Callable[..., Any]) -> list[Any]:
             diff = [f"D{i}: {g} (expected {w})" for i, (g, w) in enumerate(zip(got, want, strict=False)) if g != w]
             msg = ", ".join(diff) or f"{len(got)} decode ranks reported, {len(want)} expected"
         cases.append(case(sc.name, sc.source, release, got == want and not rep.harness_errors, want, got, secs, msg,
-                          framework=VLLM.name))
+                          framework=VLLM.name, document=rep))
     return cases
 
 

@@ -62,5 +62,5 @@ def run_one(plan: sp.SgPlan, case: Any) -> list[Any]:
             msg = ", ".join(f"D{i}: {g} (expected {w})" for i, (g, w) in enumerate(zip(got, want, strict=False))
                             if g != w) or f"{len(got)} decode ranks reported, {len(want)} expected"
         out.append(case(sc.name, sc.source, release, got == want and not rep.harness_errors, want, got, secs, msg,
-                        framework="sglang"))
+                        framework="sglang", document=rep))
     return out
