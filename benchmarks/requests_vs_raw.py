@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """`pdcheck requests` against a raw NIXL loop doing the same READs and notifications, in one run.
 
-pdcheck: the runner API of `pdcheck requests` (pdcheck.requests.run.run), one release line, pull mode, no
+pdcheck: the runner API of `pdcheck requests` (pdcheck.vllm.requests.run.run), one release line, pull mode, no
 faults, every request due at once (the rate is not the limit): real P and D ranks, the parent as router. Each
 request: P allocates and tags 2 blocks, hands out params; D decides, READs the blocks (2 layers, K and V: 8
 descriptors of 4 KiB), checks them, sends the done notification; P frees on it. The corrected path runs after the
@@ -38,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 from pdcheck.kvcache import KVCache, block_descs, desc_ids  # noqa: E402
 from pdcheck.nixlagent import confine_ucx, no_memory_hooks  # noqa: E402
-from pdcheck.requests.lines import line_of  # noqa: E402
-from pdcheck.requests.run import GEOMETRY  # noqa: E402
+from pdcheck.vllm.requests.lines import line_of  # noqa: E402
+from pdcheck.vllm.requests.run import GEOMETRY  # noqa: E402
 
 PER_REQUEST = 2  # blocks per request, as Options' default
 
@@ -140,7 +140,7 @@ def raw_d(requests: int, pool: int, heartbeats: int) -> dict[str, float]:
 
 
 def pdcheck_run(requests: int, pool: int, line: str) -> dict[str, float]:
-    from pdcheck.requests.run import Options, run
+    from pdcheck.vllm.requests.run import Options, run
 
     settle = Options().settle_s  # the run stops when no answer came for `settle` s: shorter cuts P's first answers
     opts = Options(requests=requests, rate=1e9, pool=pool, settle_s=settle, start_timeout_s=120.0)

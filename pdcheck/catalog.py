@@ -58,11 +58,11 @@ def _describe(path: Path, doc: dict[str, object]) -> str:
 
 
 def scenarios() -> list[ScenarioEntry]:
-    from pdcheck.frameworks import DEFAULT
-    from pdcheck.scenario import BUNDLED, bundled, bundled_subdirs
+    from pdcheck.frameworks import DEFAULT, bundled_dirs
+    from pdcheck.scenariofile import bundled
 
     out = []
-    for path in [*bundled(), *(f for sub in bundled_subdirs() for f in sorted((BUNDLED / sub).glob("*.toml")))]:
+    for path in bundled(bundled_dirs()):
         try:
             doc = tomllib.loads(path.read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError):  # a broken bundled file: listed by name, smoke reports it

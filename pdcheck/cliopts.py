@@ -5,7 +5,7 @@
     @app.command()
     @scenario_flags
     def handshake(scenario: ... = None, *, overrides: dict[str, Any], vllm: ... = None) -> None:
-        sc = pdcheck.scenario.load(scenario, overrides)
+        sc = framework.load(scenario, overrides)
 
 `scenario_flags` replaces the command's `overrides` parameter (which is not a flag) with the flags below,
 as typer reads the signature, and hands the command the overrides dict built from them.
@@ -120,11 +120,11 @@ FLAG_NAMES: frozenset[str] = frozenset(f.name for f in FLAGS)
 
 
 def overrides_from_flags(values: dict[str, Any]) -> dict[str, Any]:
-    """Flag values (parameter name -> value or None) -> the overrides dict for pdcheck.scenario.load.
+    """Flag values (parameter name -> value or None) -> the overrides dict a framework's load takes.
 
     Shared flags set both sides; a per-side flag wins over its shared flag. Sides with nothing set are left out.
     """
-    from pdcheck.scenario import parse_counts
+    from pdcheck.scenariofile import parse_counts
 
     out: dict[str, dict[str, Any]] = {side: {} for side in SIDES}
     # Shared flags first so that the per-side ones, applied after, win.
@@ -223,9 +223,10 @@ def release_flags(command: str, metavar: str = "RELEASES", panel: str = "Run") -
 def complete_scenario(incomplete: str) -> list[str]:
     """Shell completion of a SCENARIO argument (typer's autocompletion): the bundled names that start with
     what is typed."""
-    from pdcheck.scenario import bundled_names
+    from pdcheck import frameworks
+    from pdcheck.scenariofile import bundled
 
-    return [n for n in bundled_names() if n.startswith(incomplete)]
+    return [p.stem for p in bundled(frameworks.bundled_dirs()) if p.stem.startswith(incomplete)]
 
 
 def complete_releases(framework: str) -> Callable[[str], list[str]]:

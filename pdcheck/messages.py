@@ -4,13 +4,12 @@ per-rank results. msgspec msgpack over the launcher's pipes, never pickle."""
 from __future__ import annotations
 
 from multiprocessing.connection import Connection
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
 from pdcheck.geometry import Geometry, ModelShape
-
-Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict
+from pdcheck.verdict import Status
 
 
 class Inject(msgspec.Struct, frozen=True):
@@ -329,7 +328,7 @@ class FrameworkFinal(msgspec.Struct, tag=True):
     body: bytes
 
 
-# ------------------------------------------------------------------ `pdcheck requests` (pdcheck.requests.rank, prefill, decode)
+# ------------------------------------------------------------------ `pdcheck requests` (pdcheck.vllm.requests.rank, prefill, decode)
 class ReqSpec(msgspec.Struct, frozen=True):
     role: str  # "P" or "D"
     engine_id: str
@@ -339,7 +338,7 @@ class ReqSpec(msgspec.Struct, frozen=True):
     incarnation: int = 0  # restart-p: how many times this P rank was replaced (a new process and agent)
     side_port: int = 0  # P's side-channel port (0: one the OS picks; a replaced P binds the port of the one it replaces)
     mute_side: bool = False  # test hook: P's side channel takes requests and never answers (a stuck listener)
-    tp_size: int = 1  # the request path on a shape (pdcheck.requests.shapes): this side's TP
+    tp_size: int = 1  # the request path on a shape (pdcheck.vllm.requests.shapes): this side's TP
     dp_rank: int = 0
     peer_geometry: Geometry | None = None  # D: P's KV geometry (which P ranks it reads, at which offsets)
 
@@ -362,7 +361,7 @@ class ReqSide(msgspec.Struct, frozen=True):
 
     host: str
     port: int
-    wire: str  # key into pdcheck.wire.FORMATS
+    wire: str  # key into pdcheck.vllm.wire.FORMATS
     compat_hash: str | None  # G/H eras: NixlHandshakePayload.compatibility_hash
     timeout_ms: int | None  # the release's recv timeout (None: a blocking recv())
 
@@ -385,7 +384,7 @@ class ReqBegin(msgspec.Struct, tag=True):
     failure_policy: str | None = None  # kv_load_failure_policy as deployed (None: the release's default)
     mode: str = "pull"  # "push": D registers (PUSH_REG), P WRITEs into D's blocks and notifies D
     side: ReqSide | None = None  # P's side channel: P serves this line's wire on it, D handshakes over it
-    release: str = ""  # the release itself (a line spans several): its log texts (pdcheck.requests.texts)
+    release: str = ""  # the release itself (a line spans several): its log texts (pdcheck.vllm.requests.texts)
     peers: dict[str, list[ReqSide]] = {}  # D on a shape: each P engine id -> its side channel per P TP rank
     time_scale: float = 1.0  # the lease's slow motion (lease_s is already stretched): Options.lease_scale
 
@@ -398,7 +397,7 @@ class ReqPrefill(msgspec.Struct, tag=True):
     drop_rank: int = -1  # push mode on a shape: only the notification to this D TP rank is dropped (-1: every one)
     delay_rank: int = -1  # ... only this D TP rank's is delayed
     stall_s: float = 0.0  # test hook: P's loop stops this long before it takes the request (a machine that gives
-    # the process no core: pdcheck.requests.run's end waits for it)
+    # the process no core: pdcheck.vllm.requests.run's end waits for it)
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):

@@ -25,7 +25,7 @@ from pdcheck.errors import HarnessError
 from pdcheck.placement import RankHandle, RankId, ids
 
 if TYPE_CHECKING:
-    from pdcheck.ports import PortPlan
+    from pdcheck.vllm.ports import PortPlan
 
 __all__ = ["Events", "Faults", "RankHandle", "RankId", "Stage", "await_ready", "await_serving", "gather",
            "hold_the_rest", "ids", "release_served", "reserve_layout", "route_tags", "send_all"]

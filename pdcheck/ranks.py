@@ -3,7 +3,7 @@
 The skeleton (run_rank) does what every rank does: decode its spec, name the process, quiet NIXL's output, let
 the role set its environment and allocate its memory, create the NIXL agent and register that memory, send the
 role's Ready message, run the role, and turn any failure into one Failed line to the parent. It knows no
-framework: vLLM's handshake roles are in pdcheck.handshake_ranks, the request path's in pdcheck.requests, SGLang's
+framework: vLLM's handshake roles are in pdcheck.vllm.ranks, the request path's in pdcheck.vllm.requests, SGLang's
 in pdcheck.sglang.ranks, transfer-bench's in pdcheck.bench.rank.
 """
 

@@ -1,5 +1,5 @@
 """The ZMQ side channel: P's ROUTER listener and D's REQ fetch, framed by a Codec (a framework's wire era:
-pdcheck.wire.WireFormat for vLLM, docs/vllm-protocol.md §3.2). No framework here.
+pdcheck.vllm.wire.WireFormat for vLLM, docs/vllm-protocol.md §3.2). No framework here.
 
 Binds to the scenario's host (loopback by default). Replies are prebuilt msgpack frames; nothing received
 is ever unpickled: requests are parsed with msgspec exactly as the modelled listener parses them.

@@ -28,7 +28,7 @@ from rich.table import Table
 from pdcheck import frameworks, verdict
 from pdcheck.errors import EXIT_BAD_INPUT, BadInput
 from pdcheck.frameworks import PHASES, Framework, SmokeCost, SmokeOptions
-from pdcheck.scenario import read_toml
+from pdcheck.scenariofile import read_toml
 
 
 class Case(msgspec.Struct):

@@ -13,12 +13,15 @@ This module imports no framework: the runtime, every framework's report and the 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Literal
 
 import msgspec
 
 from pdcheck.errors import EXIT_HARNESS, EXIT_HAZARD, EXIT_OK
 
 OK = "ok"
+Status = Literal["ok", "assert", "silent", "error", "hang"]  # a handshake's verdict on one decode rank
+STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
 
 
 class Proof(msgspec.Struct, kw_only=True):

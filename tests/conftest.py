@@ -63,7 +63,7 @@ def _slow_motion_under_load(monkeypatch: pytest.MonkeyPatch) -> float:
     """Every request run of the test, in its process or a child, at the machine's slow motion (tests/loadkit.py)."""
     from loadkit import time_scale
 
-    from pdcheck.requests.plan import TIME_SCALE_ENV
+    from pdcheck.vllm.requests.plan import TIME_SCALE_ENV
 
     k = time_scale()
     monkeypatch.setenv(TIME_SCALE_ENV, f"{k:g}")

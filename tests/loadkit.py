@@ -14,8 +14,8 @@ import math
 import os
 from typing import Any
 
-from pdcheck.requests.plan import TIME_SCALE_ENV
 from pdcheck.smoke import LOADED_PER_CORE, _cores
+from pdcheck.vllm.requests.plan import TIME_SCALE_ENV
 
 FORCED = os.environ.get(TIME_SCALE_ENV)
 MAX_SCALE = 4.0  # load 25 on 2 cores: a rank gets a twelfth of a core; 4x leaves the first handshake room

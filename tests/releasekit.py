@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pdcheck.engine import FetchTimeout, Handshaker, Outcome, Params, run
 from pdcheck.geometry import Geometry
-from pdcheck.releases import compat_hash_for
-from pdcheck.releases.base import Ctx, Local, Prepared, ReleaseModel, State
-from pdcheck.wire import FORMATS, AnyMeta, WireFormat, encode_reply
+from pdcheck.vllm.engine import FetchTimeout, Handshaker, Outcome, Params, run
+from pdcheck.vllm.releases import compat_hash_for
+from pdcheck.vllm.releases.base import Ctx, Local, Prepared, ReleaseModel, State
+from pdcheck.vllm.wire import FORMATS, AnyMeta, WireFormat, encode_reply
 
 
 # ---- fixtures ------------------------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def normalize(doc: Any, key: str = "") -> Any:
 def env() -> dict[str, str]:
     """The environment a golden run gets: the suite's slow motion (tests/loadkit.py) scales a request run's
     lengths, which its document reports; smoke and the command are compared at the lengths written."""
-    from pdcheck.requests.plan import TIME_SCALE_ENV
+    from pdcheck.vllm.requests.plan import TIME_SCALE_ENV
 
     return {k: v for k, v in os.environ.items() if k != TIME_SCALE_ENV}
 

@@ -23,7 +23,7 @@ from releasekit import run_rank, side
 from wheelkit import Release, minor
 
 from pdcheck.geometry import Geometry
-from pdcheck.releases import compat_hash_for, resolve
+from pdcheck.vllm.releases import compat_hash_for, resolve
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 FOUND = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir()),

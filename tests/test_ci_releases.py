@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from pdcheck.releaseline import version_tuple
-from pdcheck.releases import SUITE_FROM, TABLE, resolve, suite_releases
+from pdcheck.vllm.releases import SUITE_FROM, TABLE, resolve, suite_releases
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from pdcheck.cliopts import (
     scenario_flags,
 )
 from pdcheck.errors import BadInput
-from pdcheck.scenario import load
+from pdcheck.vllm.scenario import load
 
 ROOT = Path(__file__).resolve().parent.parent
 SEED = ROOT / "scenarios" / "seed-19338-tp8.toml"
@@ -28,7 +28,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def _app() -> typer.Typer:
-    """A command built like pdcheck's: flags from the decorator, the scenario from pdcheck.scenario.load."""
+    """A command built like pdcheck's: flags from the decorator, the scenario from pdcheck.vllm.scenario.load."""
     app = typer.Typer(add_completion=False)
 
     @app.command()

@@ -330,8 +330,8 @@ def _hetero_090(tmp_path: Path, *extra: str) -> tuple[int, dict, str]:
 
 
 def test_impostor_on_a_contacted_port_gets_no_bytes(tmp_path: Path) -> None:
-    from pdcheck.ports import default_port
-    from pdcheck.releases import resolve
+    from pdcheck.vllm.ports import default_port
+    from pdcheck.vllm.releases import resolve
 
     # 0.9.0 D ranks 2 and 3 contact P ranks 2 and 3 at base + 2, base + 3: P has only ranks 0 and 1.
     base = default_port(resolve("0.9.0").wire)

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, SCENARIOS
 
-from pdcheck import fromlogs
 from pdcheck.errors import BadInput
-from pdcheck.scenario import load
+from pdcheck.vllm import fromlogs
+from pdcheck.vllm.scenario import load
 
 SEED_LOG = ROOT / "tests" / "data" / "seed-19338-workers.log"  # the 8 lines quoted in the #19341 thread
 SEED_BLOCKS = [111680, 111488, 111488, 111488, 111488, 111488, 112448, 111488]

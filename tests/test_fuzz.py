@@ -275,9 +275,9 @@ def run_in_process(case: Case, capsys: pytest.CaptureFixture[str]) -> tuple[int 
 @pytest.fixture
 def no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     import pdcheck.bench.command as bench_command
-    import pdcheck.handshake as hs
-    import pdcheck.probe as probe
-    import pdcheck.serve as serve
+    import pdcheck.vllm.handshake as hs
+    import pdcheck.vllm.probe as probe
+    import pdcheck.vllm.serve as serve
 
     def stop(*_a: Any, **_k: Any) -> Any:
         raise WouldStart

@@ -76,8 +76,8 @@ def test_out_of_range_descriptor_ids_surface_nixl_error(pdcheck):
 def test_corrupted_block_is_caught(pdcheck):
     import msgspec
 
-    from pdcheck.plan import make_requests
-    from pdcheck.scenario import load
+    from pdcheck.vllm.plan import make_requests
+    from pdcheck.vllm.scenario import load
 
     sc = load(None, {"prefill": {"num_blocks": 256}, "decode": {"num_blocks": 256}})
     victim = make_requests(sc)[0].remote_block_ids[3]

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pdcheck.engine import Params, run
-from pdcheck.hazards import (
+from pdcheck.vllm.engine import Params, run
+from pdcheck.vllm.hazards import (
     CATALOGUE,
     SHAPE_CATALOGUE,
     Facts,
@@ -19,10 +19,10 @@ from pdcheck.hazards import (
     ranks_text,
     spread,
 )
-from pdcheck.releases import CORRECTED, resolve
-from pdcheck.releases.base import Local
-from pdcheck.scenario import Scenario, load
-from pdcheck.wire import encode_reply
+from pdcheck.vllm.releases import CORRECTED, resolve
+from pdcheck.vllm.releases.base import Local
+from pdcheck.vllm.scenario import Scenario, load
+from pdcheck.vllm.wire import encode_reply
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"

@@ -16,13 +16,13 @@ import pytest
 
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry, KVGroup
-from pdcheck.hazards import evaluate
 from pdcheck.kvcache import KVCache, check_blocks, desc_ids
-from pdcheck.releases import CORRECTED, MODELLED, compat_hash_for, resolve, shapes
-from pdcheck.releases import hybrid as h
-from pdcheck.scenario import load
-from pdcheck.wire import FORMATS, AnyMeta
-from pdcheck.wire.formats import build_metadata
+from pdcheck.vllm.hazards import evaluate
+from pdcheck.vllm.releases import CORRECTED, MODELLED, compat_hash_for, resolve, shapes
+from pdcheck.vllm.releases import hybrid as h
+from pdcheck.vllm.scenario import load
+from pdcheck.vllm.wire import FORMATS, AnyMeta
+from pdcheck.vllm.wire.formats import build_metadata
 
 SW = (KVGroup(kind="full", layers=2), KVGroup(kind="sliding_window", layers=4, window=64))
 MAMBA = (KVGroup(kind="full", layers=1), KVGroup(kind="mamba", layers=3))
@@ -250,7 +250,7 @@ def test_engine_stops_where_the_release_does() -> None:
 
 
 def _request_blocks(release: str) -> list[int]:
-    from pdcheck.plan import RunOptions, build
+    from pdcheck.vllm.plan import RunOptions, build
 
     sc = load(Path("scenarios/hybrid-sliding-window.toml"), {"vllm": [release]})
     return build(sc, None, RunOptions()).requests[0].remote_block_ids

@@ -120,10 +120,10 @@ def _path(g: dict[str, set[str]], comp: set[str]) -> list[str]:
 
 def test_the_walker_sees_every_kind_of_import() -> None:
     g = graph()
-    assert "pdcheck.messages" in g["pdcheck.handshake"]  # `from pdcheck import messages as m`
-    assert "pdcheck.wire" in g["pdcheck.probe"]  # `from pdcheck.wire import FORMATS` (a package)
+    assert "pdcheck.messages" in g["pdcheck.vllm.handshake"]  # `from pdcheck import messages as m`
+    assert "pdcheck.vllm.wire" in g["pdcheck.vllm.probe"]  # `from pdcheck.vllm.wire import FORMATS` (a package)
     assert "pdcheck.raylaunch" in g["pdcheck.launcher"]  # inside a function
-    assert "pdcheck.wire.schemas" in g["pdcheck.wire.formats"]  # `from pdcheck.wire.schemas import ...`
+    assert "pdcheck.vllm.wire.schemas" in g["pdcheck.vllm.wire.formats"]  # `from pdcheck.vllm.wire.schemas import ...`
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
 
 

@@ -22,14 +22,14 @@ import pdcheck
 from pdcheck import envelope, verdict
 from pdcheck.bench import schema as bench_schema
 from pdcheck.doctor.run import Report as DoctorReport
-from pdcheck.probe import ProbeReport
-from pdcheck.report import Report
-from pdcheck.requests.report import RequestsReport
-from pdcheck.serve import Ready
 from pdcheck.sglang.probe import SgProbeReport
 from pdcheck.sglang.report import SgReport
 from pdcheck.sglang.serve import Served
 from pdcheck.smoke import SmokeReport
+from pdcheck.vllm.probe import ProbeReport
+from pdcheck.vllm.report import Report
+from pdcheck.vllm.requests.report import RequestsReport
+from pdcheck.vllm.serve import Ready
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, PYTHONPATH=str(ROOT))

@@ -10,10 +10,10 @@ from releasekit import assert_msg, assert_raise, mem_io, run_rank, side
 from test_live import pdcheck, serve
 
 from pdcheck.geometry import Geometry
-from pdcheck.releases import for_release, resolve
-from pdcheck.releases.v0_29 import MSG_REGION_NAMES
-from pdcheck.wire import FORMATS
-from pdcheck.wire.formats import build_metadata
+from pdcheck.vllm.releases import for_release, resolve
+from pdcheck.vllm.releases.v0_29 import MSG_REGION_NAMES
+from pdcheck.vllm.wire import FORMATS
+from pdcheck.vllm.wire.formats import build_metadata
 
 G = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=8, head_dim=128, dtype="bfloat16",
              attn_backend="FLASH_ATTN", use_mla=False)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pdcheck import cli
-from pdcheck.scenario import BUNDLED
+from pdcheck.scenariofile import BUNDLED
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

@@ -18,9 +18,9 @@ import pytest
 import zmq
 from portkit import free_run, refusing
 
-from pdcheck.live import kills_listener
-from pdcheck.probe import agent_name, parse_endpoint
-from pdcheck.wire import FORMATS
+from pdcheck.vllm.live import kills_listener
+from pdcheck.vllm.probe import agent_name, parse_endpoint
+from pdcheck.vllm.wire import FORMATS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCEN = ROOT / "scenarios"
@@ -374,9 +374,9 @@ def test_live_p_is_never_sent_a_request_that_kills_its_listener():
 
 
 def test_kv_transfer_params_keys_per_release():
-    from pdcheck.releases import resolve
-    from pdcheck.scenario import load
-    from pdcheck.serve import transfer_params
+    from pdcheck.vllm.releases import resolve
+    from pdcheck.vllm.scenario import load
+    from pdcheck.vllm.serve import transfer_params
 
     sc = load(None, {"prefill": {"num_blocks": 64, "tp_size": 2}, "decode": {"num_blocks": 64}})
     p34 = transfer_params(sc, resolve("0.34.0"), "10.0.0.5", 5600, 4096)

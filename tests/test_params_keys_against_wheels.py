@@ -1,4 +1,4 @@
-"""The one kv_transfer_params keys table (pdcheck.releases.params) against each release's own request_finished,
+"""The one kv_transfer_params keys table (pdcheck.vllm.releases.params) against each release's own request_finished,
 read from unpacked wheels (opt-in: skipped unless PDCHECK_VLLM_SRC names a directory of them):
 
     for v in 0.9.0 0.13.0 0.29.0 0.33.0 0.34.0; do pip download vllm==$v --no-deps -d /tmp/w$v &&
@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 
 from pdcheck.releaseline import version_tuple
-from pdcheck.releases import params, resolve
-from pdcheck.requests import lines, push
-from pdcheck.scenario import load
-from pdcheck.serve import transfer_params
+from pdcheck.vllm.releases import params, resolve
+from pdcheck.vllm.requests import lines, push
+from pdcheck.vllm.scenario import load
+from pdcheck.vllm.serve import transfer_params
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 V1 = "vllm/distributed/kv_transfer/kv_connector/v1"

@@ -11,9 +11,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from pdcheck.releases import params as kvparams
-from pdcheck.requests.lines import CORRECTED, line_of
-from pdcheck.requests.model import apply_bad, params_for, read_ids
+from pdcheck.vllm.releases import params as kvparams
+from pdcheck.vllm.requests.lines import CORRECTED, line_of
+from pdcheck.vllm.requests.model import apply_bad, params_for, read_ids
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 

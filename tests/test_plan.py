@@ -1,4 +1,4 @@
-"""The plan (pdcheck.plan) and the port layout (pdcheck.ports): pure logic, no process started."""
+"""The plan (pdcheck.vllm.plan) and the port layout (pdcheck.vllm.ports): pure logic, no process started."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import msgspec
 import pytest
 
 from pdcheck import messages as m
-from pdcheck import plan as pl
-from pdcheck import ports
-from pdcheck.engine import Outcome
 from pdcheck.errors import BadInput
-from pdcheck.releases import CORRECTED, resolve
-from pdcheck.scenario import load
-from pdcheck.wire import FORMATS
+from pdcheck.vllm import plan as pl
+from pdcheck.vllm import ports
+from pdcheck.vllm.engine import Outcome
+from pdcheck.vllm.releases import CORRECTED, resolve
+from pdcheck.vllm.scenario import load
+from pdcheck.vllm.wire import FORMATS
 
 
 def _sc(**prefill: object):

@@ -8,13 +8,13 @@ from typing import Any
 
 import pytest
 
-from pdcheck.engine import Params, run
 from pdcheck.geometry import Geometry
-from pdcheck.hazards import evaluate
-from pdcheck.releases import CORRECTED, MODELLED, compat_hash_for, resolve, resolve_many, shapes
-from pdcheck.releases.base import Local, Prepared, ReleaseModel
-from pdcheck.scenario import load
-from pdcheck.wire import FORMATS, AnyMeta, WireFormat, encode_reply
+from pdcheck.vllm.engine import Params, run
+from pdcheck.vllm.hazards import evaluate
+from pdcheck.vllm.releases import CORRECTED, MODELLED, compat_hash_for, resolve, resolve_many, shapes
+from pdcheck.vllm.releases.base import Local, Prepared, ReleaseModel
+from pdcheck.vllm.scenario import load
+from pdcheck.vllm.wire import FORMATS, AnyMeta, WireFormat, encode_reply
 from tests.test_shapes import ROOT
 
 SCENARIO = ROOT / "scenarios" / "pp2-prefill-only.toml"

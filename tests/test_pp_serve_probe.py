@@ -10,9 +10,9 @@ import json
 import msgspec
 import pytest
 
-from pdcheck.probe import ProbeReport
-from pdcheck.releases import shapes
-from pdcheck.serve import Ready
+from pdcheck.vllm.probe import ProbeReport
+from pdcheck.vllm.releases import shapes
+from pdcheck.vllm.serve import Ready
 from tests.test_live import pdcheck, serve
 
 SCENARIO = "pp2-prefill-only"

@@ -61,7 +61,7 @@ def _check(local: Run, placed: Run) -> dict:
 def _placement_line(doc: dict) -> str:
     import msgspec
 
-    from pdcheck import report
+    from pdcheck.vllm import report
 
     return report.placement(msgspec.json.decode(json.dumps(doc).encode(), type=report.Report)) or ""
 

@@ -26,11 +26,11 @@ from releasekit import (
     step,
 )
 
-from pdcheck.engine import Handshaker, Params, run
-from pdcheck.releases import CORRECTED, multinode, resolve
-from pdcheck.releases.base import Local
-from pdcheck.releases.rules import MSG_SHAPE
-from pdcheck.scenario import Scenario, load
+from pdcheck.vllm.engine import Handshaker, Params, run
+from pdcheck.vllm.releases import CORRECTED, multinode, resolve
+from pdcheck.vllm.releases.base import Local
+from pdcheck.vllm.releases.rules import MSG_SHAPE
+from pdcheck.vllm.scenario import Scenario, load
 
 V090, V091, V092, V0100 = (resolve(v) for v in ("0.9.0", "0.9.1", "0.9.2", "0.10.0"))
 SEED = [111680, 111488, 111488, 111488, 111488, 111488, 112448, 111488]
@@ -349,8 +349,8 @@ def scenario_io(sc: Scenario, mute: list[int] | None = None) -> MemIO:
 
 def scenario_statuses(sc: Scenario, release: str) -> list[str]:
     if sc.prefill.dp_size > 1 or sc.decode.dp_size > 1:  # each decode DP rank with the engine it reaches
-        from pdcheck.plan import dp_scenario
-        from pdcheck.ports import dp_routes
+        from pdcheck.vllm.plan import dp_scenario
+        from pdcheck.vllm.ports import dp_routes
 
         return [s for rt in dp_routes(sc) for s in scenario_statuses(dp_scenario(sc, rt), release)]
     rel = resolve(release)
@@ -368,7 +368,7 @@ def scenario_statuses(sc: Scenario, release: str) -> list[str]:
 
 
 # Where the pure engine cannot reach the reference's verdict: the release advertises nothing that shows the
-# problem, so only the real transfer (tagged blocks) or the scenario's own facts (pdcheck.hazards) see it.
+# problem, so only the real transfer (tagged blocks) or the scenario's own facts (pdcheck.vllm.hazards) see it.
 _NO_BLOCK_LEN = ("era A carries no block_len: 0.9.0 strides P's larger blocks with its own block_len, which only "
                  "the tagged transfer shows")
 _P_SIDE = "P of another release whose listener dies: a P-side effect the per-rank pure engine does not model"

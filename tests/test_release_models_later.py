@@ -26,9 +26,15 @@ from releasekit import (
 )
 
 from pdcheck.errors import BadInput
-from pdcheck.releases import CORRECTED, MODELLED, compat_hash_for, resolve, resolve_many
-from pdcheck.releases.base import ReleaseModel
-from pdcheck.releases.rules import MSG_LAYOUT_111, MSG_REPLICATED, MSG_SHAPE, MSG_SHAPE_P_GT_D, MSG_SHAPE_PAGE
+from pdcheck.vllm.releases import CORRECTED, MODELLED, compat_hash_for, resolve, resolve_many
+from pdcheck.vllm.releases.base import ReleaseModel
+from pdcheck.vllm.releases.rules import (
+    MSG_LAYOUT_111,
+    MSG_REPLICATED,
+    MSG_SHAPE,
+    MSG_SHAPE_P_GT_D,
+    MSG_SHAPE_PAGE,
+)
 
 V0101, V0102, V0110, V0111, V0120, V013 = (resolve(v) for v in ("0.10.1", "0.10.2", "0.11.0", "0.11.1", "0.12.0",
                                                                  "0.13.0"))

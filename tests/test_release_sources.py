@@ -14,7 +14,7 @@ import pytest
 from releasekit import assert_bare, assert_msg, assert_raise, run_all, run_rank, side, statuses
 
 from pdcheck.geometry import Geometry
-from pdcheck.releases import compat_hash_for, resolve
+from pdcheck.vllm.releases import compat_hash_for, resolve
 
 GEOMETRY = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=8, head_dim=128, dtype="bfloat16",
                     attn_backend="FLASH_ATTN", use_mla=False)
@@ -55,7 +55,7 @@ CONNECTOR_VERSION = {13: 2, 14: 2, 15: 2, 16: 2, 17: 2, 18: 2, 19: 2, 20: 2, 21:
 
 
 def _source_factors(release: str) -> dict[str, object]:
-    """The factor dict the sources build, written out here independently of pdcheck.wire.compat."""
+    """The factor dict the sources build, written out here independently of pdcheck.vllm.wire.compat."""
     minor = int(release.split(".")[1])
     f: dict[str, object] = {
         "vllm_version": release, "nixl_connector_version": CONNECTOR_VERSION[minor], "model": "pdcheck/fake-model",

@@ -7,14 +7,14 @@ import pytest
 
 from pdcheck.errors import BadInput
 from pdcheck.releaseline import ANY, CORRECTED, ReleaseTable, is_corrected, span, split_many, version_tuple
-from pdcheck.releases import CORRECTED as MODEL_CORRECTED
-from pdcheck.releases import TABLE as VLLM
-from pdcheck.releases import params, resolve, resolve_many
-from pdcheck.requests import lines, push
-from pdcheck.scenario import load
-from pdcheck.serve import transfer_params
 from pdcheck.sglang.releases import TABLE as SGLANG
 from pdcheck.sglang.releases import resolve as sglang_resolve
+from pdcheck.vllm.releases import CORRECTED as MODEL_CORRECTED
+from pdcheck.vllm.releases import TABLE as VLLM
+from pdcheck.vllm.releases import params, resolve, resolve_many
+from pdcheck.vllm.requests import lines, push
+from pdcheck.vllm.scenario import load
+from pdcheck.vllm.serve import transfer_params
 
 TOY: ReleaseTable[str] = ReleaseTable((
     ((1, 0, 0), (1, 0, 0), "a"),

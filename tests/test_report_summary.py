@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pdcheck.report import FailSpan, fail_spans
+from pdcheck.vllm.report import FailSpan, fail_spans
 
 
 def test_one_failing_release_and_its_fix() -> None:

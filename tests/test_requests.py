@@ -355,7 +355,7 @@ def test_one_p_worker_restart_scenario_table_names_the_d_rank_and_agrees_with_js
     import msgspec
     from rich.console import Console
 
-    from pdcheck.requests.report import RequestsReport, render
+    from pdcheck.vllm.requests.report import RequestsReport, render
 
     run = pdcheck("requests", str(SCENARIOS / "requests" / "requests-tp2-one-p-worker-restart.toml"), "--vllm",
                   "0.34.0", "--json", timeout=120)

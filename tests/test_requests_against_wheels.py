@@ -1,4 +1,4 @@
-"""pdcheck's request-path models (pdcheck.requests.lines, .model) against vLLM's own request-path code, read from
+"""pdcheck's request-path models (pdcheck.vllm.requests.lines, .model) against vLLM's own request-path code, read from
 unpacked wheels (skipped unless they are there; tests/reqkit.py runs the code).
 
     for v in 0.9.1 0.11.1 0.14.0 0.26.0 0.34.0; do pip download vllm==$v --no-deps -d /tmp/w$v &&
@@ -14,7 +14,7 @@ For every release found there:
 - D's handling of the params a router forwards (dropped, each bad-params kind) through get_num_new_matched_tokens
   and update_state_after_alloc, against decide();
 - the failure policy (kv_load_failure_policy's default, the failure_type names, a failed READ before the policy);
-- push mode (pdcheck.requests.push): where NixlPushConnector exists (factory.py), and for 0.24+ its params, PUSH_REG
+- push mode (pdcheck.vllm.requests.push): where NixlPushConnector exists (factory.py), and for 0.24+ its params, PUSH_REG
   fields, P's handshake with D, failure texts, completion notif_msg, heartbeats, matching, watchdog, notif count.
 Where the release and the model disagree and the fix is not pdcheck's to make here, the case is an xfail naming
 the difference (strict: it fails once the model follows the release).
@@ -29,9 +29,9 @@ from typing import Any
 import pytest
 from reqkit import Blocks, RequestStatus, Wheel, grouped, key, request
 
-from pdcheck.requests.faults import Fault
-from pdcheck.requests.lines import FAILURE_TYPES, Lifecycle, line_of
-from pdcheck.requests.model import apply_bad, decide, params_for, run_end, simulate
+from pdcheck.vllm.requests.faults import Fault
+from pdcheck.vllm.requests.lines import FAILURE_TYPES, Lifecycle, line_of
+from pdcheck.vllm.requests.model import apply_bad, decide, params_for, run_end, simulate
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 RELEASES = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm/distributed/kv_transfer").is_dir()
@@ -334,7 +334,7 @@ def test_failure_policy(release: str) -> None:
 
 # ---- push mode: D's PUSH_REG names D's side channel; P handshakes with D there before its WRITE
 def _push_releases() -> list[str]:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     return [r for r in RELEASES if push.available(key(r))
             and (SRC / r / "vllm/distributed/kv_transfer/kv_connector/v1/nixl/push_worker.py").is_file()]
@@ -351,7 +351,7 @@ def test_push_registration_names_ds_side_channel_and_p_handshakes_there(release:
 
     import msgspec
 
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     nixl = SRC / release / "vllm/distributed/kv_transfer/kv_connector/v1/nixl"
     staged = next(n.value for n in ast.walk(ast.parse((nixl / "push_scheduler.py").read_text()))
@@ -381,7 +381,7 @@ def _push_sources(release: str) -> tuple[str, str]:
 @pytest.mark.parametrize("release", RELEASES)
 def test_push_mode_exists_where_the_model_says(release: str) -> None:
     """push.available against the wheel: factory.py registers NixlPushConnector exactly from PUSH_SINCE."""
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     factory = (SRC / release / "vllm/distributed/kv_transfer/kv_connector/factory.py").read_text()
     assert push.available(key(release)) == ('"NixlPushConnector"' in factory)
@@ -392,7 +392,7 @@ def test_push_params_are_the_release_params(release: str) -> None:
     """The keys of the dict push request_finished returns, against push.keys (0.24/0.25: no pp_size)."""
     import ast
 
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     scheduler, _ = _push_sources(release)
     fn = next(n for n in ast.walk(ast.parse(scheduler))
@@ -409,7 +409,7 @@ def test_push_params_are_the_release_params(release: str) -> None:
 def test_push_texts_and_completion(release: str) -> None:
     """The failure_type texts, the completion notif_msg, the heartbeat forwarding, the id matching, the watchdog's
     default and D's count of completion notifications, against push.py."""
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     scheduler, worker = _push_sources(release)
     line = line_of(release)

@@ -13,10 +13,10 @@ import time
 import pytest
 
 from pdcheck import messages as m
-from pdcheck.requests.handshake import HANG_WAIT_MS, DSide, HandshakeFailed, PSide, side_for
-from pdcheck.requests.lines import line_of
-from pdcheck.requests.run import GEOMETRY, Options, run
-from pdcheck.wire import AnyMeta
+from pdcheck.vllm.requests.handshake import HANG_WAIT_MS, DSide, HandshakeFailed, PSide, side_for
+from pdcheck.vllm.requests.lines import line_of
+from pdcheck.vllm.requests.run import GEOMETRY, Options, run
+from pdcheck.vllm.wire import AnyMeta
 
 
 def test_unanswered_side_channel_is_each_releases_verdict_within_its_timeout():
@@ -155,7 +155,7 @@ def test_d_handshakes_lazily_at_the_first_request_naming_an_unknown_engine():
     """vLLM's D handshakes with P for the first request whose params name an engine it does not know
     (_ensure_handshake): no params, no handshake; a wrong remote_engine_id is a failed handshake of its own
     (handshake_setup_failed where the release checks the engine id), and the engine stays unknown."""
-    from pdcheck.requests.faults import parse_all
+    from pdcheck.vllm.requests.faults import parse_all
 
     dropped = run([("0.34.0", line_of("0.34.0"))],
                   Options(requests=2, rate=20.0, faults=parse_all(["drop-params"], 2)))
@@ -179,7 +179,7 @@ def test_a_heartbeat_starts_ds_lazy_handshake_from_0_22():
     not the READ, starts the handshake, and a failed one is only logged, so each later heartbeat (every lease/6)
     starts another until the request's own, after the hold, decides. Before 0.22 nothing heartbeats: the one
     handshake is the request's, after its hold."""
-    from pdcheck.requests.faults import parse_all
+    from pdcheck.vllm.requests.faults import parse_all
 
     faults = parse_all(["bad-params:wrong-engine:0", "hold:0.6:0"], 1)
     out = run([("0.14.0", line_of("0.14.0")), ("0.34.0", line_of("0.34.0"))],

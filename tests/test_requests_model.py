@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from pdcheck.errors import BadInput
-from pdcheck.requests.faults import parse, parse_all
-from pdcheck.requests.lines import CORRECTED, LINES, line_of
-from pdcheck.requests.model import apply_bad, decide, params_for, simulate
+from pdcheck.vllm.requests.faults import parse, parse_all
+from pdcheck.vllm.requests.lines import CORRECTED, LINES, line_of
+from pdcheck.vllm.requests.model import apply_bad, decide, params_for, simulate
 
 
 def verdicts(version: str, faults: list[str], n: int = 8, lease: float | None = 0.5) -> list[str]:
@@ -232,7 +232,7 @@ def test_a_late_notification_kills_0_10_0s_engine_core() -> None:
 
 
 def test_failure_policy_applies_from_0_13() -> None:
-    from pdcheck.requests.lines import with_policy
+    from pdcheck.vllm.requests.lines import with_policy
 
     faults = parse_all(["bad-params:out-of-range:1"], 3)
     for version, policy, want in (("0.34.0", None, "error"), ("0.34.0", "recompute", "recomputed"),
@@ -251,11 +251,11 @@ def test_failure_policy_default_turns_fail_at_0_17() -> None:
         assert out[1].verdict == want, version
 
 
-# Push mode (NixlPushConnector, 0.24+): pdcheck.requests.push
+# Push mode (NixlPushConnector, 0.24+): pdcheck.vllm.requests.push
 
 
 def push_verdicts(version: str, faults: list[str], n: int = 8, lease: float | None = 0.5) -> list[str]:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     out, _acc = push.simulate(line_of(version), n, 10.0, 2, 8, lease, parse_all(faults, n))
     return [o.verdict for o in out]
@@ -264,7 +264,7 @@ def push_verdicts(version: str, faults: list[str], n: int = 8, lease: float | No
 def test_push_registration_and_completion_formats() -> None:
     import msgspec
 
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     p = push.params(line_of("0.34.0"), 0, [4, 5], "P", 5600, 1, None, [1, 1], "req-1.0")
     raw = push.registration(push.d_request_id("req-1.0"), "D", "127.0.0.1", 5601, [7, 9], p)
@@ -292,7 +292,7 @@ def test_push_registration_and_completion_formats() -> None:
 def test_push_params_per_line() -> None:
     import msgspec
 
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     p26 = push.params(line_of("0.26.0"), 0, [1], "P", 5600, 1, 3.0, [1])
     assert "transfer_mode" not in p26 and "remote_blocks_expiry_time" not in p26 and p26["pp_size"] == 1
@@ -311,7 +311,7 @@ def test_push_params_per_line() -> None:
 
 
 def test_push_no_fault_delivered_and_p_frees_on_its_write() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     for version in ("0.24.0", "0.26.0", "0.34.0", "corrected"):
         out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, ())
@@ -320,7 +320,7 @@ def test_push_no_fault_delivered_and_p_frees_on_its_write() -> None:
 
 
 def test_push_lost_completion_hangs_d_not_p() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     v = push_verdicts("0.34.0", ["drop-notif:2"])
     assert v == ["delivered"] * 2 + ["hang"] + ["delivered"] * 5
@@ -332,7 +332,7 @@ def test_push_lost_completion_hangs_d_not_p() -> None:
 
 
 def test_push_slow_decode_hangs_instead_of_wrong_kv() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     assert verdicts("0.34.0", ["slow-decode:1.5:2"])[2] in ("wrong", "freed-early")  # pull
     v = push_verdicts("0.34.0", ["slow-decode:1.5:2"])
@@ -353,14 +353,14 @@ def test_push_bad_and_dropped_params() -> None:
     # PUSH_REG's remote_tp_size only feeds a known engine's no-op _ensure_handshake; P WRITEs by decode_tp_size
     assert push_verdicts("0.26.0", ["bad-params:wrong-tp:1"])[1] == "delivered"
     assert push_verdicts("corrected", ["bad-params:wrong-tp:1"])[1] == "recomputed"
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     out, acc = push.simulate(line_of("0.34.0"), 8, 10.0, 2, 8, 0.5, parse_all(["drop-params"], 8))
     assert {o.verdict for o in out} == {"recomputed"} and acc.freed == 0 and acc.expired + acc.held == 8
 
 
 def test_push_mode_plan_refuses_releases_before_0_24() -> None:
-    from pdcheck.requests.plan import build
+    from pdcheck.vllm.requests.plan import build
 
     with pytest.raises(BadInput, match=r"vLLM 0.23.0 has no push mode \(NixlPushConnector arrived in 0.24.0\); "
                                        r"name 0.24\+ releases"):
@@ -374,7 +374,7 @@ def test_push_mode_plan_refuses_releases_before_0_24() -> None:
 
 
 def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     monkeypatch.setattr(push, "D_POOL_MAX", 4)  # D gets max(pool 8, 4) = 8 blocks: four requests' worth
     out, _ = push.simulate(line_of("0.34.0"), 6, 1.0, 2, 8, 0.5, parse_all(["drop-notif"], 6))
@@ -431,7 +431,7 @@ def test_read_fail_per_release_policy_and_p_never_told() -> None:
 
 
 def test_abort_d_frees_under_the_read_before_0_16() -> None:
-    from pdcheck.requests.lines import abort_waits_read
+    from pdcheck.vllm.requests.lines import abort_waits_read
 
     for version, under in (("0.14.0", 1), ("0.15.0", 1), ("0.16.0", 0), ("0.24.0", 0), ("0.34.0", 0),
                            ("corrected", 0)):
@@ -442,7 +442,7 @@ def test_abort_d_frees_under_the_read_before_0_16() -> None:
 
 
 def test_push_failed_write_hangs_d_and_p_waits_for_the_lease() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     for version in ("0.26.0", "0.34.0"):
         out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, parse_all(["read-fail:2"], 8))
@@ -453,7 +453,7 @@ def test_push_failed_write_hangs_d_and_p_waits_for_the_lease() -> None:
 
 
 def test_push_hold_heartbeats_keep_the_lease_lost_ones_leave_the_registration_unmatched() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     faults = ["hold:1:2", "heartbeat-loss:1:4"]
     for version in ("0.26.0", "0.34.0"):
@@ -468,7 +468,7 @@ def test_push_hold_heartbeats_keep_the_lease_lost_ones_leave_the_registration_un
 
 
 def test_push_abort_after_registration_frees_d_blocks_under_the_write() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     for version, under in (("0.26.0", 1), ("0.34.0", 1), ("corrected", 0)):
         line = CORRECTED if version == "corrected" else line_of(version)
@@ -480,8 +480,8 @@ def test_push_abort_after_registration_frees_d_blocks_under_the_write() -> None:
 
 
 def test_push_mode_takes_every_fault() -> None:
-    from pdcheck.requests.faults import NAMES
-    from pdcheck.requests.plan import build
+    from pdcheck.vllm.requests.faults import NAMES
+    from pdcheck.vllm.requests.plan import build
 
     items = ["read-fail:1", "hold:1:2", "heartbeat-loss:1:3", "abort-d:4", "restart-p:5", "slow-decode:1:6",
              "drop-notif:7", "delay-notif:1:0", "bad-params:wrong-engine:1", "drop-params:2"]
@@ -491,7 +491,7 @@ def test_push_mode_takes_every_fault() -> None:
 
 
 def test_push_restart_p_registrations_go_to_the_dead_agent_corrected_rehandshakes() -> None:
-    from pdcheck.requests import push
+    from pdcheck.vllm.requests import push
 
     for version in ("0.26.0", "0.34.0"):
         out, acc = push.simulate(line_of(version), 5, 10.0, 2, 8, 0.5, parse_all(["restart-p:2"], 5))
@@ -512,10 +512,10 @@ def test_model_and_real_ranks_disagreeing_is_a_harness_error_naming_the_request(
 
     from rich.console import Console
 
-    from pdcheck.requests import report
-    from pdcheck.requests.model import Accounting, Outcome
-    from pdcheck.requests.plan import RequestsPlan
-    from pdcheck.requests.run import LineRun, Options
+    from pdcheck.vllm.requests import report
+    from pdcheck.vllm.requests.model import Accounting, Outcome
+    from pdcheck.vllm.requests.plan import RequestsPlan
+    from pdcheck.vllm.requests.run import LineRun, Options
 
     def line_run(release: str, got: list[str], want: list[str]) -> LineRun:
         return LineRun(release, release, [Outcome(i, v) for i, v in enumerate(got)],
@@ -535,7 +535,7 @@ def test_model_and_real_ranks_disagreeing_is_a_harness_error_naming_the_request(
 
 
 def test_log_texts_start_where_the_wheels_print_them() -> None:
-    from pdcheck.requests import texts
+    from pdcheck.vllm.requests import texts
 
     ctx = {"request_id": "r", "engine_id": "D"}
     assert texts.failure_log("0.13.0", "transfer_setup_failed", ctx) is None  # free text before _log_failure

@@ -13,13 +13,13 @@ from conftest import SCENARIOS
 from loadkit import scaled
 
 from pdcheck.errors import BadInput
-from pdcheck.requests import push
-from pdcheck.requests.faults import parse_all
-from pdcheck.requests.lines import line_of
-from pdcheck.requests.model import VERDICTS
-from pdcheck.requests.plan import build
-from pdcheck.requests.run import Options, run
-from pdcheck.requests.shapes import Shape
+from pdcheck.vllm.requests import push
+from pdcheck.vllm.requests.faults import parse_all
+from pdcheck.vllm.requests.lines import line_of
+from pdcheck.vllm.requests.model import VERDICTS
+from pdcheck.vllm.requests.plan import build
+from pdcheck.vllm.requests.run import Options, run
+from pdcheck.vllm.requests.shapes import Shape
 
 LOST = ["delivered", "delivered", "hang", "delivered", "delivered", "hang", "delivered", "delivered"]
 

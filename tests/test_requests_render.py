@@ -8,12 +8,12 @@ import io
 import msgspec
 from rich.console import Console
 
-from pdcheck.requests import report
-from pdcheck.requests.lines import line_of
-from pdcheck.requests.model import Accounting, Outcome
-from pdcheck.requests.plan import RequestsPlan
-from pdcheck.requests.run import LineRun, Options
-from pdcheck.requests.stall import Voided
+from pdcheck.vllm.requests import report
+from pdcheck.vllm.requests.lines import line_of
+from pdcheck.vllm.requests.model import Accounting, Outcome
+from pdcheck.vllm.requests.plan import RequestsPlan
+from pdcheck.vllm.requests.run import LineRun, Options
+from pdcheck.vllm.requests.stall import Voided
 
 NIXL = ("NIXL transfer failed (request {i}): NIXL_ERR_REMOTE_DISCONNECT: nixlRemoteDisconnectError: "
         "NIXL_ERR_REMOTE_DISCONNECT (engine crash)")

@@ -1,6 +1,6 @@
 """`pdcheck requests` on TP and DP shapes: real P and D rank processes per shape (real NIXL READs of each D rank's
 head slice, kvsplit's rule), consumer counting per P rank, the scheduler freeing once every TP worker is done,
-DP routing by engine id; and the pure rules (pdcheck.requests.shapes, the model per shape, the plan's keys)."""
+DP routing by engine id; and the pure rules (pdcheck.vllm.requests.shapes, the model per shape, the plan's keys)."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 from loadkit import scaled
 
 from pdcheck.errors import BadInput
-from pdcheck.requests import shapes
-from pdcheck.requests.faults import parse_all
-from pdcheck.requests.lines import line_of
-from pdcheck.requests.model import simulate, simulate_shape
-from pdcheck.requests.plan import build
-from pdcheck.requests.run import Options, run
-from pdcheck.requests.shapes import Shape
+from pdcheck.vllm.requests import shapes
+from pdcheck.vllm.requests.faults import parse_all
+from pdcheck.vllm.requests.lines import line_of
+from pdcheck.vllm.requests.model import simulate, simulate_shape
+from pdcheck.vllm.requests.plan import build
+from pdcheck.vllm.requests.run import Options, run
+from pdcheck.vllm.requests.shapes import Shape
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "pdcheck" / "scenarios" / "requests"
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from pdcheck.errors import EXIT_BAD_INPUT, BadInput
-from pdcheck.releases import resolve
-from pdcheck.scenario import load
+from pdcheck.vllm.releases import resolve
+from pdcheck.vllm.scenario import load
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 BUNDLED = sorted(SCENARIOS.glob("*.toml"))

@@ -24,10 +24,10 @@ import pytest
 from releasekit import Side, run_all, side
 from test_live import ERAS, ROOT, SCEN, pdcheck, probe_json, serve
 
-from pdcheck.engine import Outcome
-from pdcheck.hazards import Hazard, evaluate
-from pdcheck.releases import CORRECTED, resolve
-from pdcheck.scenario import Scenario, load
+from pdcheck.vllm.engine import Outcome
+from pdcheck.vllm.hazards import Hazard, evaluate
+from pdcheck.vllm.releases import CORRECTED, resolve
+from pdcheck.vllm.scenario import Scenario, load
 
 RELEASES = ["0.9.1", "0.11.1", "0.14.0", "0.20.0", "0.34.0"]
 
@@ -365,7 +365,7 @@ def test_no_framework_fork_outside_the_registry() -> None:
 def test_the_fork_finder_finds_forks() -> None:
     for fork in ('if framework == "sglang":\n    pass', 'x = a if fw in ("vllm", "sglang") else b',
                  "if sglang is not None:\n    pass", "from pdcheck.sglang import plan",
-                 "import pdcheck.frameworks.vllm"):
+                 "import pdcheck.vllm.framework"):
         assert framework_forks(fork), fork
     assert not framework_forks('ok = "vllm" in doc\nname = "sglang"\nfrom pdcheck import frameworks')
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from loadkit import scaled
 
-from pdcheck.requests.faults import parse_all
-from pdcheck.requests.lines import line_of
-from pdcheck.requests.run import Options, run
-from pdcheck.requests.shapes import Shape
+from pdcheck.vllm.requests.faults import parse_all
+from pdcheck.vllm.requests.lines import line_of
+from pdcheck.vllm.requests.run import Options, run
+from pdcheck.vllm.requests.shapes import Shape
 
 
 def _run(shape: Shape, n: int) -> dict:

@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from pdcheck import ports
 from pdcheck.errors import BadInput
-from pdcheck.hazards import evaluate
-from pdcheck.plan import RunOptions, build, dp_scenario
-from pdcheck.releases import (
+from pdcheck.vllm import ports
+from pdcheck.vllm.hazards import evaluate
+from pdcheck.vllm.plan import RunOptions, build, dp_scenario
+from pdcheck.vllm.releases import (
     CORRECTED,
     MODELLED,
     compat_hash_for,
@@ -26,7 +26,7 @@ from pdcheck.releases import (
     rules,
     shapes,
 )
-from pdcheck.scenario import load
+from pdcheck.vllm.scenario import load
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ROOT / "scenarios"
@@ -72,8 +72,8 @@ def test_dp_configured_id_undoes_each_release_suffix() -> None:
 
 
 def _dp_probe(ids: list[str]) -> list[Any]:
-    from pdcheck.probe import ProbeReport
-    from pdcheck.results import ProbeRank
+    from pdcheck.vllm.probe import ProbeReport
+    from pdcheck.vllm.results import ProbeRank
 
     return [ProbeReport(endpoint="h:1", release="x", release_source="--vllm", wire="A", dp_rank=k, ports=[k],
                         prefill_ranks=[ProbeRank(tp_rank=0, port=k, status="ok", engine_id=e)], num_blocks_spread=None,
@@ -83,7 +83,7 @@ def _dp_probe(ids: list[str]) -> list[Any]:
 def test_dp_notes_read_the_release_engine_ids() -> None:
     """0.9.0's DP ranks all answer for the configured id: nothing to note; from 0.9.1 the same id on two DP
     ranks, or a rank without its suffix, means the ports reach the wrong DP rank."""
-    from pdcheck.probe import dp_notes
+    from pdcheck.vllm.probe import dp_notes
 
     assert dp_notes(_dp_probe(["P", "P"]), 2, resolve("0.9.0")) == []
     assert dp_notes(_dp_probe(["P_dp0", "P_dp1"]), 2, resolve("0.9.1")) == []
@@ -317,7 +317,7 @@ def test_probe_dp_size_reads_every_dp_rank(tmp_path: Path, ids: tuple[str, str])
     from test_live import pdcheck as run_cli
     from test_live import serve
 
-    from pdcheck.ports import free_base
+    from pdcheck.vllm.ports import free_base
 
     base = free_base("127.0.0.1", 2)
     with ExitStack() as stack:
@@ -514,7 +514,7 @@ def test_bad_mla_pages_one_line(prefill: dict[str, Any], decode: dict[str, Any],
 
 
 def test_mla_pages_release_facts() -> None:
-    from pdcheck.releases import mla_pages
+    from pdcheck.vllm.releases import mla_pages
 
     # version 10 lies between pdcheck's 0.29 model (9) and its 0.30 model (11)
     assert resolve("0.29.0").connector_version == 9 < mla_pages.DENSE_PAGES_CONNECTOR_VERSION
@@ -622,7 +622,7 @@ def test_plan_marks_every_release_but_corrected_as_dialling_the_head_node() -> N
     assert not any(r.head_host for r in plan.d_releases)
     with pytest.raises(BadInput, match="--ray"):
         build(_nodes(4, 2, 4, ["0.9.2"]), None, RunOptions(), ray="auto")
-    from pdcheck.plan import ServeOptions, build_serve
+    from pdcheck.vllm.plan import ServeOptions, build_serve
 
     with pytest.raises(BadInput, match="serve runs a P on one node"):
         build_serve(_nodes(4, 2, 4, ["0.14.0"]), resolve("0.14.0"), ServeOptions())

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pdcheck import ports
-from pdcheck.releases import hybrid, multinode, resolve, shapes
+from pdcheck.vllm import ports
+from pdcheck.vllm.releases import hybrid, multinode, resolve, shapes
 
 SRC = Path(os.environ.get("PDCHECK_VLLM_SRC", "/nonexistent"))
 RELEASES = sorted((p.name for p in SRC.glob("0.*") if (p / "vllm").is_dir()),
@@ -186,8 +186,8 @@ def test_hybrid_transfer_facts(release: str) -> None:
 @pytest.mark.parametrize("release", RELEASES)
 def test_hybrid_metadata_fields(release: str) -> None:
     """ssm_sizes and region_group_ids are in the release's NixlAgentMetadata exactly where its wire schema has them."""
-    from pdcheck.wire import FORMATS
-    from pdcheck.wire.schemas import field_names
+    from pdcheck.vllm.wire import FORMATS
+    from pdcheck.vllm.wire.schemas import field_names
 
     rel = resolve(release)
     conn = _conn(release)
@@ -322,7 +322,7 @@ def test_block_size_ratio_sub_blocks(release: str) -> None:
 # ---- from-logs: the lines pdcheck reads, rendered from each release's own format strings ------------------------
 @pytest.mark.parametrize("release", RELEASES)
 def test_from_logs_reads_the_release_lines(release: str) -> None:
-    from pdcheck import fromlogs
+    from pdcheck.vllm import fromlogs
 
     conn = _flat(_text(release, *_CONN))
     cfg = _flat(_text(release, "config.py", "config/vllm.py", "config/__init__.py"))
@@ -372,7 +372,7 @@ _NIXL = ("distributed/kv_transfer/kv_connector/v1/nixl_connector.py", "distribut
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_fp8_ds_mla_cache_dtype(release: str) -> None:
-    from pdcheck.releases import mla_pages
+    from pdcheck.vllm.releases import mla_pages
 
     cache = _text(release, "config/cache.py", "config.py")
     literal = re.search(r"CacheDType = Literal\[(.*?)\]", cache, re.S)
@@ -387,7 +387,7 @@ def test_fp8_ds_mla_cache_dtype(release: str) -> None:
 
 @pytest.mark.parametrize("release", RELEASES)
 def test_dense_virtual_pages_and_block_strides(release: str) -> None:
-    from pdcheck.releases import mla_pages
+    from pdcheck.vllm.releases import mla_pages
 
     rel = resolve(release)
     src = _text(release, *_NIXL)

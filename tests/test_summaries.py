@@ -36,7 +36,7 @@ def test_every_release_passing_offers_no_per_rank_rerun(capsys: pytest.CaptureFi
 
 
 def test_an_asserting_release_transfer_reads_as_asserts_stripped() -> None:
-    from pdcheck.report import _cell
+    from pdcheck.vllm.report import _cell
 
     notes: dict[str, str] = {}
     cell = _cell(m.Verdict(status="assert", assert_expr="x", handshake=1, contacted=[0]),
@@ -49,7 +49,7 @@ def test_an_asserting_release_transfer_reads_as_asserts_stripped() -> None:
 def test_serve_logs_the_request_not_its_hex() -> None:
     import msgspec
 
-    from pdcheck.handshake_ranks import readable
+    from pdcheck.vllm.ranks import readable
 
     assert readable(b"get_meta_msg") == "'get_meta_msg'"
     assert readable(msgspec.msgpack.encode([b"get_meta_msg", 3])) == "['get_meta_msg', 3]"
@@ -57,7 +57,7 @@ def test_serve_logs_the_request_not_its_hex() -> None:
 
 
 def test_a_rank_without_a_listener_says_whose_port_answers_for_it() -> None:
-    from pdcheck.serve import _answered_by
+    from pdcheck.vllm.serve import _answered_by
 
     r0, r1 = object(), object()
     ranks = {0: r0, 1: r1}

@@ -1,7 +1,7 @@
 """Slow motion (`--time-scale`, $PDCHECK_TIME_SCALE; docs/requests.md): every scenario length stretched, the same
 verdicts. The model's side is pure (every bundled request-path scenario at K = 1 and K = 3); the CLI's side is a
 real run at K = 2 whose report says the lengths as run. A line the machine stalls past a third of its shortest
-length runs again in slower motion (pdcheck.requests.stall): a real line whose parent is held shows it."""
+length runs again in slower motion (pdcheck.vllm.requests.stall): a real line whose parent is held shows it."""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ from conftest import SCENARIOS
 from loadkit import scaled
 
 from pdcheck.errors import BadInput
-from pdcheck.requests.faults import parse_all
-from pdcheck.requests.lines import line_of
-from pdcheck.requests.plan import TIME_SCALE_ENV, build, time_scale
-from pdcheck.requests.run import Options, expected, run
-from pdcheck.requests.stall import AGAIN, SHARE, StallClock, Voided, shortest, void_note, voids
-from pdcheck.scenario import read_toml
+from pdcheck.scenariofile import read_toml
+from pdcheck.vllm.requests.faults import parse_all
+from pdcheck.vllm.requests.lines import line_of
+from pdcheck.vllm.requests.plan import TIME_SCALE_ENV, build, time_scale
+from pdcheck.vllm.requests.run import Options, expected, run
+from pdcheck.vllm.requests.stall import AGAIN, SHARE, StallClock, Voided, shortest, void_note, voids
 
 REQUEST_SCENARIOS = sorted((SCENARIOS / "requests").glob("*.toml"))
 

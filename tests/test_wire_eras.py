@@ -8,7 +8,7 @@ import zmq
 from portkit import free_run
 
 from pdcheck.sidechannel import Listener, fetch
-from pdcheck.wire import FORMATS, WireError, encode_reply, encode_request, strict_decode
+from pdcheck.vllm.wire import FORMATS, WireError, encode_reply, encode_request, strict_decode
 
 VALUES = dict(engine_id="eng-P", agent_metadata=b"\x00AGENT", kv_caches_base_addr=[1, 2], num_blocks=111680,
               tp_size=8, block_len=4096, block_lens=[4096, 4096], block_strides=[4096, 4096],

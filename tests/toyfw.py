@@ -83,7 +83,7 @@ class Toy(Framework):
     commands = {"handshake": "Toy release(s) to model: 1.0, 2.0 or '1.0,2.0'.", "smoke": None}
 
     def load(self, path: Path | None, overrides: dict[str, Any]) -> ToyScenario:
-        from pdcheck.scenario import read_toml
+        from pdcheck.scenariofile import read_toml
 
         if path is None:
             raise BadInput("toy: give a scenario file")

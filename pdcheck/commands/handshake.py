@@ -77,12 +77,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
         from pdcheck import bounds, frameworks, progress
-        from pdcheck.scenario import read_toml
+        from pdcheck.scenariofile import read_toml
 
         # Progress from the start: planning and the ranks' start-up come before the run's first stage.
         with progress.stderr_progress(enabled=not json_out):
             # Every check before any process starts: flags, file, releases, port layout, device.
             bounds.check_timeouts(hang_timeout, timeout)
+            scenario = frameworks.locate(scenario) if scenario is not None else None
             declared = read_toml(scenario).get("framework") if scenario is not None and from_logs is None else None
             fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"))
             plan = fw.handshake_plan(frameworks.HandshakeArgs(

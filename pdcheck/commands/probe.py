@@ -77,6 +77,7 @@ def register(app: typer.Typer) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
         from pdcheck import frameworks
 
+        scenario = frameworks.locate(scenario) if scenario is not None else None
         fw, rels = frameworks.pick(None, releases, "probe", command="probe",
                                    one="probe one framework's prefill")
         p_tp = overrides.get("prefill", {}).get("tp_size")  # --prefill-tp: P's TP size (default: discovered)

@@ -1,4 +1,4 @@
-"""`pdcheck requests`: the request lifecycle after the handshake, on real ranks (pdcheck.requests)."""
+"""`pdcheck requests`: the request lifecycle after the handshake, on real ranks (pdcheck.vllm.requests)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 
 from pdcheck.cliopts import Command, complete_scenario, release_flags
 from pdcheck.commands import OUTPUT, Opt, emit, exit_codes, output_flags
-from pdcheck.requests.faults import NAMES
+from pdcheck.vllm.requests.faults import NAMES
 
 LOAD = "Requests"
 
@@ -86,6 +86,7 @@ def register(app: typer.Typer) -> None:
         verdict per request per release, the corrected path beside it, P's block accounting."""
         from pdcheck import frameworks
 
+        scenario = frameworks.locate(scenario) if scenario is not None else None
         fw, rels = frameworks.pick(None, releases, str(scenario or "command line"), command="requests")
         outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot, "all": every,
                                "flags": {"requests": n_requests, "rate": rate, "lease": lease,

@@ -9,7 +9,7 @@ import typer
 
 from pdcheck.cliopts import Command, complete_scenario, release_flags, scenario_flags
 from pdcheck.commands import OUTPUT, SIGNALS, Opt, output_flags
-from pdcheck.plan import TAG_BLOCKS
+from pdcheck.vllm.plan import TAG_BLOCKS
 
 SERVE = "Serve"
 EPILOG = f"""[bold]Examples[/]
@@ -58,8 +58,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
         from pdcheck import frameworks
-        from pdcheck.scenario import read_toml
+        from pdcheck.scenariofile import read_toml
 
+        scenario = frameworks.locate(scenario) if scenario is not None else None
         declared = read_toml(scenario).get("framework") if scenario is not None else None
         fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"), command="serve",
                                    one="serve one framework's prefill")

@@ -68,13 +68,13 @@ def register(app: typer.Typer) -> None:
         from pdcheck import bounds, progress
         from pdcheck import smoke as sm
         from pdcheck.frameworks import SmokeOptions
-        from pdcheck.scenario import BUNDLED
+        from pdcheck.scenariofile import BUNDLED
 
         bounds.check_timeouts(hang_timeout)
         bounds.check_out_file("--junit", junit)  # before anything runs
         if documents is not None:
             bounds.check_out_dir("--documents", documents)
-        from pdcheck.requests.plan import time_scale
+        from pdcheck.vllm.requests.plan import time_scale
 
         time_scale(None)  # $PDCHECK_TIME_SCALE, which every request-path scenario runs at (docs/requests.md)
         n = sm.default_jobs() if jobs is None else jobs

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pdcheck.doctor.model import Check, check
 from pdcheck.doctor.netdevs import Devices, suggest
 
-# vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default from 0.11.1 (5557 before; pdcheck.ports.default_port).
+# vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT default from 0.11.1 (5557 before; pdcheck.vllm.ports.default_port).
 SIDE_CHANNEL_PORT = 5600
 RDMA_TLS = ("rc", "rc_v", "rc_x", "rc_mlx5", "ud", "ud_v", "ud_x", "ud_mlx5", "dc", "dc_x", "dc_mlx5", "ib")
 CUDA_TLS = ("cuda", "cuda_ipc", "cuda_copy", "gdr_copy")

@@ -19,8 +19,8 @@ from pdcheck.errors import BadInput
 
 # name -> the module whose FRAMEWORK object implements it. The one line a new built-in framework adds.
 BUILTIN: dict[str, str] = {
-    "vllm": "pdcheck.frameworks.vllm",
-    "sglang": "pdcheck.frameworks.sglang",
+    "vllm": "pdcheck.vllm.framework",
+    "sglang": "pdcheck.sglang.framework",
 }
 DEFAULT = "vllm"  # a scenario without a `framework` key, and a command given no release flag
 
@@ -189,6 +189,21 @@ def all_frameworks() -> list[Framework]:
 def supporting(command: str) -> list[Framework]:
     """The frameworks that implement a command, registry order."""
     return [fw for fw in all_frameworks() if command in fw.commands]
+
+
+def bundled_dirs() -> list[Path]:
+    """Every directory that holds bundled scenarios: each framework's scenario_dirs under the package's
+    scenarios folder, registry order (vLLM's top level first)."""
+    from pdcheck.scenariofile import BUNDLED
+
+    return list(dict.fromkeys(BUNDLED / d if d else BUNDLED for fw in all_frameworks() for d in fw.scenario_dirs))
+
+
+def locate(path: Path) -> Path:
+    """A SCENARIO argument as a file: a path as given, else a bundled scenario's name (any framework's)."""
+    from pdcheck.scenariofile import locate as find
+
+    return find(path, bundled_dirs())
 
 
 def rank_modules() -> list[str]:

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from pdcheck.errors import BadInput
-from pdcheck.fromlogs import read_log
+from pdcheck.vllm.fromlogs import read_log
 
 _LINE = re.compile(r"server_args=ServerArgs\((?P<body>.*)\)\s*$")
 _FIELD = re.compile(r"(?:^|,\s)(?P<key>[a-z_][a-z0-9_]*)=")

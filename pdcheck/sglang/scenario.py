@@ -12,10 +12,10 @@ import msgspec
 from pdcheck import bounds as b
 from pdcheck.errors import BadInput
 from pdcheck.geometry import DTYPE_BYTES
-from pdcheck.scenario import merge, read_toml
+from pdcheck.scenariofile import decode_error, merge, read_toml
 from pdcheck.sglang.engine import Side
+from pdcheck.verdict import Status
 
-Status = Literal["ok", "assert", "silent", "error", "hang"]
 Word = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.+-]+$")]
 Small = Annotated[int, msgspec.Meta(ge=1, le=16)]  # fake ranks are processes on this host
 # One failure injected into an otherwise healthy run (docs/sglang-protocol.md §11): two live requests share a bootstrap room
@@ -94,7 +94,7 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenar
     try:
         sc = msgspec.convert(doc, SgScenario)
     except msgspec.ValidationError as exc:
-        raise BadInput(f"{where}: {_friendly(exc, doc)}") from None
+        raise BadInput(f"{where}: {decode_error(exc, doc, SgScenario)}") from None
     for side, inst in (("prefill", sc.prefill), ("decode", sc.decode)):
         if inst.dtype not in DTYPE_BYTES:
             raise BadInput(f"{where}: {side}.dtype: {inst.dtype!r} is not one of {', '.join(DTYPE_BYTES)}")
@@ -120,18 +120,3 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None) -> SgScenar
     return msgspec.structs.replace(sc, source=where)
 
 
-def _friendly(exc: msgspec.ValidationError, doc: dict[str, Any]) -> str:
-    """msgspec's error with the close key or value offered (pdcheck.suggest, as for vLLM scenarios)."""
-    from pdcheck.scenario import _AT, _field_names, enum_hint
-    from pdcheck.suggest import did_you_mean
-
-    m = _AT.match(str(exc))
-    if m is None:
-        return str(exc).replace("`", "")
-    path = (m.group("path") or "").lstrip(".")
-    msg = m.group("msg").replace("`", "")
-    msg = msg[0].lower() + msg[1:] if msg else msg
-    if msg.startswith("object contains unknown field"):
-        key = msg.rsplit(" ", 1)[-1]
-        return f"{path + '.' if path else ''}{key}: unknown key{did_you_mean(key, _field_names(SgScenario))}"
-    return enum_hint(msg, doc, path or "(top level)", SgScenario)

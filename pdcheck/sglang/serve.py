@@ -17,7 +17,7 @@ from pdcheck import orchestrate as orch
 from pdcheck.envelope import write
 from pdcheck.errors import EXIT_OK, BadInput, HarnessError
 from pdcheck.launcher import launcher
-from pdcheck.scenario import read_toml
+from pdcheck.scenariofile import read_toml
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang.ranks import SERVE_TAG, PFinal, SgPrefillSpec, sglang_prefill_main
 from pdcheck.sglang.releases import resolve

@@ -1,0 +1,870 @@
+"""The request path's D rank: take the params the router forwards, decide as the release does
+(pdcheck.vllm.requests.model.decide), handshake with P over its side channel, heartbeat, READ the blocks with the done
+notification riding on each READ (the one Agent, real NIXL; many in flight on a ring of D's blocks), check every
+block by coordinate and generation (kvcache.check_blocks) and answer; in push mode register with P and wait for
+its WRITEs (_PushWaiter)."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from pdcheck import messages as m
+from pdcheck.errors import NixlCallError
+from pdcheck.kvcache import BlockCheck, block_descs, check_blocks, desc_ids, engine_tag
+from pdcheck.nixlagent import LOCAL, int32_ids
+from pdcheck.vllm.ranks import served_metadata
+from pdcheck.vllm.releases.params import block_id_groups
+from pdcheck.vllm.releases.rules import msg_engine_id
+from pdcheck.vllm.requests import push, shapes, texts
+from pdcheck.vllm.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
+from pdcheck.vllm.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
+from pdcheck.vllm.requests.model import abort_detail, decide, on_failure, read_ids
+from pdcheck.vllm.requests.role import POLL_S, Outgoing, RequestsRole, forget_remote, load_remote
+from pdcheck.vllm.wire import AnyMeta
+
+MAX_FLIGHT = 32  # D's READs in flight at once (vLLM's D posts every scheduled request's READ before it polls)
+READ_POLL_S = 0.00005  # D with READs in flight looks at them again this often (when no message comes first)
+READ_TIMEOUT_S = 30.0  # a READ not done by then is answered as failed (TIMEOUT), never a hang
+
+
+class RequestsD(RequestsRole):
+    """D's scheduler and worker: decide on the forwarded params, heartbeat, READ, check, notify; in push mode D
+    also serves its own side channel (handshake.PSide with D's metadata), where P handshakes with D."""
+
+    def ready(self) -> m.Msg:
+        values = served_metadata(self.spec.engine_id, self.agent, self.kv, tp_size=self.spec.tp_size,
+                                 kv_cache_layout="HND", device_id=self.spec.tp_rank)
+        self.own = PSide(self.host, 0, values, self.spec.mute_side)
+        return msgspec.structs.replace(super().ready(), side_host=self.own.host, side_port=self.own.port)
+
+    def run(self) -> None:
+        self.line: Lifecycle = CORRECTED
+        self.release = CORRECTED.line  # the release under test: its log texts (pdcheck.vllm.requests.texts)
+        self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
+        self.side: m.ReqSide | None = None  # P's side channel and the line's wire
+        # vLLM's D handshakes on a background thread while its engine keeps stepping (and driving its NIXL
+        # worker): a P WRITing into D meanwhile (push mode) completes instead of waiting on a D that only waits
+        # for P's reply, a wait only the handshake's timeout would end.
+        self.hs = DSide(while_waiting=self.agent.progress)
+        self.unreached: HandshakeFailed | None = None  # the last handshake failed: no P to read from
+        self.pushing = False
+        self.known: set[str] = set()  # engine ids D handshook with in this line (vLLM's _remote_agents)
+        # A failed handshake's future: the requests that waited on it (queued meanwhile) fail with it.
+        self.joined: tuple[str, HandshakeFailed] | None = None
+        self.backlog: list[m.Msg] = []  # messages read from the pipe while a handshake ran
+        self.registrations = 0  # P's registrations D has loaded (a replaced P's agent: the next generation)
+        self.remote: Any = None
+        self.local: Any = None
+        # The request path on a shape: what this D rank reads of each P rank (shapes.reads, kvsplit's rule), the
+        # P ranks' side channels per engine id (DP: an engine per P DP rank), and the sources loaded per engine.
+        d_geom = self.spec.geometry
+        self.p_geom = self.spec.peer_geometry or d_geom
+        self.plan = shapes.reads(self.p_geom, d_geom, self.spec.tp_rank)
+        self.notif_n = 1  # the number D's done notification carries (shapes.notif_count, per line)
+        self.peer_sides: dict[str, list[m.ReqSide]] = {}
+        self.srcs: dict[str, list[_Src]] = {}
+        self.cur: list[_Src] = []  # the sources of the engine the request in hand names
+        self.regs: dict[str, int] = {}  # registrations loaded per engine id
+        self.expiry_s: float | None = None
+        self.pending: list[tuple[float, bytes, list[_Src]]] = []  # (when, notification, to) for delay-notif
+        self.held: list[_Hold] = []  # hold / heartbeat-loss: requests D's scheduler has, read later
+        self.unshaken: list[_Hold] = []  # ... whose engine D does not know yet (no handshake has loaded it)
+        self.flight: deque[_Flight] = deque()  # READs posted and not reaped, oldest first
+        self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
+        self._local_ids: dict[tuple[int, int], np.ndarray] = {}
+        self._remote_ids: dict[tuple[int, ...], np.ndarray] = {}
+        self.beats: list[str] = []  # this turn's requests whose leases the heartbeat renews
+        self.todo: list[tuple[m.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
+        waiter = _PushWaiter(self)
+        self.out = out = Outgoing(self.conn)
+        while True:
+            # READs in flight: a short look at the pipe, then at the READs again. D never spins on one READ: P
+            # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
+            first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or self.unshaken
+                              or waiter.busy else 0.05)
+            msgs = m.unbatch(first)
+            while first is not None and self.queued():  # everything queued: its READs go out together
+                msgs += m.unbatch(first := m.recv(self.conn))
+            for msg in self.drained(msgs or [None]):
+                if isinstance(msg, m.Stop):
+                    self.start_reads()
+                    self.settle()
+                    out.flush()
+                    self.hs.close()
+                    self.own.close()
+                    return
+                self.turn(msg, waiter)
+                if out.due():
+                    out.flush()
+            self.joined = None  # later requests start a handshake of their own
+            self.start_reads()
+            self.reap()
+            if waiter.mode != "push" and self.peer is not None:
+                # vLLM's D runs get_finished every engine step, and its get_new_notifs drives the UCX worker:
+                # without that, a heartbeat (or a delayed notification) sent while D only holds a request sits
+                # in D's worker until the next READ, and P gets it after the lease. Push mode polls in waiter.
+                self.agent.progress()
+            out.flush()
+
+    def turn(self, msg: m.Msg | None, waiter: _PushWaiter) -> None:
+        """One message from the parent (None: none came), after the timers: push completions, delayed
+        notifications, held requests."""
+        out = self.out
+        for final in waiter.poll(self.line):
+            out.add(final)
+        if self.pending:
+            now = time.time()
+            for item in [p for p in self.pending if p[0] <= now]:
+                self.pending.remove(item)
+                self.notify(item[1], item[2])
+        if self.unshaken:
+            self.tick_unshaken(time.time())
+        if self.held:
+            self.tick(time.time())
+        if isinstance(msg, m.ReqBegin):
+            self.start_reads()  # the last line's requests, before this line begins
+            self.settle()
+            self.line = with_policy(line_of(msg.line), msg.failure_policy)
+            self.release = msg.release or msg.line
+            self.pending.clear()  # a delayed notification of the last line is never sent into this one
+            self.held.clear()
+            self.unshaken.clear()
+            self.expiry_s = msg.lease_s if msg.lease_s is not None else self.line.expiry_s
+            waiter.reset(msg.mode, self.expiry_s, msg.side)
+            self.pushing = msg.mode == "push"
+            self.peer_sides = dict(msg.peers)
+            self.notif_n = shapes.notif_count(self.line, shapes.Shape(self.p_geom.tp_size, 1,
+                                                                      self.spec.geometry.tp_size, 1))
+            if msg.side is not None:
+                self.side = msg.side
+            # A new line is a fresh deployment: D knows no engine until a request names one (lazy handshake).
+            self.known.clear()
+            self.unreached = None
+            out.send(m.Ack())
+        elif isinstance(msg, m.ReqDecode) and not self.pushing and msg.hold_s > 0 and self.unknown(msg):
+            self.hold_unknown(msg)
+        elif isinstance(msg, m.ReqDecode) and (refused := self.ensure(msg)) is not None:
+            out.add(m.ReqDecoded(msg.request, "refused", *refused))
+        elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
+            assert self.peer is not None
+            got = waiter.take(msg, self.line, self.peer)
+            if got is not None:
+                out.add(got)
+        elif isinstance(msg, m.ReqDecode):
+            got = self.decode(msg)
+            if got is not None:
+                out.add(got)
+
+    def drained(self, msgs: list[Any]) -> Any:
+        """This turn's messages, then those read from the pipe while a handshake ran (they waited on it)."""
+        yield from msgs
+        while self.backlog:
+            yield self.backlog.pop(0)
+
+    def ensure(self, msg: m.ReqDecode) -> tuple[str, str] | None:
+        """vLLM's D handshakes lazily (_ensure_handshake / _background_nixl_handshake, every release): the first
+        request whose params name an engine D does not know starts the handshake with the host and port they
+        name; requests that arrive meanwhile wait on the same future and fail with it. None: go on (known now, or
+        no params: nothing to handshake for); else the request's verdict."""
+        params = msg.params if isinstance(msg.params, dict) else None
+        if params is None:  # nothing names an engine: no handshake; the release decides without a P
+            if self.peer is not None:
+                return None
+            return push.decide(self.line, None, "", 0.0) if self.pushing else \
+                decide(self.line, msg.request, None, "", 0, 0.0)
+        if self.side is None:
+            return None
+        engine = str(params.get("remote_engine_id"))
+        if engine in self.known:
+            self.use(self.srcs[engine] if engine in self.srcs else self.cur)
+            return None
+        if self.joined is not None and self.joined[0] == engine:
+            return self.joined[1].verdict(self.line, msg.request, params)
+        port = params.get("remote_port")
+        ok = self.handshake(engine, port if isinstance(port, int) else None)
+        if not ok and self.unreached is not None:
+            self.joined = (engine, self.unreached)
+            while self.queued():  # sent while the handshake ran: they joined its future
+                self.backlog += m.unbatch(m.recv(self.conn))
+            return self.unreached.verdict(self.line, msg.request, params)
+        return None
+
+    def unknown(self, msg: m.ReqDecode) -> bool:
+        """The request's params name an engine D has not handshaken with in this line."""
+        params = msg.params if isinstance(msg.params, dict) else None
+        return params is not None and self.side is not None and str(params.get("remote_engine_id")) not in self.known
+
+    def hold_unknown(self, msg: m.ReqDecode) -> None:
+        """A request D's scheduler holds (hold / heartbeat-loss) whose engine D does not know. vLLM's D handshakes
+        lazily, for the first request or heartbeat that names an engine: from 0.22 the scheduler heartbeats the
+        request while it waits, and _send_heartbeats starts the handshake (_ensure_handshake) at the first one;
+        a failed one is only logged, and the next heartbeat starts another. Before 0.22 nothing does until the
+        request is scheduled for its READ (_background_nixl_handshake), after the hold; that handshake decides."""
+        now = time.time()
+        h = _Hold(msg, "", now + msg.hold_s, now)
+        self.unshaken.append(h)
+        self.tick_unshaken(now)
+
+    def tick_unshaken(self, now: float) -> None:
+        interval = (self.expiry_s or 0.0) / 6
+        for h in list(self.unshaken):
+            params = h.msg.params
+            assert isinstance(params, dict)
+            engine = str(params.get("remote_engine_id"))
+            if now >= h.read_at:  # scheduled: the request's own handshake (ensure), then as any request
+                self.unshaken.remove(h)
+                self.take(msgspec.structs.replace(h.msg, hold_s=0.0))
+                continue
+            beats = self.line.heartbeat and interval > 0 and "remote_request_id" in params
+            if engine not in self.known and beats and now >= h.next_hb:
+                port = params.get("remote_port")
+                self.handshake(engine, port if isinstance(port, int) else None)  # the heartbeat's
+                h.next_hb = now + interval
+            if engine in self.known:  # a handshake loaded it: the request waits out its hold as any held one
+                self.unshaken.remove(h)
+                self.take(msgspec.structs.replace(h.msg, hold_s=h.read_at - now))
+
+    def take(self, msg: m.ReqDecode) -> None:
+        """The scheduler takes a request (pull mode): the lazy handshake, then decide/hold/READ."""
+        refused = self.ensure(msg)
+        if refused is not None:
+            self.out.add(m.ReqDecoded(msg.request, "refused", *refused))
+            return
+        got = self.decode(msg)
+        if got is not None:
+            self.out.add(got)
+
+    def handshake(self, engine: str | None = None, port: int | None = None) -> bool:
+        """Fetch P's metadata over its side channel (decoded as the release decodes it) and load it when P's
+        registration changed. False when the handshake failed (self.unreached says why) or P did not change.
+        engine: the engine id the request named (None: the one D loaded). A reply of another engine fails the
+        handshake where the release checks it (handshake_setup_failed; the request's verdict is decide's)."""
+        sides = self.sides_for(engine if engine is not None else (self.peer.engine_id if self.peer else ""), port)
+        metas: list[AnyMeta] = []
+        for rd in self.plan:  # one handshake with the engine: every P rank this D rank reads, on its port
+            side = sides[rd.p_rank] if rd.p_rank < len(sides) else sides[0]
+            try:
+                metas.append(self.hs.fetch(side))
+            except HandshakeFailed as exc:
+                self.unreached = exc
+                self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
+                return False
+        side = sides[0]
+        self.unreached = None
+        eid = metas[0].engine_id
+        if engine is not None and eid != engine and self.line.engine_id_checked:
+            # Nothing is recorded for the engine the request named: its next request handshakes again.
+            self.out.add(m.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
+                                        + msg_engine_id(engine, eid)))
+            if eid not in self.srcs:
+                self.load(metas)  # decide() names the mismatch from the engine D reached
+            self.use(self.srcs[eid])
+            return True
+        self.known.update({eid, engine} if engine is not None else {eid})
+        self.out.add(m.ReqHandshook(endpoint(side), side.wire))
+        old = self.srcs.get(eid)
+        if old is not None and [s.peer.metadata for s in old] == [mt.agent_metadata for mt in metas]:
+            self.use(old)
+            return False
+        self.load(metas)
+        return True
+
+    def sides_for(self, engine: str, port: int | None = None) -> list[m.ReqSide]:
+        """P's side channels (one per P TP rank) of the engine a request names; an engine no P runs under goes to
+        the port the params name (remote_port: P's side-channel port), else the line's first P."""
+        assert self.side is not None
+        by_port = next((sd for sd in self.peer_sides.values() if sd and sd[0].port == port), None)
+        return self.peer_sides.get(engine) or by_port or next(iter(self.peer_sides.values()), None) or [self.side]
+
+    def load(self, metas: list[AnyMeta]) -> None:
+        """The handshake's end: load each P rank's agent and prep the part of its blocks this D rank reads
+        (dropping a replaced engine's agents first)."""
+        agent, kv = self.agent, self.kv
+        eid = metas[0].engine_id
+        for old in self.srcs.pop(eid, []):
+            forget_remote(agent, old.remote, old.peer.agent)
+            if old.local is not self.local:
+                agent.release_dlist(old.local)
+        if self.local is None:
+            self.local = agent.prep(LOCAL, kv.descs(kv.block_len, 0), kv.mem_type, "local")
+        self.regs[eid] = self.regs.get(eid, 0) + 1
+        self.registrations = self.regs[eid]
+        srcs = []
+        for rd, meta in zip(self.plan, metas, strict=True):
+            if self.spec.peer_geometry is None:  # one P rank and one D rank: D reads P's whole block
+                name, remote = load_remote(agent, kv, meta, "P's blocks")
+                local = self.local
+            else:
+                name = agent.add_remote(meta.agent_metadata)
+                bl = meta.block_lens[0] if meta.block_lens else meta.block_len or self.p_geom.block_len
+                remote = agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, rd.read_len, 0,
+                                                      offset=rd.remote_offset), kv.mem_type, "P's blocks")
+                local = agent.prep(LOCAL, kv.descs(rd.read_len, 0, offset=rd.local_offset), kv.mem_type, "local")
+            peer = m.ReqReady(rd.p_rank, eid, name, meta.agent_metadata, meta.kv_caches_base_addr, meta.num_blocks,
+                              0.0, self.registrations - 1)
+            srcs.append(_Src(rd, peer, remote, local))
+        self.srcs[eid] = srcs
+        self.use(srcs)
+
+    def use(self, srcs: list[_Src]) -> None:
+        """The engine the request in hand names: its sources (the first also as peer/remote/local)."""
+        if srcs:
+            self.cur = srcs
+            self.peer, self.remote, self.local = srcs[0].peer, srcs[0].remote, srcs[0].local
+            self.registrations = self.regs.get(srcs[0].peer.engine_id, self.registrations)
+
+    def notify(self, note: bytes, srcs: list[_Src] | None = None) -> bool:
+        """A notification to each P rank read (a heartbeat: each of the engine's); a dead P's agent answers
+        NIXL_ERR_REMOTE_DISCONNECT (vLLM logs it and goes on)."""
+        assert self.peer is not None
+        ok = True
+        for src in srcs or self.cur:
+            try:
+                self.agent.send_notif(src.peer.agent, note)
+            except NixlCallError:
+                ok = False
+        return ok
+
+    def tick(self, now: float) -> None:
+        """Held requests: heartbeats every lease/6 (unless lost), and the READ once the hold is over."""
+        interval = (self.expiry_s or 0.0) / 6
+        for h in list(self.held):
+            if now >= h.read_at:
+                self.held.remove(h)
+                got = self.read(h.msg, h.rid)
+                if got is not None:
+                    self.out.add(got)
+            elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
+                self.notify(f"HB:{h.rid}".encode())
+                h.next_hb = now + interval
+
+    def decode(self, msg: m.ReqDecode) -> m.ReqDecoded | None:
+        """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
+        line, peer = self.line, self.peer
+        assert peer is not None
+        refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time(),
+                         self.p_geom.tp_size)
+        if refused is not None:
+            return m.ReqDecoded(msg.request, "refused", *refused)
+        assert msg.params is not None
+        rid = str(msg.params.get("remote_request_id", msg.request_id))
+        if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
+            self.beats.append(rid)  # the scheduler now tracks it: start_reads() renews its lease
+        if msg.hold_s > 0:
+            now = time.time()
+            self.held.append(_Hold(msg, rid, now + msg.hold_s, now + (self.expiry_s or 0.0) / 6))
+            return None
+        self.todo.append((msg, rid))
+        return None
+
+    def start_reads(self) -> None:
+        """The turn's heartbeat, one notification naming every request the scheduler took ("HB:id1,id2", as
+        vLLM's worker sends it), then their READs, in order."""
+        if self.beats:
+            self.notify(("HB:" + ",".join(self.beats)).encode())
+            self.beats = []
+        todo, self.todo = self.todo, []
+        for msg, rid in todo:
+            got = self.read(msg, rid)
+            if got is not None:
+                self.out.add(got)
+
+    def rehandshake(self) -> str:
+        """The corrected path: handshake again over P's side channel; load what it serves now."""
+        if self.handshake():
+            return f"D re-handshook (registration generation {self.registrations})"
+        if self.unreached is not None:
+            return f"D's re-handshake failed: {self.unreached}"
+        return "no newer P to re-handshake with"
+
+    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+        """Post request msg's READ into D's next free blocks: its answer now (refused, failed, aborted), or None
+        (in flight: reap() checks it once it is done). A request a fault touches is read alone, in order."""
+        if msg.alone:
+            self.settle()
+        out = self.post(msg, rid)
+        if msg.alone:
+            self.settle()
+        elif len(self.flight) >= MAX_FLIGHT:
+            self.reap(block=True)
+        return out
+
+    def room(self, k: int) -> int:
+        """Where in D's ring of blocks a READ of k blocks lands: k free blocks in a row, after the READs in flight
+        (waiting for the oldest of them while there is no such run)."""
+        n = self.kv.num_blocks
+        while self.flight:
+            tail, head = self.flight[0].lo, self.next_block
+            if head > tail:  # in use: [tail, head)
+                if n - head >= k:
+                    return head
+                if tail >= k:
+                    return 0
+            elif head < tail and tail - head >= k:  # in use: [tail, n) and [0, head)
+                return head
+            self.reap(block=True)
+        return 0
+
+    def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+        kv, agent, i, line = self.kv, self.agent, msg.request, self.line
+        if isinstance(msg.params, dict) and (eng := str(msg.params.get("remote_engine_id"))) in self.srcs:
+            self.use(self.srcs[eng])  # DP: the engine this request's params name
+        peer = self.peer
+        assert peer is not None and msg.params is not None
+        if line is CORRECTED:
+            gen = int(msg.params.get("remote_registration_generation", 1))
+            if gen > peer.incarnation + 1:
+                self.rehandshake()  # P was replaced since D's handshake: load the new one before reading
+                peer = self.peer
+                assert peer is not None
+                if gen > peer.incarnation + 1:  # another TP worker of the engine was replaced, not one D reads
+                    self.regs[peer.engine_id] = self.registrations = gen
+                    for src in self.cur:
+                        src.peer.incarnation = gen - 1
+            elif gen < peer.incarnation + 1:
+                return m.ReqDecoded(i, "refused", "recomputed", f"P restarted after handing out these params "
+                                    f"(registration generation {gen} < {peer.incarnation + 1}): its blocks died "
+                                    "with it; recomputed")
+            expiry = msg.params.get("remote_blocks_expiry_time")
+            if msg.heartbeats_lost and expiry is not None and time.time() >= expiry:
+                return m.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
+                                    "acknowledged: its heartbeats were lost): blocks not read, recomputed")
+        ids = read_ids(msg.params, self.kv.geometry.block_size)
+        lo = self.room(len(ids))
+        mine = np.arange(lo, lo + len(ids))  # D's own blocks for this request
+        t_read = time.time()
+        try:
+            if msg.read_fail:
+                # A READ over memory P never registered: NIXL itself refuses it.
+                bad = agent.prep(peer.agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64), kv.mem_type,
+                                 f"request {i}: P's memory (read-fail)")
+                agent.release_dlist(bad)
+            if msg.abort:
+                return self.aborted(msg, rid, mine, ids, t_read)
+            ctx = f"request {i}"
+            hs: list[Any] = []
+            try:
+                for src in self.cur:  # one READ per P rank this D rank reads, each notifying that rank
+                    hs.append(agent.make_read(src.local, self.local_ids(mine), src.remote,
+                                              self.remote_ids(ids, src.peer.num_blocks, ctx), self.note(msg, rid), ctx))
+                    agent.start(hs[-1], ctx)  # its state is read by reap()
+            except NixlCallError:
+                for h in hs:
+                    agent.release(h)
+                raise
+        except NixlCallError as exc:
+            return self.failed(msg, rid, mine, exc, t_read)
+        except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
+            error = f"{type(exc).__name__}: {exc}"
+            verdict, detail = on_failure(line, i, "transfer_setup_failed", error,
+                                         self.failure_log(msg, rid, mine, "transfer_setup_failed", error))
+            return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+        self.flight.append(_Flight(hs, msg, rid, mine, lo, t_read, peer, self.cur))
+        self.next_block = lo + len(ids)
+        return None
+
+    def note(self, msg: m.ReqDecode, rid: str) -> bytes:
+        """The done notification that rides on the READ, as vLLM's _read_blocks sends it (NIXL delivers it to P
+        once the READ is done); none when the router's faults drop or delay it."""
+        return b"" if msg.drop_notif or msg.notif_delay_s > 0 else self.line.notification(rid, self.notif_n)
+
+    def local_ids(self, mine: np.ndarray) -> np.ndarray:
+        """D's descriptor ids of its blocks `mine` (a run of blocks), as NIXL takes them: the same few runs serve
+        every READ."""
+        key = (int(mine[0]), len(mine)) if len(mine) else (0, 0)
+        got = self._local_ids.get(key)
+        if got is None:
+            got = self._local_ids[key] = int32_ids(desc_ids(self.kv.geometry.num_regions, self.kv.num_blocks, mine),
+                                                   "D's blocks")
+        return got
+
+    def remote_ids(self, ids: list[int], stride: int, context: str) -> np.ndarray:
+        """P's descriptor ids of the blocks a request names, as NIXL takes them. P hands out the same few runs of
+        blocks again and again (its free list), so they are kept, a bounded number."""
+        key = (stride, *ids)
+        got = self._remote_ids.get(key)
+        if got is None:
+            got = int32_ids(desc_ids(self.kv.geometry.num_regions, stride, np.asarray(ids, dtype=np.int64)), context)
+            if len(self._remote_ids) >= 4096:
+                self._remote_ids.clear()
+            self._remote_ids[key] = got
+        return got
+
+    def settle(self) -> None:
+        """Every READ in flight to its end (a READ alone, a new line, the end): D's ring starts over empty."""
+        while self.flight:
+            self.reap(block=True)
+        self.next_block = 0
+
+    def reap(self, block: bool = False) -> None:
+        """The READs in flight that are done, oldest first (block: waiting for the oldest): check each
+        request's blocks and answer. A failed READ is answered as the release answers it."""
+        landed: list[_Flight] = []
+        while self.flight:
+            f = self.flight[0]
+            ctx = f"request {f.msg.request}"
+            try:
+                done = all([self.agent.done(h, ctx) for h in f.h])
+                if not done and (landed or not block):
+                    break
+                if not done:
+                    self.wait_read(f, ctx)
+                landed.append(f)
+            except NixlCallError as exc:
+                self.out.add(self.failed(f.msg, f.rid, f.mine, exc, f.t_read))
+            self.flight.popleft()
+            for h in f.h:
+                self.agent.release(h)
+        self.answer(landed)
+
+    def wait_read(self, f: _Flight, ctx: str) -> None:
+        """The oldest READ, to its end: D needs its blocks (or must answer in order)."""
+        deadline = time.monotonic() + READ_TIMEOUT_S
+        while not all([self.agent.done(h, ctx) for h in f.h]):
+            if time.monotonic() > deadline:
+                raise NixlCallError("check_xfer_state", "TIMEOUT", f"READ not done after {READ_TIMEOUT_S:g} s", ctx)
+            time.sleep(READ_POLL_S)  # not a spin: P, which must drive the READ, may need this core
+
+    def answer(self, landed: list[_Flight]) -> None:
+        """Check the blocks these READs brought, by coordinate and generation, and answer for each request. One
+        check per run of D's blocks covers every READ that landed there; only a run with a wrong block is
+        checked request by request."""
+        runs: list[list[_Flight]] = []
+        for f in landed:
+            if runs and runs[-1][-1].lo + len(runs[-1][-1].mine) == f.lo and runs[-1][-1].srcs is f.srcs:
+                runs[-1].append(f)
+            else:
+                runs.append([f])
+        regions = self.kv.geometry.num_regions
+        for run in runs:
+            clean = self.check(run).wrong == 0
+            for f in run:
+                if clean:
+                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
+                else:
+                    chk = self.check([f])
+                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked,
+                                       wrong=chk.wrong)
+                    if chk.first is not None:
+                        w = chk.first.found
+                        out.found_block, out.found_gen, out.found_valid = w.block, w.gen, w.valid
+                self.done(f.msg, f.rid)
+                self.out.add(out)
+                if self.out.due():  # the parent times each answer: no answer waits long for the rest
+                    self.out.flush()
+
+    def failed(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, exc: NixlCallError,
+               t_read: float) -> m.ReqDecoded:
+        line, i = self.line, msg.request
+        if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+            return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
+                                "recomputed", t_read)
+        # As vLLM names it: posting the READ raised (_read_blocks), its state came back failed, or looking at
+        # its state raised (_pop_done_transfers).
+        kind = {"transfer": "transfer_failed", "check_xfer_state": "transfer_exception"}.get(exc.op,
+                                                                                          "transfer_setup_failed")
+        extra = {"xfer_state": "ERR"} if kind == "transfer_failed" else {}
+        verdict, detail = on_failure(line, i, kind, str(exc), self.failure_log(msg, rid, mine, kind, str(exc), extra))
+        return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def failure_log(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, kind: str, error: str,
+                    extra: dict[str, Any] | None = None) -> str:
+        """What the release logs for a failed READ: its _log_failure line with the context dict it builds (the
+        exception's traceback shortened to its last line), then its 'Skipping KV post-processing' warning."""
+        p = msg.params if isinstance(msg.params, dict) else {}
+        context: dict[str, Any] = {"request_id": msg.request_id, "engine_id": self.spec.engine_id,
+                                   "remote_engine_id": p.get("remote_engine_id"), "remote_request_id": rid,
+                                   "remote_host": p.get("remote_host"), "remote_port": p.get("remote_port"),
+                                   "num_local_blocks": len(mine),
+                                   "num_remote_blocks": _num_blocks(p.get("remote_block_ids")),
+                                   "local_block_ids_sample": [int(b) for b in mine[:10]]}
+        if kind == "transfer_setup_failed":  # _read_blocks' own extra context
+            context.update(dst_engine_id=p.get("remote_engine_id"), remote_rank=0)
+        context.update(extra or {})
+        head = texts.failure_log(self.release, kind, context)
+        if head is None:
+            return ""
+        skip = texts.skipping(self.release, msg.request_id)
+        return f"{head}; exc_info: {error}" + (f"; WARNING {skip}" if skip else "")
+
+    def check(self, flights: list[_Flight]) -> BlockCheck:
+        """Every block these READs brought, by coordinate and generation."""
+        kv = self.kv
+        one = len(flights) == 1
+        mine = flights[0].mine if one else np.concatenate([f.mine for f in flights])
+        blocks = flights[0].msg.expect_blocks if one else [b for f in flights for b in f.msg.expect_blocks]
+        gens = flights[0].msg.expect_gens if one else [g for f in flights for g in f.msg.expect_gens]
+        out: BlockCheck | None = None
+        for src in flights[0].srcs:  # each P rank's part of D's blocks
+            rd = src.read
+            out = check_blocks(kv, mine, blocks, engine_tag(flights[0].peer.engine_id), rd.p_rank,
+                               read_len=rd.read_len, local_offset=rd.local_offset, remote_offset=rd.remote_offset,
+                               view=kv.view, gens=gens, out=out)
+        assert out is not None
+        return out
+
+    def done(self, msg: m.ReqDecode, rid: str) -> None:
+        """delay-notif: the done notification goes notif_delay_s after the READ instead of riding on it."""
+        if not msg.drop_notif and msg.notif_delay_s > 0:
+            self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, self.notif_n),
+                                 list(self.cur)))
+
+    def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
+        """abort-d: the READ is posted, then the client aborts. Before 0.16 D's scheduler frees the
+        request's blocks at once, under the READ; from it, only once the READ is done. The READ completes
+        either way and P is notified (vLLM's notification rides on the READ)."""
+        kv, agent, peer = self.kv, self.agent, self.peer
+        assert peer is not None
+        regions = kv.geometry.num_regions
+        h = agent.make_read(self.local, desc_ids(regions, kv.num_blocks, mine), self.remote,
+                            desc_ids(regions, peer.num_blocks, np.asarray(ids)), self.note(msg, rid),
+                            f"request {msg.request}")
+        try:
+            state = at_abort = agent.post(h)
+            freed_under = not abort_waits_read(self.line)  # the abort: freed now, whatever the READ's state
+            deadline = time.time() + 30.0
+            while state == "PROC" and time.time() < deadline:
+                state = agent.state(h)
+        finally:
+            agent.release(h)
+        self.done(msg, rid)
+        detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
+        return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
+
+
+class _Flight:
+    """A READ D posted and has not finished."""
+
+    __slots__ = ("h", "lo", "mine", "msg", "peer", "rid", "srcs", "t_read")
+
+    def __init__(self, h: list[Any], msg: m.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
+                 peer: m.ReqReady, srcs: list[_Src]) -> None:
+        self.h, self.msg, self.rid, self.mine, self.lo, self.t_read, self.peer = h, msg, rid, mine, lo, t_read, peer
+        self.srcs = srcs
+
+
+class _Src:
+    """A P rank this D rank reads, loaded at a handshake: its agent, its blocks' dlist, D's part of its blocks."""
+
+    __slots__ = ("local", "peer", "read", "remote")
+
+    def __init__(self, read: shapes.Read, peer: m.ReqReady, remote: Any, local: Any) -> None:
+        self.read, self.peer, self.remote, self.local = read, peer, remote, local
+
+
+class _Hold:
+    __slots__ = ("msg", "next_hb", "read_at", "rid")
+
+    def __init__(self, msg: m.ReqDecode, rid: str, read_at: float, next_hb: float) -> None:
+        self.msg, self.rid, self.read_at, self.next_hb = msg, rid, read_at, next_hb
+
+
+class _PushWaiter:
+    """D's side of push mode (push_scheduler.py / push_worker.py): decide, heartbeat from the moment the scheduler
+    has the request, take D's own blocks and send PUSH_REG to P (at once, or after a hold); on P's completion
+    notification check every block by coordinate and generation. A release's D waits without a deadline; the
+    corrected D gives up at the lease and recomputes. An abort after PUSH_REG frees D's blocks at once (the
+    corrected D keeps them until the completion or the lease)."""
+
+    def __init__(self, role: RequestsD) -> None:
+        self.role = role
+        self.mode = "pull"
+        self.expiry_s: float | None = None
+        self.free: deque[int] = deque()
+        self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
+        self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
+        self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
+        # Completion notifications per D request id, and how many it takes (from the P world size each carries).
+        # On a shape one D rank's PUSH_REG can make P WRITE every D rank it feeds: D's scheduler allocated the same
+        # blocks on all its ranks at once, but here each D rank is a process of its own and may take the request
+        # a moment after the WRITE landed, so the notification counts until this rank registers.
+        self.counts: dict[str, int] = {}
+        self.need: dict[str, int] = {}
+        self.gone: set[str] = set()  # done or dropped in this line: a later notification is "Unrecognized"
+        self.due: list[str] = []  # registered with every completion already counted
+        self.tags: dict[str, str] = {}  # D's request id -> the P engine it names (its blocks' tag)
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.held)
+
+    def reset(self, mode: str, expiry_s: float | None, side: m.ReqSide | None) -> None:
+        self.mode, self.expiry_s = mode, expiry_s
+        if mode == "push" and side is not None:
+            self.role.own.begin(side)  # D's side channel serves this line's wire: P handshakes there
+        self.free = deque(range(self.role.kv.num_blocks))
+        self.waiting.clear()  # requests of the last line that never completed stay hung there
+        self.kept.clear()
+        self.held.clear()
+        self.counts.clear()
+        self.need.clear()
+        self.gone.clear()
+        self.due.clear()
+        self.tags.clear()
+        self.role.kv.clear_all(np.arange(self.role.kv.num_blocks))
+
+    def take(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded | None:
+        """The scheduler has the request (on_new_request): decide, heartbeat, register now or after the hold."""
+        i = msg.request
+        refused = push.decide(line, msg.params, peer.engine_id, time.time(), self.role.p_geom.tp_size)
+        if refused is not None:
+            return m.ReqDecoded(i, "refused", *refused)
+        assert msg.params is not None
+        if line is CORRECTED:  # the registration generation counts P processes: D handshakes with the one running
+            gen = int(msg.params.get("remote_registration_generation", 1))
+            if gen > peer.incarnation + 1:
+                self.role.rehandshake()
+                assert self.role.peer is not None
+                peer = self.role.peer
+            elif gen < peer.incarnation + 1:
+                return m.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
+        rid = msg.params.get("remote_request_id")
+        beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
+        if beats:
+            self.role.notify(f"HB:{rid}".encode())  # the lease is renewed
+        if msg.hold_s > 0:
+            now = time.time()
+            interval = (self.expiry_s or 0.0) / 6
+            self.held.append(_Hold(msg, str(rid) if beats else "", now + msg.hold_s, now + interval))
+            return None
+        return self.register(msg, line, peer)
+
+    def register(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded:
+        """update_state_after_alloc and the writer's send: D's blocks, then PUSH_REG to P (a release keeps a
+        request whose PUSH_REG failed waiting, with its blocks)."""
+        i = msg.request
+        assert msg.params is not None
+        late = push.held_lost(line, msg.params, msg.heartbeats_lost, time.time())
+        if late is not None:
+            return m.ReqDecoded(i, "refused", *late)
+        k = len(msg.expect_blocks)
+        if len(self.free) < k:
+            return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
+        blocks = [self.free.popleft() for _ in range(k)]
+        d_rid = push.d_request_id(msg.request_id)
+        deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
+        self.waiting[d_rid] = (msg, blocks, deadline)
+        self.tags[d_rid] = peer.engine_id
+        if self.counts.get(d_rid, 0) >= self.need.get(d_rid, 1 << 30):
+            self.due.append(d_rid)
+        try:
+            own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
+            reg = push.registration(d_rid, self.role.spec.engine_id, own.host, own.port, blocks, msg.params, line,
+                                    self.role.spec.tp_size)
+            for src in self.role.cur or []:  # _do_send_reg_notif: every P rank of the engine D handshook with
+                self.role.agent.send_notif(src.peer.agent, reg)
+        except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
+            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+                self._drop(d_rid)
+                self.role.rehandshake()
+            return m.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
+        if msg.abort:
+            return self.abort(d_rid, line)
+        return m.ReqDecoded(i, "registered", t_read=time.time())
+
+    def abort(self, d_rid: str, line: Lifecycle) -> m.ReqDecoded:
+        """The client aborts right after PUSH_REG, before P can have WRITTEN (P has not seen the registration yet).
+        A release frees D's blocks now, under the WRITE to come (P still WRITEs into them: nothing tells it); the
+        corrected D keeps them until P's completion or its watchdog."""
+        msg, blocks, _ = self.waiting[d_rid]
+        if line is CORRECTED:
+            self.kept.add(d_rid)
+        else:
+            del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
+            self.gone.add(d_rid)
+            self.free.extend(blocks)
+        return m.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
+                            d_freed_in_flight=line is not CORRECTED)
+
+    def poll(self, line: Lifecycle) -> list[m.ReqDecoded]:
+        if self.mode != "push":
+            return []
+        self.role.own.poll(time.time())  # P's handshake with D
+        out: list[m.ReqDecoded] = []
+        ready, self.due = self.due, []
+        for _peer, got in self.role.agent.notifs().items():
+            for raw in got:
+                d_rid, _, world = raw.decode(errors="replace").rpartition(":")
+                if d_rid in self.gone or (d_rid not in self.waiting and len(self.counts) >= push.D_POOL_MAX):
+                    continue  # "Unrecognized request %s notif (may have expired)."
+                self.counts[d_rid] = self.counts.get(d_rid, 0) + 1
+                p_world = int(world) if world.isdigit() else 1
+                self.need[d_rid] = push.expected_notifs(p_world, self.role.spec.tp_size, line=line)
+                if d_rid in self.waiting and self.counts[d_rid] >= self.need[d_rid]:
+                    ready.append(d_rid)
+        for d_rid in ready:
+            if d_rid not in self.waiting:
+                continue
+            if d_rid in self.kept:  # an aborted request's WRITE is done: its blocks go back, no answer
+                self._drop(d_rid)
+                continue
+            out.append(self._check(d_rid))
+        now = time.time()
+        for d_rid in [r for r, w in self.waiting.items() if now >= w[2]]:
+            msg = self.waiting[d_rid][0]
+            aborted = d_rid in self.kept
+            self._drop(d_rid)
+            assert self.expiry_s is not None
+            if not aborted:
+                out.append(m.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
+        if self.held:
+            out += self.tick(line, now)
+        return out
+
+    def tick(self, line: Lifecycle, now: float) -> list[m.ReqDecoded]:
+        """Held requests: heartbeats every lease/6 (none when lost), the PUSH_REG once the hold is over."""
+        out: list[m.ReqDecoded] = []
+        interval = (self.expiry_s or 0.0) / 6
+        peer = self.role.peer
+        assert peer is not None
+        for h in list(self.held):
+            if now >= h.read_at:
+                self.held.remove(h)
+                out.append(self.register(h.msg, line, peer))
+            elif h.rid and interval > 0 and now >= h.next_hb:
+                self.role.notify(f"HB:{h.rid}".encode())
+                h.next_hb = now + interval
+        return out
+
+    def _drop(self, d_rid: str) -> None:
+        _msg, blocks, _ = self.waiting.pop(d_rid)
+        self.kept.discard(d_rid)
+        self.forget(d_rid)
+        self.free.extend(blocks)
+
+    def forget(self, d_rid: str) -> None:
+        self.counts.pop(d_rid, None)
+        self.need.pop(d_rid, None)
+        self.tags.pop(d_rid, None)
+        self.gone.add(d_rid)
+
+    def _check(self, d_rid: str) -> m.ReqDecoded:
+        msg, blocks, _ = self.waiting.pop(d_rid)
+        tag = engine_tag(self.tags.get(d_rid, ""))
+        self.forget(d_rid)
+        kv = self.role.kv
+        chk: BlockCheck | None = None
+        for rd in self.role.plan:  # each P rank's part of D's blocks (on one P and one D rank: the whole block)
+            chk = check_blocks(kv, np.asarray(blocks), msg.expect_blocks, tag, rd.p_rank, read_len=rd.read_len,
+                               local_offset=rd.local_offset, remote_offset=rd.remote_offset, view=kv.view,
+                               gens=msg.expect_gens, out=chk)
+        assert chk is not None
+        self.free.extend(blocks)
+        out = m.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
+        if chk.first is not None:
+            f = chk.first.found
+            out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid
+        return out
+
+
+def _num_blocks(value: object) -> int:
+    """The release's context count: `sum(len(group) for group in remote_block_ids)` (a flat list: its length)."""
+    try:
+        return sum(len(g) for g in block_id_groups(value))
+    except ValueError:
+        return 0
