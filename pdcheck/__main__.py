@@ -24,8 +24,10 @@ def main() -> None:
     try:
         # --ray places ranks as Ray actors: no local forkserver to warm.
         if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS and not any(a.startswith("--ray") for a in sys.argv):
+            from pdcheck import frameworks
             from pdcheck.launcher import warm_up
 
+            frameworks.all_frameworks()  # each framework loaded adds its rank modules to the forkserver's preload
             warm_up()
         from pdcheck.cli import main as cli_main
 

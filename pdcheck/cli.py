@@ -33,16 +33,14 @@ LAZY = {"handshake": "pdcheck.commands.handshake", "smoke": "pdcheck.commands.sm
         "doctor": "pdcheck.commands.doctor", "report": "pdcheck.commands.report",
         "list": "pdcheck.commands.catalog_list"}
 LAZY_SCENARIO = {"from-logs": "pdcheck.commands.fromlogs"}  # `pdcheck scenario ...`
-# (module, registry generation) -> its click command, or None (transfer-bench not in this tree). A command's
-# release flags come from the framework registry, so one registered later rebuilds it.
-_lazy_loaded: dict[tuple[str, int], Any] = {}
+# module -> its click command, or None (transfer-bench not in this tree). A command's release flags and the
+# framework names in its help come from the framework registry (its entry points), fixed for the process.
+_lazy_loaded: dict[str, Any] = {}
 
 
 def _lazy_command(name: str, table: dict[str, str] | None = None) -> Any:
-    from pdcheck import frameworks
-
     module = (table or LAZY)[name]
-    key = (module, frameworks.generation())
+    key = module
     if key not in _lazy_loaded:
         import importlib
 

@@ -197,13 +197,13 @@ def release_flags(command: str, metavar: str = "RELEASES", panel: str = "Run") -
         if "releases" not in names:
             raise TypeError(f"{func.__qualname__}: @release_flags needs a `releases` parameter")
         flags = {fw.name: fw.flag.lstrip("-").replace("-", "_") for fw in frameworks.supporting(command)
-                 if fw.commands[command] is not None}
+                 if fw.commands[command].release_help is not None}
         fws = {fw.name: fw for fw in frameworks.supporting(command)}
         at = names.index("releases")
         kw = [p.replace(kind=p.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in params]
         added = [inspect.Parameter(param, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=Annotated[
                      str | None, typer.Option(fws[name].flag, metavar=metavar, rich_help_panel=panel,
-                                              show_default=False, help=fws[name].commands[command],
+                                              show_default=False, help=fws[name].commands[command].release_help,
                                               autocompletion=complete_releases(name))])
                  for name, param in flags.items()]
         new_sig = sig.replace(parameters=[*kw[:at], *added, *kw[at + 1:]])

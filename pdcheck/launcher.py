@@ -12,7 +12,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from multiprocessing import popen_forkserver, spawn
@@ -24,17 +24,25 @@ from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
 from pdcheck.placement import Named, Place, RankLauncher, rounds
 
-_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.bench.rank"]  # + every framework's rank modules
+# What the forkserver imports once for every rank; a framework's rank modules join when the registry loads it
+# (pdcheck.frameworks.get -> preload), before the forkserver starts.
+_PRELOAD = ["numpy", "zmq", "msgspec", "nixl_cu13._api", "pdcheck.bench.rank"]
 _CTX: mp.context.BaseContext | None = None
+
+
+def preload(modules: Iterable[str]) -> None:
+    """Modules the forkserver imports before forking ranks (their bodies). Only a forkserver not yet started
+    takes them; a rank whose module it lacks imports it itself."""
+    _PRELOAD.extend(mod for mod in modules if mod not in _PRELOAD)
+    if _CTX is not None:
+        _CTX.set_forkserver_preload(list(_PRELOAD))
 
 
 def _context() -> mp.context.BaseContext:
     global _CTX
     if _CTX is None:
         ctx = mp.get_context("forkserver")
-        from pdcheck import frameworks
-
-        ctx.set_forkserver_preload(list(dict.fromkeys([*_PRELOAD, *frameworks.rank_modules()])))
+        ctx.set_forkserver_preload(list(_PRELOAD))
         _CTX = ctx
     return _CTX
 

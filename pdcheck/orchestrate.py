@@ -1,7 +1,7 @@
-"""Driving started ranks from the parent, for every command (handshake, live, serve, transfer-bench): wait until
-every rank of a group answered one kind of message (with a deadline, naming the rank that failed, died or stayed
-silent), send to a group, route P's block tags between D and P ranks, and hold the side-channel ports no P rank
-serves.
+"""Driving started ranks from the parent, for every command (handshake, live, serve, requests, transfer-bench, doctor,
+every framework): wait until every rank of a group answered one kind of message (with a deadline, naming the rank
+that failed, died or stayed silent), and send to a group. A framework's own conversations build on these
+(vLLM's side-channel ports and block-tag routing: pdcheck/vllm/drive.py).
 
 Works over any placement backend: it needs a launcher's `events()` and ranks that answer `id`, `send()`,
 `ended()` and `done` (pdcheck.launcher.Launcher with forked ranks, pdcheck.raylaunch.RayLauncher with actors).
@@ -10,25 +10,16 @@ Ranks are named by their placement.RankId (re-exported here with `ids`, as every
 
 from __future__ import annotations
 
-import socket
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-
-import msgspec
+from typing import Any, Protocol, TypeVar
 
 from pdcheck import messages as m
 from pdcheck.errors import HarnessError
 from pdcheck.placement import RankHandle, RankId, ids
 
-if TYPE_CHECKING:
-    from pdcheck.vllm.ports import PortPlan
-
-__all__ = ["Events", "Faults", "RankHandle", "RankId", "Stage", "await_ready", "await_serving", "gather",
-           "hold_the_rest", "ids", "release_served", "reserve_layout", "route_tags", "send_all"]
+__all__ = ["Events", "Faults", "RankHandle", "RankId", "Stage", "await_ready", "gather", "ids", "send_all"]
 
 M = TypeVar("M")
 Tick = Callable[[str, int, int], None]  # (stage, done, total), e.g. pdcheck.progress
@@ -128,140 +119,3 @@ def await_ready(lau: Events, ranks: Sequence[R], timeout_s: float,
     return {rid: (msg.setup_ms, msg.values) for rid, (_rank, msg) in got.items()}
 
 
-def await_serving(lau: Events, p_ranks: dict[int, R], listeners: dict[int, list[m.ListenerSpec]],
-                  timeout_s: float, tick: Tick | None = None) -> dict[int, int]:
-    """Wait until every P rank listens; layout port -> the port really bound."""
-    stage = Stage("{rank} could not open its side channel: {error}",
-                  "{rank} died during start-up (opening its side channel): it {ended}",
-                  "{ranks} not serving after {timeout:g} s", timeout_s)
-    got = gather(lau, list(p_ranks.values()), m.Serving, timeout_s, stage,
-                 tick=(lambda done, total: tick("side channels", done, total)) if tick else None)
-    bound: dict[int, int] = {}
-    for rank, msg in got.values():
-        bound.update(zip([ls.port for ls in listeners[rank.tp_rank]], msg.ports, strict=True))
-    return bound
-
-
-def reserve_layout(held: ExitStack, host: str, plan: PortPlan, contacted: bool = True) -> dict[int, socket.socket]:
-    """An explicit base_port: hold every layout port (served and contacted) before any rank starts. A rank's
-    UCX listeners and outgoing connections take ports from the kernel's ephemeral range
-    (/proc/sys/net/ipv4/ip_local_port_range, 32768-60999 by default), which skips ports already bound: a
-    layout inside that range cannot be taken by the run's own ranks. Served ports are released just before
-    their P rank binds them (release_served), the others stay held silent for the run. contacted=False: the
-    served ports only (serve holds no silent ports)."""
-    from pdcheck.sidechannel import hold_silent  # zmq: see hold_the_rest
-
-    served = {ls.port for specs in plan.listeners.values() for ls in specs}
-    ports = sorted({*plan.contacted, *served} if contacted else served)
-    return {port: held.enter_context(hold_silent(host, port)) for port in ports}
-
-
-def release_served(reserved: dict[int, socket.socket], plan: PortPlan) -> None:
-    for specs in plan.listeners.values():
-        for ls in specs:
-            sock = reserved.pop(ls.port, None)
-            if sock is not None:
-                sock.close()  # the P rank binds it next (two listening sockets cannot share a port)
-
-
-def hold_the_rest(held: ExitStack, host: str, contacted: list[int], fixed: bool, bound: dict[int, int],
-                  reserved: dict[int, socket.socket] | None = None) -> m.Go:
-    """Hold every contacted layout port no P listener serves (silent), plus one silent catch-all port.
-    fixed: the layout ports are bound as they are (explicit base_port), else each maps to the catch-all.
-    Ports reserve_layout already holds stay held as they are."""
-    # zmq, imported here, when ports are held: the CLI imports this module before the forkserver warm-up
-    from pdcheck.sidechannel import hold_silent
-
-    ports = dict(bound)
-    reserved = reserved or {}
-    catch_all = held.enter_context(hold_silent(host, 0))
-    for layout in contacted:
-        if layout in ports:
-            continue
-        if layout in reserved:
-            ports[layout] = reserved[layout].getsockname()[1]
-        else:
-            ports[layout] = held.enter_context(hold_silent(host, layout)).getsockname()[1] if fixed \
-                else catch_all.getsockname()[1]
-    return m.Go(ports, catch_all.getsockname()[1])
-
-
-def reserve_head_node(held: ExitStack, p_host: dict[int, str], listeners: dict[int, list[m.ListenerSpec]]
-                      ) -> dict[int, list[m.ListenerSpec]]:
-    """A P spanning nodes: every listener of a P rank on another node takes its port from the head node (P rank
-    0's address), where pdcheck holds it silent for the run, before that rank binds the same number on its own
-    address. A release that dials the head node for that rank (releases.multinode) then reaches pdcheck's
-    silent socket, never another process of this machine; and holding first means no other process can have
-    taken the port on the head node in between. bind_port 0: a port the OS picks; else that port."""
-    from pdcheck.sidechannel import hold_silent  # zmq: see hold_the_rest
-
-    head = p_host[0]
-    out: dict[int, list[m.ListenerSpec]] = {}
-    for r, specs in listeners.items():
-        if p_host[r] == head:
-            out[r] = specs
-            continue
-        out[r] = [msgspec.structs.replace(ls, bind_port=held.enter_context(hold_silent(head, ls.bind_port))
-                                          .getsockname()[1]) for ls in specs]
-    return out
-
-
-def route_tags(lau: Events, p_ranks: dict[int, R], d_ranks: dict[int, R], run_timeout_s: float,
-               harness: list[str], *, expected_dead: Iterable[int] = (), tick: Tick | None = None,
-               ) -> tuple[dict[int, m.DecodeResult], dict[int, m.PrefillFinal]]:
-    """Run the handshakes and transfer proof to the end: route each D rank's TagReq to its P rank and the
-    Tagged reply back, collect every DecodeResult (then Stop the P ranks) and PrefillFinal. A dead rank goes
-    into `harness`; one nobody meant to kill (expected_dead: P ranks a test hook kills) stops the run at once."""
-    results: dict[int, m.DecodeResult] = {}
-    finals: dict[int, m.PrefillFinal] = {}
-    expected = set(expected_dead)
-    # This side issues its own ticket ids: each D rank numbers its requests from 1, so two D ranks reading one
-    # P rank would otherwise collide and one would wait forever.
-    owner: dict[int, tuple[int, R, int]] = {}  # global ticket -> (P rank, D rank, the D rank's ticket)
-    next_ticket = 0
-    everyone = [*p_ranks.values(), *d_ranks.values()]
-    phase = {r.id: "handshake" for r in everyone}  # -> "transfer" at the rank's first block-tag request
-    for rank, msg in lau.events(everyone, time.monotonic() + run_timeout_s):
-        if msg is None:
-            if rank.tp_rank in (results if rank.role == "D" else finals):
-                continue
-            how = f"{rank.id} died during {phase[rank.id]}: it {rank.ended()}"
-            harness.append(how)
-            if not (rank.role == "P" and rank.tp_rank in expected):
-                # A rank nobody meant to kill: its sentinel fired now, so say so now, stop everything and
-                # report what the other ranks delivered (exit 3) instead of waiting for --timeout.
-                print(f"pdcheck: {how}; stopping the run", file=sys.stderr, flush=True)
-                break
-            # A D rank waiting for tags from a dead P gets an answer so it can report the failed READ.
-            for gid, (p_rank, d_rank, ticket) in list(owner.items()):
-                if rank.role == "P" and p_rank == rank.tp_rank:
-                    d_rank.send(m.Tagged(ticket))
-                    owner.pop(gid)
-        elif isinstance(msg, m.TagReq):
-            phase[rank.id] = "transfer"
-            target = p_ranks.get(msg.p_rank)
-            if target is None or target.done:
-                rank.send(m.Tagged(msg.ticket))
-            else:
-                next_ticket += 1
-                phase[target.id] = "transfer"
-                owner[next_ticket] = (msg.p_rank, rank, msg.ticket)
-                target.send(m.TagReq(next_ticket, msg.p_rank, msg.blocks))
-        elif isinstance(msg, m.Tagged):
-            entry = owner.pop(msg.ticket, None)
-            if entry is not None:
-                entry[1].send(m.Tagged(entry[2]))
-        elif isinstance(msg, m.DecodeResult):
-            results[rank.tp_rank] = msg
-            rank.done = True
-            if tick:
-                tick("handshakes + transfer proof", len(results), len(d_ranks))
-            if len(results) == len(d_ranks):
-                send_all(p_ranks.values(), m.Stop())
-        elif isinstance(msg, m.PrefillFinal):
-            finals[rank.tp_rank] = msg
-            rank.done = True
-    for r in d_ranks.values():
-        if r.tp_rank not in results and not any(str(r.id) in h for h in harness):
-            harness.append(f"{r.id} did not report within {run_timeout_s:g} s")
-    return results, finals

@@ -9,6 +9,7 @@ in pdcheck.sglang.ranks, transfer-bench's in pdcheck.bench.rank.
 
 from __future__ import annotations
 
+import select
 import sys
 import time
 import traceback
@@ -21,6 +22,8 @@ from pdcheck import messages as m
 from pdcheck.errors import PdcheckError
 from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, quiet_nixl_env
+
+PROGRESS_SLICE_MS = 5  # how often a waiting rank drives its NIXL worker (Role.receive)
 
 
 # ---------------------------------------------------------------------------------------------- skeleton
@@ -71,7 +74,26 @@ class Role:
         raise NotImplementedError
 
     def run(self) -> None:
-        raise NotImplementedError
+        """The role's conversation with the parent. Default: serve peers (their READs of this rank's memory,
+        their notifications) until the parent's Stop."""
+        while not isinstance(self.receive(), m.Stop):
+            pass
+
+    def receive(self, timeout_s: float | None = None) -> m.Msg | None:
+        """The parent's next message, driving this rank's NIXL worker while it waits: no agent runs a progress
+        thread (pdcheck.nixlagent), so a peer's READ of this rank's memory, or a notification to it, completes
+        only as this rank progresses its worker (docs/architecture.md, "The rank skeleton"). None when timeout_s
+        passes first."""
+        if not hasattr(self, "_pipe"):
+            self._pipe = select.poll()
+            self._pipe.register(self.conn.fileno(), select.POLLIN)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self._pipe.poll(PROGRESS_SLICE_MS):
+            if hasattr(self, "agent"):
+                self.agent.progress()
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+        return m.recv(self.conn)
 
     def setup_ms(self) -> float:
         return (time.perf_counter() - self.t0) * 1e3

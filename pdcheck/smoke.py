@@ -27,8 +27,8 @@ from rich.table import Table
 
 from pdcheck import frameworks, verdict
 from pdcheck.errors import EXIT_BAD_INPUT, BadInput
-from pdcheck.frameworks import PHASES, Framework, SmokeCost, SmokeOptions
 from pdcheck.scenariofile import read_toml
+from pdcheck.seam import PHASES, Framework, SmokeCost, SmokeOptions
 
 
 class Case(msgspec.Struct):
@@ -87,6 +87,7 @@ class Select:
     frameworks: tuple[str, ...] = ()
     phases: tuple[str, ...] = ()
     names: tuple[str, ...] = ()  # substrings of the scenario's file name (without .toml)
+    flags: tuple[tuple[str, str], ...] = ()  # (parameter, flag) given: every selected framework must take them
 
     def check(self) -> None:
         for name in self.frameworks:
@@ -104,10 +105,11 @@ def discover(directory: Path, opts: SmokeOptions, select: Select = Select()) -> 
     for f in scenario_files(directory):
         if select.names and not any(k in f.stem for k in select.names):
             continue
-        declared = read_toml(f).get("framework")
-        if select.frameworks and (declared or frameworks.DEFAULT) not in select.frameworks:
+        doc = read_toml(f)
+        if select.frameworks and (frameworks.declared(doc) or frameworks.DEFAULT) not in select.frameworks:
             continue
-        fw, _ = frameworks.pick(declared, {}, str(f), command="smoke")
+        fw, _ = frameworks.pick(doc, {}, str(f), command="smoke")
+        frameworks.check_flags(fw, "smoke", select.flags)
         plan = fw.smoke_plan(f, opts)
         if select.phases and fw.smoke_phase(plan) not in select.phases:
             continue

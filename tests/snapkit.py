@@ -16,7 +16,9 @@ DROP = {
     "time_scale", "voided",
     # Racy by nature in real processes: how many heartbeats fit in a wait, which free block an allocation that
     # raced an expiry took, which request a late READ found there.
-    "heartbeats", "remote_block_ids", "found_request",
+    "heartbeats", "remote_block_ids", "block_generations", "found_request",
+    # whether a delivered request's done notification beat its lease, per P rank (accounting merges the two)
+    "late_notifs",
 }
 # Lists whose order is arrival order of concurrent ranks: compared as sets.
 UNORDERED = {"notifications", "registered"}
@@ -43,7 +45,8 @@ _REQ_ID = re.compile(r"req-\d+\.\d+")
 def _text(s: str) -> str:
     for pat, rep in _SUBS:
         s = pat.sub(rep, s)
-    return s
+    # P's request ids name the run of a line (req-RUN.REQUEST): a line a stall voided runs again with new ones
+    return _REQ_ID.sub("req-ID", s)
 
 
 def normalize(doc: Any, key: str = "") -> Any:
@@ -51,7 +54,10 @@ def normalize(doc: Any, key: str = "") -> Any:
         if key == "accounting" and {"freed", "expired", "late_notifs"} <= doc.keys():
             # P's block accounting: whether a delivered request's done notification beat its lease (freed) or
             # came after it (expired, a late notification) is the machine's timing; their sum is the run's
-            doc = {**doc, "freed": doc["freed"] + doc["expired"], "expired": "in freed", "late_notifs": "-"}
+            doc = {**doc, "freed": doc["freed"] + doc["expired"], "expired": "in freed"}
+        if isinstance(doc.get("time_scale"), (int, float)) and isinstance(doc.get("expiry_s"), (int, float)):
+            # a line that ran again in slower motion states its lease stretched: the scenario's, as written
+            doc = {**doc, "expiry_s": round(doc["expiry_s"] / doc["time_scale"], 6)}
         return {k: normalize(v, k) for k, v in doc.items() if k not in DROP}
     if isinstance(doc, list):
         items = [normalize(v) for v in doc]

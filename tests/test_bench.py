@@ -21,6 +21,7 @@ import pytest
 
 from pdcheck import envelope
 from pdcheck.bench import measure, schema, tables
+from pdcheck.bench import messages as bm
 from pdcheck.bench.models import resolve_shape
 from pdcheck.errors import BadInput
 from pdcheck.geometry import ModelShape, read_source
@@ -380,14 +381,13 @@ def test_plot_checks_before_anything_runs(monkeypatch: pytest.MonkeyPatch, tmp_p
 
 # --- the rank skeleton's failure paths, with real rank processes -----------------------------------------
 def _spec(role: str, **kw: object) -> bytes:
-    from pdcheck import messages as m
 
     fields: dict[str, object] = dict(
         role=role, tp_rank=0, agent_name=f"pdcheck-test-{role}0", arena_bytes=1 << 20, device="cpu", gpu=0,
         cores=[], error_mode=None, progress_thread=False, target_busy=False, ucx_env={},
         shape=ModelShape("t", 2, 2, 64, "bf16", False), ptp=1, dtp=1, iters=1, warmup=1, min_time=0.01,
         notif=False)
-    return msgspec.msgpack.encode(m.BenchSpec(**{**fields, **kw}))
+    return msgspec.msgpack.encode(bm.BenchSpec(**{**fields, **kw}))
 
 
 def test_rank_that_cannot_start_or_fails_later_says_why_in_one_line() -> None:
@@ -403,11 +403,11 @@ def test_rank_that_cannot_start_or_fails_later_says_why_in_one_line() -> None:
         with launcher() as lau:
             p0 = lau.start("P", 0, bench_main, _spec("P", cores=[1 << 20]))  # no such core
             with pytest.raises(HarnessError, match=r"^P rank 0 failed: OSError: \[Errno 22\] Invalid argument$"):
-                orc.gather(lau, [p0], m.BenchReady, 60, stage)
+                orc.gather(lau, [p0], bm.BenchReady, 60, stage)
             assert p0.reap(10) == 0
             d0 = lau.start("D", 0, bench_main, _spec("D"))
-            orc.gather(lau, [d0], m.BenchReady, 60, stage)
-            d0.send(m.Peers([m.PeerInfo(0, "p", b"not NIXL metadata", 0, 0)]))
+            orc.gather(lau, [d0], bm.BenchReady, 60, stage)
+            d0.send(bm.Peers([bm.PeerInfo(0, "p", b"not NIXL metadata", 0, 0)]))
             with pytest.raises(HarnessError, match=r"^D rank 0 failed: NIXL add_remote_agent failed"):
                 orc.gather(lau, [d0], m.Ack, 60, stage)
             assert d0.reap(10) == 1

@@ -16,8 +16,11 @@ import pytest
 
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
+from pdcheck.bench import messages as bm
 from pdcheck.errors import HarnessError
 from pdcheck.orchestrate import RankId
+from pdcheck.vllm import drive
+from pdcheck.vllm import messages as vm
 
 
 @dataclass(eq=False)
@@ -69,7 +72,7 @@ def test_rank_ids_render_two_ways_and_sort_by_role_then_index():
 def test_await_ready_keys_by_rank_id_and_ticks():
     p0, d0 = FakeRank("P", 0), FakeRank("D", 0)
     ticks: list[tuple[str, int, int]] = []
-    lau = Script((d0, m.Ready(0, "d", 2.0)), (p0, m.Serving(0)), (p0, m.Ready(0, "p", 1.0, b"v")))
+    lau = Script((d0, m.Ready(0, "d", 2.0)), (p0, vm.Serving(0)), (p0, m.Ready(0, "p", 1.0, b"v")))
     got = orc.await_ready(lau, [p0, d0], 5, lambda *a: ticks.append(a))
     assert got == {RankId("D", 0): (2.0, None), RankId("P", 0): (1.0, b"v")}
     assert ticks == [("ranks up", 1, 2), ("ranks up", 2, 2)]
@@ -95,13 +98,13 @@ def test_await_ready_past_the_deadline_lists_who_is_missing():
 
 def test_await_serving_maps_layout_ports_to_bound_ones():
     p0, p1 = FakeRank("P", 0), FakeRank("P", 1)
-    listeners = {0: [m.ListenerSpec("A", 5600, None, [0])], 1: [m.ListenerSpec("A", 5601, None, [1])]}
-    got = orc.await_serving(Script((p1, m.Serving(1, [40001])), (p0, m.Serving(0, [40000]))),
+    listeners = {0: [vm.ListenerSpec("A", 5600, None, [0])], 1: [vm.ListenerSpec("A", 5601, None, [1])]}
+    got = drive.await_serving(Script((p1, vm.Serving(1, [40001])), (p0, vm.Serving(0, [40000]))),
                             {0: p0, 1: p1}, listeners, 5)
     assert got == {5600: 40000, 5601: 40001}
     with pytest.raises(HarnessError, match=r"^P rank 1 died during start-up \(opening its side channel\): it "
                                            r"exited with code 3$"):
-        orc.await_serving(Script((p1, None)), {0: FakeRank("P", 0), 1: p1}, listeners, 5)
+        drive.await_serving(Script((p1, None)), {0: FakeRank("P", 0), 1: p1}, listeners, 5)
 
 
 @dataclass
@@ -142,13 +145,13 @@ def test_gather_stray_messages_raise_or_are_skipped_as_the_caller_says():
 
 def test_gather_lets_ranks_that_said_goodbye_end():
     p0, d0 = FakeRank("P", 0), FakeRank("D", 0)
-    got = orc.gather(Script((p0, m.Bye(1)), (p0, None), (d0, m.Bye(0))), [p0, d0], m.Bye, 5, Words(),
+    got = orc.gather(Script((p0, bm.Bye(1)), (p0, None), (d0, bm.Bye(0))), [p0, d0], bm.Bye, 5, Words(),
                      ended_ok=True)
     assert {k: v[1].notifs for k, v in got.items()} == {RankId("P", 0): 1, RankId("D", 0): 0}
 
 
-def _result(r: int) -> m.DecodeResult:
-    return m.DecodeResult(r, 8, {}, None)
+def _result(r: int) -> vm.DecodeResult:
+    return vm.DecodeResult(r, 8, {}, None)
 
 
 def test_route_tags_gives_each_d_rank_its_own_ticket_back():
@@ -159,10 +162,10 @@ def test_route_tags_gives_each_d_rank_its_own_ticket_back():
         return lambda: (p0, m.Tagged(p0.sent[i].ticket))
 
     lau = Script((d0, m.TagReq(1, 0, {0: [1]})), (d1, m.TagReq(1, 0, {0: [2]})), p_answers(1), p_answers(0),
-                 (d0, _result(0)), (d1, _result(1)), (p0, m.PrefillFinal(0, 2, ["n"], None)))
+                 (d0, _result(0)), (d1, _result(1)), (p0, vm.PrefillFinal(0, 2, ["n"], None)))
     harness: list[str] = []
     ticks: list[tuple[str, int, int]] = []
-    results, finals = orc.route_tags(lau, {0: p0}, {0: d0, 1: d1}, 5, harness, tick=lambda *a: ticks.append(a))
+    results, finals = drive.route_tags(lau, {0: p0}, {0: d0, 1: d1}, 5, harness, tick=lambda *a: ticks.append(a))
     assert [x.ticket for x in p0.sent[:2]] == [1, 2] and p0.sent[0].blocks == {0: [1]}
     assert d0.sent == [m.Tagged(1)] and d1.sent == [m.Tagged(1)]
     assert isinstance(p0.sent[-1], m.Stop)  # every D rank reported: P ranks are stopped
@@ -174,7 +177,7 @@ def test_route_tags_answers_for_a_p_rank_a_test_killed():
     p0, d0 = FakeRank("P", 0, how="exited with code 17"), FakeRank("D", 0)
     lau = Script((d0, m.TagReq(4, 0, {0: [1]})), (p0, None), (d0, _result(0)))
     harness: list[str] = []
-    results, finals = orc.route_tags(lau, {0: p0}, {0: d0}, 5, harness, expected_dead=[0])
+    results, finals = drive.route_tags(lau, {0: p0}, {0: d0}, 5, harness, expected_dead=[0])
     assert d0.sent == [m.Tagged(4)]  # so the D rank reports the failed READ instead of waiting
     assert harness == ["P rank 0 died during transfer: it exited with code 17"]
     assert set(results) == {0} and finals == {}
@@ -184,7 +187,7 @@ def test_route_tags_stops_at_once_when_a_rank_nobody_killed_dies(capsys):
     p0, d0, d1 = FakeRank("P", 0), FakeRank("D", 0, how="was killed by SIGKILL"), FakeRank("D", 1)
     lau = Script((d0, None), (d1, _result(1)))
     harness: list[str] = []
-    results, _ = orc.route_tags(lau, {0: p0}, {0: d0, 1: d1}, 7, harness)
+    results, _ = drive.route_tags(lau, {0: p0}, {0: d0, 1: d1}, 7, harness)
     assert results == {}  # the run stopped before D rank 1's result was read
     assert harness == ["D rank 0 died during handshake: it was killed by SIGKILL",
                        "D rank 1 did not report within 7 s"]
@@ -200,7 +203,7 @@ def _answers(port: int) -> bool:
 
 def test_hold_the_rest_sends_unserved_layout_ports_to_one_silent_port():
     with ExitStack() as held:
-        go = orc.hold_the_rest(held, "127.0.0.1", [5600, 5601, 5602], False, {5600: 41000})
+        go = drive.hold_the_rest(held, "127.0.0.1", [5600, 5601, 5602], False, {5600: 41000})
         assert go.ports[5600] == 41000
         assert go.ports[5601] == go.ports[5602] == go.silent and _answers(go.silent)
     assert not _answers(go.silent)  # leaving the stack let it go

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from pdcheck import messages as m
 from pdcheck.errors import BadInput
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm import plan as pl
 from pdcheck.vllm import ports
 from pdcheck.vllm.engine import Outcome
@@ -89,17 +89,17 @@ def test_serve_plan_with_a_port() -> None:
 
 def test_geometry_travels_typed_in_the_spec() -> None:
     g = _sc().prefill.geometry()
-    spec = m.PrefillSpec(engine_id="P", tp_rank=0, tp_size=2, num_blocks=64, device_id=0, device="cpu",
-                         host="127.0.0.1", geometry=g, kv_cache_layout="HND", inject=m.Inject())
-    back = msgspec.msgpack.decode(msgspec.msgpack.encode(spec), type=m.PrefillSpec)
+    spec = vm.PrefillSpec(engine_id="P", tp_rank=0, tp_size=2, num_blocks=64, device_id=0, device="cpu",
+                         host="127.0.0.1", geometry=g, kv_cache_layout="HND", inject=vm.Inject())
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(spec), type=vm.PrefillSpec)
     assert back.geometry == g and back.geometry.block_len == g.block_len
 
 
 def test_outcome_is_the_verdict_the_report_shows() -> None:
     out = Outcome(status="assert", assert_expr="x", contacted=[0, 1], rank_num_blocks={0: 5}, local_num_blocks=9)
     v = out.verdict()
-    assert type(v) is m.Verdict
-    assert msgspec.structs.asdict(v) == {f: getattr(out, f) for f in m.Verdict.__struct_fields__}
+    assert type(v) is vm.Verdict
+    assert msgspec.structs.asdict(v) == {f: getattr(out, f) for f in vm.Verdict.__struct_fields__}
     # The report's --json keys for a verdict, in order
     assert list(msgspec.json.decode(msgspec.json.encode(v))) == [
         "status", "assert_expr", "message", "recorded_num_blocks", "contacted", "contacted_stages", "exception",

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from pdcheck import messages as m
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests.handshake import HANG_WAIT_MS, DSide, HandshakeFailed, PSide, side_for
 from pdcheck.vllm.requests.lines import line_of
 from pdcheck.vllm.requests.run import GEOMETRY, Options, run
@@ -107,7 +107,7 @@ def test_side_for_maps_each_release_to_its_wire_era_and_corrected_to_the_newest(
                                                     "0.26.0": "H", "corrected": "H34"}
     assert eras["0.9.0"].timeout_ms is None and eras["0.11.1"].timeout_ms == 5000
     assert eras["0.9.0"].compat_hash is None and eras["corrected"].compat_hash
-    assert isinstance(eras["corrected"], m.ReqSide)
+    assert isinstance(eras["corrected"], rm.ReqSide)
 
 
 def test_push_p_handshakes_with_d_over_ds_side_channel_and_table_agrees_with_json(pdcheck):

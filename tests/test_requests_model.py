@@ -182,8 +182,8 @@ def test_share_picks_the_same_requests_per_seed() -> None:
 def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> None:
     from pathlib import Path
 
-    from pdcheck.frameworks import SmokeOptions
-    from pdcheck.frameworks import vllm as fw
+    from pdcheck.seam import SmokeOptions
+    from pdcheck.vllm import framework as fw
 
     scenarios = Path(__file__).resolve().parent.parent / "scenarios"
     files = fw.requests_files(scenarios)

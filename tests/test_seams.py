@@ -308,11 +308,21 @@ def test_refusal_names_the_same_bytes_in_table_and_hazard_line(release: str) -> 
     assert refusals.pop().startswith(h08["effects"]["corrected"] + " ("), h08["effects"]["corrected"]
 
 
-# ---- the framework seam: no fork outside the registry; a third framework is one package + one registry line --
+# ---- the framework seam: frameworks are entry points; nothing outside them names one; a third framework is one
+# package and one entry point (tests/toyfw), pdcheck not edited for it ----------------------------------------------
 PKG = ROOT / "pdcheck"
-FRAMEWORK_NAMES = {"vllm", "sglang"}
-# The registry and the frameworks' own packages may name a framework; nothing else may branch on one.
-OWN = ("frameworks/", "sglang/")
+
+
+def _registry() -> dict[str, str]:
+    """Every registered framework's name -> the package its entry point lives in (pdcheck.vllm, pdcheck.sglang,
+    pdcheck_toy where it is installed): what the checks below forbid elsewhere, from the registry itself."""
+    from pdcheck import frameworks
+
+    out = {}
+    for name, ep in frameworks._entry_points().items():
+        module = ep.value.split(":")[0]
+        out[name] = module.rsplit(".", 1)[0] if module.startswith("pdcheck.") else module.split(".")[0]
+    return out
 
 
 def _literals(node: Any) -> set[str]:
@@ -325,100 +335,172 @@ def _literals(node: Any) -> set[str]:
     return set()
 
 
-def framework_forks(source: str) -> list[str]:
-    """Where a module branches on a framework: `x == "sglang"`, `x in ("vllm", "sglang")`, `if sglang ...`,
-    or an import of a framework's package or adapter."""
+def _imports(tree: Any) -> list[tuple[int, str]]:
+    """Every module a tree imports, at any depth (module-level and inside functions), as absolute names."""
     import ast
 
-    from pdcheck.frameworks import BUILTIN
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            out += [(node.lineno, node.module or ""), *((node.lineno, f"{node.module}.{a.name}") for a in node.names)]
+    return out
 
-    found = []
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else [
-                node.module or "", *(f"{node.module}.{a.name}" for a in node.names)]
-            bad = [x for x in mods if x.startswith("pdcheck.sglang") or x in BUILTIN.values()]
-            if bad:
-                found.append(f"line {node.lineno}: imports {bad[0]}")
-        elif isinstance(node, ast.Compare):
-            sides = [(op, right) for op, right in zip(node.ops, node.comparators, strict=True)]
-            for op, right in sides:
+
+def framework_forks(source: str, registry: dict[str, str]) -> list[str]:
+    """Where a module branches on a framework: `x == "sglang"`, `x in ("vllm", "sglang")`, `if sglang ...`,
+    or an import of a framework's package."""
+    import ast
+
+    names, packages = set(registry), set(registry.values())
+    tree = ast.parse(source)
+    found = [f"line {line}: imports {mod}" for line, mod in _imports(tree)
+             if any(mod == p or mod.startswith(p + ".") for p in packages)]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for op, right in zip(node.ops, node.comparators, strict=True):
                 named = (_literals(right) | _literals(node.left)) if isinstance(op, (ast.Eq, ast.NotEq)) else (
                     _literals(right) if isinstance(op, (ast.In, ast.NotIn)) else set())
-                if named & FRAMEWORK_NAMES:
-                    found.append(f"line {node.lineno}: compares with {sorted(named & FRAMEWORK_NAMES)}")
+                if named & names:
+                    found.append(f"line {node.lineno}: compares with {sorted(named & names)}")
         elif isinstance(node, (ast.If, ast.IfExp, ast.While)):
-            if any(isinstance(n, ast.Name) and n.id == "sglang" for n in ast.walk(node.test)):
-                found.append(f"line {node.lineno}: branches on `sglang`")
+            hit = {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name)} & names
+            if hit:
+                found.append(f"line {node.lineno}: branches on `{sorted(hit)[0]}`")
     return found
 
 
-def test_no_framework_fork_outside_the_registry() -> None:
-    forks = {}
-    for path in sorted(PKG.rglob("*.py")):
-        rel = path.relative_to(PKG).as_posix()
-        if not rel.startswith(OWN) and (found := framework_forks(path.read_text())):
-            forks[rel] = found
-    assert not forks, f"framework forks outside pdcheck/frameworks (ask the registry instead): {forks}"
+def _outside_the_frameworks() -> list[Any]:
+    """pdcheck's modules that belong to no framework's package."""
+    own = tuple(p.removeprefix("pdcheck.").replace(".", "/") + "/" for p in _registry().values()
+                if p.startswith("pdcheck."))
+    return [p for p in sorted(PKG.rglob("*.py")) if not p.relative_to(PKG).as_posix().startswith(own)]
+
+
+def test_the_registry_lists_the_built_in_frameworks_as_entry_points() -> None:
+    reg = _registry()
+    assert {"vllm": "pdcheck.vllm", "sglang": "pdcheck.sglang"}.items() <= reg.items(), reg
+
+
+def test_no_framework_fork_outside_the_frameworks_packages() -> None:
+    """Commands, the registry, the runtime, smoke, render, doctor, bench: none names a framework or imports one's
+    package (the names and packages come from the registry, so a new framework is covered as it registers)."""
+    reg = _registry()
+    forks = {p.relative_to(PKG).as_posix(): found for p in _outside_the_frameworks()
+             if (found := framework_forks(p.read_text(), reg))}
+    assert not forks, f"framework forks outside the frameworks' packages (ask the registry instead): {forks}"
 
 
 def test_the_fork_finder_finds_forks() -> None:
+    reg = {"vllm": "pdcheck.vllm", "sglang": "pdcheck.sglang", "trtllm": "pdcheck.trtllm"}
     for fork in ('if framework == "sglang":\n    pass', 'x = a if fw in ("vllm", "sglang") else b',
                  "if sglang is not None:\n    pass", "from pdcheck.sglang import plan",
-                 "import pdcheck.vllm.framework"):
-        assert framework_forks(fork), fork
-    assert not framework_forks('ok = "vllm" in doc\nname = "sglang"\nfrom pdcheck import frameworks')
+                 "import pdcheck.vllm.framework", "def f():\n    from pdcheck.vllm.requests.faults import NAMES",
+                 'if kind == "trtllm":\n    pass', "from pdcheck.trtllm import wire"):
+        assert framework_forks(fork, reg), fork
+    assert not framework_forks('ok = "vllm" in doc\nname = "sglang"\nfrom pdcheck import frameworks', reg)
 
 
+# The layers (docs/architecture.md): only the command layer asks the registry; a framework's package and everything
+# below (runtime, rules, render, bench, doctor's checks) know the seam's types (pdcheck.seam) at most.
+COMMAND_LAYER = ("__main__.py", "cli.py", "cliopts.py", "commands/", "catalog.py", "smoke.py", "frameworks.py")
+
+
+def test_only_the_command_layer_imports_the_registry() -> None:
+    import ast
+
+    found = {}
+    for p in sorted(PKG.rglob("*.py")):
+        rel = p.relative_to(PKG).as_posix()
+        if rel.startswith(COMMAND_LAYER):
+            continue
+        hits = [f"line {line}" for line, mod in _imports(ast.parse(p.read_text()))
+                if mod in ("pdcheck.frameworks",) or mod.startswith("pdcheck.frameworks.")]
+        if hits:
+            found[rel] = hits
+    assert not found, f"the registry imported below the command layer (an arrow pointing up): {found}"
+
+
+# ---- the toy framework: a package of its own, installed with pip, registered only by its entry point -----------
 TOY = ROOT / "tests" / "data" / "toy" / "toy-header.toml"
 
 
-def _toy(*args: str) -> subprocess.CompletedProcess[str]:
-    """pdcheck with the toy framework (tests/toyfw.py) registered before the CLI starts, as a plug-in would."""
-    env = dict(os.environ, PYTHONPATH=f"{ROOT}{os.pathsep}{ROOT / 'tests'}", COLUMNS="200")
-    entry = "import sys, toyfw; toyfw.install(); sys.argv[0] = 'pdcheck'; from pdcheck.__main__ import main; main()"
-    return subprocess.run([sys.executable, "-c", entry, *args], cwd=ROOT, env=env, capture_output=True,
+@pytest.fixture(scope="module")
+def toy_path(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Where the toy framework is importable: already installed (.ci/run installs it), else pip-installed here
+    into a directory of its own (the real package build and its entry point; nothing of pdcheck edited)."""
+    from importlib.metadata import entry_points
+
+    if any(ep.name == "toy" for ep in entry_points(group="pdcheck.frameworks")):
+        return ""
+    target = tmp_path_factory.mktemp("toy")
+    run = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                          str(ROOT / "tests" / "toyfw")], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
+    return str(target)
+
+
+def _toy(toy_path: str, *args: str, cwd: Any = ROOT) -> subprocess.CompletedProcess[str]:
+    path = os.pathsep.join(p for p in (toy_path, str(ROOT)) if p)
+    env = dict(os.environ, PYTHONPATH=path, COLUMNS="200")
+    return subprocess.run([sys.executable, "-m", "pdcheck", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=180)
 
 
-def test_a_toy_framework_runs_through_handshake_smoke_and_json(tmp_path: Any) -> None:
-    table, js = _toy("handshake", str(TOY)), _toy("handshake", str(TOY), "--json")
+@pytest.mark.xdist_group("toy")
+def test_the_toy_framework_runs_through_every_command_it_declares(toy_path: str, tmp_path: Any) -> None:
+    """handshake (table, --json, --format markdown), smoke, list: real ranks on the skeleton, real NIXL READs of a
+    P that only waits for Stop (the skeleton drives its NIXL worker: without it the READ times out)."""
+    table, js = _toy(toy_path, "handshake", str(TOY)), _toy(toy_path, "handshake", str(TOY), "--json")
     assert table.returncode == js.returncode == 1, table.stderr + js.stderr  # release 2.0 asserts
     assert "'1.0': ['ok'], '2.0': ['assert']" in table.stdout
     doc = json.loads(js.stdout)
     assert doc["framework"] == "toy" and doc["command"] == "handshake" and doc["exit_code"] == 1
     assert doc["matrix"] == {"1.0": ["ok"], "2.0": ["assert"]}
-    one = _toy("handshake", str(TOY), "--toy", "1.0", "--json")
+    one = _toy(toy_path, "handshake", str(TOY), "--toy", "1.0", "--json")
     assert one.returncode == 0 and json.loads(one.stdout)["matrix"] == {"1.0": ["ok"]}
+    page = _toy(toy_path, "handshake", str(TOY), "--format", "markdown")
+    assert page.returncode == 1 and "toy-header" in page.stdout, page.stderr
     (tmp_path / "toy").mkdir()
     (tmp_path / "toy" / TOY.name).write_text(TOY.read_text())
-    smoke = _toy("smoke", str(tmp_path), "--json")
+    smoke = _toy(toy_path, "smoke", str(tmp_path), "--json")
     assert smoke.returncode == 0, smoke.stdout + smoke.stderr
     cases = json.loads(smoke.stdout)["cases"]
     assert [(c["framework"], c["release"], c["passed"], c["got"]) for c in cases] == [
         ("toy", "1.0", True, ["ok"]), ("toy", "2.0", True, ["assert"])]
-    wrong = _toy("handshake", str(TOY), "--vllm", "0.9.1")
-    assert wrong.returncode == 2 and "is a Toy scenario" in wrong.stderr and "use --toy" in wrong.stderr
-    assert len(wrong.stderr.strip().splitlines()) == 1
+    listed = _toy(toy_path, "smoke", "--help")
+    assert "vllm, sglang, toy" in " ".join(listed.stdout.split()), listed.stdout  # help from the registry
 
 
-# The runtime every framework shares (docs/architecture.md): none of it imports a framework's wire formats,
-# release models, decision engine or package, so a new framework plugs in without touching it.
+@pytest.mark.xdist_group("toy")
+@pytest.mark.parametrize(("args", "says"), [
+    (["handshake", str(TOY), "--device", "cuda"], "--device: not available for Toy in `pdcheck handshake`"),
+    (["handshake", str(TOY), "--no-transfer"], "--no-transfer: not available for Toy in `pdcheck handshake`"),
+    (["handshake", str(TOY), "--prefill-tp", "2"], "--prefill-tp: not available for Toy in `pdcheck handshake`"),
+    (["handshake", str(TOY), "--vllm", "0.9.1"], "is a Toy scenario; use --toy"),
+    (["handshake", "seed-19338-tp8", "--toy", "1.0"], "seed-19338-tp8.toml is a vLLM scenario; use --vllm"),
+    (["probe", "127.0.0.1:9", "--toy", "1.0"], "No such option: --toy"),
+])
+def test_an_undeclared_flag_or_another_frameworks_scenario_is_one_line(toy_path: str, args: list[str],
+                                                                       says: str) -> None:
+    run = _toy(toy_path, *args)
+    assert run.returncode == 2 and says in run.stderr, run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+
+
+# The runtime every framework shares (docs/architecture.md): none of it imports a framework's package, the
+# registry, or the seam's adapters, so a new framework plugs in without touching it.
 RUNTIME = ("launcher", "orchestrate", "messages", "sidechannel", "ranks", "nixlagent", "kvcache", "lifecycle",
-           "placement", "netio", "envelope", "verdict", "releaseline", "errors")
-FRAMEWORK_MODULES = re.compile(r"^pdcheck\.(wire|releases|engine|hazards|sglang|requests|handshake_ranks|"
-                               r"frameworks)(\.|$)")
+           "placement", "netio", "envelope", "verdict", "releaseline", "errors", "geometry", "kvsplit",
+           "scenariofile", "seam", "bounds")
 
 
 @pytest.mark.parametrize("module", RUNTIME)
 def test_the_runtime_imports_no_framework(module: str) -> None:
     import ast
-    import pathlib
 
-    path = pathlib.Path(ROOT) / "pdcheck" / f"{module}.py"
-    found = []
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
-                 [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
-        found += [f"line {node.lineno}: {n}" for n in names if FRAMEWORK_MODULES.match(n)]
-    assert not found, f"pdcheck/{module}.py imports a framework's modules: {found}"
+    packages = set(_registry().values()) | {"pdcheck.frameworks"}
+    found = [f"line {line}: {mod}" for line, mod in _imports(ast.parse((PKG / f"{module}.py").read_text()))
+             if any(mod == p or mod.startswith(p + ".") for p in packages)]
+    assert not found, f"pdcheck/{module}.py imports a framework's package or the registry: {found}"

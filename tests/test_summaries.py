@@ -12,6 +12,7 @@ from rich.console import Console
 
 from pdcheck import cli
 from pdcheck import messages as m
+from pdcheck.vllm import messages as vm
 
 
 def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:
@@ -39,10 +40,10 @@ def test_an_asserting_release_transfer_reads_as_asserts_stripped() -> None:
     from pdcheck.vllm.report import _cell
 
     notes: dict[str, str] = {}
-    cell = _cell(m.Verdict(status="assert", assert_expr="x", handshake=1, contacted=[0]),
+    cell = _cell(vm.Verdict(status="assert", assert_expr="x", handshake=1, contacted=[0]),
                  m.TransferResult(status="wrong", blocks=128, wrong=64), notes)
     assert "asserts stripped (python -O): 64/128 wrong" in cell.plain and "xfer 64/128" not in cell.plain
-    ok = _cell(m.Verdict(status="ok", contacted=[0]), m.TransferResult(status="ok", blocks=128), notes)
+    ok = _cell(vm.Verdict(status="ok", contacted=[0]), m.TransferResult(status="ok", blocks=128), notes)
     assert "xfer 0/128 wrong" in ok.plain
 
 
@@ -61,7 +62,7 @@ def test_a_rank_without_a_listener_says_whose_port_answers_for_it() -> None:
 
     r0, r1 = object(), object()
     ranks = {0: r0, 1: r1}
-    listeners = {0: [m.ListenerSpec("F", 5600, None, [0, 1])], 1: []}
+    listeners = {0: [vm.ListenerSpec("F", 5600, None, [0, 1])], 1: []}
     assert _answered_by(r1, ranks, listeners) == (" (its metadata is served by P rank 0's listener :5600, "
                                                   "counted there)")
     assert _answered_by(r0, ranks, listeners) == ""

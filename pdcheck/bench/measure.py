@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from pdcheck.bench.messages import Ceiling
 from pdcheck.geometry import Geometry
 from pdcheck.kvcache import Arena, BlockCheck, KVCache, check_blocks
-from pdcheck.messages import Ceiling
 from pdcheck.nixlagent import LOCAL, Agent
 
 

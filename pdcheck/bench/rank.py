@@ -19,6 +19,7 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.bench import measure, tables
+from pdcheck.bench import messages as bm
 from pdcheck.errors import NixlCallError
 from pdcheck.geometry import Geometry, read_source
 from pdcheck.kvcache import Arena, KVCache, block_descs, check_range, desc_ids, engine_tag, region_addrs
@@ -42,7 +43,7 @@ def ucx_version() -> str:
     return "unknown"
 
 
-def _geometries(spec: m.BenchSpec, block_tokens: int) -> tuple[Geometry, Geometry]:
+def _geometries(spec: bm.BenchSpec, block_tokens: int) -> tuple[Geometry, Geometry]:
     shape = spec.shape
     return shape.geometry(spec.ptp, block_tokens), shape.geometry(spec.dtp, block_tokens)
 
@@ -51,10 +52,10 @@ class BenchRole(Role):
     """A transfer-bench rank: one arena (sized for the largest row) registered with a NIXL agent configured as
     the transport preset says. The spec's role picks Target (P) or Initiator (D)."""
 
-    spec_type = m.BenchSpec
+    spec_type = bm.BenchSpec
 
     @classmethod
-    def for_spec(cls, spec: m.BenchSpec) -> type[Role]:
+    def for_spec(cls, spec: bm.BenchSpec) -> type[Role]:
         return Target if spec.role == "P" else Initiator
 
     @property
@@ -86,7 +87,7 @@ class BenchRole(Role):
 
     def ready(self) -> m.Msg:
         s, arena = self.spec, self.arena
-        return m.BenchReady(s.tp_rank, s.agent_name, self.agent.metadata(), arena.addr, arena.nbytes, arena.dev,
+        return bm.BenchReady(s.tp_rank, s.agent_name, self.agent.metadata(), arena.addr, arena.nbytes, arena.dev,
                             ucx_version(), sorted(os.sched_getaffinity(0)))
 
 
@@ -109,15 +110,15 @@ class Target(BenchRole):
             elif not poll(0.001):
                 continue
             msg = m.recv(self.conn)
-            if isinstance(msg, m.Row):
+            if isinstance(msg, bm.Row):
                 m.send(self.conn, self.fill(msg))
-            elif isinstance(msg, m.Poll):
-                m.send(self.conn, m.Stats(time.process_time(), time.perf_counter() - self.t0, self.notifs))
+            elif isinstance(msg, bm.Poll):
+                m.send(self.conn, bm.Stats(time.process_time(), time.perf_counter() - self.t0, self.notifs))
             elif isinstance(msg, m.Stop):
-                m.send(self.conn, m.Bye(self.notifs))
+                m.send(self.conn, bm.Bye(self.notifs))
                 return
 
-    def fill(self, msg: m.Row) -> m.Filled:
+    def fill(self, msg: bm.Row) -> bm.Filled:
         s = self.spec
         t0 = time.perf_counter()
         gp, gd = _geometries(s, msg.block_tokens)
@@ -130,29 +131,29 @@ class Target(BenchRole):
                 row = int(desc_ids(gp.num_regions, msg.num_blocks, [block])[region])  # the cache's row, in order
                 self.arena.flip(row * gp.block_len + offset + gd.block_len // 2)
         self.arena.sync()
-        return m.Filled((time.perf_counter() - t0) * 1e3)
+        return bm.Filled((time.perf_counter() - t0) * 1e3)
 
 
 class Initiator(BenchRole):
     """D rank: pulls the row's requests with prepped READs and checks what landed."""
 
     def run(self) -> None:
-        self.peers: dict[int, m.PeerInfo] = {}
+        self.peers: dict[int, bm.PeerInfo] = {}
         self.names: dict[int, str] = {}
         while True:
             msg = m.recv(self.conn)
-            if isinstance(msg, m.Peers):
+            if isinstance(msg, bm.Peers):
                 for p in msg.peers:
                     self.peers[p.rank] = p
                     self.names[p.rank] = self.agent.add_remote(p.metadata)
                 m.send(self.conn, m.Ack())
-            elif isinstance(msg, m.Row):
+            elif isinstance(msg, bm.Row):
                 m.send(self.conn, self.row(msg))
             elif isinstance(msg, m.Stop):
-                m.send(self.conn, m.Bye(0))
+                m.send(self.conn, bm.Bye(0))
                 return
 
-    def row(self, msg: m.Row) -> m.RankRow:
+    def row(self, msg: bm.Row) -> bm.RankRow:
         s, arena, agent = self.spec, self.arena, self.agent
         gp, gd = _geometries(s, msg.block_tokens)
         src, offset = read_source(gp, gd, s.tp_rank) or (0, 0)  # the plan refused geometries without a source
@@ -185,9 +186,9 @@ class Initiator(BenchRole):
             agent.release(*handles)
             agent.release_dlist(lh, rh)
 
-    def _measure(self, msg: m.Row, kv: KVCache, gp: Geometry, src: int, offset: int, handles: list[Any],
-                 runs: list[int], prep_ms: float, make_us: float, peer: m.PeerInfo, remote: str, notif: bytes,
-                 tables_p: np.ndarray, tables_d: np.ndarray, ctx: str) -> m.RankRow:
+    def _measure(self, msg: bm.Row, kv: KVCache, gp: Geometry, src: int, offset: int, handles: list[Any],
+                 runs: list[int], prep_ms: float, make_us: float, peer: bm.PeerInfo, remote: str, notif: bytes,
+                 tables_p: np.ndarray, tables_d: np.ndarray, ctx: str) -> bm.RankRow:
         s, arena, agent = self.spec, self.arena, self.agent
         gd = kv.geometry
         regions, nb, bd, bp = gd.num_regions, msg.num_blocks, gd.block_len, gp.block_len
@@ -220,7 +221,7 @@ class Initiator(BenchRole):
 
         m.send(self.conn, m.Armed())
         go = m.recv(self.conn)
-        if not isinstance(go, m.Measure):
+        if not isinstance(go, bm.Measure):
             raise RuntimeError(f"expected Measure, got {type(go).__name__}")
         cpu0 = time.process_time()
         lat, wall = agent.timed(handles, iters, ctx)
@@ -230,7 +231,7 @@ class Initiator(BenchRole):
         chk = measure.verify_requests(kv, gp, BENCH_TAG, src, offset, tables_p, tables_d)
         verify_ms = (time.perf_counter() - t0) * 1e3
         mem_b = measure.memcpy_ceiling(arena, used_d, nbytes, budget)
-        return m.RankRow(
+        return bm.RankRow(
             rank=s.tp_rank, nbytes=nbytes, block_bytes=bd, desc_count=regions * msg.blocks, desc_merged=merged,
             desc_runs=float(np.mean(runs)), iters=iters, wall_ns=wall,
             lat_ns=np.asarray(lat, dtype="<i8").tobytes(), checked=chk.checked, wrong=chk.wrong,

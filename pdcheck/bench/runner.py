@@ -19,6 +19,7 @@ import pdcheck
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.bench import envinfo, measure, schema, tables
+from pdcheck.bench import messages as bm
 from pdcheck.bench.plan import BenchConfig, Plan, make_plan
 from pdcheck.bench.rank import bench_main
 from pdcheck.bench.transport import diagnose, parse_proto_info, warnings_for
@@ -141,7 +142,7 @@ class Ranks:
         self.lau, self.log_dir = lau, log_dir
         self.by_id: dict[RankId, Rank] = {}
 
-    def start(self, rid: RankId, spec: m.BenchSpec) -> None:
+    def start(self, rid: RankId, spec: bm.BenchSpec) -> None:
         self.by_id[rid] = self.lau.start(rid.role, rid.index, bench_main, msgspec.msgpack.encode(spec),
                                          log=str(_log(self.log_dir, rid)))
 
@@ -156,7 +157,7 @@ class Ranks:
         # Every rank's pipe and sentinel, not only the awaited ones: a P rank that dies while D ranks measure
         # is reported now, not when the D ranks' READs time out.
         got = orc.gather(self.lau, [self.by_id[i] for i in ids], kind, timeout, _Faults(self, what, timeout),
-                         watch=list(self.by_id.values()), ended_ok=kind is m.Bye)
+                         watch=list(self.by_id.values()), ended_ok=kind is bm.Bye)
         return {rid: msg for rid, (_rank, msg) in got.items()}
 
     def died(self, rank: Rank, what: str) -> str:
@@ -207,7 +208,7 @@ def _last_line(path: Path) -> str:
 
 
 def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[RankId, list[int]], ucx: dict[str, str],
-           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[RankId, m.BenchReady], float | None]:
+           progress: ProgressFn | None) -> tuple[list[schema.Row], dict[RankId, bm.BenchReady], float | None]:
     t = cfg.timeout
     ps, ds = orc.ids("P", cfg.ptp), orc.ids("D", cfg.dtp)
     everyone = [*ps, *ds]
@@ -215,7 +216,7 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[RankId, list[
     for rid in everyone:
         is_p = rid.role == "P"
         host = where[rid.role, rid.index].host
-        ranks.start(rid, m.BenchSpec(
+        ranks.start(rid, bm.BenchSpec(
             role=rid.role, tp_rank=rid.index, agent_name=f"pdcheck-{rid.short}",
             arena_bytes=(plan.pool_p if is_p else plan.pool_d)[rid.index], device=cfg.device,
             # A Ray actor sees only the one GPU Ray gave it.
@@ -224,10 +225,10 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[RankId, list[
             target_busy=cfg.target_busy, ucx_env=ucx, shape=cfg.shape, ptp=cfg.ptp, dtp=cfg.dtp, iters=cfg.iters,
             warmup=cfg.warmup, min_time=cfg.min_time, notif=cfg.notif, host=host or "127.0.0.1",
         ))
-    ready = ranks.gather(everyone, m.BenchReady, t, "creating agents and registering memory")
-    peers = [m.PeerInfo(rid.index, r.agent_name, r.metadata, r.addr, r.dev) for rid, r in ready.items()
+    ready = ranks.gather(everyone, bm.BenchReady, t, "creating agents and registering memory")
+    peers = [bm.PeerInfo(rid.index, r.agent_name, r.metadata, r.addr, r.dev) for rid, r in ready.items()
              if rid.role == "P"]
-    ranks.send(ds, m.Peers(peers))
+    ranks.send(ds, bm.Peers(peers))
     ranks.gather(ds, m.Ack, t, "loading prefill metadata")
 
     rows: list[schema.Row] = []
@@ -235,21 +236,21 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[RankId, list[
     meter = envinfo.ForeignCpu([os.getpid(), *ranks.pids()])
     for row in plan.rows:
         what = f"row {row.label()}"
-        msg = m.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
+        msg = bm.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length,
                     row.num_blocks, tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d),
                     -1 if cfg.corrupt is None else cfg.corrupt)
         ranks.send(ps, msg)
-        filled = ranks.gather(ps, m.Filled, t, f"filling {what}")
+        filled = ranks.gather(ps, bm.Filled, t, f"filling {what}")
         ranks.send(ds, msg)
         ranks.gather(ds, m.Armed, t, f"preparing {what}")
-        ranks.send(ps, m.Poll())
-        before = ranks.gather(ps, m.Stats, t, f"polling {what}")
+        ranks.send(ps, bm.Poll())
+        before = ranks.gather(ps, bm.Stats, t, f"polling {what}")
         meter.restart()
-        ranks.send(ds, m.Measure())
-        results = ranks.gather(ds, m.RankRow, t, f"measuring {what}")
+        ranks.send(ds, bm.Measure())
+        results = ranks.gather(ds, bm.RankRow, t, f"measuring {what}")
         foreign = meter.read()
-        ranks.send(ps, m.Poll())
-        after = ranks.gather(ps, m.Stats, t, f"polling {what}")
+        ranks.send(ps, bm.Poll())
+        after = ranks.gather(ps, bm.Stats, t, f"polling {what}")
         cpu = sum((after[p].cpu_s - before[p].cpu_s) / max(1e-9, after[p].wall_s - before[p].wall_s) for p in ps)
         target_cpu.append(cpu)
         fill_ms = max(f.fill_ms for f in filled.values())
@@ -257,11 +258,11 @@ def _drive(cfg: BenchConfig, plan: Plan, ranks: Ranks, cores: dict[RankId, list[
         if progress:
             progress(len(rows), len(plan.rows), row.label())
     ranks.send(everyone, m.Stop())
-    ranks.gather(everyone, m.Bye, t, "stopping")
+    ranks.gather(everyone, bm.Bye, t, "stopping")
     return rows, ready, statistics.median(target_cpu) if target_cpu else None
 
 
-def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[m.RankRow], target_cpu: float | None,
+def aggregate(cfg: BenchConfig, row: tables.RowPlan, rr: list[bm.RankRow], target_cpu: float | None,
               fill_ms: float, llc: int, foreign_cpu: float = 0.0) -> schema.Row:
     """Decode ranks pull at the same time: sum their bytes and GB/s, pool their latencies."""
     lat = np.concatenate([np.frombuffer(r.lat_ns, dtype="<i8") for r in rr])

@@ -60,7 +60,7 @@ def plan_row(index: int, block_tokens: int, tokens: int, requests: int, run_leng
 
 
 def table_bytes(table: np.ndarray) -> bytes:
-    """A (requests, blocks) block table as it travels in messages.Row: raw little-endian int64."""
+    """A (requests, blocks) block table as it travels in bm.Row: raw little-endian int64."""
     return np.ascontiguousarray(table, dtype="<i8").tobytes()
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -38,7 +38,7 @@ def console(stderr: bool = False, **kw: Any) -> Any:
 
 
 def emit(command: str, framework: str | None, outcome: Any, json_out: bool) -> None:
-    """Print a command's outcome (pdcheck.frameworks.Outcome): one --json document through the envelope (or the
+    """Print a command's outcome (pdcheck.seam.Outcome): one --json document through the envelope (or the
     --format page of that document), or its tables; then end with its exit code."""
     if json_out:
         from pdcheck.envelope import write
@@ -50,6 +50,24 @@ def emit(command: str, framework: str | None, outcome: Any, json_out: bool) -> N
     else:
         outcome.render(console())
     raise typer.Exit(outcome.exit_code)
+
+
+def framework_flags(ctx: typer.Context, own: Iterable[str]) -> list[tuple[str, str]]:
+    """The flags of the running command (its typer context) given on the command line or from the environment,
+    other than the command's own (`own`: parameter names every framework takes, e.g. --json) and the release
+    flags: (parameter name, the flag as spelled), for pdcheck.frameworks.check_flags."""
+    from pdcheck import frameworks
+
+    skip = {*own, *frameworks.names(), "format_", "output"}
+    given = ("COMMANDLINE", "ENVIRONMENT")
+
+    def spelled(p: Any) -> str:  # --no-transfer where that is what was given
+        off = p.secondary_opts and ctx.params.get(p.name) is False
+        return max(p.secondary_opts if off else p.opts, key=len)
+
+    return [(p.name, spelled(p)) for p in ctx.command.params
+            if p.param_type_name == "option" and p.name not in skip
+            and getattr(ctx.get_parameter_source(p.name), "name", None) in given]
 
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -96,7 +114,12 @@ def output_flags(func: F) -> F:
             raise BadInput("--output: only with --format markdown or --format html")
         bounds.check_out_file("--output", path)
         kwargs["json_out"] = True
-        with render.selected(render.Output(fmt, path)):
+        from pdcheck import frameworks
+
+        fws = frameworks.all_frameworks()
+        out = render.Output(fmt, path, tuple(fw.distribution for fw in fws if fw.distribution),
+                            tuple(p for fw in fws for p in fw.env_prefixes))
+        with render.selected(out):
             return func(*args, **kwargs)
 
     wrapper.__signature__ = new_sig  # type: ignore[attr-defined]

@@ -46,7 +46,7 @@ def register(app: typer.Typer) -> None:
             raise BadInput(f"list: {what!r}: name scenarios or releases{did_you_mean(what, WHAT)}")
         body = catalog.Catalog(catalog.scenarios() if what in (None, "scenarios") else [],
                                catalog.releases() if what in (None, "releases") else [])
-        from pdcheck.frameworks import Outcome
+        from pdcheck.seam import Outcome
 
         emit("list", None, Outcome(0, body, lambda con: render(body, con, what)), json_out)
 

@@ -112,7 +112,7 @@ def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: f
 
 def _emit(report: Any, code: int, json_out: bool) -> int:
     from pdcheck.doctor.render import render
-    from pdcheck.frameworks import Outcome
+    from pdcheck.seam import Outcome
 
     emit("doctor", None, Outcome(code, report, lambda con: render(report, con)), json_out)
     return code

@@ -30,6 +30,7 @@ def register(app: typer.Typer) -> None:
     @scenario_flags
     @release_flags("from-logs")
     def scenario_from_logs(
+        ctx: typer.Context,
         prefill_log: Annotated[Path, typer.Argument(metavar="PREFILL.log", show_default=False,
                                                     help="The prefill instance's start-up log (plain or .gz).")],
         decode_log: Annotated[Path, typer.Argument(metavar="DECODE.log", show_default=False,
@@ -53,14 +54,18 @@ def register(app: typer.Typer) -> None:
         """Read P/D geometry and per-rank num_blocks out of start-up logs and write a commented scenario.
 
         Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO`."""
-        from pdcheck import frameworks
+        from pdcheck import frameworks, seam
         from pdcheck.errors import BadInput
 
         if output is not None and not force and (output.exists() or output.is_symlink()):
             raise BadInput(f"--output: {output} exists; pass --force to replace it")
+        from pdcheck.commands import framework_flags
+
         fw, rels = frameworks.pick(None, releases, "logs", command="from-logs")
-        outcome = fw.from_logs({"prefill_log": prefill_log, "decode_log": decode_log, "overrides": overrides,
-                                "output": output, "dp_rank": dp_rank, "releases": rels})
+        frameworks.check_flags(fw, "from-logs", framework_flags(ctx, ("json_out", "output", "force")))
+        outcome = fw.from_logs(seam.FromLogsArgs(prefill_log=prefill_log, decode_log=decode_log,
+                                                       releases=rels, overrides=overrides, output=output,
+                                                       dp_rank=dp_rank))
         if output is not None and outcome.text is not None:
             try:
                 output.write_text(outcome.text)

@@ -12,6 +12,7 @@ from pdcheck.commands import OUTPUT, RUN, SCENARIO, Opt, emit, exit_codes, outpu
 
 LIVE = "Live prefill"
 HANG_TIMEOUT_S = 3.0  # handshake's and smoke's default
+OWN = ("json_out", "hang_timeout", "timeout")  # flags every framework's handshake takes
 
 EPILOG = f"""[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
@@ -36,6 +37,7 @@ def register(app: typer.Typer) -> None:
     @scenario_flags
     @release_flags("handshake")
     def handshake(
+        ctx: typer.Context,
         scenario: Annotated[Path | None, typer.Argument(
             metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled scenario's name or a scenario TOML file (flags override its keys).")] = None,
@@ -60,9 +62,11 @@ def register(app: typer.Typer) -> None:
                                             help="Keep each rank's log (its stdout and stderr, NIXL's and UCX's "
                                                  "own lines included) here as P0.log, D0.log, ... (default: a "
                                                  "temporary directory, removed unless the harness fails).")] = None,
-        prefill_vllm: Annotated[str | None, Opt(metavar="RELEASE", rich_help_panel=LIVE, show_default=False,
-                                                help="The release the prefill runs (prefill.vllm): a cross-release "
-                                                     "pair, or the live P's release with --prefill-endpoint.")] = None,
+        prefill_release: Annotated[str | None, Opt("--prefill-release", "--prefill-vllm", metavar="RELEASE",
+                                                   rich_help_panel=LIVE, show_default=False,
+                                                   help="The release the prefill runs (the scenario's prefill "
+                                                        "release key): a cross-release pair, or the live P's "
+                                                        "release with --prefill-endpoint.")] = None,
         prefill_endpoint: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=LIVE, show_default=False,
                                                     help="A live P's side channel (e.g. pdcheck serve): no fake P; "
                                                          "its facts are probed, read-only.")] = None,
@@ -76,7 +80,8 @@ def register(app: typer.Typer) -> None:
                                             "D on pdcheck_decode ones (needs pdcheck\\[ray]).")] = None,
     ) -> None:
         """Start fake P and D ranks, run the modelled release's handshake for real, report per D rank."""
-        from pdcheck import bounds, frameworks, progress
+        from pdcheck import bounds, frameworks, progress, seam
+        from pdcheck.commands import framework_flags
         from pdcheck.scenariofile import read_toml
 
         # Progress from the start: planning and the ranks' start-up come before the run's first stage.
@@ -84,12 +89,13 @@ def register(app: typer.Typer) -> None:
             # Every check before any process starts: flags, file, releases, port layout, device.
             bounds.check_timeouts(hang_timeout, timeout)
             scenario = frameworks.locate(scenario) if scenario is not None else None
-            declared = read_toml(scenario).get("framework") if scenario is not None and from_logs is None else None
-            fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"))
-            plan = fw.handshake_plan(frameworks.HandshakeArgs(
+            doc = read_toml(scenario) if scenario is not None and from_logs is None else None
+            fw, rels = frameworks.pick(doc, releases, str(scenario or "command line"))
+            frameworks.check_flags(fw, "handshake", framework_flags(ctx, OWN))
+            plan = fw.handshake_plan(seam.HandshakeArgs(
                 scenario=scenario, releases=rels, overrides=overrides, hang_timeout=hang_timeout, timeout=timeout,
                 json_out=json_out, transfer=transfer, device=device, max_tp=max_tp, from_logs=from_logs,
-                prefill_release=prefill_vllm, prefill_endpoint=prefill_endpoint, inject=inject, ray=ray,
+                prefill_release=prefill_release, prefill_endpoint=prefill_endpoint, inject=inject, ray=ray,
                 log_dir=log_dir))
             outcome = fw.handshake_run(plan, show_progress=not json_out)
         emit("handshake", fw.name, outcome, json_out)

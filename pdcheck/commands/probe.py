@@ -37,6 +37,7 @@ def register(app: typer.Typer) -> None:
     @scenario_flags
     @release_flags("probe", metavar="RELEASE", panel=PROBE)
     def probe(
+        ctx: typer.Context,
         endpoint: Annotated[str, typer.Argument(
             metavar="HOST:PORT", show_default=False,
             help="P's side channel (VLLM_NIXL_SIDE_CHANNEL_HOST/PORT; the base port, before any DP offset), "
@@ -44,9 +45,10 @@ def register(app: typer.Typer) -> None:
         *,
         overrides: dict[str, Any],
         releases: dict[str, str | None],
-        decode_sglang: Annotated[str | None, Opt(metavar="RELEASES", rich_help_panel=PROBE, show_default=False,
-                                                 help="With --sglang: the decode release(s) to check against it "
-                                                      "(default: the prefill's).")] = None,
+        decode_releases: Annotated[str | None, Opt("--decode-releases", "--decode-sglang", metavar="RELEASES",
+                                                   rich_help_panel=PROBE, show_default=False,
+                                                   help="The decode release(s) to check against P (default: "
+                                                        "P's).")] = None,
         dp_rank: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
                                     help="Which DP rank of P to ask (port offset as that release lays it out).")] = 0,
         dp_size: Annotated[int, Opt(metavar="N", rich_help_panel=PROBE,
@@ -75,15 +77,17 @@ def register(app: typer.Typer) -> None:
                                       help="One JSON document on stdout instead of tables.")] = False,
     ) -> None:
         """Read a live prefill instance's side channel (read-only) and report its ranks and the hazards."""
-        from pdcheck import frameworks
+        from pdcheck import frameworks, seam
+        from pdcheck.commands import framework_flags
+        from pdcheck.scenariofile import read_toml
 
         scenario = frameworks.locate(scenario) if scenario is not None else None
-        fw, rels = frameworks.pick(None, releases, "probe", command="probe",
-                                   one="probe one framework's prefill")
+        fw, rels = frameworks.pick(read_toml(scenario) if scenario is not None else None, releases, "probe",
+                                   command="probe", one="probe one framework's prefill")
+        frameworks.check_flags(fw, "probe", framework_flags(ctx, ("json_out", "timeout", "scenario")))
         p_tp = overrides.get("prefill", {}).get("tp_size")  # --prefill-tp: P's TP size (default: discovered)
-        outcome = fw.probe({"endpoint": endpoint, "releases": rels, "overrides": overrides,
-                            "decode_sglang": decode_sglang, "dp_rank": dp_rank, "dp_size": dp_size,
-                            "pp_size": pp_size,
-                            "tp_size": p_tp if p_tp is not None else tp_size, "timeout": timeout,
-                            "max_tp": max_tp, "version_url": version_url, "scenario": scenario})
+        outcome = fw.probe(seam.ProbeArgs(
+            endpoint=endpoint, releases=rels, overrides=overrides, scenario=scenario, timeout=timeout,
+            max_tp=max_tp, decode_releases=decode_releases, dp_rank=dp_rank, dp_size=dp_size, pp_size=pp_size,
+            tp_size=p_tp if p_tp is not None else tp_size, version_url=version_url))
         emit("probe", fw.name, outcome, json_out)

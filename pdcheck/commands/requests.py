@@ -9,11 +9,10 @@ import typer
 
 from pdcheck.cliopts import Command, complete_scenario, release_flags
 from pdcheck.commands import OUTPUT, Opt, emit, exit_codes, output_flags
-from pdcheck.vllm.requests.faults import NAMES
 
 LOAD = "Requests"
 
-EPILOG = f"""[bold]Examples[/]
+EXAMPLES = """[bold]Examples[/]
   [dim]# blocks freed before a slow decode reads them, per release[/]
   pdcheck requests requests-freed-early --vllm 0.9.1,0.11.1,0.34.0
   [dim]# no file: flags only[/]
@@ -24,25 +23,24 @@ EPILOG = f"""[bold]Examples[/]
       --fault drop-notif:2
   [dim]# P replaced after handing out request 2's params; the timeline drawn[/]
   pdcheck requests --vllm 0.11.1,0.34.0 --requests 5 --fault restart-p:2 \\
-      --plot restart.png
-
-Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request,
-p=SHARE: that fraction of them picked by --seed, default every one):
-slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
-bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id|wrong-tp,
-drop-params, restart-p:REQ[:rank=R], read-fail, hold:SECONDS,
-heartbeat-loss:SECONDS, abort-d. In push mode drop-notif and delay-notif hit
-P's completion notification to D.
-
-{exit_codes("every request delivered or recomputed, no block leaked", "otherwise")}"""
+      --plot restart.png"""
+EXIT = exit_codes("every request delivered or recomputed, no block leaked", "otherwise")
+FAULT_HELP = ""  # --fault's help: each framework's fault names (Support.help), set when the command is built
 
 
 def register(app: typer.Typer) -> None:
+    from pdcheck import frameworks
 
-    @app.command(cls=Command, epilog=EPILOG)
+    global FAULT_HELP
+    supports = [fw.commands["requests"] for fw in frameworks.supporting("requests")]
+    FAULT_HELP = "A fault (" + "; ".join(s.help["fault"] for s in supports if "fault" in s.help) + "); repeatable."
+    epilog = "\n\n".join([EXAMPLES, *(s.epilog for s in supports if s.epilog), EXIT])
+
+    @app.command(cls=Command, epilog=epilog)
     @output_flags
     @release_flags("requests")
     def requests(
+        ctx: typer.Context,
         scenario: Annotated[Path | None, typer.Argument(
             metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled requests scenario's name or a requests TOML file (flags override it).")] = None,
@@ -68,7 +66,7 @@ def register(app: typer.Typer) -> None:
         seed: Annotated[int | None, Opt(metavar="N", rich_help_panel=LOAD, show_default=False,
                                         help="Which requests a fault's p=SHARE picks (default 0).")] = None,
         fault: Annotated[list[str] | None, Opt(metavar="NAME[:ARGS]", rich_help_panel=LOAD, show_default=False,
-                                               help=f"A fault ({', '.join(NAMES)}); repeatable.")] = None,
+                                               help=FAULT_HELP)] = None,
         time_scale: Annotated[float | None, Opt(metavar="K", rich_help_panel=LOAD, show_default=False,
                                                 help="Run every length (arrival gaps, lease, fault seconds) K times "
                                                      "slower, 1-20, for a loaded machine; the verdicts stay the "
@@ -84,13 +82,17 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """The request lifecycle after the handshake: real P and D ranks, real NIXL READs and notifications; a
         verdict per request per release, the corrected path beside it, P's block accounting."""
-        from pdcheck import frameworks
+        from pdcheck import frameworks, seam
+        from pdcheck.commands import framework_flags
+        from pdcheck.scenariofile import read_toml
 
         scenario = frameworks.locate(scenario) if scenario is not None else None
-        fw, rels = frameworks.pick(None, releases, str(scenario or "command line"), command="requests")
-        outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot, "all": every,
-                               "flags": {"requests": n_requests, "rate": rate, "lease": lease,
-                                         "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
-                                         "failure_policy": failure_policy, "mode": mode,
-                                         "time_scale": time_scale}, "json_out": json_out})
+        fw, rels = frameworks.pick(read_toml(scenario) if scenario is not None else None, releases,
+                                   str(scenario or "command line"), command="requests")
+        frameworks.check_flags(fw, "requests", framework_flags(ctx, ("json_out",)))
+        outcome = fw.requests(seam.RequestsArgs(
+            scenario=scenario, releases=rels, faults=fault or [], json_out=json_out, plot=plot, every=every,
+            flags={"requests": n_requests, "rate": rate, "lease": lease, "blocks_per_request": blocks_per_request,
+                   "pool": pool, "seed": seed, "failure_policy": failure_policy, "mode": mode,
+                   "time_scale": time_scale}))
         emit("requests", fw.name, outcome, json_out)

@@ -9,7 +9,6 @@ import typer
 
 from pdcheck.cliopts import Command, complete_scenario, release_flags, scenario_flags
 from pdcheck.commands import OUTPUT, SIGNALS, Opt, output_flags
-from pdcheck.vllm.plan import TAG_BLOCKS
 
 SERVE = "Serve"
 EPILOG = f"""[bold]Examples[/]
@@ -35,6 +34,7 @@ def register(app: typer.Typer) -> None:
     @scenario_flags
     @release_flags("serve", metavar="RELEASE", panel=SERVE)
     def serve(
+        ctx: typer.Context,
         scenario: Annotated[Path | None, typer.Argument(
             metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled scenario's name or a scenario TOML file; its \\[prefill] table is served.")] = None,
@@ -45,8 +45,9 @@ def register(app: typer.Typer) -> None:
                                         help="Base side-channel port (VLLM_NIXL_SIDE_CHANNEL_PORT): rank r on "
                                              "PORT + r in per-worker eras (A-E), one scheduler port in F-H; "
                                              "default: OS-chosen.")] = None,
-        tag_blocks: Annotated[int, Opt(metavar="N", rich_help_panel=SERVE,
-                                       help="Coordinate-tag blocks [0, N) of every region.")] = TAG_BLOCKS,
+        tag_blocks: Annotated[int | None, Opt(metavar="N", rich_help_panel=SERVE, show_default=False,
+                                              help="Coordinate-tag blocks [0, N) of every region (default: "
+                                                   "4096).")] = None,
         duration: Annotated[float | None, Opt(metavar="SECONDS", rich_help_panel=SERVE, show_default=False,
                                               help="Stop after this many seconds (default: run until a signal).")
                             ] = None,
@@ -57,13 +58,15 @@ def register(app: typer.Typer) -> None:
                                       help="The ready document as one JSON line on stdout.")] = False,
     ) -> None:
         """Serve a scenario's fake prefill ranks to real decode instances until Ctrl-C/SIGTERM."""
-        from pdcheck import frameworks
+        from pdcheck import frameworks, seam
+        from pdcheck.commands import framework_flags
         from pdcheck.scenariofile import read_toml
 
         scenario = frameworks.locate(scenario) if scenario is not None else None
-        declared = read_toml(scenario).get("framework") if scenario is not None else None
-        fw, rels = frameworks.pick(declared, releases, str(scenario or "command line"), command="serve",
+        doc = read_toml(scenario) if scenario is not None else None
+        fw, rels = frameworks.pick(doc, releases, str(scenario or "command line"), command="serve",
                                    one="serve one framework's prefill")
-        raise typer.Exit(fw.serve({"scenario": scenario, "releases": rels, "overrides": overrides, "port": port,
-                                   "tag_blocks": tag_blocks, "duration": duration, "api_port": api_port,
-                                   "json_out": json_out}))
+        frameworks.check_flags(fw, "serve", framework_flags(ctx, ("json_out", "duration")))
+        raise typer.Exit(fw.serve(seam.ServeArgs(
+            scenario=scenario, releases=rels, overrides=overrides, json_out=json_out, port=port,
+            tag_blocks=tag_blocks, duration=duration, api_port=api_port)))

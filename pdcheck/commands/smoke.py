@@ -29,11 +29,23 @@ EPILOG = f"""[bold]Examples[/]
 {exit_codes("every expectation holds", "one does not")}"""
 
 
+# smoke's own flags; any other (--no-transfer) must be one every selected scenario's framework takes
+OWN = ("junit", "json_out", "documents", "hang_timeout", "jobs", "framework", "phase", "name")
+
+
+FRAMEWORK_HELP = ""  # --framework's help, naming the registered frameworks: set when the command is built
+
+
 def register(app: typer.Typer) -> None:
+    from pdcheck import frameworks
+
+    global FRAMEWORK_HELP
+    FRAMEWORK_HELP = f"Only this framework's scenarios ({', '.join(frameworks.names())}; repeatable)."
 
     @app.command(cls=Command, epilog=EPILOG)
     @output_flags
     def smoke(
+        ctx: typer.Context,
         directory: Annotated[Path | None, typer.Argument(
             metavar="DIRECTORY", show_default=False,
             help="Directory of scenario TOML files with expect tables (default: the bundled scenarios).")] = None,
@@ -55,8 +67,7 @@ def register(app: typer.Typer) -> None:
                                              "processes bounded by the cores (default: 5 per core; 1: one after "
                                              "another).")] = None,
         framework: Annotated[list[str] | None, Opt(metavar="NAME", rich_help_panel=SELECT, show_default=False,
-                                                   help="Only this framework's scenarios (vllm, sglang; "
-                                                        "repeatable).")] = None,
+                                                   help=FRAMEWORK_HELP)] = None,
         phase: Annotated[list[str] | None, Opt(metavar="PHASE", rich_help_panel=SELECT, show_default=False,
                                                help="Only scenarios of this phase: handshake or requests "
                                                     "(repeatable).")] = None,
@@ -67,22 +78,21 @@ def register(app: typer.Typer) -> None:
         """Run every scenario in DIRECTORY and check its expected outcome per release. Exit 0 only if all hold."""
         from pdcheck import bounds, progress
         from pdcheck import smoke as sm
-        from pdcheck.frameworks import SmokeOptions
+        from pdcheck.commands import framework_flags
         from pdcheck.scenariofile import BUNDLED
+        from pdcheck.seam import SmokeOptions
 
         bounds.check_timeouts(hang_timeout)
         bounds.check_out_file("--junit", junit)  # before anything runs
         if documents is not None:
             bounds.check_out_dir("--documents", documents)
-        from pdcheck.vllm.requests.plan import time_scale
-
-        time_scale(None)  # $PDCHECK_TIME_SCALE, which every request-path scenario runs at (docs/requests.md)
         n = sm.default_jobs() if jobs is None else jobs
         if not 1 <= n <= sm.MAX_JOBS:
             from pdcheck.errors import BadInput
 
             raise BadInput(f"--jobs: expected 1 to {sm.MAX_JOBS}, got {n}")
-        select = sm.Select(tuple(framework or ()), tuple(phase or ()), tuple(name or ()))
+        select = sm.Select(tuple(framework or ()), tuple(phase or ()), tuple(name or ()),
+                           tuple(framework_flags(ctx, OWN)))
         with progress.stderr_progress(enabled=not json_out) as tick:
             def on_case(case: sm.Case, done: int, total: int) -> None:
                 tick("smoke cases", done, total, f"{case.scenario}")
@@ -108,7 +118,7 @@ def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> N
     scenarios that finished, with the signal's exit code."""
     from pdcheck import smoke as sm
     from pdcheck.errors import BadInput
-    from pdcheck.frameworks import Outcome
+    from pdcheck.seam import Outcome
 
     assert isinstance(rep, sm.SmokeReport)
     if interrupted:  # the run's exit code is the signal's (pdcheck.lifecycle), the document's too

@@ -21,6 +21,7 @@ from typing import Any
 import msgspec
 
 from pdcheck import messages as m
+from pdcheck.bench import messages as bm
 from pdcheck.bench.plan import make_plan
 from pdcheck.doctor import loopback, pair
 from pdcheck.doctor.model import ORDER, Check, Status, check
@@ -150,18 +151,18 @@ def _one(lau: Any, i: int, p_node: Node, d_node: Node, timeout: float, expect: l
             for rid, key, arena in ((prid, pk, plan.pool_p[0]), (drid, dk, plan.pool_d[0])):
                 spec = pair._spec(rid.role, where[key].host or "127.0.0.1", arena, ucx)
                 ranks.start(rid, msgspec.structs.replace(spec, agent_name=f"pdcheck-doctor-{rid.short}-{i}"))
-            ready = ranks.gather([prid, drid], m.BenchReady, timeout, "creating agents and registering memory")
+            ready = ranks.gather([prid, drid], bm.BenchReady, timeout, "creating agents and registering memory")
             rp = ready[prid]
             ranks.send([prid], row)
-            ranks.gather([prid], m.Filled, timeout, "filling the KV blocks")
-            ranks.send([drid], m.Peers([m.PeerInfo(0, rp.agent_name, rp.metadata, rp.addr, rp.dev)]))
+            ranks.gather([prid], bm.Filled, timeout, "filling the KV blocks")
+            ranks.send([drid], bm.Peers([bm.PeerInfo(0, rp.agent_name, rp.metadata, rp.addr, rp.dev)]))
             ranks.gather([drid], m.Ack, timeout, "loading the prefill node's agent metadata")
             ranks.send([drid], row)
             ranks.gather([drid], m.Armed, timeout, "READing the prefill node's blocks (warm-up)")
-            ranks.send([drid], m.Measure())
-            got: m.RankRow = ranks.gather([drid], m.RankRow, timeout, "READing the prefill node's blocks")[drid]
+            ranks.send([drid], bm.Measure())
+            got: bm.RankRow = ranks.gather([drid], bm.RankRow, timeout, "READing the prefill node's blocks")[drid]
             ranks.send([prid, drid], m.Stop())
-            ranks.gather([prid, drid], m.Bye, timeout, "stopping")
+            ranks.gather([prid, drid], bm.Bye, timeout, "stopping")
         except HarnessError as exc:
             lau.release([pk, dk])
             d_end = pair._evidence(logs / f"{drid.short}.log", d_node.address, "")

@@ -26,6 +26,7 @@ import zmq
 from pdcheck import bounds
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
+from pdcheck.bench import messages as bm
 from pdcheck.bench.plan import make_plan
 from pdcheck.bench.transport import diagnose, parse_proto_info
 from pdcheck.doctor import loopback
@@ -213,20 +214,20 @@ def check_advertised(adv: str, what: str) -> tuple[str, int]:
 
 
 # ------------------------------------------------------------------------------------------------ ranks
-def _spec(role: str, host: str, arena: int, ucx: dict[str, str]) -> m.BenchSpec:
+def _spec(role: str, host: str, arena: int, ucx: dict[str, str]) -> bm.BenchSpec:
     cfg = loopback.config("cpu", 30.0)
-    return m.BenchSpec(
+    return bm.BenchSpec(
         role=role, tp_rank=0, agent_name=f"pdcheck-doctor-{'listen' if role == 'P' else 'peer'}-{os.getpid()}",
         arena_bytes=arena, device="cpu", gpu=0, cores=[], error_mode=None, progress_thread=False,
         target_busy=cfg.target_busy, ucx_env=ucx, shape=cfg.shape, ptp=1, dtp=1, iters=0, warmup=cfg.warmup,
         min_time=cfg.min_time, notif=True, host=host)
 
 
-def _row_msg(plan: Any) -> m.Row:
+def _row_msg(plan: Any) -> bm.Row:
     from pdcheck.bench import tables
 
     row = plan.rows[0]
-    return m.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length, row.num_blocks,
+    return bm.Row(row.index, row.block_tokens, row.tokens, row.blocks, row.requests, row.run_length, row.num_blocks,
                  tables.table_bytes(row.tables_p), tables.table_bytes(row.tables_d), -1)
 
 
@@ -267,7 +268,7 @@ class _Pair:
         self.ranks.start(self.rid, _spec(role, host, arena, _ucx_env()))
         # --timeout bounds what the other end does; this rank's own start-up (an agent, a registration, on a
         # busy machine seconds) gets at least RANK_SETUP_S, so a short --timeout never fails a healthy start.
-        self.ready: m.BenchReady = self.ranks.gather([self.rid], m.BenchReady, max(timeout, RANK_SETUP_S),
+        self.ready: bm.BenchReady = self.ranks.gather([self.rid], bm.BenchReady, max(timeout, RANK_SETUP_S),
                                                      "creating the agent and registering memory")[self.rid]
 
     def ask(self, msg: m.Msg, kind: type, what: str) -> Any:
@@ -276,7 +277,7 @@ class _Pair:
 
     def stop(self) -> End:
         """Stop the rank (its log is complete once it exits) and read its evidence."""
-        self.ask(m.Stop(), m.Bye, "stopping")
+        self.ask(m.Stop(), bm.Bye, "stopping")
         self.lau.close()
         return _evidence(self.dir / f"{self.rid.short}.log", self.host, self.ready.ucx_version)
 
@@ -329,7 +330,7 @@ def listen(report: Any, where: tuple[str, int], timeout: float, advertise: str |
             _reply(sock, Evidence(pair.stop()))
             raise PeerError(f"--listen: the peer says this listener {fill.error[:bounds.MAX_PEER_STR]}; advertise "
                             "an address of this node that this listener listens on (--advertise)")
-        filled = pair.ask(pair.row, m.Filled, "filling the KV blocks")
+        filled = pair.ask(pair.row, bm.Filled, "filling the KV blocks")
         _reply(sock, Filled(filled.fill_ms))
         deadline = time.monotonic() + timeout
         res = _serve(sock, deadline, timeout, (Result, Aborted), "waiting for the peer's transfer result")
@@ -410,11 +411,11 @@ def dial(report: Any, target: tuple[str, int], timeout: float, expect: list[str]
             raise PeerError(f"{where}: the listener advertises {adv}, where nothing answered ({exc}){lie}") from None
         _expect(frames, Filled, f"{where} (advertised {adv})")
         try:
-            pair.ask(m.Peers([m.PeerInfo(0, offer.agent_name, offer.metadata, offer.addr, offer.dev)]), m.Ack,
+            pair.ask(bm.Peers([bm.PeerInfo(0, offer.agent_name, offer.metadata, offer.addr, offer.dev)]), m.Ack,
                      "loading the listener's agent metadata")
             pair.ranks.send([pair.rid], pair.row)
             pair.ranks.gather([pair.rid], m.Armed, timeout, "READing the listener's blocks (warm-up)")
-            row: m.RankRow = pair.ask(m.Measure(), m.RankRow, "READing the listener's blocks")
+            row: bm.RankRow = pair.ask(bm.Measure(), bm.RankRow, "READing the listener's blocks")
         except RankFailed as exc:
             # NIXL refused or failed the READ (an unreachable agent, a wrong device): the finding of this check.
             mine = pair.evidence_after_failure()

@@ -11,6 +11,7 @@ import msgspec
 from pdcheck import frameworks
 from pdcheck.doctor.model import Check, check
 from pdcheck.errors import BadInput
+from pdcheck.seam import Framework
 
 NIXL_WHEELS = ("nixl-cu13", "nixl-cu12", "nixl")
 
@@ -76,7 +77,7 @@ def checks(v: Versions) -> list[Check]:
     return out
 
 
-def _framework(fw: frameworks.Framework, version: str | None) -> Check:
+def _framework(fw: Framework, version: str | None) -> Check:
     label = f"{fw.title} release"
     if version is None:
         return check(label, "SKIP", f"{fw.title} is not installed here")

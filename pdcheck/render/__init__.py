@@ -22,6 +22,10 @@ PAGES = ("markdown", "html")
 class Output:
     format: str  # one of FORMATS
     path: Path | None = None  # --output: the page goes to this file instead of stdout
+    # The host facts a page adds, beyond pdcheck's own (page.host_facts): each framework's distribution and the
+    # prefixes of its environment variables (the command layer fills them from the registry).
+    distributions: tuple[str, ...] = ()
+    env_prefixes: tuple[str, ...] = ()
 
 
 # The command line of the running command (pdcheck.cli.run sets it), for the page's "Reproduce" section.
@@ -44,13 +48,15 @@ def current() -> Output | None:
 
 
 def render(doc: dict[str, Any], fmt: str, argv: tuple[str, ...] | None = None, source: str | None = None,
-           host: bool = True) -> str:
+           host: bool = True, out: Output | None = None) -> str:
     """The page of one --json document. argv: the command line that wrote it (None for a saved document, whose
     page then says how to render it again); host: add this host's versions and UCX/NIXL variables (a live run:
     the host is the one that ran it)."""
     from pdcheck.render import html, markdown, page
 
-    ctx = page.Context(argv=argv, source=source, host=page.host_facts(dict(os.environ)) if host else None)
+    extra = out or Output(fmt)
+    ctx = page.Context(argv=argv, source=source, host=page.host_facts(dict(os.environ), extra.distributions,
+                                                                      extra.env_prefixes) if host else None)
     built = page.build(doc, ctx)
     return markdown.render(built) if fmt == "markdown" else html.render(built)
 
@@ -58,7 +64,7 @@ def render(doc: dict[str, Any], fmt: str, argv: tuple[str, ...] | None = None, s
 def write(doc: dict[str, Any], out: Output, argv: tuple[str, ...] | None = None, source: str | None = None,
           host: bool = True) -> None:
     """The page on stdout, or in out.path (then one line on stderr names it)."""
-    text = render(doc, out.format, argv=argv, source=source, host=host)
+    text = render(doc, out.format, argv=argv, source=source, host=host, out=out)
     if out.path is not None:
         from pdcheck.errors import BadInput
 

@@ -23,7 +23,7 @@ EXIT = {0: ("PASS", "exit 0 (everything checked survives)"),
 MAX_ROWS = 100  # rows of one table, and tables nested under one key; the rest are in the --json document
 CELL_MAX = 300  # characters of one table cell; the full value is in the --json document
 JSON_MAX = 48 << 10  # the whole document goes in its own collapsible block up to this size (an issue holds 64 KB)
-ENV_PREFIXES = ("UCX_", "NIXL_", "VLLM_NIXL_", "SGLANG_DISAGGREGATION_")
+ENV_PREFIXES = ("UCX_", "NIXL_")  # + each framework's (render.Output.env_prefixes, from the registry)
 ENV_NAMES = ("CUDA_VISIBLE_DEVICES", "PYTORCH_CUDA_ALLOC_CONF")
 
 
@@ -186,22 +186,25 @@ def summary(doc: dict[str, Any]) -> tuple[str, str]:
     return state, " · ".join([meaning, *found])
 
 
-def host_facts(env: dict[str, str]) -> dict[str, Any]:
-    """This host at render time: Python, the platform, the installed distributions pdcheck works with, and the
-    environment variables that steer UCX, NIXL and the frameworks' side channels (only those: nothing else of
-    the environment goes into a page meant to be pasted)."""
+def host_facts(env: dict[str, str], distributions: tuple[str, ...] = (),
+               env_prefixes: tuple[str, ...] = ()) -> dict[str, Any]:
+    """This host at render time: Python, the platform, the installed distributions pdcheck works with (and the
+    frameworks' own, `distributions`), and the environment variables that steer UCX, NIXL and the frameworks'
+    side channels (`env_prefixes`; only those: nothing else of the environment goes into a page meant to be
+    pasted)."""
     import importlib.metadata as md
     import platform
 
     dists: dict[str, str] = {}
-    for name in ("pdcheck", "nixl", "nixl-cu12", "nixl-cu13", "torch", "vllm", "sglang", "msgspec", "pyzmq"):
+    for name in ("pdcheck", "nixl", "nixl-cu12", "nixl-cu13", "torch", *distributions, "msgspec", "pyzmq"):
         try:
             dists[name] = md.version(name)
         except md.PackageNotFoundError:
             continue
     return {"python": platform.python_version(), "platform": platform.platform(), "machine": platform.machine(),
             "installed": dists,
-            "variables": {k: v for k, v in sorted(env.items()) if k.startswith(ENV_PREFIXES) or k in ENV_NAMES}}
+            "variables": {k: v for k, v in sorted(env.items())
+                          if k.startswith((*ENV_PREFIXES, *env_prefixes)) or k in ENV_NAMES}}
 
 
 def reproduce(doc: dict[str, Any], ctx: Context) -> tuple[list[str], str]:

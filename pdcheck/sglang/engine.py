@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import msgspec
 
-from pdcheck import messages as m
 from pdcheck.geometry import DTYPE_BYTES, Geometry
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
@@ -21,6 +20,7 @@ from pdcheck.sglang.releases.base import (
     PREFILL_DOWN,
     SglangRelease,
 )
+from pdcheck.verdict import Status
 
 ROOM = 7  # the room of the engine's one request
 P_PAGES = 4  # P's pages for the engine's one request: its tokens are P_PAGES * P's page size
@@ -62,7 +62,7 @@ class Side(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True
 class SgVerdict(msgspec.Struct, kw_only=True):
     """One D rank's request under one release pair."""
 
-    status: m.Status = "ok"
+    status: Status = "ok"
     stage: str = "done"  # bootstrap | register | transfer | completion | done
     exception: str | None = None
     message: str | None = None
@@ -283,7 +283,7 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
             return SgVerdict(status="hang", stage="bootstrap", exception=None if e.exc == "retry" else e.exc,
                              timeout_s=t, message=f"{e.message}; D retries and the request stays in "
                              f"KVPoll.Bootstrapping" + (f" until {t:g} s" if t else ""))
-        status: m.Status = "assert" if e.exc == "AssertionError" else "error"
+        status: Status = "assert" if e.exc == "AssertionError" else "error"
         return SgVerdict(status=status, stage="bootstrap", exception=e.exc, message=e.message)
     targets = [t[0] for t in found.targets]
     dfacts = wire.DFacts("127.0.0.1", 50000, f"d{d_rank}", b"meta", list(range(d.num_ptrs)), [0], d_rank,

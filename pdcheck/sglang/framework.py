@@ -7,7 +7,23 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeCost, SmokeOptions, unsupported
+from pdcheck.seam import (
+    Framework,
+    FromLogsArgs,
+    HandshakeArgs,
+    Outcome,
+    ProbeArgs,
+    ServeArgs,
+    SmokeCost,
+    SmokeOptions,
+    Support,
+)
+
+# The scenario flags whose keys an SGLang scenario has (pdcheck/sglang/scenario.py SgInstance): TP per side, and the
+# model's layers, KV heads, head dim and dtype, for both sides or one.
+_MODEL = ("layers", "kv_heads", "head_dim", "dtype")
+SCENARIO_FLAGS = frozenset({"prefill_tp", "decode_tp", *_MODEL, *(f"{side}_{key}" for side in ("prefill", "decode")
+                                                                  for key in _MODEL)})
 
 
 class SGLang(Framework):
@@ -15,18 +31,21 @@ class SGLang(Framework):
     title = "SGLang"
     flag = "--sglang"
     distribution = "sglang"
+    env_prefixes = ("SGLANG_DISAGGREGATION_",)
     scenario_dirs: tuple[str, ...] = ("sglang",)
     rank_modules: tuple[str, ...] = ("pdcheck.sglang.ranks",)
-    commands: dict[str, str | None] = {
-        "handshake": "SGLang release(s) to model instead of vLLM: 0.5.8, '0.4.7,0.5.23' or 'all' (or "
-                     "framework = \"sglang\" in the scenario).",
-        "smoke": None,
-        "probe": "Instead of --vllm: HOST:PORT is an SGLang prefill's bootstrap server (http://HOST:8998), read "
-                 "with GETs only; its release, or 'auto'.",
-        "serve": "Serve fake SGLang P ranks of this release and their bootstrap server (--port: its port) instead "
-                 "of vLLM's.",
-        "from-logs": "The logs are SGLang servers' (their server_args line): write an SGLang scenario for these "
-                     "releases.",
+    docs = "docs/sglang.md"
+    commands = {
+        "handshake": Support("SGLang release(s) to model instead of vLLM: 0.5.8, '0.4.7,0.5.23' or 'all' (or "
+                             "framework = \"sglang\" in the scenario).",
+                             SCENARIO_FLAGS | {"prefill_endpoint"}),
+        "smoke": Support(flags=frozenset()),
+        "probe": Support("Instead of --vllm: HOST:PORT is an SGLang prefill's bootstrap server (http://HOST:8998), "
+                         "read with GETs only; its release, or 'auto'.", frozenset({"decode_releases"})),
+        "serve": Support("Serve fake SGLang P ranks of this release and their bootstrap server (--port: its port) "
+                         "instead of vLLM's.", frozenset({"port"})),
+        "from-logs": Support("The logs are SGLang servers' (their server_args line): write an SGLang scenario for "
+                             "these releases.", frozenset()),
     }
 
     def release_line(self, release: str) -> str:
@@ -48,8 +67,6 @@ class SGLang(Framework):
     def handshake_plan(self, a: HandshakeArgs) -> Any:
         from pdcheck.sglang import plan as sp
 
-        unsupported(self, {"--from-logs": a.from_logs, "--ray": a.ray, "--prefill-vllm": a.prefill_release,
-                           "--inject": a.inject}, "docs/sglang.md")
         live = None
         if a.prefill_endpoint is not None:
             from pdcheck.sglang.probe import parse_url
@@ -91,33 +108,32 @@ class SGLang(Framework):
         return sg.cost(part)
 
     # ------------------------------------------------------------------------------------- probe, serve
-    def probe(self, o: dict[str, Any]) -> Outcome:
+    def probe(self, o: ProbeArgs) -> Outcome:
         from pdcheck.sglang import probe as sp
 
-        unsupported(self, {"--pp-size": o.get("pp_size")}, "docs/sglang.md")
-        rep = sp.probe_report(o["endpoint"], o["releases"], o["decode_sglang"], o["scenario"], o["timeout"])
+        rep = sp.probe_report(o.endpoint, o.releases, o.decode_releases, o.scenario, o.timeout)
         return Outcome(rep.exit_code, rep, lambda console: sp.render(rep, console))
 
-    def serve(self, o: dict[str, Any]) -> int:
+    def serve(self, o: ServeArgs) -> int:
         from pdcheck.sglang.serve import command
 
-        release = o["releases"]
+        release = o.releases
         if release is None:  # the scenario's: its prefill's own release, else its first
-            sc = self.load(o["scenario"], {})
+            sc = self.load(o.scenario, {})
             release = sc.prefill.sglang or sc.sglang[0]
-        return command(o["scenario"], release, o["port"], o["duration"], o["json_out"])
+        return command(o.scenario, release, o.port, o.duration, o.json_out)
 
     # ----------------------------------------------------------------------------------------- from-logs
-    def from_logs(self, o: dict[str, Any]) -> Outcome:
+    def from_logs(self, o: FromLogsArgs) -> Outcome:
         import sys
 
         from pdcheck.console import console
         from pdcheck.sglang import fromlogs as sgl
         from pdcheck.sglang.releases import resolve_many
 
-        output = o["output"]
-        names = [r.name for r in resolve_many(o["releases"])]
-        p_f, d_f = sgl.parse(o["prefill_log"], "prefill"), sgl.parse(o["decode_log"], "decode")
+        output = o.output
+        names = [r.name for r in resolve_many(o.releases)]
+        p_f, d_f = sgl.parse(o.prefill_log, "prefill"), sgl.parse(o.decode_log, "decode")
         text = sgl.to_toml(p_f, d_f, names)
         doc = {"framework": self.name, "prefill": p_f, "decode": d_f, "sglang": names,
                "notes": p_f.notes + d_f.notes, "output": str(output) if output is not None else None}

@@ -439,7 +439,7 @@ class SgDecodeRole(Role):
         return m.Ready(self.spec.tp_rank, self.agent.name, self.setup_ms())
 
     def run(self) -> None:
-        if not isinstance(m.recv(self.conn), m.Go):
+        if not isinstance(self.receive(), m.Go):
             return
         zctx = zmq.Context()
         try:
@@ -450,10 +450,8 @@ class SgDecodeRole(Role):
             DFinal(self.spec.tp_rank, verdict, transfer))))
         # SGLang's decode loop keeps polling its transfers after a request is done, which drives its UCX worker:
         # a P rank still WRITing (a duplicate room's second request) completes against it, as against a real
-        # decode, instead of timing out against a target nobody progresses.
-        while not self.conn.poll(0.005):
-            self.agent.progress()
-        m.recv(self.conn)  # Stop
+        # decode, instead of timing out against a target nobody progresses (the skeleton's wait for Stop).
+        super().run()
 
     def _request(self, zctx: zmq.Context) -> tuple[SgVerdict, m.TransferResult | None]:
         spec, side = self.spec, self.spec.side

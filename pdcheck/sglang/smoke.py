@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 
 from pdcheck.errors import BadInput
-from pdcheck.frameworks import SmokeCost
+from pdcheck.seam import SmokeCost
 from pdcheck.sglang import plan as sp
 from pdcheck.sglang import report as sr
 from pdcheck.sglang import runner

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pdcheck import messages as m
 from pdcheck.errors import FetchRefused, FetchTimeout, NixlCallError
 from pdcheck.kvsplit import corrected_reads, release_targets
+from pdcheck.verdict import Status
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.releases import hybrid, shapes
 from pdcheck.vllm.releases.base import Action, Check, Ctx, HandshakeIO, Local, Prepared, ReleaseModel, State
 from pdcheck.vllm.releases.rules import already_added
 from pdcheck.vllm.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
 
-StatusT = m.Status
+StatusT = Status
 
 
 @dataclass(frozen=True)
@@ -31,16 +32,16 @@ class Params:
     pp_size: int = 1  # P's pipeline stages (what it serves; kv_transfer_params name them from 0.29, shapes)
 
 
-class Outcome(m.Verdict):
+class Outcome(vm.Verdict):
     """The Verdict the D rank reports (Outcome.verdict()), plus what the transfer proof needs in-process."""
 
     prepared: list[Prepared] = []
     local_num_blocks: int = 0
     findings: list[str] = []
 
-    def verdict(self) -> m.Verdict:
+    def verdict(self) -> vm.Verdict:
         """The verdict alone, every Verdict field as the engine set it; the in-process state stays here."""
-        return m.Verdict(**{f: getattr(self, f) for f in m.Verdict.__struct_fields__})
+        return vm.Verdict(**{f: getattr(self, f) for f in vm.Verdict.__struct_fields__})
 
 
 class _Stop(Exception):

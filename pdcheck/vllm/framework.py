@@ -9,8 +9,27 @@ from pathlib import Path
 from typing import Any
 
 from pdcheck.errors import BadInput, HarnessError
-from pdcheck.frameworks import Framework, HandshakeArgs, Outcome, SmokeCost, SmokeOptions
+from pdcheck.seam import (
+    Framework,
+    FromLogsArgs,
+    HandshakeArgs,
+    Outcome,
+    ProbeArgs,
+    RequestsArgs,
+    ServeArgs,
+    SmokeCost,
+    SmokeOptions,
+    Support,
+)
+from pdcheck.vllm.requests.faults import NAMES as FAULT_NAMES
 
+FAULTS_EPILOG = """Faults (--fault NAME[:ARGS][:REQ|:p=SHARE], repeatable; REQ: one request,
+p=SHARE: that fraction of them picked by --seed, default every one):
+slow-decode:SECONDS, drop-notif, delay-notif:SECONDS,
+bad-params:out-of-range|reused-ids|wrong-engine|missing-request-id|wrong-tp,
+drop-params, restart-p:REQ[:rank=R], read-fail, hold:SECONDS,
+heartbeat-loss:SECONDS, abort-d. In push mode drop-notif and delay-notif hit
+P's completion notification to D."""
 REQUESTS_PREFIX = "requests-"  # scenarios of `pdcheck requests` (pdcheck.vllm.requests.plan's format)
 REQUESTS_DIR = "requests"  # ... and every scenario of this subdirectory (the bundled ones live in scenarios/requests)
 
@@ -32,15 +51,20 @@ class VLLM(Framework):
     title = "vLLM"
     flag = "--vllm"
     distribution = "vllm"
+    env_prefixes = ("VLLM_NIXL_",)
     scenario_dirs: tuple[str, ...] = ("", REQUESTS_DIR)
     rank_modules: tuple[str, ...] = ("pdcheck.vllm.ranks", "pdcheck.vllm.requests.rank")
-    commands: dict[str, str | None] = {
-        "handshake": "Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all' (default: the scenario's list).",
-        "smoke": None,
-        "probe": "P's vLLM release: only that era's requests are sent. 'auto': read it from --version-url first.",
-        "serve": "The release P speaks (default: the scenario's prefill.vllm, else its first release).",
-        "requests": "Release(s): 0.9.1, '0.9.1,0.34.0' or 'all' (default: the scenario's \\[expect] releases).",
-        "from-logs": None,
+    docs = "docs/release-models.md"
+    # Every flag of each command is vLLM's (pdcheck grew from it): flags=None.
+    commands = {
+        "handshake": Support("Release(s) to model: 0.9.1, '0.9.1,0.9.2', or 'all' (default: the scenario's list)."),
+        "smoke": Support(),
+        "probe": Support("P's vLLM release: only that era's requests are sent. 'auto': read it from --version-url "
+                         "first."),
+        "serve": Support("The release P speaks (default: the scenario's prefill.vllm, else its first release)."),
+        "requests": Support("Release(s): 0.9.1, '0.9.1,0.34.0' or 'all' (default: the scenario's \\[expect] "
+                            "releases).", help={"fault": ", ".join(FAULT_NAMES)}, epilog=FAULTS_EPILOG),
+        "from-logs": Support(),
     }
 
     # ------------------------------------------------------------------------------------------ scenario
@@ -186,7 +210,7 @@ class VLLM(Framework):
                          + hangs * part.options.hang_timeout_ms / 1000)
 
     # --------------------------------------------------------------------------------------------- probe
-    def probe(self, o: dict[str, Any]) -> Outcome:
+    def probe(self, o: ProbeArgs) -> Outcome:
         import msgspec
 
         from pdcheck import bounds as b
@@ -194,40 +218,38 @@ class VLLM(Framework):
         from pdcheck.vllm import probe as pr
         from pdcheck.vllm import releases
 
-        unsupported_probe = {"--decode-sglang": o.get("decode_sglang")}
-        for flag, val in unsupported_probe.items():
-            if val is not None:
-                raise BadInput(f"{flag}: not available for vLLM (it goes with --sglang)")
-        vllm = o["releases"]
+        if o.decode_releases is not None:
+            raise BadInput("--decode-releases: vLLM's hazards are judged against the --scenario's decode")
+        vllm = o.releases
         if vllm is None:
             raise BadInput("probe: name the prefill's release: --vllm RELEASE (or --sglang RELEASE)")
-        host, port = pr.parse_endpoint(o["endpoint"])
+        host, port = pr.parse_endpoint(o.endpoint)
         source = "--vllm"
-        timeout, max_tp, tp_size = o["timeout"], o["max_tp"], o["tp_size"]
+        timeout, max_tp, tp_size = o.timeout, o.max_tp, o.tp_size
         b.check_seconds("--timeout", timeout, b.PROBE_TIMEOUT_S)
         b.check_max_tp(max_tp)
         if tp_size is not None and tp_size > max_tp:
             raise BadInput(f"--prefill-tp: {tp_size} is above --max-tp {max_tp}")
         if vllm.strip() == "auto":
-            if o["version_url"] is None:
+            if o.version_url is None:
                 raise BadInput(
                     "--vllm auto needs --version-url (P's API server, e.g. http://HOST:8000/version): no order of "
                     "trial requests is safe on a live side channel (raw bytes kill an F-H listener, a 2-tuple "
                     "kills H, a 3-tuple kills F-G)")
-            vllm = pr.release_from_url(o["version_url"], timeout)
-            source = o["version_url"]
+            vllm = pr.release_from_url(o.version_url, timeout)
+            source = o.version_url
         release = releases.resolve(vllm)
         if release is releases.CORRECTED:
             raise BadInput("--vllm: name the release P runs (corrected is not a release)")
-        dp_rank, dp_size = o["dp_rank"], o["dp_size"]
+        dp_rank, dp_size = o.dp_rank, o.dp_size
         if dp_rank < 0 or (tp_size is not None and tp_size < 1):
             raise BadInput("--dp-rank must be >= 0 and --prefill-tp >= 1")
         if not 1 <= dp_size <= b.MAX_DP_SIZE:
             raise BadInput(f"--dp-size: {dp_size} is out of range (1 to {b.MAX_DP_SIZE})")
-        pp_size = o.get("pp_size")
+        pp_size = o.pp_size
         if pp_size is not None and not 1 <= pp_size <= b.MAX_PP_SIZE:
             raise BadInput(f"--pp-size: {pp_size} is out of range (1 to {b.MAX_PP_SIZE})")
-        decode_sc, where = pr.decode_config(o["scenario"], o["overrides"])
+        decode_sc, where = pr.decode_config(o.scenario, o.overrides)
         kw = dict(tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)), decode_sc=decode_sc, decode_from=where,
                   release_source=source, max_tp=max_tp, pp_size=pp_size)
         if dp_size > 1:
@@ -251,18 +273,19 @@ class VLLM(Framework):
         return Outcome(rep.exit_code, rep, lambda out: pr.render(rep, out))
 
     # --------------------------------------------------------------------------------------------- serve
-    def serve(self, o: dict[str, Any]) -> int:
+    def serve(self, o: ServeArgs) -> int:
         from pdcheck.bounds import MIN_BASE_PORT, SERVE_DURATION_S, check_seconds
         from pdcheck.progress import log_line
         from pdcheck.scenariofile import read_toml
         from pdcheck.vllm import serve as sv
-        from pdcheck.vllm.plan import ServeOptions, build_serve
+        from pdcheck.vllm.plan import TAG_BLOCKS, ServeOptions, build_serve
         from pdcheck.vllm.releases import resolve
         from pdcheck.vllm.scenario import load
 
-        port, tag_blocks, duration, api_port = o["port"], o["tag_blocks"], o["duration"], o["api_port"]
-        sc = sv.load_prefill(o["scenario"], o["overrides"], read_toml, load)
-        name = o["releases"] if o["releases"] is not None else sc.prefill.vllm or sc.vllm[0]
+        port, duration, api_port = o.port, o.duration, o.api_port
+        tag_blocks = TAG_BLOCKS if o.tag_blocks is None else o.tag_blocks
+        sc = sv.load_prefill(o.scenario, o.overrides, read_toml, load)
+        name = o.releases if o.releases is not None else sc.prefill.vllm or sc.vllm[0]
         from pdcheck.releaseline import is_corrected
 
         if "," in name or name.strip() == "all" or is_corrected(name):
@@ -278,15 +301,14 @@ class VLLM(Framework):
             raise BadInput(f"--api-port: {api_port} is not a port")
         plan = build_serve(sc, release, ServeOptions(port=port, tag_blocks=tag_blocks, duration_s=duration,
                                                      api_port=api_port))
-        json_out = o["json_out"]
-        return sv.run(plan, lambda doc: sv._print_ready(doc, json_out), log_line)
+        return sv.run(plan, lambda doc: sv._print_ready(doc, o.json_out), log_line)
 
     # ----------------------------------------------------------------------------------------- from-logs
-    def from_logs(self, o: dict[str, Any]) -> Outcome:
+    def from_logs(self, o: FromLogsArgs) -> Outcome:
         from pdcheck.vllm import fromlogs
 
-        output, overrides = o["output"], o["overrides"]
-        fl, _sc = logs_scenario((o["prefill_log"], o["decode_log"]), overrides, o["dp_rank"])
+        output, overrides = o.output, o.overrides
+        fl, _sc = logs_scenario((o.prefill_log, o.decode_log), overrides, o.dp_rank)
         text = fromlogs.to_toml(fl, overrides)
         doc = {"scenario": fromlogs.scenario_doc(fl, overrides), "sources": fl.sources,
                "missing": fromlogs.missing_report(fl, overrides), "notes": fl.notes,
@@ -308,16 +330,16 @@ class VLLM(Framework):
         return Outcome(0, doc, render, text)
 
     # ------------------------------------------------------------------------------------------ requests
-    def requests(self, o: dict[str, Any]) -> Outcome:
-        plan = requests_plan(o["scenario"], o["releases"], o["flags"], o["faults"])
-        plot = o["plot"]
+    def requests(self, o: RequestsArgs) -> Outcome:
+        plan = requests_plan(o.scenario, o.releases, o.flags, o.faults)
+        plot = o.plot
         if plot is not None:
             from pdcheck import figure
 
             figure.check(plot)  # before anything runs
         from pdcheck import progress
 
-        with progress.stderr_progress(enabled=not o.get("json_out", False)) as tick:
+        with progress.stderr_progress(enabled=not o.json_out) as tick:
             rep = requests_execute(plan, tick)
         if plot is not None:
             from pdcheck.vllm.requests import plot as plotting
@@ -328,7 +350,7 @@ class VLLM(Framework):
         def render(console: Any) -> None:
             from pdcheck.vllm.requests.report import render as req_render
 
-            req_render(rep, console, every=bool(o.get("all")))
+            req_render(rep, console, every=o.every)
 
         return Outcome(rep.exit_code, rep, render)
 
@@ -383,7 +405,7 @@ def _native_note(log_dir: Path | None) -> None:
 def parse_inject(items: list[str], p_tp: int) -> Any:
     import re
 
-    from pdcheck.messages import Inject
+    from pdcheck.vllm.messages import Inject
 
     die, mute, corrupt = [], [], []
     num = re.compile(r"[0-9]{1,9}", re.ASCII)
@@ -438,7 +460,12 @@ def requests_execute(plan: Any, tick: Any = None) -> Any:
 def _smoke_requests(plan: Any, case: Callable[..., Any]) -> list[Any]:
     """One request-path scenario: a case per [expect] release (verdict per request)."""
     t0 = time.perf_counter()
-    rep = requests_execute(plan)
+    try:
+        rep = requests_execute(plan)
+    except HarnessError as exc:  # this scenario could not run: its cases fail with the reason, the job goes on
+        secs = time.perf_counter() - t0
+        return [case(plan.name, plan.source, release, False, want, [], secs, f"harness error: {exc}",
+                     framework=VLLM.name) for release, want in plan.expect.items()]
     secs = time.perf_counter() - t0
     return [case(rep.scenario, plan.source, e.release, e.passed, e.expected, e.got, secs,
                  "" if e.passed else ", ".join(f"request {i}: {g} (expected {w})" for i, (g, w) in

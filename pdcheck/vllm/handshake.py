@@ -11,6 +11,8 @@ from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
+from pdcheck.vllm import drive
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm import ports as portlayout
 from pdcheck.vllm.plan import Plan
 from pdcheck.vllm.ranks import decode_main, prefill_main
@@ -30,7 +32,7 @@ def run(plan: Plan) -> RunResult:
     harness: list[str] = []
     d_rels = plan.d_releases
     with launcher(plan.ray, opts.start_timeout_s) as lau, ExitStack() as held:
-        reserved = orc.reserve_layout(held, p.host, ports) if ports.fixed and plan.ray is None else {}
+        reserved = drive.reserve_layout(held, p.host, ports) if ports.fixed and plan.ray is None else {}
         where = lau.place([*(("P", r) for r in range(p.tp_size)), *(("D", r) for r in range(d.tp_size))],
                           gpu=opts.device == "cuda")
         # Each P rank listens on its own node's address (the scenario's host when all run here; a P spanning
@@ -38,7 +40,7 @@ def run(plan: Plan) -> RunResult:
         p_host = {r: where["P", r].host or portlayout.node_host(p.host, multinode.rank_node(r, p.tp_size, p.nodes))
                   for r in range(p.tp_size)}
         p_ranks = {
-            r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+            r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(vm.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p_host[r],
                 geometry=plan.p_geometry, kv_cache_layout=p.kv_cache_layout,
@@ -46,7 +48,7 @@ def run(plan: Plan) -> RunResult:
             for r in range(p.tp_size)
         }
         d_ranks = {
-            r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
+            r: lau.start("D", r, decode_main, msgspec.msgpack.encode(vm.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
                 device_id=d.device_id(r), device=opts.device, geometry=plan.d_geometry,
                 kv_cache_layout=d.kv_cache_layout, releases=d_rels,
@@ -59,19 +61,19 @@ def run(plan: Plan) -> RunResult:
         }
         ready = orc.await_ready(lau, [*p_ranks.values(), *d_ranks.values()], opts.start_timeout_s, opts.progress)
         values = {r: ready[orc.RankId("P", r)][1] for r in p_ranks}
-        orc.release_served(reserved, ports)
+        drive.release_served(reserved, ports)
         # (a Ray run's nodes are other machines: nothing of theirs is held here)
-        listeners = orc.reserve_head_node(held, p_host, ports.listeners) if p.nodes > 1 else ports.listeners
+        listeners = drive.reserve_head_node(held, p_host, ports.listeners) if p.nodes > 1 else ports.listeners
         for r, rank in p_ranks.items():
-            rank.send(m.Serve(listeners[r], values))
-        bound = orc.await_serving(lau, p_ranks, listeners, opts.start_timeout_s, opts.progress)
+            rank.send(vm.Serve(listeners[r], values))
+        bound = drive.await_serving(lau, p_ranks, listeners, opts.start_timeout_s, opts.progress)
         hold = lau.hold_host or p.host
-        go = orc.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound, reserved)
+        go = drive.hold_the_rest(held, hold, ports.contacted, ports.fixed, bound, reserved)
         go = msgspec.structs.replace(go, host=hold, hosts={
             ls.port: p_host[r] for r, specs in ports.listeners.items() for ls in specs})
         t_ready = time.perf_counter()
         orc.send_all(d_ranks.values(), go)
-        results, p_final = orc.route_tags(lau, p_ranks, d_ranks, opts.run_timeout_s, harness,
+        results, p_final = drive.route_tags(lau, p_ranks, d_ranks, opts.run_timeout_s, harness,
                                           expected_dead=opts.inject.die_p, tick=opts.progress)
     t_end = time.perf_counter()
     timings = Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
@@ -84,34 +86,34 @@ def run(plan: Plan) -> RunResult:
 
 
 
-def _serve_idle(plan: Plan) -> tuple[dict[int, m.PrefillFinal], dict[str, str], list[str]]:
+def _serve_idle(plan: Plan) -> tuple[dict[int, vm.PrefillFinal], dict[str, str], list[str]]:
     """A prefill DP rank no decode DP rank reaches: its TP group starts (KV cache, NIXL agent), opens its side
     channel at its own port and serves nobody until stopped. (finals, nodes, harness lines)."""
     assert plan.ports is not None
     opts, p = plan.options, plan.scenario.prefill
     harness: list[str] = []
     with launcher(plan.ray, opts.start_timeout_s) as lau, ExitStack() as held:
-        reserved = orc.reserve_layout(held, p.host, plan.ports, contacted=False) \
+        reserved = drive.reserve_layout(held, p.host, plan.ports, contacted=False) \
             if plan.ports.fixed and plan.ray is None else {}
         where = lau.place([("P", r) for r in range(p.tp_size)], gpu=opts.device == "cuda")
         p_host = {r: where["P", r].host or p.host for r in range(p.tp_size)}
         p_ranks = {
-            r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+            r: lau.start("P", r, prefill_main, msgspec.msgpack.encode(vm.PrefillSpec(
                 engine_id=p.engine_id, tp_rank=r, tp_size=p.tp_size, num_blocks=p.blocks()[r],
                 device_id=p.device_id(r), device=opts.device, host=p_host[r], geometry=plan.p_geometry,
-                kv_cache_layout=p.kv_cache_layout, inject=m.Inject(), memory_layout=p.backend_layout)))
+                kv_cache_layout=p.kv_cache_layout, inject=vm.Inject(), memory_layout=p.backend_layout)))
             for r in range(p.tp_size)
         }
         ready = orc.await_ready(lau, list(p_ranks.values()), opts.start_timeout_s, opts.progress)
         values = {r: ready[orc.RankId("P", r)][1] for r in p_ranks}
-        orc.release_served(reserved, plan.ports)
+        drive.release_served(reserved, plan.ports)
         for r, rank in p_ranks.items():
-            rank.send(m.Serve(plan.ports.listeners[r], values))
-        orc.await_serving(lau, p_ranks, plan.ports.listeners, opts.start_timeout_s, opts.progress)
+            rank.send(vm.Serve(plan.ports.listeners[r], values))
+        drive.await_serving(lau, p_ranks, plan.ports.listeners, opts.start_timeout_s, opts.progress)
         orc.send_all(p_ranks.values(), m.Stop())
-        finals: dict[int, m.PrefillFinal] = {}
+        finals: dict[int, vm.PrefillFinal] = {}
         for rank, msg in lau.events(list(p_ranks.values()), time.monotonic() + opts.run_timeout_s):
-            if isinstance(msg, m.PrefillFinal):
+            if isinstance(msg, vm.PrefillFinal):
                 finals[rank.tp_rank] = msg
                 rank.done = True
             elif msg is None and rank.tp_rank not in finals:
@@ -125,11 +127,11 @@ def _run_dp(plan: Plan) -> RunResult:
     decode DP rank j's TP rank r is D rank j * tp_size + r, likewise for P."""
     sc = plan.scenario
     d_tp, p_tp = sc.decode.tp_size, sc.prefill.tp_size
-    decode: dict[int, m.DecodeResult] = {}
-    prefill: dict[int, m.PrefillFinal] = {}
+    decode: dict[int, vm.DecodeResult] = {}
+    prefill: dict[int, vm.PrefillFinal] = {}
     harness: list[str] = []
     nodes: dict[str, str] = {}
-    requests: list[m.Req] = []
+    requests: list[vm.Req] = []
     start = run_s = total = 0.0
     setup: dict[str, float] = {}
     for g in plan.dp:

@@ -20,7 +20,8 @@ from pdcheck import orchestrate as orc
 from pdcheck.errors import HarnessError
 from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
-from pdcheck.vllm import probe
+from pdcheck.vllm import drive, probe
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.plan import TAG_BLOCKS, Plan, d_release, make_requests
 from pdcheck.vllm.ports import layout_base
 from pdcheck.vllm.ranks import decode_main
@@ -79,7 +80,7 @@ def run(plan: Plan) -> RunResult:
     harness: list[str] = []
     with launcher() as lau:
         d_ranks = {
-            r: lau.start("D", r, decode_main, msgspec.msgpack.encode(m.DecodeSpec(
+            r: lau.start("D", r, decode_main, msgspec.msgpack.encode(vm.DecodeSpec(
                 engine_id=d.engine_id, tp_rank=r, tp_size=d.tp_size, num_blocks=d.blocks()[r],
                 device_id=d.device_id(r), device=opts.device,
                 geometry=d_geom, kv_cache_layout=d.kv_cache_layout, releases=d_rels,
@@ -92,7 +93,7 @@ def run(plan: Plan) -> RunResult:
         ready = orc.await_ready(lau, list(d_ranks.values()), opts.start_timeout_s)
         t_ready = time.perf_counter()
         orc.send_all(d_ranks.values(), m.Go())
-        results, _finals = orc.route_tags(lau, {}, d_ranks, opts.run_timeout_s, harness, tick=opts.progress)
+        results, _finals = drive.route_tags(lau, {}, d_ranks, opts.run_timeout_s, harness, tick=opts.progress)
     t_end = time.perf_counter()
     timings = Timings(start_s=t_ready - t0, run_s=t_end - t_ready, total_s=t_end - t0,
                       setup_ms={str(rid): ms for rid, (ms, _v) in ready.items()})
@@ -119,7 +120,7 @@ def _checked(sc: Scenario, endpoint: str, max_tp: int) -> Scenario:
     return checked
 
 
-def _content(results: dict[int, m.DecodeResult], transfer: bool) -> str:
+def _content(results: dict[int, vm.DecodeResult], transfer: bool) -> str:
     if not transfer:
         return "not read (--no-transfer)"
     seen = {t.status for d in results.values() for t in (d.transfer or {}).values()}

@@ -13,10 +13,10 @@ from collections.abc import Callable
 import msgspec
 import numpy as np
 
-from pdcheck import messages as m
 from pdcheck.bounds import MAX_TP
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm import ports
 from pdcheck.vllm.ports import DpRoute, PortPlan
 from pdcheck.vllm.releases import (
@@ -41,7 +41,7 @@ class RunOptions(msgspec.Struct, frozen=True):
     hang_timeout_ms: int = 3000
     start_timeout_s: float = 60.0
     run_timeout_s: float = 120.0
-    inject: m.Inject = m.Inject()
+    inject: vm.Inject = vm.Inject()
     max_tp: int = MAX_TP  # --max-tp: also the largest tp_size a live P may advertise
     # The command layer's tick (stage, done, total), e.g. pdcheck.progress; not data: never encoded.
     progress: Callable[[str, int, int], None] | None = None
@@ -65,8 +65,8 @@ class Plan(msgspec.Struct, frozen=True):
     d_geometry: Geometry
     options: RunOptions
     ports: PortPlan | None = None  # None with a live P: its ports are its own
-    d_releases: list[m.DRelease] = []  # what each D rank models and where it finds P (fake P)
-    requests: list[m.Req] = []  # fake P; a live P's are drawn after its probe (its block counts)
+    d_releases: list[vm.DRelease] = []  # what each D rank models and where it finds P (fake P)
+    requests: list[vm.Req] = []  # fake P; a live P's are drawn after its probe (its block counts)
     ray: str | None = None  # a Ray cluster address ('auto': this node's): ranks become Ray actors; None: local
     live: LiveP | None = None
     # Data parallel (dp_size > 1 on a side): one group per decode DP rank, each a full plan of its TP groups
@@ -130,7 +130,7 @@ def kv_geometry(inst: Instance, own: ReleaseModel | None, run_releases: list[Rel
     return registered_geometry(own, inst.geometry(), run_releases)
 
 
-def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
+def make_requests(sc: Scenario, p_limit: int | None = None) -> list[vm.Req]:
     """Seeded block tables. P's scheduler hands out ids below the smallest count of its ranks (vLLM uses
     min(num_blocks) logically), D's likewise; both sides of a request have the same number of blocks.
     p_limit: remote ids stay below it (a live `pdcheck serve` P tags only its first blocks)."""
@@ -140,16 +140,16 @@ def make_requests(sc: Scenario, p_limit: int | None = None) -> list[m.Req]:
         p_max = min(p_max, p_limit)
     k = min(sc.transfer.blocks_per_request, p_max, d_max)
     return [
-        m.Req(f"req-{i}", sorted(rng.choice(p_max, k, replace=False).tolist()),
+        vm.Req(f"req-{i}", sorted(rng.choice(p_max, k, replace=False).tolist()),
               sorted(rng.choice(d_max, k, replace=False).tolist()))
         for i in range(sc.transfer.requests)
     ]
 
 
-def d_release(release: ReleaseModel, p_base: int, p_wire: str, d: Instance, p_nodes: int = 1) -> m.DRelease:
+def d_release(release: ReleaseModel, p_base: int, p_wire: str, d: Instance, p_nodes: int = 1) -> vm.DRelease:
     """One release a D rank models: where P's side channel is (layout base), the hash D checks against, and
     whether it dials the head node for every P rank (a P spanning nodes, releases.multinode)."""
-    return m.DRelease(release.name, p_base, p_wire, compat_hash_for(release, d.geometry(), d.model,
+    return vm.DRelease(release.name, p_base, p_wire, compat_hash_for(release, d.geometry(), d.model,
                                                                    cache_dtype=d.cache_dtype),
                       head_host=p_nodes > 1 and multinode.dials_head_node(release))
 
@@ -213,7 +213,7 @@ def build(sc: Scenario, vllm: str | None, options: RunOptions, *, live: LiveP | 
 
 
 
-def _check_inject(inject: m.Inject, g: Geometry, blocks: list[int]) -> None:
+def _check_inject(inject: vm.Inject, g: Geometry, blocks: list[int]) -> None:
     """--inject corrupt names a block the P rank registers: one past its cache would index outside it."""
     for p_rank, region, block in inject.corrupt:
         if region >= g.num_regions or block >= blocks[p_rank]:

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from pdcheck import messages as m
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.releases import CORRECTED, compat_hash_for
 from pdcheck.vllm.wire import FORMATS
 
@@ -85,7 +85,7 @@ class PortPlan(msgspec.Struct, frozen=True):
     other process on the machine can answer a D rank."""
 
     profiles: dict[str, Profile]  # release name ("corrected" included) -> what P serves it
-    listeners: dict[int, list[m.ListenerSpec]]  # P rank -> its listeners (layout port, bind port)
+    listeners: dict[int, list[vm.ListenerSpec]]  # P rank -> its listeners (layout port, bind port)
     contacted: list[int]  # layout ports some release of this run may contact
     fixed: bool  # explicit base_port: bind the layout ports themselves
 
@@ -139,10 +139,10 @@ def plan_ports(sc: Scenario, releases: list[ReleaseModel], p_own: ReleaseModel |
     return msgspec.structs.replace(plan, contacted=sorted(contacted))
 
 
-def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int, fixed: bool) -> list[m.ListenerSpec]:
+def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int, fixed: bool) -> list[vm.ListenerSpec]:
     p = sc.prefill
     seen: set[int] = set()
-    out: list[m.ListenerSpec] = []
+    out: list[vm.ListenerSpec] = []
     for prof in profiles.values():
         if prof.base_port in seen:
             continue
@@ -150,9 +150,9 @@ def _listeners(sc: Scenario, profiles: dict[str, Profile], tp_rank: int, fixed: 
         base = layout_base(prof.wire, prof.base_port, p.dp_rank, p.tp_size)
         if per_rank(prof.wire):
             port = base + tp_rank
-            out.append(m.ListenerSpec(prof.wire, port, prof.compat_hash, [tp_rank], port if fixed else 0))
+            out.append(vm.ListenerSpec(prof.wire, port, prof.compat_hash, [tp_rank], port if fixed else 0))
         elif tp_rank == 0:  # the scheduler's listener serves every TP rank of its DP rank
-            out.append(m.ListenerSpec(prof.wire, base, prof.compat_hash, list(range(p.tp_size)), base if fixed else 0))
+            out.append(vm.ListenerSpec(prof.wire, base, prof.compat_hash, list(range(p.tp_size)), base if fixed else 0))
     return out
 
 

@@ -21,6 +21,7 @@ from pdcheck.nixlagent import Agent, no_memory_hooks
 from pdcheck.progress import log_line
 from pdcheck.ranks import Role, fail, run_rank
 from pdcheck.sidechannel import Listener, fetch
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.engine import Params, run
 from pdcheck.vllm.ports import rank_offset
 from pdcheck.vllm.releases import CORRECTED, resolve, shapes
@@ -66,7 +67,7 @@ class PrefillRole(_HandshakeRole):
     """P: serves its metadata on the side channel (handshake and serve), tags blocks on request and collects
     READ notifications until Stop."""
 
-    spec_type = m.PrefillSpec
+    spec_type = vm.PrefillSpec
     letter = "P"
 
     @property
@@ -86,8 +87,8 @@ class PrefillRole(_HandshakeRole):
 
     def run(self) -> None:
         spec, conn, agent, kv = self.spec, self.conn, self.agent, self.kv
-        serve = m.recv(conn)
-        if not isinstance(serve, m.Serve):
+        serve = self.receive()
+        if not isinstance(serve, vm.Serve):
             return
         ctx = zmq.Context()
         listeners: list[Listener] = []
@@ -97,7 +98,7 @@ class PrefillRole(_HandshakeRole):
             for ls in serve.listeners:
                 fmt = FORMATS[ls.wire]
 
-                def stage_frames(stage: int, fmt: WireFormat = fmt, ls: m.ListenerSpec = ls) -> dict[int, list[bytes]]:
+                def stage_frames(stage: int, fmt: WireFormat = fmt, ls: vm.ListenerSpec = ls) -> dict[int, list[bytes]]:
                     return {r: encode_reply(fmt, shapes.stage_metadata(per_rank[r], g, pp, stage), ls.compat_hash)
                             for r in ls.ranks}
 
@@ -116,7 +117,7 @@ class PrefillRole(_HandshakeRole):
             ctx.destroy(0)
             fail(self, exc)
             return
-        m.send(conn, m.Serving(spec.tp_rank, [lst.port for lst in listeners]))
+        m.send(conn, vm.Serving(spec.tp_rank, [lst.port for lst in listeners]))
         name_this_process(f"pdcheck-P{spec.tp_rank}:hs")
         inj = spec.inject
         p_tag = engine_tag(spec.engine_id)  # once: every tag request uses it
@@ -167,7 +168,7 @@ class PrefillRole(_HandshakeRole):
                 lst.close()
             ctx.destroy(0)
         dead = "; ".join(f"{lst.fmt.name}: {lst.dead}" for lst in listeners if lst.dead) or None
-        m.send(conn, m.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
+        m.send(conn, vm.PrefillFinal(spec.tp_rank, sum(lst.served for lst in listeners), notifs, dead))
 
 
 def served_metadata(engine_id: str, agent: Agent, kv: KVCache, *, tp_size: int, kv_cache_layout: str,
@@ -187,7 +188,7 @@ def served_metadata(engine_id: str, agent: Agent, kv: KVCache, *, tp_size: int, 
     )
 
 
-def _request_log(ls: m.ListenerSpec, pp_size: int = 1) -> Any:
+def _request_log(ls: vm.ListenerSpec, pp_size: int = 1) -> Any:
     fmt = FORMATS[ls.wire]
     keyed = ls.wire >= shapes.PP_STAGES_KEYED
 
@@ -243,7 +244,7 @@ def _stage_replier(fmt: WireFormat, later: dict[int, dict[int, list[bytes]]]) ->
 class RealIO:
     """HandshakeIO over a real REQ socket and a real NIXL agent."""
 
-    def __init__(self, zctx: zmq.Context, spec: m.DecodeSpec, agent: Agent, kv: KVCache, rel: m.DRelease,
+    def __init__(self, zctx: zmq.Context, spec: vm.DecodeSpec, agent: Agent, kv: KVCache, rel: vm.DRelease,
                  go: m.Go) -> None:
         self.zctx, self.spec, self.agent, self.kv, self.rel, self.go = zctx, spec, agent, kv, rel, go
         self.handles: dict[int, Any] = {}
@@ -275,7 +276,7 @@ class RealIO:
 class DecodeRole(_HandshakeRole):
     """D: runs every requested release model's handshake for real against the P ranks, then the transfer proof."""
 
-    spec_type = m.DecodeSpec
+    spec_type = vm.DecodeSpec
     letter = "D"
 
     @property
@@ -292,7 +293,7 @@ class DecodeRole(_HandshakeRole):
     def run(self) -> None:
         spec, conn, agent, kv, lists = self.spec, self.conn, self.agent, self.kv, self.lists
         g = kv.geometry
-        go = m.recv(conn)
+        go = self.receive()
         if not isinstance(go, m.Go):
             return
         name_this_process(f"pdcheck-D{spec.tp_rank}:hs")
@@ -301,8 +302,8 @@ class DecodeRole(_HandshakeRole):
         local = Local(spec.engine_id, spec.tp_rank, spec.tp_size, spec.num_blocks, g, spec.kv_cache_layout,
                       spec.device_id, pp_size=spec.pp_size, memory_layout=spec.memory_layout,
                       permute_local_kv=spec.permute_local_kv)
-        verdicts: dict[str, m.Verdict] = {}
-        bypassed: dict[str, m.Verdict] = {}
+        verdicts: dict[str, vm.Verdict] = {}
+        bypassed: dict[str, vm.Verdict] = {}
         transfers: dict[str, m.TransferResult] = {}
         ticket = [0]
 
@@ -340,5 +341,5 @@ class DecodeRole(_HandshakeRole):
                     transfers[name] = m.TransferResult("skipped", message=f"handshake ended in {out.status}")
         finally:
             zctx.destroy(0)
-        m.send(conn, m.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
+        m.send(conn, vm.DecodeResult(spec.tp_rank, spec.num_blocks, verdicts, transfers if spec.transfer else None,
                                    bypassed, (time.perf_counter() - t1) * 1e3))

@@ -12,6 +12,7 @@ import msgspec
 
 from pdcheck import messages as m
 from pdcheck import verdict
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.vllm.releases import CORRECTED, shapes
 from pdcheck.vllm.results import Live, RunResult, Timings
@@ -26,9 +27,9 @@ class DecodeRank(msgspec.Struct):
     tp_rank: int
     num_blocks: int
     device_id: int
-    verdicts: dict[str, m.Verdict]  # release name -> verdict; "corrected" included
+    verdicts: dict[str, vm.Verdict]  # release name -> verdict; "corrected" included
     transfer: dict[str, m.TransferResult] | None = None
-    bypassed: dict[str, m.Verdict] = {}
+    bypassed: dict[str, vm.Verdict] = {}
     node: str = ""  # where the rank ran: this host's name, or its Ray node (--ray)
     dp_rank: int = 0  # its data-parallel rank (decode.dp_size > 1: one TP group per DP rank)
     when: dict[str, str] = {}  # release -> when its refusal reaches the user (releases.shapes.when_raised)
@@ -63,7 +64,7 @@ class Report(msgspec.Struct):
     prefill_ranks: list[PrefillRank]
     num_blocks_spread: dict[str, NumBlocksSpread]
     hazards: list[Hazard]  # evaluated once, in build; the table and the JSON read this list
-    requests: list[m.Req]
+    requests: list[vm.Req]
     harness_errors: list[str]
     survives: dict[str, bool]  # release -> every decode rank ok
     matrix: dict[str, list[str]]  # release -> status per decode rank (corrected included)
@@ -79,7 +80,7 @@ class Report(msgspec.Struct):
     live: Live | None = None  # --prefill-endpoint
 
 
-def _fold_transfer(v: m.Verdict, t: m.TransferResult | None) -> m.Verdict:
+def _fold_transfer(v: vm.Verdict, t: m.TransferResult | None) -> vm.Verdict:
     """A handshake that passed but delivered wrong blocks is a silent failure."""
     if t is None or v.status != "ok" or t.status not in ("wrong", "error"):
         return v
@@ -166,7 +167,7 @@ def fail_spans(survives: dict[str, bool]) -> list[FailSpan]:
 _STYLE = {"ok": "green", "assert": "bold red", "silent": "bold magenta", "error": "red", "hang": "yellow"}
 
 
-def _detail(v: m.Verdict) -> str:
+def _detail(v: vm.Verdict) -> str:
     if v.status == "assert":
         msg = f', "{v.message}"' if v.message else ""
         return f"assert {v.assert_expr}{msg}"
@@ -174,7 +175,7 @@ def _detail(v: m.Verdict) -> str:
     return f"{exc}{v.message or ''}"
 
 
-def contacted_text(v: m.Verdict) -> str:
+def contacted_text(v: vm.Verdict) -> str:
     """The P ranks a D rank contacted: "P0,1", or with pipeline stages on P each as (pp_rank, tp_rank), the key
     vLLM's side channel serves them under: "P(0,0),(1,0)"."""
     if v.contacted_stages:
@@ -182,19 +183,19 @@ def contacted_text(v: m.Verdict) -> str:
     return f"P{','.join(map(str, v.contacted)) or '-'}"
 
 
-def verdict_detail(v: m.Verdict) -> str:
+def verdict_detail(v: vm.Verdict) -> str:
     """A failed verdict's one line: the exception or assert, and with pipeline stages on P where it stopped."""
     return _detail(v) + _where(v)
 
 
-def _where(v: m.Verdict) -> str:
+def _where(v: vm.Verdict) -> str:
     """Where a D rank stopped when P has pipeline stages: the stage and TP rank of the last reply."""
     if not v.contacted_stages or not v.contacted:
         return ""
     return f" (at P stage {v.contacted_stages[-1]}, TP rank {v.contacted[-1]})"
 
 
-def _cell(v: m.Verdict | None, t: m.TransferResult | None, notes: dict[str, str], when: str | None = None) -> Text:
+def _cell(v: vm.Verdict | None, t: m.TransferResult | None, notes: dict[str, str], when: str | None = None) -> Text:
     """Three short lines: status and note key, P ranks contacted and num_blocks recorded, transfer."""
     from rich.text import Text
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import msgspec
 
-from pdcheck import messages as m
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.releases.base import ReleaseModel
 from pdcheck.vllm.scenario import Scenario
 
@@ -69,9 +69,9 @@ class RunResult(msgspec.Struct, frozen=True):
     scenario: Scenario  # as run: with a live P, its probed [prefill]
     releases: list[ReleaseModel]  # the releases run (a live P: those its listener survives)
     device: str
-    requests: list[m.Req]
-    decode: dict[int, m.DecodeResult]  # D rank -> what it reported
-    prefill: dict[int, m.PrefillFinal]  # P rank -> its final message (none with a live P)
+    requests: list[vm.Req]
+    decode: dict[int, vm.DecodeResult]  # D rank -> what it reported
+    prefill: dict[int, vm.PrefillFinal]  # P rank -> its final message (none with a live P)
     harness: list[str]  # harness errors, in the order seen
     timings: Timings
     nodes: dict[str, str]  # rank label ('P rank 0') -> where it ran

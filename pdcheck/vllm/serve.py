@@ -28,6 +28,8 @@ from pdcheck.errors import BadInput, HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher
 from pdcheck.progress import log_line
+from pdcheck.vllm import drive
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.plan import ServePlan
 from pdcheck.vllm.ranks import prefill_main
 from pdcheck.vllm.releases import shapes
@@ -129,13 +131,13 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
             tp = p.tp_size
             reserved: dict[int, Any] = {}
             for g in groups:
-                reserved.update(orc.reserve_layout(held, host, g.ports, contacted=False))
+                reserved.update(drive.reserve_layout(held, host, g.ports, contacted=False))
             ranks = {
-                k * tp + r: lau.start("P", k * tp + r, prefill_main, msgspec.msgpack.encode(m.PrefillSpec(
+                k * tp + r: lau.start("P", k * tp + r, prefill_main, msgspec.msgpack.encode(vm.PrefillSpec(
                     engine_id=g.scenario.prefill.engine_id, tp_rank=r, tp_size=tp, num_blocks=p.blocks()[r],
                     device_id=p.device_id(r), device=opts.device, host=host,
                     geometry=pg, kv_cache_layout=p.kv_cache_layout,
-                    inject=m.Inject(), log_requests=True, tag_blocks=opts.tag_blocks,
+                    inject=vm.Inject(), log_requests=True, tag_blocks=opts.tag_blocks,
                     memory_layout=p.backend_layout, pp_size=p.pp_size)))
                 for k, g in enumerate(groups) for r in range(tp)
             }
@@ -146,8 +148,8 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
             for k in range(len(groups)):
                 values = {r: ready[orc.RankId("P", k * tp + r)][1] for r in range(tp)}
                 for r in range(tp):
-                    ranks[k * tp + r].send(m.Serve(listeners[k * tp + r], values))
-            orc.await_serving(lau, ranks, listeners, opts.start_timeout_s)
+                    ranks[k * tp + r].send(vm.Serve(listeners[k * tp + r], values))
+            drive.await_serving(lau, ranks, listeners, opts.start_timeout_s)
             from pdcheck.kvcache import engine_tag
 
             stages, reached = served_stages(release.wire, pg, p.pp_size)
@@ -193,7 +195,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                 for rank in live:
                     rank.send(m.Stop())
                 for rank, msg in lau.events(live, time.monotonic() + 5.0):
-                    if isinstance(msg, m.PrefillFinal):
+                    if isinstance(msg, vm.PrefillFinal):
                         rank.done = True
                         dead = f"; listener died: {msg.listener_dead}" if msg.listener_dead else ""
                         notifs = f"; notifications: {', '.join(msg.notifs[:8])}" if msg.notifs else ""
@@ -304,7 +306,7 @@ def load_prefill(path: Path | None, overrides: dict[str, Any], read_toml: Any, l
     return load(path, {**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in extra.items()}})
 
 
-def _answered_by(rank: Any, ranks: dict[int, Any], listeners: dict[int, list[m.ListenerSpec]]) -> str:
+def _answered_by(rank: Any, ranks: dict[int, Any], listeners: dict[int, list[vm.ListenerSpec]]) -> str:
     """For a rank with no listener of its own (F-H: one listener per DP rank, on its first TP rank): whose port
     answers for it, so '0 request(s) answered' does not read as a rank nobody reached."""
     idx = next((i for i, r in ranks.items() if r is rank), None)

@@ -27,9 +27,10 @@ from pdcheck.kvcache import (
     desc_ids,
     head_token,
 )
-from pdcheck.messages import Mismatch, Req, TransferResult
+from pdcheck.messages import Mismatch, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
 from pdcheck.vllm.engine import Outcome
+from pdcheck.vllm.messages import Req
 from pdcheck.vllm.releases import hybrid
 from pdcheck.vllm.releases.base import Local, Prepared, ReleaseModel
 

@@ -20,6 +20,7 @@ from pdcheck.nixlagent import LOCAL, int32_ids
 from pdcheck.vllm.ranks import served_metadata
 from pdcheck.vllm.releases.params import block_id_groups
 from pdcheck.vllm.releases.rules import msg_engine_id
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests import push, shapes, texts
 from pdcheck.vllm.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
 from pdcheck.vllm.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
@@ -45,8 +46,8 @@ class RequestsD(RequestsRole):
     def run(self) -> None:
         self.line: Lifecycle = CORRECTED
         self.release = CORRECTED.line  # the release under test: its log texts (pdcheck.vllm.requests.texts)
-        self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
-        self.side: m.ReqSide | None = None  # P's side channel and the line's wire
+        self.peer: rm.ReqReady | None = None  # the P whose agent D loaded (its handshake)
+        self.side: rm.ReqSide | None = None  # P's side channel and the line's wire
         # vLLM's D handshakes on a background thread while its engine keeps stepping (and driving its NIXL
         # worker): a P WRITing into D meanwhile (push mode) completes instead of waiting on a D that only waits
         # for P's reply, a wait only the handshake's timeout would end.
@@ -66,7 +67,7 @@ class RequestsD(RequestsRole):
         self.p_geom = self.spec.peer_geometry or d_geom
         self.plan = shapes.reads(self.p_geom, d_geom, self.spec.tp_rank)
         self.notif_n = 1  # the number D's done notification carries (shapes.notif_count, per line)
-        self.peer_sides: dict[str, list[m.ReqSide]] = {}
+        self.peer_sides: dict[str, list[rm.ReqSide]] = {}
         self.srcs: dict[str, list[_Src]] = {}
         self.cur: list[_Src] = []  # the sources of the engine the request in hand names
         self.regs: dict[str, int] = {}  # registrations loaded per engine id
@@ -79,7 +80,7 @@ class RequestsD(RequestsRole):
         self._local_ids: dict[tuple[int, int], np.ndarray] = {}
         self._remote_ids: dict[tuple[int, ...], np.ndarray] = {}
         self.beats: list[str] = []  # this turn's requests whose leases the heartbeat renews
-        self.todo: list[tuple[m.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
+        self.todo: list[tuple[rm.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
         waiter = _PushWaiter(self)
         self.out = out = Outgoing(self.conn)
         while True:
@@ -87,9 +88,9 @@ class RequestsD(RequestsRole):
             # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
             first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or self.unshaken
                               or waiter.busy else 0.05)
-            msgs = m.unbatch(first)
+            msgs = rm.unbatch(first)
             while first is not None and self.queued():  # everything queued: its READs go out together
-                msgs += m.unbatch(first := m.recv(self.conn))
+                msgs += rm.unbatch(first := m.recv(self.conn))
             for msg in self.drained(msgs or [None]):
                 if isinstance(msg, m.Stop):
                     self.start_reads()
@@ -126,7 +127,7 @@ class RequestsD(RequestsRole):
             self.tick_unshaken(time.time())
         if self.held:
             self.tick(time.time())
-        if isinstance(msg, m.ReqBegin):
+        if isinstance(msg, rm.ReqBegin):
             self.start_reads()  # the last line's requests, before this line begins
             self.settle()
             self.line = with_policy(line_of(msg.line), msg.failure_policy)
@@ -146,16 +147,16 @@ class RequestsD(RequestsRole):
             self.known.clear()
             self.unreached = None
             out.send(m.Ack())
-        elif isinstance(msg, m.ReqDecode) and not self.pushing and msg.hold_s > 0 and self.unknown(msg):
+        elif isinstance(msg, rm.ReqDecode) and not self.pushing and msg.hold_s > 0 and self.unknown(msg):
             self.hold_unknown(msg)
-        elif isinstance(msg, m.ReqDecode) and (refused := self.ensure(msg)) is not None:
-            out.add(m.ReqDecoded(msg.request, "refused", *refused))
-        elif isinstance(msg, m.ReqDecode) and waiter.mode == "push":
+        elif isinstance(msg, rm.ReqDecode) and (refused := self.ensure(msg)) is not None:
+            out.add(rm.ReqDecoded(msg.request, "refused", *refused))
+        elif isinstance(msg, rm.ReqDecode) and waiter.mode == "push":
             assert self.peer is not None
             got = waiter.take(msg, self.line, self.peer)
             if got is not None:
                 out.add(got)
-        elif isinstance(msg, m.ReqDecode):
+        elif isinstance(msg, rm.ReqDecode):
             got = self.decode(msg)
             if got is not None:
                 out.add(got)
@@ -166,7 +167,7 @@ class RequestsD(RequestsRole):
         while self.backlog:
             yield self.backlog.pop(0)
 
-    def ensure(self, msg: m.ReqDecode) -> tuple[str, str] | None:
+    def ensure(self, msg: rm.ReqDecode) -> tuple[str, str] | None:
         """vLLM's D handshakes lazily (_ensure_handshake / _background_nixl_handshake, every release): the first
         request whose params name an engine D does not know starts the handshake with the host and port they
         name; requests that arrive meanwhile wait on the same future and fail with it. None: go on (known now, or
@@ -190,16 +191,16 @@ class RequestsD(RequestsRole):
         if not ok and self.unreached is not None:
             self.joined = (engine, self.unreached)
             while self.queued():  # sent while the handshake ran: they joined its future
-                self.backlog += m.unbatch(m.recv(self.conn))
+                self.backlog += rm.unbatch(m.recv(self.conn))
             return self.unreached.verdict(self.line, msg.request, params)
         return None
 
-    def unknown(self, msg: m.ReqDecode) -> bool:
+    def unknown(self, msg: rm.ReqDecode) -> bool:
         """The request's params name an engine D has not handshaken with in this line."""
         params = msg.params if isinstance(msg.params, dict) else None
         return params is not None and self.side is not None and str(params.get("remote_engine_id")) not in self.known
 
-    def hold_unknown(self, msg: m.ReqDecode) -> None:
+    def hold_unknown(self, msg: rm.ReqDecode) -> None:
         """A request D's scheduler holds (hold / heartbeat-loss) whose engine D does not know. vLLM's D handshakes
         lazily, for the first request or heartbeat that names an engine: from 0.22 the scheduler heartbeats the
         request while it waits, and _send_heartbeats starts the handshake (_ensure_handshake) at the first one;
@@ -229,11 +230,11 @@ class RequestsD(RequestsRole):
                 self.unshaken.remove(h)
                 self.take(msgspec.structs.replace(h.msg, hold_s=h.read_at - now))
 
-    def take(self, msg: m.ReqDecode) -> None:
+    def take(self, msg: rm.ReqDecode) -> None:
         """The scheduler takes a request (pull mode): the lazy handshake, then decide/hold/READ."""
         refused = self.ensure(msg)
         if refused is not None:
-            self.out.add(m.ReqDecoded(msg.request, "refused", *refused))
+            self.out.add(rm.ReqDecoded(msg.request, "refused", *refused))
             return
         got = self.decode(msg)
         if got is not None:
@@ -252,21 +253,21 @@ class RequestsD(RequestsRole):
                 metas.append(self.hs.fetch(side))
             except HandshakeFailed as exc:
                 self.unreached = exc
-                self.out.add(m.ReqHandshook(endpoint(side), side.wire, str(exc)))
+                self.out.add(rm.ReqHandshook(endpoint(side), side.wire, str(exc)))
                 return False
         side = sides[0]
         self.unreached = None
         eid = metas[0].engine_id
         if engine is not None and eid != engine and self.line.engine_id_checked:
             # Nothing is recorded for the engine the request named: its next request handshakes again.
-            self.out.add(m.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
+            self.out.add(rm.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
                                         + msg_engine_id(engine, eid)))
             if eid not in self.srcs:
                 self.load(metas)  # decide() names the mismatch from the engine D reached
             self.use(self.srcs[eid])
             return True
         self.known.update({eid, engine} if engine is not None else {eid})
-        self.out.add(m.ReqHandshook(endpoint(side), side.wire))
+        self.out.add(rm.ReqHandshook(endpoint(side), side.wire))
         old = self.srcs.get(eid)
         if old is not None and [s.peer.metadata for s in old] == [mt.agent_metadata for mt in metas]:
             self.use(old)
@@ -274,7 +275,7 @@ class RequestsD(RequestsRole):
         self.load(metas)
         return True
 
-    def sides_for(self, engine: str, port: int | None = None) -> list[m.ReqSide]:
+    def sides_for(self, engine: str, port: int | None = None) -> list[rm.ReqSide]:
         """P's side channels (one per P TP rank) of the engine a request names; an engine no P runs under goes to
         the port the params name (remote_port: P's side-channel port), else the line's first P."""
         assert self.side is not None
@@ -305,7 +306,7 @@ class RequestsD(RequestsRole):
                 remote = agent.prep(name, block_descs(meta.kv_caches_base_addr, meta.num_blocks, bl, rd.read_len, 0,
                                                       offset=rd.remote_offset), kv.mem_type, "P's blocks")
                 local = agent.prep(LOCAL, kv.descs(rd.read_len, 0, offset=rd.local_offset), kv.mem_type, "local")
-            peer = m.ReqReady(rd.p_rank, eid, name, meta.agent_metadata, meta.kv_caches_base_addr, meta.num_blocks,
+            peer = rm.ReqReady(rd.p_rank, eid, name, meta.agent_metadata, meta.kv_caches_base_addr, meta.num_blocks,
                               0.0, self.registrations - 1)
             srcs.append(_Src(rd, peer, remote, local))
         self.srcs[eid] = srcs
@@ -343,14 +344,14 @@ class RequestsD(RequestsRole):
                 self.notify(f"HB:{h.rid}".encode())
                 h.next_hb = now + interval
 
-    def decode(self, msg: m.ReqDecode) -> m.ReqDecoded | None:
+    def decode(self, msg: rm.ReqDecode) -> rm.ReqDecoded | None:
         """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
         line, peer = self.line, self.peer
         assert peer is not None
         refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time(),
                          self.p_geom.tp_size)
         if refused is not None:
-            return m.ReqDecoded(msg.request, "refused", *refused)
+            return rm.ReqDecoded(msg.request, "refused", *refused)
         assert msg.params is not None
         rid = str(msg.params.get("remote_request_id", msg.request_id))
         if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
@@ -382,7 +383,7 @@ class RequestsD(RequestsRole):
             return f"D's re-handshake failed: {self.unreached}"
         return "no newer P to re-handshake with"
 
-    def read(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+    def read(self, msg: rm.ReqDecode, rid: str) -> rm.ReqDecoded | None:
         """Post request msg's READ into D's next free blocks: its answer now (refused, failed, aborted), or None
         (in flight: reap() checks it once it is done). A request a fault touches is read alone, in order."""
         if msg.alone:
@@ -410,7 +411,7 @@ class RequestsD(RequestsRole):
             self.reap(block=True)
         return 0
 
-    def post(self, msg: m.ReqDecode, rid: str) -> m.ReqDecoded | None:
+    def post(self, msg: rm.ReqDecode, rid: str) -> rm.ReqDecoded | None:
         kv, agent, i, line = self.kv, self.agent, msg.request, self.line
         if isinstance(msg.params, dict) and (eng := str(msg.params.get("remote_engine_id"))) in self.srcs:
             self.use(self.srcs[eng])  # DP: the engine this request's params name
@@ -427,12 +428,12 @@ class RequestsD(RequestsRole):
                     for src in self.cur:
                         src.peer.incarnation = gen - 1
             elif gen < peer.incarnation + 1:
-                return m.ReqDecoded(i, "refused", "recomputed", f"P restarted after handing out these params "
+                return rm.ReqDecoded(i, "refused", "recomputed", f"P restarted after handing out these params "
                                     f"(registration generation {gen} < {peer.incarnation + 1}): its blocks died "
                                     "with it; recomputed")
             expiry = msg.params.get("remote_blocks_expiry_time")
             if msg.heartbeats_lost and expiry is not None and time.time() >= expiry:
-                return m.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
+                return rm.ReqDecoded(i, "refused", "recomputed", "lease passed while D held the request (no renewal "
                                     "acknowledged: its heartbeats were lost): blocks not read, recomputed")
         ids = read_ids(msg.params, self.kv.geometry.block_size)
         lo = self.room(len(ids))
@@ -463,12 +464,12 @@ class RequestsD(RequestsRole):
             error = f"{type(exc).__name__}: {exc}"
             verdict, detail = on_failure(line, i, "transfer_setup_failed", error,
                                          self.failure_log(msg, rid, mine, "transfer_setup_failed", error))
-            return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+            return rm.ReqDecoded(i, "failed", verdict, detail, t_read)
         self.flight.append(_Flight(hs, msg, rid, mine, lo, t_read, peer, self.cur))
         self.next_block = lo + len(ids)
         return None
 
-    def note(self, msg: m.ReqDecode, rid: str) -> bytes:
+    def note(self, msg: rm.ReqDecode, rid: str) -> bytes:
         """The done notification that rides on the READ, as vLLM's _read_blocks sends it (NIXL delivers it to P
         once the READ is done); none when the router's faults drop or delay it."""
         return b"" if msg.drop_notif or msg.notif_delay_s > 0 else self.line.notification(rid, self.notif_n)
@@ -545,10 +546,10 @@ class RequestsD(RequestsRole):
             clean = self.check(run).wrong == 0
             for f in run:
                 if clean:
-                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
+                    out = rm.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=regions * len(f.mine))
                 else:
                     chk = self.check([f])
-                    out = m.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked,
+                    out = rm.ReqDecoded(f.msg.request, "read", t_read=f.t_read, checked=chk.checked,
                                        wrong=chk.wrong)
                     if chk.first is not None:
                         w = chk.first.found
@@ -558,11 +559,11 @@ class RequestsD(RequestsRole):
                 if self.out.due():  # the parent times each answer: no answer waits long for the rest
                     self.out.flush()
 
-    def failed(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, exc: NixlCallError,
-               t_read: float) -> m.ReqDecoded:
+    def failed(self, msg: rm.ReqDecode, rid: str, mine: np.ndarray, exc: NixlCallError,
+               t_read: float) -> rm.ReqDecoded:
         line, i = self.line, msg.request
         if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
-            return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
+            return rm.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
                                 "recomputed", t_read)
         # As vLLM names it: posting the READ raised (_read_blocks), its state came back failed, or looking at
         # its state raised (_pop_done_transfers).
@@ -570,9 +571,9 @@ class RequestsD(RequestsRole):
                                                                                           "transfer_setup_failed")
         extra = {"xfer_state": "ERR"} if kind == "transfer_failed" else {}
         verdict, detail = on_failure(line, i, kind, str(exc), self.failure_log(msg, rid, mine, kind, str(exc), extra))
-        return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+        return rm.ReqDecoded(i, "failed", verdict, detail, t_read)
 
-    def failure_log(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, kind: str, error: str,
+    def failure_log(self, msg: rm.ReqDecode, rid: str, mine: np.ndarray, kind: str, error: str,
                     extra: dict[str, Any] | None = None) -> str:
         """What the release logs for a failed READ: its _log_failure line with the context dict it builds (the
         exception's traceback shortened to its last line), then its 'Skipping KV post-processing' warning."""
@@ -608,13 +609,13 @@ class RequestsD(RequestsRole):
         assert out is not None
         return out
 
-    def done(self, msg: m.ReqDecode, rid: str) -> None:
+    def done(self, msg: rm.ReqDecode, rid: str) -> None:
         """delay-notif: the done notification goes notif_delay_s after the READ instead of riding on it."""
         if not msg.drop_notif and msg.notif_delay_s > 0:
             self.pending.append((time.time() + msg.notif_delay_s, self.line.notification(rid, self.notif_n),
                                  list(self.cur)))
 
-    def aborted(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> m.ReqDecoded:
+    def aborted(self, msg: rm.ReqDecode, rid: str, mine: np.ndarray, ids: list[int], t_read: float) -> rm.ReqDecoded:
         """abort-d: the READ is posted, then the client aborts. Before 0.16 D's scheduler frees the
         request's blocks at once, under the READ; from it, only once the READ is done. The READ completes
         either way and P is notified (vLLM's notification rides on the READ)."""
@@ -634,7 +635,7 @@ class RequestsD(RequestsRole):
             agent.release(h)
         self.done(msg, rid)
         detail = abort_detail(self.line) + f" (the READ's state at the abort: {at_abort}; then {state})"
-        return m.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
+        return rm.ReqDecoded(msg.request, "aborted", "aborted", detail, t_read, d_freed_in_flight=freed_under)
 
 
 class _Flight:
@@ -642,8 +643,8 @@ class _Flight:
 
     __slots__ = ("h", "lo", "mine", "msg", "peer", "rid", "srcs", "t_read")
 
-    def __init__(self, h: list[Any], msg: m.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
-                 peer: m.ReqReady, srcs: list[_Src]) -> None:
+    def __init__(self, h: list[Any], msg: rm.ReqDecode, rid: str, mine: np.ndarray, lo: int, t_read: float,
+                 peer: rm.ReqReady, srcs: list[_Src]) -> None:
         self.h, self.msg, self.rid, self.mine, self.lo, self.t_read, self.peer = h, msg, rid, mine, lo, t_read, peer
         self.srcs = srcs
 
@@ -653,14 +654,14 @@ class _Src:
 
     __slots__ = ("local", "peer", "read", "remote")
 
-    def __init__(self, read: shapes.Read, peer: m.ReqReady, remote: Any, local: Any) -> None:
+    def __init__(self, read: shapes.Read, peer: rm.ReqReady, remote: Any, local: Any) -> None:
         self.read, self.peer, self.remote, self.local = read, peer, remote, local
 
 
 class _Hold:
     __slots__ = ("msg", "next_hb", "read_at", "rid")
 
-    def __init__(self, msg: m.ReqDecode, rid: str, read_at: float, next_hb: float) -> None:
+    def __init__(self, msg: rm.ReqDecode, rid: str, read_at: float, next_hb: float) -> None:
         self.msg, self.rid, self.read_at, self.next_hb = msg, rid, read_at, next_hb
 
 
@@ -676,7 +677,7 @@ class _PushWaiter:
         self.mode = "pull"
         self.expiry_s: float | None = None
         self.free: deque[int] = deque()
-        self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
+        self.waiting: dict[str, tuple[rm.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
         self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
         self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
         # Completion notifications per D request id, and how many it takes (from the P world size each carries).
@@ -693,7 +694,7 @@ class _PushWaiter:
     def busy(self) -> bool:
         return bool(self.waiting or self.held)
 
-    def reset(self, mode: str, expiry_s: float | None, side: m.ReqSide | None) -> None:
+    def reset(self, mode: str, expiry_s: float | None, side: rm.ReqSide | None) -> None:
         self.mode, self.expiry_s = mode, expiry_s
         if mode == "push" and side is not None:
             self.role.own.begin(side)  # D's side channel serves this line's wire: P handshakes there
@@ -708,12 +709,12 @@ class _PushWaiter:
         self.tags.clear()
         self.role.kv.clear_all(np.arange(self.role.kv.num_blocks))
 
-    def take(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded | None:
+    def take(self, msg: rm.ReqDecode, line: Lifecycle, peer: rm.ReqReady) -> rm.ReqDecoded | None:
         """The scheduler has the request (on_new_request): decide, heartbeat, register now or after the hold."""
         i = msg.request
         refused = push.decide(line, msg.params, peer.engine_id, time.time(), self.role.p_geom.tp_size)
         if refused is not None:
-            return m.ReqDecoded(i, "refused", *refused)
+            return rm.ReqDecoded(i, "refused", *refused)
         assert msg.params is not None
         if line is CORRECTED:  # the registration generation counts P processes: D handshakes with the one running
             gen = int(msg.params.get("remote_registration_generation", 1))
@@ -722,7 +723,7 @@ class _PushWaiter:
                 assert self.role.peer is not None
                 peer = self.role.peer
             elif gen < peer.incarnation + 1:
-                return m.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
+                return rm.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
         rid = msg.params.get("remote_request_id")
         beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
         if beats:
@@ -734,17 +735,17 @@ class _PushWaiter:
             return None
         return self.register(msg, line, peer)
 
-    def register(self, msg: m.ReqDecode, line: Lifecycle, peer: m.ReqReady) -> m.ReqDecoded:
+    def register(self, msg: rm.ReqDecode, line: Lifecycle, peer: rm.ReqReady) -> rm.ReqDecoded:
         """update_state_after_alloc and the writer's send: D's blocks, then PUSH_REG to P (a release keeps a
         request whose PUSH_REG failed waiting, with its blocks)."""
         i = msg.request
         assert msg.params is not None
         late = push.held_lost(line, msg.params, msg.heartbeats_lost, time.time())
         if late is not None:
-            return m.ReqDecoded(i, "refused", *late)
+            return rm.ReqDecoded(i, "refused", *late)
         k = len(msg.expect_blocks)
         if len(self.free) < k:
-            return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
+            return rm.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
         blocks = [self.free.popleft() for _ in range(k)]
         d_rid = push.d_request_id(msg.request_id)
         deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
@@ -762,12 +763,12 @@ class _PushWaiter:
             if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 self._drop(d_rid)
                 self.role.rehandshake()
-            return m.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
+            return rm.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
         if msg.abort:
             return self.abort(d_rid, line)
-        return m.ReqDecoded(i, "registered", t_read=time.time())
+        return rm.ReqDecoded(i, "registered", t_read=time.time())
 
-    def abort(self, d_rid: str, line: Lifecycle) -> m.ReqDecoded:
+    def abort(self, d_rid: str, line: Lifecycle) -> rm.ReqDecoded:
         """The client aborts right after PUSH_REG, before P can have WRITTEN (P has not seen the registration yet).
         A release frees D's blocks now, under the WRITE to come (P still WRITEs into them: nothing tells it); the
         corrected D keeps them until P's completion or its watchdog."""
@@ -778,14 +779,14 @@ class _PushWaiter:
             del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
             self.gone.add(d_rid)
             self.free.extend(blocks)
-        return m.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
+        return rm.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
                             d_freed_in_flight=line is not CORRECTED)
 
-    def poll(self, line: Lifecycle) -> list[m.ReqDecoded]:
+    def poll(self, line: Lifecycle) -> list[rm.ReqDecoded]:
         if self.mode != "push":
             return []
         self.role.own.poll(time.time())  # P's handshake with D
-        out: list[m.ReqDecoded] = []
+        out: list[rm.ReqDecoded] = []
         ready, self.due = self.due, []
         for _peer, got in self.role.agent.notifs().items():
             for raw in got:
@@ -811,14 +812,14 @@ class _PushWaiter:
             self._drop(d_rid)
             assert self.expiry_s is not None
             if not aborted:
-                out.append(m.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
+                out.append(rm.ReqDecoded(msg.request, "refused", "recomputed", push.watchdog_detail(self.expiry_s)))
         if self.held:
             out += self.tick(line, now)
         return out
 
-    def tick(self, line: Lifecycle, now: float) -> list[m.ReqDecoded]:
+    def tick(self, line: Lifecycle, now: float) -> list[rm.ReqDecoded]:
         """Held requests: heartbeats every lease/6 (none when lost), the PUSH_REG once the hold is over."""
-        out: list[m.ReqDecoded] = []
+        out: list[rm.ReqDecoded] = []
         interval = (self.expiry_s or 0.0) / 6
         peer = self.role.peer
         assert peer is not None
@@ -843,7 +844,7 @@ class _PushWaiter:
         self.tags.pop(d_rid, None)
         self.gone.add(d_rid)
 
-    def _check(self, d_rid: str) -> m.ReqDecoded:
+    def _check(self, d_rid: str) -> rm.ReqDecoded:
         msg, blocks, _ = self.waiting.pop(d_rid)
         tag = engine_tag(self.tags.get(d_rid, ""))
         self.forget(d_rid)
@@ -855,7 +856,7 @@ class _PushWaiter:
                                gens=msg.expect_gens, out=chk)
         assert chk is not None
         self.free.extend(blocks)
-        out = m.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
+        out = rm.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
         if chk.first is not None:
             f = chk.first.found
             out.found_block, out.found_gen, out.found_valid = f.block, f.gen, f.valid

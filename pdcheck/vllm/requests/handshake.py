@@ -21,11 +21,11 @@ from typing import Any
 import msgspec
 import zmq
 
-from pdcheck import messages as m
 from pdcheck.errors import FetchRefused, FetchTimeout
 from pdcheck.geometry import Geometry
 from pdcheck.sidechannel import Listener, fetch
 from pdcheck.vllm.releases import CORRECTED, MODELLED, compat_hash_for, resolve
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests.lines import Lifecycle
 from pdcheck.vllm.requests.model import decide, on_failure
 from pdcheck.vllm.wire import FORMATS, AnyMeta, WireError, encode_reply, strict_decode
@@ -45,16 +45,16 @@ class SideLog(msgspec.Struct):
     failed: str = ""  # the first failed handshake's reason ("" when none failed)
 
 
-def side_for(release: str, host: str, port: int, geometry: Geometry) -> m.ReqSide:
+def side_for(release: str, host: str, port: int, geometry: Geometry) -> rm.ReqSide:
     """Where P listens and how `release` speaks on it: the release model's wire era and compatibility hash (the
     one release -> wire mapping, pdcheck.vllm.releases; the corrected path speaks the newest modelled release's) and
     its recv timeout."""
     model = MODELLED[-1] if release == CORRECTED.name else resolve(release)
     timeout = (CORRECTED if release == CORRECTED.name else model).recv_timeout_ms
-    return m.ReqSide(host, port, model.wire, compat_hash_for(model, geometry), timeout)
+    return rm.ReqSide(host, port, model.wire, compat_hash_for(model, geometry), timeout)
 
 
-def endpoint(side: m.ReqSide) -> str:
+def endpoint(side: rm.ReqSide) -> str:
     return f"tcp://{side.host}:{side.port}"
 
 
@@ -71,7 +71,7 @@ class PSide:
         self.live = False
         self.next = 0.0
 
-    def begin(self, side: m.ReqSide) -> None:
+    def begin(self, side: rm.ReqSide) -> None:
         """Serve this P's metadata in the line's wire format from now on."""
         from pdcheck.vllm.ranks import replier  # the rank side only (the parent imports this module too)
 
@@ -120,7 +120,7 @@ class DSide:
         self.peer = peer
         self.while_waiting = while_waiting  # what the fetching rank keeps doing while it waits for the reply
 
-    def fetch(self, side: m.ReqSide) -> AnyMeta:
+    def fetch(self, side: rm.ReqSide) -> AnyMeta:
         """P's metadata, decoded as the release decodes it; HandshakeFailed with the release's text."""
         fmt = FORMATS[side.wire]
         wait = side.timeout_ms if side.timeout_ms is not None else HANG_WAIT_MS
@@ -153,9 +153,9 @@ class Background:
     def __init__(self, peer: str) -> None:
         self.fetcher = DSide(peer)
         self.future: Future[AnyMeta] | None = None
-        self.side: m.ReqSide | None = None
+        self.side: rm.ReqSide | None = None
 
-    def start(self, side: m.ReqSide) -> None:
+    def start(self, side: rm.ReqSide) -> None:
         fut: Future[AnyMeta] = Future()
         self.future, self.side = fut, side
 

@@ -16,8 +16,10 @@ from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import block_descs, desc_ids, engine_tag, pattern
 from pdcheck.nixlagent import LOCAL
+from pdcheck.vllm import messages as vm
 from pdcheck.vllm.ranks import served_metadata
 from pdcheck.vllm.releases.rules import msg_engine_id
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests import push, shapes, texts
 from pdcheck.vllm.requests.handshake import Background, HandshakeFailed, PSide, endpoint
 from pdcheck.vllm.requests.lines import CORRECTED, Lifecycle, line_of
@@ -65,7 +67,7 @@ class RequestsP(RequestsRole):
         release_name = CORRECTED.line  # the release under test: its log texts (pdcheck.vllm.requests.texts)
         mode = "pull"
         d_side: _PushTarget | None = None  # push mode: P's handshake with D (on D's first PUSH_REG) and its WRITEs
-        notif_faults: dict[int, m.ReqPrefill] = {}  # push: drop-notif / delay-notif / a failed WRITE
+        notif_faults: dict[int, rm.ReqPrefill] = {}  # push: drop-notif / delay-notif / a failed WRITE
         pending: list[tuple[float, str, bytes]] = []  # push mode: delayed completion notifications
         out = Outgoing(self.conn)
         idle = HELD_POLL_S
@@ -73,7 +75,7 @@ class RequestsP(RequestsRole):
         next_expiry = float("inf")  # no held request expires before this (heartbeats only push deadlines out)
         tp = self.spec.tp_size
         # On a TP shape the scheduler frees a request's blocks once every TP worker reported it done (the parent,
-        # m.ReqRelease): this worker's done requests wait there, so every worker's free list stays the same.
+        # rm.ReqRelease): this worker's done requests wait there, so every worker's free list stays the same.
         coordinated = tp > 1
         worker_done: dict[int, _Held] = {}
         counts: dict[str, int] = {}  # done notifications per request id, until its consumers all sent one
@@ -114,7 +116,7 @@ class RequestsP(RequestsRole):
                                         deadline if expiry is not None else None, gens, rid,
                                         (generation or inc + 1) if line is CORRECTED else 1,
                                         block_size=kv.geometry.block_size)
-                out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
+                out.add(rm.ReqPrefilled(i, rid, blocks, gens, params, now))
 
         def release(i: int, how: str, log: str = "") -> None:
             h = held.pop(i)
@@ -122,22 +124,22 @@ class RequestsP(RequestsRole):
                 worker_done[i] = h
             else:
                 free.extend(h.blocks)
-            out.add(m.ReqFreed(i, how, time.time(), log))
+            out.add(rm.ReqFreed(i, how, time.time(), log))
 
-        rid_inc = self.spec.incarnation  # a replaced TP worker names requests as the scheduler does (m.ReqAdopt)
-        generation = 0  # the corrected path after one TP worker's restart: the engine's generation (m.ReqReplaced)
+        rid_inc = self.spec.incarnation  # a replaced TP worker names requests as the scheduler does (rm.ReqAdopt)
+        generation = 0  # the corrected path after one TP worker's restart: the engine's generation (rm.ReqReplaced)
 
         def handle(msg: m.Msg | None) -> None:
             nonlocal line, expiry, per_req, free, late, beats, errors, epoch, mode, d_side, release_name, dead
             nonlocal rid_inc, generation, scale
-            if isinstance(msg, m.ReqBegin):
+            if isinstance(msg, rm.ReqBegin):
                 mode = msg.mode
                 if mode == "push":
                     d_side = d_side or _PushTarget(self)
                     d_side.begin(line_of(msg.line), msg.side, msg.peers)
                 if msg.side is not None:
                     side.begin(msg.side)  # this line's era from now on; D handshakes once the parent hears so
-                    out.send(m.Serving(self.spec.tp_rank, [side.port]))
+                    out.send(vm.Serving(self.spec.tp_rank, [side.port]))
                 notif_faults.clear()
                 pending.clear()
                 line = line_of(msg.line)
@@ -158,33 +160,33 @@ class RequestsP(RequestsRole):
                 dead = False
                 errors = []
                 kv.clear_all(np.arange(n))
-            elif isinstance(msg, m.ReqAdopt):
+            elif isinstance(msg, rm.ReqAdopt):
                 # This worker replaces one that died mid-line: the scheduler's free list and generations; what the
                 # dead one held is done here (its blocks died with it) until the scheduler frees it.
                 free = deque(msg.free)
                 gen[:] = msg.gens
                 worker_done.update({i: _Held(b, [], float("inf")) for i, b in msg.held.items()})
                 epoch, rid_inc = msg.epoch, msg.rid_inc
-            elif isinstance(msg, m.ReqReplaced):
+            elif isinstance(msg, rm.ReqReplaced):
                 generation = msg.generation
-            elif isinstance(msg, m.ReqRelease):
+            elif isinstance(msg, rm.ReqRelease):
                 got = worker_done.pop(msg.request, None)
                 if got is not None:
                     free.extend(got.blocks)
                     admit()
-            elif isinstance(msg, m.ReqPrefill):
+            elif isinstance(msg, rm.ReqPrefill):
                 if msg.stall_s > 0:
                     time.sleep(msg.stall_s)  # the test hook: this process given no core for a while
                 notif_faults[msg.request] = msg
                 waiting.append(msg.request)
                 admit()
-            elif isinstance(msg, m.ReqSync):
+            elif isinstance(msg, rm.ReqSync):
                 out.send(msg)  # after every ReqPrefilled gathered before it
-            elif isinstance(msg, m.ReqEnd):
+            elif isinstance(msg, rm.ReqEnd):
                 if d_side is not None:  # a handshake with D still running ends first (within its timeout)
                     for i in d_side.finish(held, notif_faults, pending, errors):
                         release(i, "written")
-                out.send(m.ReqAccount(sorted(held), list(waiting), late, beats, errors,
+                out.send(rm.ReqAccount(sorted(held), list(waiting), late, beats, errors,
                                       *(d_side.take() if d_side is not None else ())))
                 held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
                 waiting.clear()
@@ -195,9 +197,9 @@ class RequestsP(RequestsRole):
             # keeps many READs in flight and one turn here serves them all, and a spinning P would take D's core.
             # A turn that found nothing doubles the next look's delay (a slow decode, a hold), up to POLL_S.
             first = self.wait(idle if held else POLL_S)
-            msgs = m.unbatch(first)
+            msgs = rm.unbatch(first)
             while first is not None and self.queued():  # every queued message before the next sweep
-                msgs += m.unbatch(first := m.recv(self.conn))
+                msgs += rm.unbatch(first := m.recv(self.conn))
             for msg in msgs:
                 if isinstance(msg, m.Stop):
                     out.flush()
@@ -293,22 +295,22 @@ class _PushTarget:
         self.role, self.agent = role, role.agent
         self.hs = Background("D")
         self.line: Lifecycle = CORRECTED
-        self.side: m.ReqSide | None = None  # the line's wire: P speaks it on D's side channel
-        self.peers: dict[str, list[m.ReqSide]] = {}  # on a shape: each D engine id -> its side channel per TP rank
+        self.side: rm.ReqSide | None = None  # the line's wire: P speaks it on D's side channel
+        self.peers: dict[str, list[rm.ReqSide]] = {}  # on a shape: each D engine id -> its side channel per TP rank
         self.full = self.agent.prep(LOCAL, role.kv.descs(role.kv.block_len, 0), role.kv.mem_type, "local")
         self.engines: dict[str, list[_DRank]] = {}  # loaded once, kept across lines (D never changes in a run)
         self.ready: set[str] = set()  # D engines this line's handshake is done with
-        self.fetch: tuple[str, list[tuple[int, m.ReqSide]], list[tuple[int, AnyMeta]]] | None = None
+        self.fetch: tuple[str, list[tuple[int, rm.ReqSide]], list[tuple[int, AnyMeta]]] | None = None
         self.deferred: list[tuple[int, push.Registration]] = []  # matched, waiting for the handshake
         self.matched: set[int] = set()  # requests a registration matched in this line
         self.failed: list[int] = []  # WRITE failed
         self.hs_failed: list[int] = []  # P's handshake with D failed: no WRITE
-        self.shakes: list[m.ReqHandshook] = []
+        self.shakes: list[rm.ReqHandshook] = []
         spec = role.spec
         self.d_geom = spec.peer_geometry  # None: one P rank and one D rank, whole blocks
         self.shape = shapes.Shape(spec.tp_size, 1, self.d_geom.tp_size if self.d_geom else 1, 1)
 
-    def begin(self, line: Lifecycle, side: m.ReqSide | None, peers: dict[str, list[m.ReqSide]]) -> None:
+    def begin(self, line: Lifecycle, side: rm.ReqSide | None, peers: dict[str, list[rm.ReqSide]]) -> None:
         self.line, self.side, self.peers, self.ready = line, side, peers, set()
         self.deferred, self.failed, self.hs_failed, self.shakes = [], [], [], []
         self.matched = set()
@@ -319,7 +321,7 @@ class _PushTarget:
         return [d for d in range(self.shape.d_tp) if me in shapes.sources(self.shape, d)]
 
     def register(self, raw: bytes, held: dict[int, _Held], by_id: dict[str, int],
-                 faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
+                 faults: dict[int, rm.ReqPrefill], pending: list[tuple[float, str, bytes]],
                  errors: list[str]) -> int | None:
         """A PUSH_REG: the request written (its blocks can be freed), None (no held request matches), -1 (dropped,
         failed, waiting for the handshake with D, or another consumer's registration of a request matched
@@ -352,13 +354,13 @@ class _PushTarget:
         self.fetch = (reg.engine_id, todo, [])  # todo[0]: the D rank being fetched
         self.hs.start(todo[0][1])
 
-    def poll(self, held: dict[int, _Held], faults: dict[int, m.ReqPrefill],
+    def poll(self, held: dict[int, _Held], faults: dict[int, rm.ReqPrefill],
              pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
         """The handshake, if it ended: the requests written now."""
         got = self.hs.result()
         return [] if got is None else self._settle(got, held, faults, pending, errors)
 
-    def finish(self, held: dict[int, _Held], faults: dict[int, m.ReqPrefill],
+    def finish(self, held: dict[int, _Held], faults: dict[int, rm.ReqPrefill],
                pending: list[tuple[float, str, bytes]], errors: list[str]) -> list[int]:
         """The line's end: every handshake still running, to its end (each within the release's timeout)."""
         out: list[int] = []
@@ -369,14 +371,14 @@ class _PushTarget:
         return out
 
     def _settle(self, got: AnyMeta | HandshakeFailed, held: dict[int, _Held],
-                faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
+                faults: dict[int, rm.ReqPrefill], pending: list[tuple[float, str, bytes]],
                 errors: list[str]) -> list[int]:
         side = self.hs.side
         assert side is not None and self.fetch is not None
         eng, (now, *todo), metas = self.fetch
         if not isinstance(got, HandshakeFailed) and got.engine_id != eng:
             got = HandshakeFailed(f"RuntimeError: {msg_engine_id(eng, got.engine_id)}")
-        self.shakes.append(m.ReqHandshook(endpoint(side), side.wire, str(got) if isinstance(got, HandshakeFailed)
+        self.shakes.append(rm.ReqHandshook(endpoint(side), side.wire, str(got) if isinstance(got, HandshakeFailed)
                                           else ""))
         mine = [(i, reg) for i, reg in self.deferred if reg.engine_id == eng]
         if not isinstance(got, HandshakeFailed) and todo:  # the next D rank of the engine
@@ -432,13 +434,13 @@ class _PushTarget:
         self.engines[eng] = out
 
     def write(self, i: int, reg: push.Registration, held: dict[int, _Held],
-              faults: dict[int, m.ReqPrefill], pending: list[tuple[float, str, bytes]],
+              faults: dict[int, rm.ReqPrefill], pending: list[tuple[float, str, bytes]],
               errors: list[str]) -> int:
         """P's WRITEs into D's registered blocks, one per D rank it feeds: the request (its blocks can be freed),
         or -1 (one failed)."""
         h = held[i]
         d_rid, d_blocks = reg.request_id, reg.blocks
-        f = faults.get(i, m.ReqPrefill(i))
+        f = faults.get(i, rm.ReqPrefill(i))
         note = push.completion(d_rid, self.shape.p_tp)  # "{D request id}:{P world size}"
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
         regions = kv.geometry.num_regions
@@ -465,7 +467,7 @@ class _PushTarget:
                 pending.append((time.time() + f.notif_delay_s, t.agent, note))
         return i
 
-    def take(self) -> tuple[list[int], list[m.ReqHandshook], list[int]]:
+    def take(self) -> tuple[list[int], list[rm.ReqHandshook], list[int]]:
         """This line's failed WRITEs, P's handshakes with D, and the requests that handshake failed for."""
         out = (self.failed, self.shakes, self.hs_failed)
         self.failed, self.shakes, self.hs_failed = [], [], []

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from multiprocessing.connection import Connection
 
-from pdcheck import messages as m
 from pdcheck.ranks import Role, run_rank
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests.decode import RequestsD
 from pdcheck.vllm.requests.prefill import RequestsP
 from pdcheck.vllm.requests.role import RequestsRole
@@ -18,5 +18,5 @@ def requests_main(conn: Connection, spec_bytes: bytes) -> None:
 
 class RequestsRank(RequestsRole):
     @classmethod
-    def for_spec(cls, spec: m.ReqSpec) -> type[Role]:
+    def for_spec(cls, spec: rm.ReqSpec) -> type[Role]:
         return RequestsP if spec.role == "P" else RequestsD

@@ -15,6 +15,7 @@ from pdcheck.errors import NixlCallError
 from pdcheck.kvcache import KVCache, block_descs
 from pdcheck.nixlagent import no_memory_hooks
 from pdcheck.ranks import Role
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.wire import AnyMeta
 
 POLL_S = 0.002
@@ -22,7 +23,7 @@ FLUSH_S = 0.002  # D sends its answers at least this often while it works throug
 
 
 class RequestsRole(Role):
-    spec_type = m.ReqSpec
+    spec_type = rm.ReqSpec
 
     @property
     def name(self) -> str:
@@ -43,7 +44,7 @@ class RequestsRole(Role):
         return self.kv.regions(0), self.kv.mem_type
 
     def ready(self) -> m.Msg:
-        return m.ReqReady(self.spec.tp_rank, self.spec.engine_id, self.agent.name, self.agent.metadata(), self.kv.base_addrs,
+        return rm.ReqReady(self.spec.tp_rank, self.spec.engine_id, self.agent.name, self.agent.metadata(), self.kv.base_addrs,
                           self.spec.num_blocks, self.setup_ms(), self.spec.incarnation)
 
     def wait(self, timeout_s: float) -> m.Msg | None:
@@ -91,7 +92,7 @@ class Outgoing:
 
     def flush(self) -> None:
         if self.msgs:
-            m.send(self.conn, m.batched(self.msgs))
+            m.send(self.conn, rm.batched(self.msgs))
             self.msgs = []
 
     def send(self, msg: m.Msg) -> None:

@@ -23,6 +23,8 @@ from pdcheck import orchestrate as orc
 from pdcheck.errors import HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
+from pdcheck.vllm import messages as vm
+from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests.faults import Fault, pick
 from pdcheck.vllm.requests.handshake import SideLog, endpoint, side_for
 from pdcheck.vllm.requests.lines import CORRECTED, Lifecycle
@@ -128,11 +130,11 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
               for g in range(sh.p_dp) for r in range(sh.p_tp)]
         d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
         ds = [lau.start("D", g * sh.d_tp + r, _target(), msgspec.msgpack.encode(
-            m.ReqSpec("D", engine(D_ENGINE, g, sh.d_dp), geometry(sh, sh.d_tp) if not sh.single else GEOMETRY,
+            rm.ReqSpec("D", engine(D_ENGINE, g, sh.d_dp), geometry(sh, sh.d_tp) if not sh.single else GEOMETRY,
                       d_blocks, tp_rank=r, mute_side=opts.mute_d_side, tp_size=sh.d_tp, dp_rank=g,
                       peer_geometry=None if sh.single else geometry(sh, sh.p_tp))))
               for g in range(sh.d_dp) for r in range(sh.d_tp)]
-        got = orc.gather(lau, [*ps, *ds], m.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
+        got = orc.gather(lau, [*ps, *ds], rm.ReqReady, opts.start_timeout_s, _stage("start-up", opts.start_timeout_s))
         d_ready = [got[d.id][1] for d in ds]  # push mode: each D rank's own side channel, where P handshakes
         slots = [_PSlot(p, _Outbox(p), got[p.id][1], k // sh.p_tp, k % sh.p_tp) for k, p in enumerate(ps)]
         dboxes = [_Outbox(d) for d in ds]
@@ -172,9 +174,9 @@ def _steady(one_line: Callable[..., LineRun], opts: Options, tick: Callable[[str
             tick(f"{got.release} again at x{opts.time_scale:g} (the machine stalled {clock.worst:.2f} s)")
 
 
-def _p_spec(opts: Options, group: int, rank: int, incarnation: int = 0, side_port: int = 0) -> m.ReqSpec:
+def _p_spec(opts: Options, group: int, rank: int, incarnation: int = 0, side_port: int = 0) -> rm.ReqSpec:
     sh = opts.shape
-    return m.ReqSpec("P", engine(P_ENGINE, group, sh.p_dp), GEOMETRY if sh.single else geometry(sh, sh.p_tp),
+    return rm.ReqSpec("P", engine(P_ENGINE, group, sh.p_dp), GEOMETRY if sh.single else geometry(sh, sh.p_tp),
                      opts.pool, tp_rank=rank, incarnation=incarnation, side_port=side_port, mute_side=opts.mute_side,
                      tp_size=sh.p_tp, dp_rank=group,
                      peer_geometry=None if sh.single else geometry(sh, sh.d_tp))  # push: which part P WRITEs where
@@ -183,16 +185,16 @@ def _p_spec(opts: Options, group: int, rank: int, incarnation: int = 0, side_por
 class _PSlot:
     """The P rank now serving (restart-p replaces it: a new process, a new agent, the same engine id)."""
 
-    def __init__(self, rank: Any, box: _Outbox, ready: m.ReqReady, group: int = 0, tp_rank: int = 0) -> None:
+    def __init__(self, rank: Any, box: _Outbox, ready: rm.ReqReady, group: int = 0, tp_rank: int = 0) -> None:
         self.rank, self.box, self.ready = rank, box, ready
         self.group, self.tp_rank = group, tp_rank  # its P DP rank (engine) and TP rank
         self.incarnation = 0
-        self.begin: m.ReqBegin | None = None  # the line this P rank runs (its own side channel)
+        self.begin: rm.ReqBegin | None = None  # the line this P rank runs (its own side channel)
         self.lines = 0  # lines this process began (its request ids' epoch)
         self.rid_inc = 0  # the process count its request ids carry (a replaced TP worker takes the others')
 
 
-def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options, adopt: m.ReqAdopt | None = None) -> float:
+def _restart_p(lau: Any, slot: _PSlot, begin: rm.ReqBegin, opts: Options, adopt: rm.ReqAdopt | None = None) -> float:
     """Kill P's process and start its replacement on the one launcher: the same engine id, blocks and side-channel
     port, a new agent. The new P takes the line (begin) and serves its metadata on that port; D reads it there
     only where the release re-handshakes. Returns the seconds it took (the router holds requests meanwhile)."""
@@ -213,7 +215,7 @@ def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options, adopt: 
     k = slot.group * opts.shape.p_tp + slot.tp_rank
     p = lau.start("P", k, _target(), msgspec.msgpack.encode(spec),
                   **({"log": f"{log}/P{k}.r{slot.incarnation}.log"} if log else {}))
-    ready = orc.gather(lau, [p], m.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
+    ready = orc.gather(lau, [p], rm.ReqReady, opts.start_timeout_s, _stage("P's restart", opts.start_timeout_s))
     slot.rank, slot.box, slot.ready = p, _Outbox(p), ready[p.id][1]
     _begin_p(lau, slot, begin, opts)
     if adopt is not None:  # one TP worker replaced: it takes the scheduler's state (the others kept theirs)
@@ -222,12 +224,12 @@ def _restart_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options, adopt: 
     return time.time() - t0
 
 
-def _begin_p(lau: Any, slot: _PSlot, begin: m.ReqBegin, opts: Options) -> None:
-    """P takes the line, and its side channel serves the line's wire once P says so (m.Serving): only then may D
+def _begin_p(lau: Any, slot: _PSlot, begin: rm.ReqBegin, opts: Options) -> None:
+    """P takes the line, and its side channel serves the line's wire once P says so (vm.Serving): only then may D
     handshake, or it could read the last line's era."""
     slot.box.send(begin)
     slot.lines += 1
-    orc.gather(lau, [slot.rank], m.Serving, opts.start_timeout_s, _stage("the side channel's start",
+    orc.gather(lau, [slot.rank], vm.Serving, opts.start_timeout_s, _stage("the side channel's start",
                                                                          opts.start_timeout_s))
 
 
@@ -257,7 +259,7 @@ def _settle_before_restart(lau: Any, ranks: list[Any], req: int, st: _LineState,
         for rank, got in lau.events(ranks, min(deadline, time.monotonic() + 0.05)):
             if got is None or isinstance(got, m.Failed):
                 return  # the main loop reports it
-            for msg in m.unbatch(got):
+            for msg in rm.unbatch(got):
                 st.take_other(rank, msg)
             break
 
@@ -265,26 +267,26 @@ def _settle_before_restart(lau: Any, ranks: list[Any], req: int, st: _LineState,
 class _LineState:
     """What the ranks of one line reported: P's prefills (its scheduler's: TP rank 0 of each P DP rank), D's
     answers per (request, D TP rank), P's frees (on a TP shape: once every TP worker of the engine reported the
-    request done, when the parent, as P's scheduler, tells them to free: m.ReqRelease)."""
+    request done, when the parent, as P's scheduler, tells them to free: rm.ReqRelease)."""
 
     def __init__(self, opts: Options, slots: list[_PSlot], d_ids: dict[Any, tuple[int, int]]) -> None:
         self.opts, self.slots, self.d_ids = opts, slots, d_ids
-        self.prefilled: dict[int, m.ReqPrefilled] = {}
-        self.decoded: dict[int, m.ReqDecoded] = {}  # every D rank of its D DP rank answered (TP rank 0's answer)
-        self.by_rank: dict[tuple[int, int], m.ReqDecoded] = {}  # (request, D TP rank) -> its answer
-        self.freed: dict[int, m.ReqFreed] = {}
-        self.done: dict[int, dict[int, m.ReqFreed]] = {}  # TP shapes: request -> P TP rank -> its worker's done
+        self.prefilled: dict[int, rm.ReqPrefilled] = {}
+        self.decoded: dict[int, rm.ReqDecoded] = {}  # every D rank of its D DP rank answered (TP rank 0's answer)
+        self.by_rank: dict[tuple[int, int], rm.ReqDecoded] = {}  # (request, D TP rank) -> its answer
+        self.freed: dict[int, rm.ReqFreed] = {}
+        self.done: dict[int, dict[int, rm.ReqFreed]] = {}  # TP shapes: request -> P TP rank -> its worker's done
         self.shadow: dict[tuple[int, int], list[int]] = {}  # (request, P TP rank > 0) -> the blocks it took
-        self.first: dict[int, m.ReqPrefilled] = {}  # TP rank 0's prefills waiting for the other workers'
+        self.first: dict[int, rm.ReqPrefilled] = {}  # TP rank 0's prefills waiting for the other workers'
         self.reports: dict[int, int] = {}
         self.logs: list[str] = []
-        self.shakes: list[m.ReqHandshook] = []
+        self.shakes: list[rm.ReqHandshook] = []
         self.acks = 0
         self.d_began = [False]
         self.synced: set[int] = set()  # the P slots (indices) that sent the line's ReqSync back
         self.sched_free: dict[int, list[int]] = {}  # P DP rank -> the scheduler's free list (TP shapes)
 
-    def prefill_ready(self, slot: _PSlot | None, msg: m.ReqPrefilled) -> m.ReqPrefilled | None:
+    def prefill_ready(self, slot: _PSlot | None, msg: rm.ReqPrefilled) -> rm.ReqPrefilled | None:
         """TP rank 0's prefill of a request once every P TP worker of its engine has it (its blocks tagged)."""
         if self.opts.shape.p_tp == 1 or slot is None:
             return msg
@@ -302,24 +304,24 @@ class _LineState:
         """Everything but P's prefills: D's answers, D's handshakes and the line's begun, P's frees."""
         sh = self.opts.shape
         slot = self.slot_of(rank)
-        if isinstance(msg, m.ReqDecoded):
+        if isinstance(msg, rm.ReqDecoded):
             _g, r = self.d_ids.get(rank.id, (0, 0))
             self.by_rank[(msg.request, r)] = msg
             if all((msg.request, k) in self.by_rank for k in range(sh.d_tp)):
                 self.decoded[msg.request] = self.by_rank[(msg.request, 0)]
-        elif isinstance(msg, m.ReqSync) and slot is not None:
+        elif isinstance(msg, rm.ReqSync) and slot is not None:
             self.synced.add(self.slots.index(slot))
         elif isinstance(msg, m.Ack):
             self.acks += 1
             self.d_began[0] = self.acks >= len(self.d_ids)
-        elif isinstance(msg, m.ReqHandshook):  # every D rank's: each handshakes with each engine it meets
+        elif isinstance(msg, rm.ReqHandshook):  # every D rank's: each handshakes with each engine it meets
             self.shakes.append(msg)
-        elif isinstance(msg, m.ReqFreed) and sh.p_tp > 1 and slot is not None:
+        elif isinstance(msg, rm.ReqFreed) and sh.p_tp > 1 and slot is not None:
             self.worker_done(slot, msg)
         else:
             _record_free(msg, self.freed, self.logs)
 
-    def worker_done(self, slot: _PSlot, msg: m.ReqFreed) -> None:
+    def worker_done(self, slot: _PSlot, msg: rm.ReqFreed) -> None:
         got = self.done.setdefault(msg.request, {})
         got[slot.tp_rank] = msg
         if msg.log and slot.tp_rank == 0:
@@ -329,25 +331,25 @@ class _LineState:
             # replaced worker's "lost" counts as done, never as how)
             hows = [f.how for f in got.values() if f.how != "lost"] or ["notif"]
             how = "expired" if "expired" in hows else hows[-1]
-            self.freed[msg.request] = m.ReqFreed(msg.request, how, max(f.t for f in got.values()))
+            self.freed[msg.request] = rm.ReqFreed(msg.request, how, max(f.t for f in got.values()))
             pf = self.prefilled.get(msg.request)
             if pf is not None:
                 self.sched_free.setdefault(slot.group, self._fresh()).extend(pf.blocks)
             for s in self.slots:
                 if s.group == slot.group:
-                    s.box.send(m.ReqRelease(msg.request))
+                    s.box.send(rm.ReqRelease(msg.request))
 
     def _fresh(self) -> list[int]:
         return list(range(self.opts.pool))
 
-    def allocated(self, slot: _PSlot | None, pf: m.ReqPrefilled) -> None:
+    def allocated(self, slot: _PSlot | None, pf: rm.ReqPrefilled) -> None:
         """The scheduler's free list of the P DP rank (what a replaced TP worker takes: replaced())."""
         if self.opts.shape.p_tp > 1 and slot is not None:
             free = self.sched_free.setdefault(slot.group, self._fresh())
             for b in pf.blocks:
                 free.remove(b)
 
-    def replaced(self, slot: _PSlot) -> m.ReqAdopt:
+    def replaced(self, slot: _PSlot) -> rm.ReqAdopt:
         """TP worker `slot` dies (after the params of the request restart-p names): what it held is done on it (its
         blocks died; the scheduler frees each once the other workers are done); its replacement takes the
         scheduler's state."""
@@ -361,14 +363,14 @@ class _LineState:
                     gens[b] = g
         free = list(self.sched_free.setdefault(slot.group, self._fresh()))
         kept = next(s for s in self.slots if s.group == slot.group and s is not slot)
-        adopt = m.ReqAdopt(free, gens, held, kept.lines, kept.rid_inc)
+        adopt = rm.ReqAdopt(free, gens, held, kept.lines, kept.rid_inc)
         for i in held:
-            self.worker_done(slot, m.ReqFreed(i, "lost", now))
+            self.worker_done(slot, rm.ReqFreed(i, "lost", now))
         return adopt
 
 
-def _record_free(msg: m.Msg, freed: dict[int, m.ReqFreed], logs: list[str]) -> None:
-    if isinstance(msg, m.ReqFreed):
+def _record_free(msg: m.Msg, freed: dict[int, rm.ReqFreed], logs: list[str]) -> None:
+    if isinstance(msg, rm.ReqFreed):
         freed.setdefault(msg.request, msg)
         if msg.log:
             logs.append(msg.log)
@@ -400,7 +402,7 @@ class _Outbox:
     def send_all(self, msgs: list[Any]) -> None:
         """A loop turn's messages, in one pipe write."""
         if msgs:
-            self._q.put(m.batched(msgs))
+            self._q.put(rm.batched(msgs))
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._q.put(None)
@@ -414,7 +416,7 @@ def _target() -> Any:
 
 
 def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], name: str, line: Lifecycle,
-              opts: Options, d_ready: list[m.ReqReady] | None = None) -> LineRun:
+              opts: Options, d_ready: list[rm.ReqReady] | None = None) -> LineRun:
     push = opts.mode == "push"
     sh = opts.shape
     # The replacement after a restart-p binds the same port: one side channel per P rank for the whole run.
@@ -422,7 +424,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     side = sides[0]
     peers = {engine(P_ENGINE, g, sh.p_dp): [sides[k] for k, sl in enumerate(slots) if sl.group == g]
              for g in range(sh.p_dp)}
-    begin = m.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
+    begin = rm.ReqBegin(line.line, opts.lease_s, opts.blocks_per_request, failure_policy=opts.failure_policy,
                        mode=opts.mode, side=side, release=name, peers={} if sh.single else peers,
                        time_scale=opts.lease_scale)
     # push on a shape: P handshakes with the D ranks it WRITEs, each on its own side channel (vLLM's P: D's port
@@ -468,8 +470,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     faults = _stage(f"vLLM {name}'s requests", hard - time.time())
     while True:
         now = time.time()
-        to_p: dict[int, list[m.ReqPrefill]] = {}
-        to_dd: dict[int, list[m.ReqDecode]] = {}
+        to_p: dict[int, list[rm.ReqPrefill]] = {}
+        to_dd: dict[int, list[rm.ReqDecode]] = {}
         while due and due[0][0] <= now:
             when, _s, action, i = heapq.heappop(due)
             lag = max(lag, now - when)
@@ -494,7 +496,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
             if not sync_sent:  # once: no prefill is sent after it (nothing is due)
                 sync_sent = True
                 for sl in slots:
-                    sl.box.send(m.ReqSync())
+                    sl.box.send(rm.ReqSync())
         if now > hard:
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
         stop = max(end, last_answer + opts.settle_s)
@@ -507,15 +509,15 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                 raise faults.failed(rank, got_msg)
             # A rank's loop turn, in order; a prefill after which P restarts goes last (what P sent after it, e.g.
             # a free, counts before the restart, as _settle_before_restart would have read it from the pipe).
-            msgs = m.unbatch(got_msg)
+            msgs = rm.unbatch(got_msg)
             if restarting:
-                msgs.sort(key=lambda x: isinstance(x, m.ReqPrefilled) and pick(opts.faults, "restart-p", x.request)
+                msgs.sort(key=lambda x: isinstance(x, rm.ReqPrefilled) and pick(opts.faults, "restart-p", x.request)
                           is not None)
             slot = st.slot_of(rank)
             for msg in msgs:
-                if isinstance(msg, m.ReqPrefilled) and (msg := st.prefill_ready(slot, msg)) is None:
+                if isinstance(msg, rm.ReqPrefilled) and (msg := st.prefill_ready(slot, msg)) is None:
                     continue  # P's scheduler hands the params out once every TP worker has the request
-                if isinstance(msg, m.ReqPrefilled):
+                if isinstance(msg, rm.ReqPrefilled):
                     prefilled[msg.request] = msg
                     st.allocated(slot, msg)
                     # slow-decode: the params reach each D TP rank when its own fault says (rank=DK: one late)
@@ -553,7 +555,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                                                    None if one is None else st.replaced(sl))
                         if one is not None and slot is not None:  # the engine's generation counts the new process
                             group = [sl for sl in slots if sl.group == slot.group]
-                            group[0].box.send(m.ReqReplaced(1 + sum(sl.incarnation for sl in group)))
+                            group[0].box.send(rm.ReqReplaced(1 + sum(sl.incarnation for sl in group)))
                         if msg.request in restarts_due:
                             restarts_due.remove(msg.request)
                         due = [(w + down, s_, a, j) for w, s_, a, j in due]
@@ -565,7 +567,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                         heapq.heappush(due, (t_decode - late[0] + when, seq, "decode" if len(set(late)) == 1
                                              else f"decode@{k}", msg.request))
                         seq += 1
-                elif isinstance(msg, m.ReqDecoded) and msg.status == "registered":
+                elif isinstance(msg, rm.ReqDecoded) and msg.status == "registered":
                     registered.add(msg.request)
                     last_answer = time.time()
                     if expiry is not None:
@@ -575,13 +577,13 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                         hard = max(hard, end + 30.0)
                 else:
                     st.take_other(rank, msg)
-                    if isinstance(msg, m.ReqDecoded) and msg.request in decoded:
+                    if isinstance(msg, rm.ReqDecoded) and msg.request in decoded:
                         last_answer = answered[msg.request] = time.time()
             break  # back to the schedule after every pipe message
     accts = []
     for sl in slots:
-        sl.box.send(m.ReqEnd())
-        accts.append(orc.gather(lau, [sl.rank], m.ReqAccount, 30.0,
+        sl.box.send(rm.ReqEnd())
+        accts.append(orc.gather(lau, [sl.rank], rm.ReqAccount, 30.0,
                                 _Recording(_stage(f"vLLM {name}'s accounting", 30.0),
                                            functools.partial(st.take_other, sl.rank)))[sl.rank.id][1])
     acct = accts[0] if len(accts) == 1 else _merged(accts)
@@ -644,22 +646,22 @@ def expected(line: Lifecycle, opts: Options) -> tuple[list[Outcome], Accounting]
         opts.settle_s, opts.lease_scale)
 
 
-def _merged(accts: list[m.ReqAccount]) -> m.ReqAccount:
+def _merged(accts: list[rm.ReqAccount]) -> rm.ReqAccount:
     """Every P rank's accounting as the scheduler's: a request held while any worker holds it; late
     notifications, heartbeats and errors summed over the workers."""
-    return m.ReqAccount(sorted({i for a in accts for i in a.holding}), sorted({i for a in accts for i in a.waiting}),
+    return rm.ReqAccount(sorted({i for a in accts for i in a.holding}), sorted({i for a in accts for i in a.waiting}),
                         sum(a.late_notifs for a in accts), sum(a.heartbeats for a in accts),
                         [e for a in accts for e in a.notif_errors], sorted({i for a in accts for i in a.write_failed}),
                         [h for a in accts for h in a.handshakes],
                         sorted({i for a in accts for i in a.handshake_failed}))
 
 
-def _rank_account(slot: _PSlot, a: m.ReqAccount) -> PRankAccount:
+def _rank_account(slot: _PSlot, a: rm.ReqAccount) -> PRankAccount:
     sh_dp = f"DP{slot.group}/" if slot.group else ""
     return PRankAccount(f"{sh_dp}P{slot.tp_rank}", len(a.holding), a.late_notifs, a.heartbeats)
 
 
-def _timeline(t0: float, prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed],
+def _timeline(t0: float, prefilled: dict[int, rm.ReqPrefilled], freed: dict[int, rm.ReqFreed],
               lost_at: dict[int, float]) -> list[tuple[float, int]]:
     """P's blocks held over the line, from its real allocations, frees and restarts."""
     steps: list[tuple[float, int]] = []
@@ -687,12 +689,12 @@ class _Recording(orc.Stage):
         object.__setattr__(self, "_record", record)
 
     def stray(self, rank: Any, got: m.Msg) -> Exception | None:
-        for msg in m.unbatch(got):
+        for msg in rm.unbatch(got):
             self._record(msg)  # type: ignore[attr-defined]
         return None
 
 
-def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: int = 0) -> m.ReqDecode:
+def _route(prefilled: dict[int, rm.ReqPrefilled], i: int, opts: Options, d_rank: int = 0) -> rm.ReqDecode:
     """The router: forward P's params to D (TP rank d_rank of the request's D DP rank), as the faults say."""
     pf = prefilled[i]
     params: dict[str, Any] | msgspec.Raw | None = pf.params  # forwarded as P encoded them
@@ -704,12 +706,12 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: 
         params = None
     hold_s, lost = held_for(opts.faults, i, d_rank if opts.mode != "push" else None)
     if opts.mode == "push":  # the notification faults and read-fail hit P's WRITE instead (_prefill)
-        return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
+        return rm.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
                            abort=pick(opts.faults, "abort-d", i) is not None)
     delay = pick(opts.faults, "delay-notif", i)
     delay = delay if delay is not None and delay.on(d_rank) else None
     drop = pick(opts.faults, "drop-notif", i)
-    return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, drop is not None and drop.on(d_rank),
+    return rm.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, drop is not None and drop.on(d_rank),
                        delay.seconds if delay else 0.0, hold_s, lost,
                        pick(opts.faults, "read-fail", i, d_rank) is not None,
                        pick(opts.faults, "abort-d", i, d_rank) is not None, any(f.hits(i) for f in opts.faults))
@@ -723,20 +725,20 @@ def _d_ranks(action: str, d_tp: int) -> range:
     return range(d_tp)
 
 
-def _prefill(i: int, opts: Options) -> m.ReqPrefill:
+def _prefill(i: int, opts: Options) -> rm.ReqPrefill:
     """A request to P; in push mode with the faults on P's WRITE: its completion notification, its failure."""
     stall = dict(opts.stall_p).get(i, 0.0)
     if opts.mode != "push":
-        return m.ReqPrefill(i, stall_s=stall)
+        return rm.ReqPrefill(i, stall_s=stall)
     delay, drop = pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i)
-    return m.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
+    return rm.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
                         pick(opts.faults, "read-fail", i) is not None,
                         drop.d_rank if drop is not None and drop.d_rank is not None else -1,
                         delay.d_rank if delay is not None and delay.d_rank is not None else -1, stall)
 
 
-def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
-             freed: dict[int, m.ReqFreed], owner: dict[tuple[int, int], int]) -> Outcome:
+def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, rm.ReqPrefilled], decoded: dict[int, rm.ReqDecoded],
+             freed: dict[int, rm.ReqFreed], owner: dict[tuple[int, int], int]) -> Outcome:
     if i not in prefilled:
         return Outcome(i, "hang", hang_detail(line, pool))
     dec = decoded.get(i)
@@ -753,7 +755,7 @@ def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefi
     return Outcome(i, "delivered")
 
 
-def _wrong(i: int, dec: m.ReqDecoded, line: Lifecycle, owner: dict[tuple[int, int], int]) -> Outcome:
+def _wrong(i: int, dec: rm.ReqDecoded, line: Lifecycle, owner: dict[tuple[int, int], int]) -> Outcome:
     """D's check found another generation's bytes: whose KV it read (P's allocation log names the owner)."""
     j = owner.get((dec.found_block, dec.found_gen)) if dec.found_valid else None
     whose = f"request {j}'s KV (generation {dec.found_gen})" if j is not None else "untagged bytes"
@@ -763,7 +765,7 @@ def _wrong(i: int, dec: m.ReqDecoded, line: Lifecycle, owner: dict[tuple[int, in
     return Outcome(i, "wrong", f"block {dec.found_block} holds {whose}", j)
 
 
-def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFreed], acct: m.ReqAccount,
+def _accounting(prefilled: dict[int, rm.ReqPrefilled], freed: dict[int, rm.ReqFreed], acct: rm.ReqAccount,
                 line: Lifecycle, opts: Options) -> Accounting:
     seen: set[int] = set()
     reused = 0
@@ -784,8 +786,8 @@ def _accounting(prefilled: dict[int, m.ReqPrefilled], freed: dict[int, m.ReqFree
         engine_died=min(1, engine_deaths(acct.notif_errors)))
 
 
-def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled],
-                  decoded: dict[int, m.ReqDecoded], freed: dict[int, m.ReqFreed],
+def _push_verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, rm.ReqPrefilled],
+                  decoded: dict[int, rm.ReqDecoded], freed: dict[int, rm.ReqFreed],
                   owner: dict[tuple[int, int], int], write_failed: frozenset[int] | set[int] = frozenset(),
                   hs_failed: frozenset[int] | set[int] = frozenset(), hs_error: str = "") -> Outcome:
     """Push mode: P frees its blocks once its WRITE is done, before D hears of it, so freed-early does not apply;
