@@ -504,3 +504,14 @@ def test_the_runtime_imports_no_framework(module: str) -> None:
     found = [f"line {line}: {mod}" for line, mod in _imports(ast.parse((PKG / f"{module}.py").read_text()))
              if any(mod == p or mod.startswith(p + ".") for p in packages)]
     assert not found, f"pdcheck/{module}.py imports a framework's package or the registry: {found}"
+
+
+def test_the_architecture_page_names_only_files_that_exist() -> None:
+    """docs/architecture.md's change areas and tables name the files a change touches: each must exist."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"`((?:pdcheck|tests|scenarios|docs)/[A-Za-z0-9_./-]+\.(?:py|md|toml))`", text))
+    named |= {f"pdcheck/{m}" for m in re.findall(r"\| `((?:vllm/|bench/|render/)?[a-z_]+\.py)`", text)}
+    templates = {n for n in named if any(t in n for t in ("<", "X_Y", "vX"))}
+    assert len(named - templates) > 20, named
+    missing = sorted(n for n in named - templates if not (ROOT / n).exists())
+    assert not missing, f"docs/architecture.md names files that do not exist: {missing}"

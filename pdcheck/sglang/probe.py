@@ -157,7 +157,7 @@ def _run(get: bs.Get, endpoint: str, addr: str, p_release: str | None, d_text: s
                            f"({bounds.peer_text(why or 'nothing understood', 120)})")
     if rel.bootstrap in ("B5", "B6") and info:
         bounds.peer_doc(info, bs.ServerInfo, bs.WHERE)  # before layout() sizes the walk
-    d_releases = resolve_many(d_text or rel.name, "--decode-sglang")
+    d_releases = resolve_many(d_text or rel.name, "--decode-releases")
     if why:
         notes.append(f"not every P rank has registered yet: {bounds.peer_text(why, 120)}")
     ranks: list[ProbeRank] = []
@@ -250,6 +250,6 @@ def probe_report(endpoint: str, p_release: str, decode_releases: str | None, sce
     bounds.check_seconds("--timeout", timeout_s, bounds.PROBE_TIMEOUT_S)
     named = None if p_release.strip() == "auto" else resolve(p_release).name
     if decode_releases is not None:
-        resolve_many(decode_releases, "--decode-sglang")  # bad input before any request
+        resolve_many(decode_releases, "--decode-releases")  # bad input before any request
     decode = load(scenario).decode.side() if scenario is not None else Side()
     return run(host, port, named, decode_releases or named, decode, timeout_s)
