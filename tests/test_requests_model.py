@@ -183,7 +183,7 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
     from pathlib import Path
 
     from pdcheck.seam import SmokeOptions
-    from pdcheck.vllm import framework as fw
+    from pdcheck.vllm import smoke as fw
 
     scenarios = Path(__file__).resolve().parent.parent / "scenarios"
     files = fw.requests_files(scenarios)
@@ -202,7 +202,7 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
         "requests-push-tp2-write-failure.toml", "requests-push-hetero-lost-completion.toml",
         "requests-push-tp2-slow-decode.toml", "requests-push-hetero-slow-decode.toml"}
     assert fw.requests_files(scenarios / "requests") == files
-    plans = [fw.FRAMEWORK.smoke_plan(f, SmokeOptions()) for f in files]
+    plans = [fw.plan(f, SmokeOptions()) for f in files]
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
     assert not any(f.parent.name == "requests" for f in scenarios.glob("*.toml"))  # handshake globs stay clean
 
