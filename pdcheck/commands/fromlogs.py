@@ -53,17 +53,15 @@ def register(app: typer.Typer) -> None:
         """Read P/D geometry and per-rank num_blocks out of start-up logs and write a commented scenario.
 
         Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO`."""
-        from pdcheck import frameworks
+        from pdcheck import bounds, frameworks
         from pdcheck.errors import BadInput
 
         if output is not None and not force and (output.exists() or output.is_symlink()):
             raise BadInput(f"--output: {output} exists; pass --force to replace it")
+        bounds.check_out_file("--output", output, force)
         fw, rels = frameworks.pick(None, releases, "logs", command="from-logs")
         outcome = fw.from_logs({"prefill_log": prefill_log, "decode_log": decode_log, "overrides": overrides,
                                 "output": output, "dp_rank": dp_rank, "releases": rels})
         if output is not None and outcome.text is not None:
-            try:
-                output.write_text(outcome.text)
-            except OSError as exc:
-                raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+            bounds.write_out("--output", output, outcome.text.encode("utf-8"), force)
         emit("scenario from-logs", fw.name, outcome, json_out)
