@@ -18,17 +18,19 @@ from pdcheck.bench.models import resolve_shape
 from pdcheck.bench.plan import BenchConfig, memory_need, row_sizes
 from pdcheck.bench.transport import preset
 
-SHAPE = ["--model", "custom", "--layers", "4", "--kv-heads", "8", "--head-dim", "128"]
+# The smallest blocks (128 B), so that block tables and descriptors weigh as much as the KV pools.
+SHAPE = ["--model", "custom", "--layers", "1", "--kv-heads", "1", "--head-dim", "8", "--dtype", "fp8"]
 CASES = [
+    ["--tokens", "16384", "--requests", "64", "--block-size", "16"],
     ["--tokens", "65536", "--requests", "256", "--block-size", "16"],
-    ["--tokens", "16384", "--requests", "1024", "--block-size", "16,64"],
-    ["--tokens", "262144", "--requests", "64", "--block-size", "16"],
+    ["--tokens", "16384", "--requests", "1024", "--block-size", "16,32"],
+    ["--tokens", "262144", "--requests", "32", "--block-size", "16"],
 ]
 
 
 def computed(args: list[str]) -> int:
     o = dict(zip(args[::2], args[1::2], strict=True))
-    cfg = BenchConfig(shape=resolve_shape(None, layers=4, kv_heads=8, head_dim=128),
+    cfg = BenchConfig(shape=resolve_shape(None, layers=1, kv_heads=1, head_dim=8, dtype="fp8"),
                       block_sizes=parse_list("--block-size", o["--block-size"]),
                       tokens=parse_list("--tokens", o["--tokens"]), transport=preset("default"),
                       requests=int(o["--requests"]))

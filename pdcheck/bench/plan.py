@@ -114,6 +114,11 @@ def rank_geometries(cfg: BenchConfig, block_tokens: int) -> tuple[Geometry, Geom
     return gp, gd
 
 
+# One process of the run before its KV cache and tables: Python, numpy, msgspec, NIXL and UCX (60-80 MB measured
+# per process on 2 cores; benchmarks/bench_memory.py).
+PROCESS_BYTES = 128 << 20
+
+
 @dataclass(frozen=True)
 class RowSize:
     """One sweep point's sizes, known from the flags before anything is allocated."""
@@ -133,14 +138,15 @@ def memory_need(cfg: BenchConfig, sizes: list[RowSize], pool_p: list[int], pool_
     the parent holds every row's, builds one at about 6 tables' worth of temporaries and sends a copy to each
     rank); on each D rank the remote dlist (24 B per descriptor, kvcache.block_descs) and about as much again
     while NIXL converts each prepped dlist, and 8 B per descriptor of every READ handle (its int32 ids:
-    requests x regions x blocks). NIXL's own per-descriptor state was measured at under 8 B (nixl-cu13 1.x);
-    benchmarks/bench_memory.py prints this figure next to the run's measured peak."""
+    requests x regions x blocks); and PROCESS_BYTES for each process (the parent, the forkserver, every rank).
+    NIXL's own per-descriptor state was measured at under 8 B (nixl-cu13 1.x); benchmarks/bench_memory.py
+    prints this figure next to the run's measured peak."""
     ranks = cfg.ptp + cfg.dtp
     table = [2 * r.requests * r.blocks * 8 for r in sizes]  # both sides' tables of one row
     parent = sum(table) + 3 * max(table, default=0)
     per_d = max((2 * 24 * r.regions_d * r.num_blocks + 8 * r.requests * r.regions_d * r.blocks for r in sizes),
                 default=0)
-    meta = parent + ranks * max(table, default=0) + cfg.dtp * per_d
+    meta = (ranks + 2) * PROCESS_BYTES + parent + ranks * max(table, default=0) + cfg.dtp * per_d
     pools = sum(pool_p) + sum(pool_d) if cfg.device == "cpu" else 0
     return pools, meta
 
