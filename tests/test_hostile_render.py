@@ -30,7 +30,7 @@ from pdcheck.bounds import json_shape
 from pdcheck.render import html as html_writer
 from pdcheck.render import markdown as md_writer
 from pdcheck.render import page as page_model
-from pdcheck.render.text import clean, cut, shell_word, visible, words_cut
+from pdcheck.render.text import clean, cut, shell_word, toml_string, visible, words_cut
 
 # Characters that end or open something somewhere: line ends of every kind, terminal controls, Markdown and HTML
 # syntax, bidi overrides, a lone surrogate (an undecodable byte under surrogateescape).
@@ -242,6 +242,17 @@ def test_shell_words_are_visible_and_reproduce_the_argument(arg: str) -> None:
     assert word.isprintable()
     out = subprocess.run(["bash", "-c", f"printf %s {word}"], capture_output=True, check=True).stdout
     assert out.decode("utf-8", "surrogateescape") == arg
+
+
+@PROPS
+@given(TEXT)
+def test_toml_strings_read_back_and_show_nothing_raw(s: str) -> None:
+    """from-logs writes a log's text into a scenario file (and on stdout) through toml_string."""
+    import tomllib
+
+    t = toml_string(s)
+    assert t.isprintable()
+    assert tomllib.loads(f"k = {t}")["k"] == re.sub(r"[\ud800-\udfff]", "\ufffd", s)
 
 
 def test_error_words_are_cut_and_the_line_kept() -> None:

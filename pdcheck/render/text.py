@@ -67,6 +67,21 @@ def json_visible(text: str) -> str:
     return text if text.isprintable() else _BAD_JSON.sub(esc, text)
 
 
+def toml_string(text: str) -> str:
+    """A TOML basic string that reads back as `text` and shows nothing raw: the quote and the backslash escaped,
+    every unprintable character as a \\u or \\U escape (TOML refuses raw control characters; a lone surrogate,
+    which TOML cannot spell, becomes U+FFFD)."""
+    def esc(c: str) -> str:
+        if c in '"\\':
+            return "\\" + c
+        if c.isprintable():
+            return c
+        n = 0xFFFD if 0xD800 <= ord(c) <= 0xDFFF else ord(c)
+        return f"\\u{n:04x}" if n < 0x10000 else f"\\U{n:08x}"
+
+    return '"' + "".join(esc(c) for c in text) + '"'
+
+
 def shell_word(arg: str, limit: int = 1024) -> str:
     """One argument of a command line to show and to paste: shlex.quote when printable, else bash's ANSI-C
     quoting ($'...'), which spells every unprintable character as an escape and still reproduces the argument."""
