@@ -57,7 +57,8 @@ def documents(draw: Any) -> dict[str, Any]:
     return {**doc, **{k: v for k, v in body.items() if k not in doc}}
 
 
-PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# database=None: nothing left on disk (hypothesis keeps its examples in .hypothesis/ otherwise)
+PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
 
 
 def raw_controls(text: str, keep: str = "\n") -> list[str]:
@@ -234,7 +235,7 @@ def test_clean_is_printable_bounded_and_idempotent(s: str, limit: int) -> None:
     assert visible(out) == out
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, database=None)
 @given(st.text(st.one_of(st.sampled_from(NASTY), st.characters(blacklist_categories=("Cs",))), min_size=1,
                max_size=30).filter(lambda s: "\x00" not in s))
 def test_shell_words_are_visible_and_reproduce_the_argument(arg: str) -> None:
