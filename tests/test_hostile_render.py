@@ -10,11 +10,14 @@ rich table and `pdcheck report`; a side channel whose engine id is rich markup."
 
 from __future__ import annotations
 
+import atexit
 import io
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from html.parser import HTMLParser
@@ -23,6 +26,7 @@ from typing import Any
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from hypothesis.configuration import set_hypothesis_home_dir
 from markdown_it import MarkdownIt
 from test_hostile import ENV, contract, peer, run
 
@@ -31,6 +35,12 @@ from pdcheck.render import html as html_writer
 from pdcheck.render import markdown as md_writer
 from pdcheck.render import page as page_model
 from pdcheck.render.text import clean, cut, shell_word, toml_string, visible, words_cut
+
+# Nothing left on disk: hypothesis keeps a cache of the code's constants in .hypothesis/ of the working directory
+# otherwise (and, with database=None below, no example database).
+_HOME = tempfile.mkdtemp(prefix="pdcheck-hypothesis-")
+set_hypothesis_home_dir(_HOME)
+atexit.register(shutil.rmtree, _HOME, True)
 
 # Characters that end or open something somewhere: line ends of every kind, terminal controls, Markdown and HTML
 # syntax, bidi overrides, a lone surrogate (an undecodable byte under surrogateescape).
