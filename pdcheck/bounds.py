@@ -7,12 +7,16 @@ anonymous NORESERVE mmap (virtual until touched), and a run forks one process pe
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import ipaddress
 import math
 import os
 import stat
+from collections.abc import Iterator
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, BinaryIO, TypeVar
 
 import msgspec
 
@@ -67,6 +71,13 @@ MAX_LOG_LINE = 64 << 10  # bytes kept of one line; the rest of a longer line is 
 MAX_PEER_STR = 256  # engine id, backend, layout names a peer advertises
 MAX_PEER_REGIONS = 2 * MAX_LAYERS  # kv_caches_base_addr / block_lens entries (two regions per layer)
 MAX_PEER_BLOCK_LEN = 1 << 32  # bytes in one block of one region
+# A saved --json document (pdcheck report): a document of 256 ranks and every release is a few MB, nests 6 levels
+# and holds a few hundred thousand values. The shape is measured on the bytes before anything is decoded
+# (json_shape): a decoded value costs 50-100 bytes of memory whatever its size in the file ("[]," is 3 bytes and a
+# 56-byte list), so 64 MiB of "[[],[],...]" would take 3 GiB to decode.
+MAX_DOC_BYTES = 64 << 20
+MAX_DOC_DEPTH = 32  # nesting levels
+MAX_DOC_VALUES = 2_000_000  # arrays, objects and the commas between values: a bound on what decoding creates
 
 
 def open_regular(path: Path, what: str, hint: str) -> int:
@@ -158,27 +169,101 @@ def check_out_dir(flag: str, path: Path) -> None:
         raise BadInput(f"{flag} {path}: {have} is not writable")
 
 
-def check_out_file(flag: str, path: Path | None) -> None:
-    """A file pdcheck writes (--plot, --junit, from-logs -o), checked before anything runs: not a directory,
-    in a directory that exists (nothing is created for it) and can be written, and writable if it exists.
-    None (the flag not given) passes."""
+# --force of the running command: an output file may then be a symbolic link, written through (set once by
+# pdcheck.commands.output_flags for every command's output files: --output, --junit, --plot).
+_FORCE: ContextVar[bool] = ContextVar("pdcheck_force_output", default=False)
+
+
+@contextlib.contextmanager
+def forced_output(force: bool) -> Iterator[None]:
+    token = _FORCE.set(force)
+    try:
+        yield
+    finally:
+        _FORCE.reset(token)
+
+
+def check_out_file(flag: str, path: Path | None, force: bool | None = None) -> None:
+    """A file pdcheck writes (--output, --junit, --plot, from-logs -o), checked before anything runs: a regular
+    file or none yet (a FIFO would block the run for ever with no reader, a device or socket is no place for a
+    report), not a symbolic link unless `force` (default: the command's --force; a link would be followed to
+    whatever it names, a dangling one would create its target), in a directory that exists and can be written,
+    and writable if it exists (tried, not asked: root is refused /proc and a read-only mount too). None (the flag
+    not given) passes. write_out then writes it without following a link that appeared since."""
     if path is None:
         return
+    force = _FORCE.get() if force is None else force
     p = Path(path)
-    if p.is_dir():
-        raise BadInput(f"{flag} {path}: is a directory")
-    parent = p.resolve().parent
-    if not parent.is_dir():
-        raise BadInput(f"{flag} {path}: directory does not exist")
-    if p.exists() and not os.access(p, os.W_OK):
-        raise BadInput(f"{flag} {path}: exists and is not writable")
-    if not p.exists():
-        import tempfile
-
-        try:  # a real try (as root, os.access says yes to /proc and to a read-only mount)
-            tempfile.TemporaryFile(dir=parent).close()
+    try:
+        st: os.stat_result | None = os.lstat(p)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise BadInput(f"{flag} {path}: cannot use it: {exc.strerror}") from None
+    if st is not None and stat.S_ISLNK(st.st_mode):
+        if not force:
+            raise BadInput(f"{flag} {path}: is a symbolic link (to {os.readlink(p)}); name the file itself, or pass "
+                           "--force to write through the link")
+        try:
+            st = os.stat(p)
+        except FileNotFoundError:  # dangling: --force creates what it names
+            st = None
         except OSError as exc:
-            raise BadInput(f"{flag} {path}: cannot write in {parent}: {exc.strerror}") from None
+            raise BadInput(f"{flag} {path}: cannot use it: {exc.strerror}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise BadInput(f"{flag} {path}: is a directory")
+        if not stat.S_ISREG(st.st_mode):
+            raise BadInput(f"{flag} {path}: not a regular file (a FIFO, device or socket); name a file")
+        try:  # opened for writing without truncating it: refuses what os.access would let root through
+            os.close(os.open(p, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        except OSError as exc:
+            raise BadInput(f"{flag} {path}: exists and cannot be written: {exc.strerror}") from None
+        return
+    parent = Path(os.path.realpath(p)).parent
+    if not parent.exists():
+        raise BadInput(f"{flag} {path}: directory does not exist")
+    if not parent.is_dir():
+        raise BadInput(f"{flag} {path}: {parent} is not a directory")
+    import tempfile
+
+    try:  # a real try (as root, os.access says yes to /proc and to a read-only mount)
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as exc:
+        raise BadInput(f"{flag} {path}: cannot write in {parent}: {exc.strerror}") from None
+
+
+def open_out(flag: str, path: Path, force: bool | None = None) -> BinaryIO:
+    """`path` opened to be written (created or truncated), as check_out_file allowed it: a symbolic link only
+    with `force` (O_NOFOLLOW otherwise, so a link put there since the check is refused, not followed), never
+    blocking on a FIFO (O_NONBLOCK: no reader is ENXIO), and a regular file (fstat) or refused."""
+    force = _FORCE.get() if force is None else force
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NONBLOCK | os.O_CLOEXEC | (0 if force else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise BadInput(f"{flag} {path}: is a symbolic link; pass --force to write through it") from None
+        raise BadInput(f"{flag} {path}: cannot write: {exc.strerror}") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise BadInput(f"{flag} {path}: not a regular file (a FIFO, device or socket); name a file")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "wb")
+
+
+def write_out(flag: str, path: Path, data: bytes, force: bool | None = None) -> None:
+    """`data` written to `path` (open_out), every failure one BadInput line naming the flag."""
+    f = open_out(flag, path, force)
+    try:
+        f.write(data)
+        f.close()
+    except OSError as exc:
+        raise BadInput(f"{flag} {path}: cannot write: {exc.strerror}") from None
+    finally:
+        if not f.closed:
+            with contextlib.suppress(OSError):
+                f.close()
 
 
 def check_timeouts(hang_timeout: float, timeout: float | None = None) -> None:
@@ -232,6 +317,46 @@ def check_device(device: str) -> None:
                        f"{count.value} devices); use --device cpu")
 
 
+def json_shape(data: bytes) -> tuple[int, int]:
+    """(nesting depth, values) of a JSON text, measured on its bytes without decoding it, in 4 MiB steps of numpy:
+    escaped backslashes and quotes are dropped first, so every quote left opens or closes a string; outside
+    strings, each '[' or '{' is one level deeper and one value, each ',' one more value. About a second and two
+    copies of the text for 64 MiB; bytes that are not JSON give some answer, and the decoder refuses them after."""
+    import numpy as np
+
+    bare = data.replace(b"\\\\", b"").replace(b'\\"', b"")
+    quote, comma = ord('"'), ord(",")
+    inside = 0  # 1 while in a string, carried from step to step
+    level = depth = values = 0
+    step = 4 << 20
+    for at in range(0, len(bare), step):
+        chunk = np.frombuffer(bare, dtype=np.uint8, count=min(step, len(bare) - at), offset=at)
+        q = chunk == quote
+        parity = (np.cumsum(q, dtype=np.uint8) + inside) & 1  # 1 inside a string (its opening quote included)
+        inside = int(parity[-1])
+        out = (parity == 0) & ~q
+        opens = out & ((chunk == ord("[")) | (chunk == ord("{")))
+        closes = out & ((chunk == ord("]")) | (chunk == ord("}")))
+        values += int(opens.sum()) + int((out & (chunk == comma)).sum())
+        levels = np.cumsum(opens.astype(np.int32) - closes.astype(np.int32)) + level
+        if levels.size:
+            depth = max(depth, int(levels.max()))
+            level = int(levels[-1])
+    return depth, values
+
+
+def check_json_doc(data: bytes, where: str) -> None:
+    """A JSON document's shape within MAX_DOC_DEPTH and MAX_DOC_VALUES before it is decoded: BadInput (exit 2)
+    naming `where` and the bound, in milliseconds and a few times the file's size in memory."""
+    depth, values = json_shape(data)
+    if values > MAX_DOC_VALUES:
+        raise BadInput(f"{where}: more than {MAX_DOC_VALUES} values (arrays, objects and commas: {values}); a pdcheck "
+                       "--json document holds far fewer")
+    if depth > MAX_DOC_DEPTH:
+        raise BadInput(f"{where}: nested {depth} levels deep; a pdcheck --json document nests at most "
+                       f"{MAX_DOC_DEPTH}")
+
+
 # ---------------------------------------------------------------------------------- what a peer advertises
 # Decoding is the validation: an advertised document is converted (strictly: "2" is not 2, true is not 1) into
 # a msgspec Struct whose fields carry these bounds, before any value sizes a loop, a list or a table row.
@@ -265,8 +390,8 @@ def peer_doc(doc: Any, typ: type[S], where: str) -> S:
 
 def peer_text(value: Any, limit: int = MAX_PEER_STR) -> str:
     """A peer's value as printable text of at most `limit` characters (more is cut, its length said): a table
-    cell or error line never renders a peer's megabyte, nor its control characters."""
-    text = value if isinstance(value, str) else repr(value)
-    if len(text) > limit:
-        text = f"{text[:limit]}… ({len(text)} characters)"
-    return "".join(c if c.isprintable() else "?" for c in text)
+    cell or error line never renders a peer's megabyte, nor its control characters (pdcheck.render.text, the one
+    renderer of untrusted text: they are shown as escapes)."""
+    from pdcheck.render.text import clean
+
+    return clean(value if isinstance(value, str) else repr(value), limit)

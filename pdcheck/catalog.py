@@ -3,7 +3,6 @@ the line each maps to. `pdcheck list` prints it; shell completion offers the sam
 
 from __future__ import annotations
 
-import re
 import tomllib
 from pathlib import Path
 
@@ -11,14 +10,13 @@ import msgspec
 
 REQUESTS_PHASE = "requests"
 HANDSHAKE_PHASE = "handshake"
-ONE_LINE = 110  # characters of a scenario's description `list` shows
 
 
 class ScenarioEntry(msgspec.Struct):
     name: str
     framework: str
     phase: str  # "handshake" (pdcheck handshake / smoke) or "requests" (pdcheck requests)
-    description: str  # its first sentence
+    description: str  # its first sentence, whole
 
 
 class ReleaseEntry(msgspec.Struct):
@@ -35,10 +33,30 @@ class Catalog(msgspec.Struct):
 
 
 def _first_sentence(text: str) -> str:
+    """The description's first sentence, whole (`pdcheck list` wraps it, never cuts it): it ends at a '.' or ':'
+    outside brackets and quotes, followed by a space and a capital, a digit, a backtick or a quote, or at the
+    end; an abbreviation ("e.g.", "i.e.", "vs.") or a version ("0.9.1") ends nothing."""
     text = " ".join(text.split())
-    m = re.match(r"(.+?)[.:](\s+[A-Z`\"]|$)", text)  # a sentence ends where the next one starts
-    one = m.group(1) if m else text
-    return one if len(one) <= ONE_LINE else one[:ONE_LINE - 1].rstrip() + "…"
+    depth = 0
+    quoted = False
+    for i, c in enumerate(text):
+        if c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth = max(0, depth - 1)
+        elif c == '"':
+            quoted = not quoted
+        elif c in ".:" and not depth and not quoted:
+            rest = text[i + 1:i + 3]
+            word = text[:i].rsplit(" ", 1)[-1].lower()
+            if rest == "" or rest[:1] == " " and (rest[1:2].isupper() or rest[1:2].isdigit() or rest[1:2] in "`\"'"):
+                if c == "." and word in _ABBREVIATIONS:
+                    continue
+                return text[:i]
+    return text
+
+
+_ABBREVIATIONS = {"e.g", "i.e", "vs", "etc", "cf", "approx", "no", "fig", "incl", "resp"}
 
 
 def _describe(path: Path, doc: dict[str, object]) -> str:

@@ -9,7 +9,7 @@ import typer
 from typer.core import TyperGroup
 
 from pdcheck.cliopts import Group
-from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, PdcheckError, one_line, usage_error_types
+from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, PdcheckError, error_line, usage_error_types
 
 EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
@@ -129,14 +129,16 @@ def run(argv: list[str] | None = None) -> int:
         _console(stderr=True, highlight=False, soft_wrap=True).print(f"[red]pdcheck: error:[/] {_escape(text)}")
 
     from pdcheck import render
+    from pdcheck.console import fit_streams
 
+    fit_streams()  # any stdout encoding: every command's output goes through sys.stdout/stderr
     argv = list(sys.argv[1:] if argv is None else argv)
     render.ARGV.set(tuple(argv))  # the page of --format markdown|html shows the command line that wrote it
     try:
         rc = app(argv, standalone_mode=False)  # typer returns the exit code here instead of raising it
         return rc if isinstance(rc, int) else 0
     except PdcheckError as exc:
-        error(one_line(str(exc)))
+        error(error_line(str(exc)))
         return exc.exit_code
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
@@ -150,7 +152,7 @@ def run(argv: list[str] | None = None) -> int:
             if text.strip():
                 print(text)
             return 0
-        error(one_line(exc.format_message()))  # type: ignore[attr-defined]
+        error(error_line(exc.format_message()))  # type: ignore[attr-defined]
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt
         return EXIT_INTERRUPTED

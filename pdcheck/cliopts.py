@@ -32,11 +32,35 @@ def _no_flag_metavars(params: list[Any]) -> list[Any]:
     return params
 
 
+def refuse_empty(command: Any, ctx: Any, args: list[str]) -> None:
+    """A flag or argument given an empty value (`--error-mode=`, `--output ''`, an unset `$VAR`) is bad input,
+    named, before anything runs: no pdcheck value is empty, and a default taken in its place would hide the
+    mistake (an empty path would even read as the current directory). Read from the raw command line, before
+    click converts the values; a command line click cannot parse is left for click to refuse."""
+    from pdcheck.errors import BadInput
+
+    try:
+        opts, _rest, _order = command.make_parser(ctx).parse_args(args=list(args))
+    except Exception:  # noqa: BLE001 - click's own usage errors follow from super().parse_args
+        return
+    for p in command.get_params(ctx):
+        got = opts.get(p.name)
+        for v in got if isinstance(got, (list, tuple)) else [got]:
+            if isinstance(v, str) and not v.strip():
+                if getattr(p, "param_type_name", "") == "option":
+                    raise BadInput(f"{max(p.opts, key=len)}: an empty value; give one, or leave the flag out")
+                raise BadInput(f"{p.metavar or p.name.upper()}: an empty value; give one")
+
+
 class Command(TyperCommand):
     """Every pdcheck command's class (`@app.command(cls=Command)`)."""
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _no_flag_metavars(super().get_params(ctx))
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        refuse_empty(self, ctx, args)
+        return super().parse_args(ctx, args)
 
 
 class Group(TyperGroup):

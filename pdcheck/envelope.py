@@ -11,6 +11,8 @@ from typing import Any
 
 import msgspec
 
+from pdcheck.verdict import RankVerdict
+
 SCHEMA = "pdcheck/1"
 ENVELOPE_KEYS = ("tool", "version", "schema", "command", "framework", "exit_code")
 
@@ -61,24 +63,68 @@ def write(command: str, framework: str | None, exit_code: int | None, body: Any)
         render.write(document(command, framework, exit_code, body), out, argv=render.ARGV.get())
 
 
+class _Span(msgspec.Struct):
+    fails: list[str]
+    fixed_in: str | None = None
+
+
+class _Floors(msgspec.Struct):
+    failures: list[str] = []
+
+
+class Rendered(Envelope, kw_only=True):
+    """The keys a page reads for its summary line (pdcheck.render.page.summary), as every command writes them;
+    decoding a saved document with it refuses one where they have another type (a `fails: 5`, `failures: true`,
+    a null verdict). The rest of the body is rendered by its shape, whatever it is."""
+
+    summary: str | None = None
+    fail_spans: list[_Span] | None = None
+    verdicts: list[RankVerdict] | None = None
+    harness_errors: list[str] | None = None
+    passed: int | None = None
+    failed: int | None = None
+    floors: _Floors | None = None
+    rows: list[dict[str, Any]] | None = None
+
+
 def load(data: bytes, where: str) -> dict[str, Any]:
-    """A saved --json document, validated by decoding it: one JSON object whose envelope decodes as Envelope,
-    written by pdcheck under this SCHEMA. Anything else is BadInput naming `where` and what is wrong."""
+    """A saved --json document, validated by decoding it: one JSON object within the document bounds
+    (pdcheck.bounds.check_json_doc: depth and values, measured before decoding), whose envelope and summary keys
+    decode as Rendered, written by pdcheck under this SCHEMA. Anything else is BadInput naming `where` and what
+    is wrong."""
+    from pdcheck import bounds
     from pdcheck.errors import BadInput
 
-    lines = [x for x in data.splitlines() if x.strip()]
-    if len(lines) > 1 and all(x.lstrip().startswith(b"{") for x in lines[:2]):
-        raise BadInput(f"{where}: {len(lines)} JSON lines (transfer-bench --jsonl?); give one --json document")
+    if _two_object_lines(data):
+        raise BadInput(f"{where}: JSON lines (transfer-bench --jsonl?); give one --json document")
+    bounds.check_json_doc(data, where)
     try:
         doc = msgspec.json.decode(data, type=dict[str, Any])
-        head = msgspec.convert(doc, Envelope)
+        head = msgspec.convert(doc, Rendered)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise BadInput(f"{where}: not a pdcheck --json document: {exc}") from None
+    except RecursionError:  # within MAX_DOC_DEPTH this does not happen; kept as the decoder's own limit
+        raise BadInput(f"{where}: nested too deep for a pdcheck --json document") from None
     if head.tool != "pdcheck":
         raise BadInput(f"{where}: not a pdcheck --json document: tool is {head.tool!r}")
     if head.schema != SCHEMA:
         raise BadInput(f"{where}: schema {head.schema!r}; this pdcheck reads {SCHEMA!r}")
     return doc
+
+
+def _two_object_lines(data: bytes) -> bool:
+    """Whether the first two non-blank lines each start an object (JSON lines), looked at without splitting the
+    whole document."""
+    starts: list[bytes] = []
+    pos = 0
+    while len(starts) < 2 and pos < len(data):
+        end = data.find(b"\n", pos)
+        end = len(data) if end < 0 else end
+        head = data[pos:min(end, pos + 64)].strip()
+        if head:
+            starts.append(head)
+        pos = end + 1
+    return len(starts) == 2 and all(x.startswith(b"{") for x in starts)
 
 
 def write_jsonl(command: str, framework: str | None, exit_code: int, bodies: Iterable[Any]) -> None:

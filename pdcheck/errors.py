@@ -69,6 +69,19 @@ def one_line(text: str) -> str:
     return " ".join(str(text).split())
 
 
+MAX_ERROR_WORD = 200  # characters of one word of an error line (a flag's value echoed back)
+MAX_ERROR_LINE = 2000  # characters of the whole line
+
+
+def error_line(text: str) -> str:
+    """The `pdcheck: error:` line's text (pdcheck.cli): one line (one_line), printable (a control character in an
+    echoed value shows as its escape), each word at most MAX_ERROR_WORD characters and the line at most
+    MAX_ERROR_LINE, each cut saying how long it was (pdcheck.render.text, the one renderer of untrusted text)."""
+    from pdcheck.render.text import visible, words_cut
+
+    return visible(words_cut(one_line(text), MAX_ERROR_WORD, MAX_ERROR_LINE))
+
+
 class FetchTimeout(Exception):
     """No reply within the receive timeout (or pdcheck's own hang timeout)."""
 

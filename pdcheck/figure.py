@@ -34,10 +34,13 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, path: Path) -> None:
+    from pdcheck.bounds import open_out
+
     plt = pyplot()
     fig.tight_layout()
     try:
-        fig.savefig(path, dpi=110)
+        with open_out("--plot", path) as f:  # checked before the run (check); never through a link or a FIFO
+            fig.savefig(f, dpi=110, format=path.suffix.lower().lstrip("."))
     except OSError as exc:
         raise BadInput(f"--plot {path}: cannot write: {exc.strerror}") from exc
     finally:

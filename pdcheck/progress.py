@@ -71,11 +71,13 @@ def stderr_progress(enabled: bool = True, *, refresh_thread: bool = True) -> Ite
     if not enabled or not on_terminal():
         yield _Noop()
         return
-    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from pdcheck.console import console
+
+    # The one console: a case's note or line (a scenario's name, a failure's message) is shown, never acted on.
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True,
+                  TimeElapsedColumn(), console=console(stderr=True), transient=True,
                   auto_refresh=refresh_thread) as prog:
         bars = _Bars(prog, not refresh_thread)
         prog.refresh()

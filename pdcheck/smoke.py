@@ -314,14 +314,12 @@ def _document(part: _Part, plan: Any, file: Path, n_parts: int) -> Document:
 def write_documents(directory: Path, documents: list[Document]) -> None:
     """Each part's report as DIR/NAME.json: the document `pdcheck <phase> NAME --json` prints (the envelope's
     exit code is the report's own)."""
+    from pdcheck.bounds import write_out
     from pdcheck.envelope import document
 
     for d in documents:
         body = document(d.command, d.framework, getattr(d.body, "exit_code", None), d.body)
-        try:
-            (directory / f"{d.name}.json").write_bytes(msgspec.json.encode(body) + b"\n")
-        except OSError as exc:
-            raise BadInput(f"--documents: cannot write {directory / d.name}.json: {exc.strerror}") from None
+        write_out("--documents", directory / f"{d.name}.json", msgspec.json.encode(body) + b"\n")
 
 
 def _merged(parts: dict[int, list[Case]]) -> list[Case]:

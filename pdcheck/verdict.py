@@ -26,8 +26,10 @@ STATUSES: tuple[str, ...] = Status.__args__  # type: ignore[attr-defined]
 
 class Proof(msgspec.Struct, kw_only=True):
     """What the transfer proof found on one rank for one release: blocks (SGLang: pages) checked by
-    coordinate, and how many held another coordinate's bytes."""
+    coordinate, and how many held another coordinate's bytes. Where the release asserted, the proof is the re-run
+    with its asserts stripped (as `python -O` runs it): what that release would have delivered."""
 
+    asserts_stripped: bool | None = None  # True: this proof is the asserts-stripped re-run; None: as released
     status: str  # ok | wrong | error | skipped | arrived (READ done, content not checkable)
     blocks: int = 0
     wrong: int = 0

@@ -29,7 +29,7 @@ from pdcheck.kvcache import KVCache, check_range, desc_ids
 
 ROOT = Path(__file__).resolve().parent.parent
 # 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; 4 requests of 256 tokens.
-SMALL = ["--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
+SMALL = ["--model", "custom", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
          "--requests", "4", "--iters", "40", "--min-time", "0.05"]
 
 
@@ -195,7 +195,7 @@ def test_best_and_shm_transports_say_what_they_cost() -> None:
         (["--prefill-tp", "2", "--decode-tp", "1"], "decode TP 1 < prefill TP 2"),
         (["--kv-heads", "3", "--decode-tp", "2"], "KV heads"),
         (["--json", "--csv"], "exclusive"),
-        (["--model=", "--layers", "2"], "--kv-heads"),
+        (["--model", "custom", "--layers", "2"], "--kv-heads"),
         (["--min-bw", "-1"], "--min-bw"),
         (["--corrupt-block", "-1"], "--corrupt-block"),
         (["--requests", "4097"], "--requests"),

@@ -206,7 +206,7 @@ def smoke_cases(tmp: Path, n: int) -> list[Case]:
 BENCH_FLAGS = ["--tokens", "--block-size", "--layers", "--kv-heads", "--head-dim", "--requests", "--iters",
                "--warmup", "--min-time", "--timeout", "--seed", "--prefill-tp", "--decode-tp", "--run-length",
                "--dtype", "--transport", "--error-mode", "--min-bw", "--max-p99", "--device", "--corrupt-block"]
-BENCH_BASE = ["transfer-bench", "--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens",
+BENCH_BASE = ["transfer-bench", "--model", "custom", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens",
               "256", "--requests", "4", "--block-size", "16", "--json"]
 
 

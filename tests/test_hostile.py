@@ -160,13 +160,15 @@ os._exit(code if code >= 0 else 128 - code)
 """
 
 
-def run(*args: str, limit_s: float = 60.0) -> Result:
-    """The real CLI in its own session, with its peak RSS (the child and everything it reaped) and wall time."""
+def run(*args: str, limit_s: float = 60.0, env: dict[str, str] | None = None) -> Result:
+    """The real CLI in its own session, with its peak RSS (the child and everything it reaped) and wall time;
+    env: the environment instead of ENV."""
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
             tempfile.NamedTemporaryFile("r") as rss:
         t0 = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-c", WRAP, rss.name, sys.executable, "-m", "pdcheck", *args],
-                                cwd=ROOT, env=ENV, stdout=out, stderr=err, start_new_session=True)
+                                cwd=ROOT, env=ENV if env is None else env, stdout=out, stderr=err,
+                                start_new_session=True)
         try:
             proc.wait(limit_s)
         except subprocess.TimeoutExpired:

@@ -189,7 +189,7 @@ def test_scenario_from_logs() -> None:
 
 
 # -------------------------------------------------------------------------------------------- transfer-bench
-BENCH = ("transfer-bench", "--model=", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--tokens", "64",
+BENCH = ("transfer-bench", "--model", "custom", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--tokens", "64",
          "--block-size", "16", "--requests", "2", "--iters", "2", "--min-time", "0.001")
 
 

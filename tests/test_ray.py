@@ -145,7 +145,7 @@ def test_seed_across_a_veth_link_equals_the_loopback_run(pdcheck):
 
 # ------------------------------------------------------------------------------------------- transfer-bench
 # 2 layers x K/V, 2 KV heads x 64 x bf16: 4 KiB blocks at 16 tokens; two prefill and two decode ranks.
-BENCH = ["transfer-bench", "--model=", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
+BENCH = ["transfer-bench", "--model", "custom", "--layers", "2", "--kv-heads", "2", "--head-dim", "64", "--tokens", "256",
          "--requests", "4", "--iters", "40", "--min-time", "0.05", "--block-size", "16,32", "--prefill-tp", "2",
          "--decode-tp", "2", "--json"]
 # What must not depend on placement: the rows swept, their descriptors and bytes, and the block check.

@@ -66,7 +66,7 @@ def _run(o: dict[str, Any]) -> int:
             bounds.check_number(flag, o[key], 0)
     if o["plot"] is not None:
         figure.check(o["plot"])
-    shape = resolve_shape(o["model"] if o["model"] else None, layers=o["layers"], kv_heads=o["kv_heads"],
+    shape = resolve_shape(o["model"], layers=o["layers"], kv_heads=o["kv_heads"],
                           head_dim=o["head_dim"], dtype=o["dtype"], mla=o["mla"])
     cfg = BenchConfig(
         shape=shape, block_sizes=parse_list("--block-size", o["block_size"]),

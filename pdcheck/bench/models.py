@@ -29,6 +29,9 @@ PRESETS: dict[str, ModelShape] = {
 }
 
 
+CUSTOM = "custom"  # --model custom: no preset, the shape from --layers/--kv-heads/--head-dim
+
+
 def preset_names() -> list[str]:
     return [m.name for m in PRESETS.values()]
 
@@ -49,15 +52,18 @@ def resolve_shape(
             check_int(flag, val, 1, hi)  # here, not only in the plan: 0 would read as "not given" below
     if dtype is not None and dtype.lower() not in DTYPE_NAMES:
         raise BadInput(f"--dtype {dtype!r} is not one of: bf16, fp16, fp32, fp8")
+    if model is not None and model.strip().lower() == CUSTOM:
+        model = None
     if model:
         base = PRESETS.get(model.lower())
         if base is None:
-            raise BadInput(f"--model {model!r} is not a known preset; known: {', '.join(preset_names())}")
+            raise BadInput(f"--model {model!r} is not a known preset; known: {', '.join(preset_names())}, or "
+                           f"{CUSTOM} with --layers, --kv-heads and --head-dim")
     else:
         missing = [f for f, v in (("--layers", layers), ("--kv-heads", kv_heads), ("--head-dim", head_dim))
                    if v is None and not (f == "--kv-heads" and mla)]
         if missing:
-            raise BadInput(f"without --model, give an explicit shape: missing {', '.join(missing)}")
+            raise BadInput(f"--model {CUSTOM} needs an explicit shape: missing {', '.join(missing)}")
         base = ModelShape("custom", layers=layers or 1, kv_heads=kv_heads or 1, head_dim=head_dim or 1)
     shape = replace(
         base,

@@ -114,11 +114,48 @@ def rank_geometries(cfg: BenchConfig, block_tokens: int) -> tuple[Geometry, Geom
     return gp, gd
 
 
-def make_plan(cfg: BenchConfig) -> Plan:
-    check_flags(cfg)
+# One process of the run before its KV cache and tables: Python, numpy, msgspec, NIXL and UCX (60-80 MB measured
+# per process on 2 cores; benchmarks/bench_memory.py).
+PROCESS_BYTES = 128 << 20
+
+
+@dataclass(frozen=True)
+class RowSize:
+    """One sweep point's sizes, known from the flags before anything is allocated."""
+
+    block_tokens: int
+    tokens: int
+    blocks: int  # per request per region
+    requests: int
+    num_blocks: int  # per region in each pool (tables.block_tables: every request's runs of blocks)
+    regions_p: int
+    regions_d: int
+
+
+def memory_need(cfg: BenchConfig, sizes: list[RowSize], pool_p: list[int], pool_d: list[int]) -> tuple[int, int]:
+    """(KV pools, everything else) in bytes of host memory, the whole run on this machine (parent and ranks):
+    the pools (on the host with --device cpu); the block tables (int64 ids, requests x blocks per side and row:
+    the parent holds every row's, builds one at about 6 tables' worth of temporaries and sends a copy to each
+    rank); on each D rank the remote dlist (24 B per descriptor, kvcache.block_descs) and about as much again
+    while NIXL converts each prepped dlist, and 8 B per descriptor of every READ handle (its int32 ids:
+    requests x regions x blocks); and PROCESS_BYTES for each process (the parent, the forkserver, every rank).
+    NIXL's own per-descriptor state was measured at under 8 B (nixl-cu13 1.x); benchmarks/bench_memory.py
+    prints this figure next to the run's measured peak."""
+    ranks = cfg.ptp + cfg.dtp
+    table = [2 * r.requests * r.blocks * 8 for r in sizes]  # both sides' tables of one row
+    parent = sum(table) + 3 * max(table, default=0)
+    per_d = max((2 * 24 * r.regions_d * r.num_blocks + 8 * r.requests * r.regions_d * r.blocks for r in sizes),
+                default=0)
+    meta = (ranks + 2) * PROCESS_BYTES + parent + ranks * max(table, default=0) + cfg.dtp * per_d
+    pools = sum(pool_p) + sum(pool_d) if cfg.device == "cpu" else 0
+    return pools, meta
+
+
+def row_sizes(cfg: BenchConfig) -> tuple[list[RowSize], list[int], list[int]]:
+    """Every sweep point's sizes and the pools per P and D rank, from the flags alone (nothing allocated)."""
     shape = cfg.shape
     llc = tables.llc_bytes()
-    rows: list[tables.RowPlan] = []
+    sizes: list[RowSize] = []
     pool_p = [0] * cfg.ptp
     pool_d = [0] * cfg.dtp
     for tokens in cfg.tokens:
@@ -131,20 +168,40 @@ def make_plan(cfg: BenchConfig) -> Plan:
             blocks = math.ceil(tokens / bt)
             req_bytes = gd.num_regions * blocks * gd.block_len
             requests = cfg.requests or tables.auto_requests(req_bytes, 4 * llc)
-            row = tables.plan_row(len(rows), bt, tokens, requests, cfg.run_length, cfg.seed)
-            if gp.num_regions * row.num_blocks >= 2**31:
-                raise BadInput(f"row {row.label()}: {gp.num_regions * row.num_blocks} descriptors exceed int32 ids")
-            rows.append(row)
-            pool_p = [max(n, tables.arena_bytes(gp, row.num_blocks)) for n in pool_p]
-            pool_d = [max(n, tables.arena_bytes(gd, row.num_blocks)) for n in pool_d]
-    if cfg.corrupt is not None and cfg.corrupt >= shape.regions * min(r.blocks for r in rows):
-        raise BadInput(f"--corrupt-block {cfg.corrupt} is past the {shape.regions * min(r.blocks for r in rows)} "
+            run = max(1, min(cfg.run_length, blocks))
+            num_blocks = requests * math.ceil(blocks / run) * run  # tables.block_tables' pool
+            sizes.append(RowSize(bt, tokens, blocks, requests, num_blocks, gp.num_regions, gd.num_regions))
+            pool_p = [max(n, tables.arena_bytes(gp, num_blocks)) for n in pool_p]
+            pool_d = [max(n, tables.arena_bytes(gd, num_blocks)) for n in pool_d]
+    return sizes, pool_p, pool_d
+
+
+def make_plan(cfg: BenchConfig) -> Plan:
+    """The sweep's rows with their block tables, after every size is checked: the memory the flags need
+    (memory_need) against this machine's before any table is built."""
+    check_flags(cfg)
+    shape = cfg.shape
+    llc = tables.llc_bytes()
+    sizes, pool_p, pool_d = row_sizes(cfg)
+    if cfg.corrupt is not None and cfg.corrupt >= shape.regions * min(r.blocks for r in sizes):
+        raise BadInput(f"--corrupt-block {cfg.corrupt} is past the {shape.regions * min(r.blocks for r in sizes)} "
                        "descriptors of a request")
-    total = sum(pool_p) + sum(pool_d)
-    if cfg.device == "cpu":
-        mem = int(host(llc)["mem_bytes"] or 0)
-        if mem and total > cfg.max_mem_fraction * mem:
-            raise BadInput(f"the pools need {total / 2**30:.1f} GiB of host memory, more than "
-                           f"{cfg.max_mem_fraction:.0%} of {mem / 2**30:.1f} GiB; lower --tokens, --requests, "
-                           "--layers or the largest --block-size")
+    pools, meta = memory_need(cfg, sizes, pool_p, pool_d)
+    mem = int(host(llc)["mem_bytes"] or 0)
+    if mem and pools + meta > cfg.max_mem_fraction * mem:
+        flags = f"--tokens {','.join(map(str, cfg.tokens))} --requests {cfg.requests or 'auto'}"
+        flags += f" --block-size {','.join(map(str, cfg.block_sizes))}"
+        raise BadInput(f"{flags}: the run needs {_gib(pools + meta)} of host memory (KV pools {_gib(pools)}, block "
+                       f"tables and descriptors {_gib(meta)}), more than {cfg.max_mem_fraction:.0%} of this "
+                       f"machine's {_gib(mem)}; lower --tokens, --requests, --layers or the largest --block-size")
+    for r in sizes:
+        if r.regions_p * r.num_blocks >= 2**31:
+            raise BadInput(f"row bs={r.block_tokens} tok={r.tokens}: {r.regions_p * r.num_blocks} descriptors exceed "
+                           "int32 ids")
+    rows = [tables.plan_row(i, r.block_tokens, r.tokens, r.requests, cfg.run_length, cfg.seed)
+            for i, r in enumerate(sizes)]
     return Plan(rows, pool_p, pool_d, llc)
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB" if n < 1 << 40 else f"{n / 2**40:,.0f} TiB"

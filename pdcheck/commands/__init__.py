@@ -45,8 +45,10 @@ def emit(command: str, framework: str | None, outcome: Any, json_out: bool) -> N
 
         write(command, framework, outcome.exit_code, outcome.body)
         # stdout is the document; a CI log that keeps only stderr still says why the run is exit 3
+        from pdcheck.errors import error_line
+
         for text in (getattr(outcome.body, "harness_errors", None) or [])[:HARNESS_LINES]:
-            print(f"pdcheck: harness error: {text}", file=sys.stderr)
+            print(f"pdcheck: harness error: {error_line(text)}", file=sys.stderr)
     else:
         outcome.render(console())
     raise typer.Exit(outcome.exit_code)
@@ -77,7 +79,10 @@ def output_flags(func: F) -> F:
     """Decorator: --format json|markdown|html, and --output FILE for the page unless the command has an --output
     of its own (from-logs' scenario file; its page goes to stdout). Any --format is machine output: the command
     runs as with --json (no progress, no tables) and its document is written in that format (pdcheck.render,
-    through pdcheck.envelope.write). Every flag is checked before the command runs."""
+    through pdcheck.envelope.write). And --force, unless the command has its own (from-logs'): every output file
+    of the command (--output, --junit, --plot) may then be a symbolic link, written through
+    (pdcheck.bounds.check_out_file, the one check of every output path). Every flag is checked before the
+    command runs."""
     sig = inspect.signature(func, eval_str=True)
     params = list(sig.parameters.values())
     names = [p.name for p in params]
@@ -93,6 +98,11 @@ def output_flags(func: F) -> F:
         added.append(inspect.Parameter("output", kind, default=None, annotation=Annotated[Path | None, Opt(
             "--output", metavar="FILE", rich_help_panel=OUTPUT, show_default=False,
             help="With --format markdown|html: write the page here instead of stdout.")]))
+    own_force = "force" in names
+    if not own_force:
+        added.append(inspect.Parameter("force", kind, default=False, annotation=Annotated[bool, Opt(
+            "--force", metavar="", rich_help_panel=OUTPUT,
+            help="Let an output file (--output, --junit, --plot) be a symbolic link, written through.")]))
     new_sig = sig.replace(parameters=[*params, *added])
 
     @functools.wraps(func)
@@ -102,25 +112,28 @@ def output_flags(func: F) -> F:
 
         fmt = kwargs.pop("format_")
         path = kwargs.pop("output") if page_file else None
+        force = kwargs["force"] if own_force else kwargs.pop("force")
         if fmt is None:
             if path is not None:
                 raise BadInput("--output: only with --format markdown or --format html")
-            return func(*args, **kwargs)
+            with bounds.forced_output(force):
+                return func(*args, **kwargs)
         if fmt not in render.FORMATS:
             raise BadInput(f"--format: {fmt!r} is not one of {', '.join(render.FORMATS)}")
         if kwargs["json_out"] and fmt != "json":
             raise BadInput(f"--json and --format {fmt}: pick one")
         if path is not None and fmt not in render.PAGES:
             raise BadInput("--output: only with --format markdown or --format html")
-        bounds.check_out_file("--output", path)
-        kwargs["json_out"] = True
-        from pdcheck import frameworks
+        with bounds.forced_output(force):
+            bounds.check_out_file("--output", path)
+            kwargs["json_out"] = True
+            from pdcheck import frameworks
 
-        fws = frameworks.all_frameworks()
-        out = render.Output(fmt, path, tuple(fw.distribution for fw in fws if fw.distribution),
-                            tuple(p for fw in fws for p in fw.env_prefixes))
-        with render.selected(out):
-            return func(*args, **kwargs)
+            fws = frameworks.all_frameworks()
+            out = render.Output(fmt, path, tuple(fw.distribution for fw in fws if fw.distribution),
+                                tuple(p for fw in fws for p in fw.env_prefixes))
+            with render.selected(out):
+                return func(*args, **kwargs)
 
     wrapper.__signature__ = new_sig  # type: ignore[attr-defined]
     wrapper.__annotations__ = {p.name: p.annotation for p in new_sig.parameters.values()

@@ -54,11 +54,12 @@ def register(app: typer.Typer) -> None:
         """Read P/D geometry and per-rank num_blocks out of start-up logs and write a commented scenario.
 
         Flags fill in or override what the logs lack; the scenario runs with `pdcheck handshake SCENARIO`."""
-        from pdcheck import frameworks, seam
+        from pdcheck import bounds, frameworks, seam
         from pdcheck.errors import BadInput
 
         if output is not None and not force and (output.exists() or output.is_symlink()):
             raise BadInput(f"--output: {output} exists; pass --force to replace it")
+        bounds.check_out_file("--output", output, force)
         from pdcheck.commands import framework_flags
 
         fw, rels = frameworks.pick(None, releases, "logs", command="from-logs")
@@ -67,8 +68,5 @@ def register(app: typer.Typer) -> None:
                                                        releases=rels, overrides=overrides, output=output,
                                                        dp_rank=dp_rank))
         if output is not None and outcome.text is not None:
-            try:
-                output.write_text(outcome.text)
-            except OSError as exc:
-                raise BadInput(f"--output: cannot write {output}: {exc.strerror}") from None
+            bounds.write_out("--output", output, outcome.text.encode("utf-8"), force)
         emit("scenario from-logs", fw.name, outcome, json_out)

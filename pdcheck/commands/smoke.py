@@ -117,7 +117,6 @@ def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> N
     """JUnit, then the table or --json (pdcheck.commands.emit), and exit: of every case, or (interrupted) of the
     scenarios that finished, with the signal's exit code."""
     from pdcheck import smoke as sm
-    from pdcheck.errors import BadInput
     from pdcheck.seam import Outcome
 
     assert isinstance(rep, sm.SmokeReport)
@@ -129,9 +128,8 @@ def _write(rep: Any, junit: Path | None, json_out: bool, interrupted: bool) -> N
 
         rep = msgspec.structs.replace(rep, exit_code=lifecycle.exit_code(EXIT_INTERRUPTED))
     if junit is not None:
-        try:
-            junit.write_bytes(sm.junit(rep))
-        except OSError as exc:
-            raise BadInput(f"--junit: cannot write {junit}: {exc.strerror}") from None
+        from pdcheck.bounds import write_out
+
+        write_out("--junit", junit, sm.junit(rep))
     emit("smoke", None, Outcome(rep.exit_code, rep, lambda con: sm.render(rep, con, interrupted=interrupted)),
          json_out)

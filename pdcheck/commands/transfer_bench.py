@@ -20,7 +20,7 @@ EPILOG = f"""[bold]Examples[/]
   [dim]# Llama-3.1-8B's KV blocks, 1 prefill -> 1 decode rank, blocks 16..128[/]
   pdcheck transfer-bench
   [dim]# a custom shape, TP 2 -> 4, fragmented block tables, CI floors[/]
-  pdcheck transfer-bench --model= --layers 4 --kv-heads 8 --head-dim 128 \\
+  pdcheck transfer-bench --model custom --layers 4 --kv-heads 8 --head-dim 128 \\
       --prefill-tp 2 --decode-tp 4 --run-length 4 --json \\
       --min-bw 1 --max-p99 5000
   [dim]# DeepSeek-V3 (MLA) over the fastest host-memory transport, plotted[/]
@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
     def transfer_bench(
         model: Annotated[str | None, Opt("--model", "-m", metavar="NAME", rich_help_panel=SHAPE,
                                          help="Preset: Llama-3.1-8B, Llama-3.1-70B, Qwen3-8B, DeepSeek-V3 (MLA), ... "
-                                              "Empty (--model=) to give --layers/--kv-heads/--head-dim.")]
+                                              "custom: no preset, give --layers/--kv-heads/--head-dim.")]
         = "Llama-3.1-8B",
         layers: Annotated[int | None, Opt(metavar="N", rich_help_panel=SHAPE, show_default=False,
                                           help="Layers (overrides the preset).")] = None,

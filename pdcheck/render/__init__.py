@@ -66,12 +66,9 @@ def write(doc: dict[str, Any], out: Output, argv: tuple[str, ...] | None = None,
     """The page on stdout, or in out.path (then one line on stderr names it)."""
     text = render(doc, out.format, argv=argv, source=source, host=host, out=out)
     if out.path is not None:
-        from pdcheck.errors import BadInput
+        from pdcheck.bounds import write_out
 
-        try:
-            out.path.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise BadInput(f"--output: cannot write {out.path}: {exc.strerror}") from None
+        write_out("--output", out.path, text.encode("utf-8"))  # checked before the run (bounds.check_out_file)
         print(f"pdcheck: wrote {out.path}", file=sys.stderr)
         return
     sys.stdout.write(text if text.endswith("\n") else text + "\n")

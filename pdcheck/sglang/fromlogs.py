@@ -72,14 +72,17 @@ def parse(path: Path, want_mode: str) -> SgLogFacts:
 
 
 def to_toml(p: SgLogFacts, d: SgLogFacts, releases: list[str]) -> str:
-    def val(v: Any) -> str:
-        return f'"{v}"' if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+    from pdcheck.render.text import toml_string, visible
 
-    lines = ['framework = "sglang"', 'name = "from-logs"', f"# prefill log: {p.path}", f"# decode log: {d.path}",
+    def val(v: Any) -> str:  # a log's text: quoted and its control characters escaped (never raw in the file)
+        return toml_string(v) if isinstance(v, str) else str(v).lower() if isinstance(v, bool) else str(v)
+
+    lines = ['framework = "sglang"', 'name = "from-logs"', f"# prefill log: {visible(p.path)}",
+             f"# decode log: {visible(d.path)}",
              f"sglang = [{', '.join(val(r) for r in releases)}]", ""]
     for name, f in (("prefill", p), ("decode", d)):
         lines.append(f"[{name}]")
         lines += [f"{k} = {val(v)}" for k, v in f.side.items()]
-        lines += [f"# {k} = {v!r}" for k, v in f.facts.items()]
+        lines += [f"# {k} = {visible(repr(v))}" for k, v in f.facts.items()]
         lines.append("")
     return "\n".join(lines)

@@ -594,12 +594,15 @@ def _toml_value(v: Any) -> str:
         return str(v)
     if isinstance(v, list):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    s = str(v).replace("\\", "\\\\").replace('"', '\\"')
-    return f'"{s}"'
+    from pdcheck.render.text import toml_string
+
+    return toml_string(str(v))  # a log's text: its control characters escaped, never raw in the file
 
 
 def _comment(text: str) -> str:
-    return "# " + " ".join(text.split())
+    from pdcheck.render.text import visible
+
+    return "# " + visible(" ".join(text.split()))
 
 
 def to_toml(fl: FromLogs, overrides: dict[str, Any] | None = None) -> str:

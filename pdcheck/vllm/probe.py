@@ -485,9 +485,13 @@ def decode_outcomes(sc: Scenario, release: ReleaseModel, replies: dict[tuple[int
 
 # ------------------------------------------------------------------------------------------------ output
 def render(rep: ProbeReport, console: Any) -> None:
+    """The report as tables. A peer's strings (engine ids, agent names, layouts, backends, hashes) are its own
+    text: printed cut to bounds.MAX_PEER_STR and never read as markup; control characters are made visible by
+    the console (pdcheck.console)."""
     from rich.table import Table
     from rich.text import Text
 
+    from pdcheck.bounds import peer_text
     from pdcheck.vllm.report import hazard_table, spread_line
 
     src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
@@ -503,21 +507,22 @@ def render(rep: ProbeReport, console: Any) -> None:
         style = "green" if r.status == "ok" else "bold red"
         lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
         t.add_row(rank_text(r), Text(r.status, style=style), str(r.num_blocks or "-"), lens,
-                  str(r.block_size or "-"), r.layout or "-", "-" if r.device_id is None else str(r.device_id),
-                  r.attn_backend or "-", "-" if r.reply_ms is None else f"{r.reply_ms:.1f}",
+                  str(r.block_size or "-"), Text(peer_text(r.layout or "-")),
+                  "-" if r.device_id is None else str(r.device_id), Text(peer_text(r.attn_backend or "-")),
+                  "-" if r.reply_ms is None else f"{r.reply_ms:.1f}",
                   *((str(r.regions or "-"), ", ".join(r.layers or []) or "-") if staged else ()))
     console.print(t)
     ok = [r for r in rep.prefill_ranks if r.status == "ok"]
     if ok:
-        console.print(f"  engine id(s): {', '.join(sorted({r.engine_id or '-' for r in ok}))}; agents: "
-                      f"{', '.join(r.agent_name or '?' for r in ok)}", highlight=False)
+        console.print(f"  engine id(s): {', '.join(sorted({peer_text(r.engine_id or '-') for r in ok}))}; agents: "
+                      f"{', '.join(peer_text(r.agent_name or '?') for r in ok)}", highlight=False, markup=False)
         tps = sorted({r.tp_size for r in ok if r.tp_size is not None})
         if tps:
             console.print(f"  advertised tp_size: {', '.join(map(str, tps))}")
         for h in sorted({r.compat_hash for r in ok if r.compat_hash}):
             same = {r.hash_match for r in ok if r.compat_hash == h}
             tail = " (differs from the decode's)" if False in same else " (equals the decode's)" if True in same else ""
-            console.print(f"  compatibility hash: {h}{tail}", highlight=False)
+            console.print(f"  compatibility hash: {peer_text(h)}{tail}", highlight=False, markup=False)
     for r in [*rep.prefill_ranks, *rep.stages]:
         if r.message:
             console.print(Text(f"  P rank {rank_text(r)}: {r.message}", style="red"))

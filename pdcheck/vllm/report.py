@@ -140,7 +140,9 @@ def rank_verdicts(decode: list[DecodeRank], names: list[str], dp: bool) -> list[
                 detail="" if v.status == "ok" else verdict_detail(v) + (f" ({d.when[n]})" if n in d.when else ""),
                 stage=None if v.handshake is None else f"handshake {v.handshake}", contacted=list(v.contacted),
                 contacted_stages=list(v.contacted_stages),
-                proof=None if t is None else verdict.Proof(status=t.status, blocks=t.blocks, wrong=t.wrong)))
+                proof=None if t is None else verdict.Proof(
+                    status=t.status, blocks=t.blocks, wrong=t.wrong,
+                    asserts_stripped=True if v.status == "assert" else None)))
     return out
 
 
