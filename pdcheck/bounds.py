@@ -1,7 +1,7 @@
 """Bounds on every input, checked before any process starts (README: "Input bounds").
 
 Each bound keeps a run within what one machine can do and what pdcheck's own encodings hold: the block
-pattern packs P rank in 8 bits, region in 12 and block id in 32 (kvcache.coord_word), rank memory is an
+pattern packs P rank in 8 bits, region in 12 and block id in 32 (pattern.coord_word), rank memory is an
 anonymous NORESERVE mmap (virtual until touched), and a run forks one process per rank.
 """
 

@@ -454,7 +454,7 @@ def decode(root: Path, p: dict[str, Any]) -> None:
     import numpy as np
     from sglang.srt.disaggregation.nixl import conn
 
-    from pdcheck.kvcache import pattern
+    from pdcheck.pattern import pattern
     from pdcheck.sglang.ranks import region_of
 
     s = _Setup(root, p, "decode")

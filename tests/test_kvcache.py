@@ -5,18 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from pdcheck.geometry import Geometry
-from pdcheck.kvcache import (
-    BlockView,
-    KVCache,
-    check_blocks,
-    check_range,
-    coord_word,
-    decode_cell,
-    desc_ids,
-    offset_word,
-    pattern,
-    unique,
-)
+from pdcheck.kvcache import KVCache, check_blocks, check_range, desc_ids, unique
+from pdcheck.pattern import BlockView, coord_word, decode_cell, offset_word, pattern
 
 
 def _kv(layout: str = "NHD") -> KVCache:

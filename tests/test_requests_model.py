@@ -137,7 +137,7 @@ def test_decide_corrected_refuses_expired_params() -> None:
 def test_generation_word_keeps_gen0_bytes_and_names_the_generation() -> None:
     import numpy as np
 
-    from pdcheck.kvcache import CELL, coord_word, decode_cell, pattern
+    from pdcheck.pattern import CELL, coord_word, decode_cell, pattern
 
     blocks = np.arange(5)
     assert (pattern(7, 1, 2, blocks, 0, 64) == pattern(7, 1, 2, blocks, 0, 64, gen=0)).all()
@@ -155,7 +155,8 @@ def test_check_blocks_names_the_generation_found() -> None:
     import numpy as np
 
     from pdcheck.geometry import Geometry
-    from pdcheck.kvcache import KVCache, check_blocks, pattern
+    from pdcheck.kvcache import KVCache, check_blocks
+    from pdcheck.pattern import pattern
 
     g = Geometry(tp_size=1, block_size=4, layers=1, total_kv_heads=1, head_dim=16, dtype="bfloat16",
                  attn_backend="FLASH_ATTN", use_mla=False)

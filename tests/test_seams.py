@@ -493,7 +493,7 @@ def test_an_undeclared_flag_or_another_frameworks_scenario_is_one_line(toy_path:
 # registry, or the seam's adapters, so a new framework plugs in without touching it.
 RUNTIME = ("launcher", "orchestrate", "messages", "sidechannel", "ranks", "nixlagent", "kvcache", "lifecycle",
            "placement", "netio", "envelope", "verdict", "releaseline", "errors", "geometry", "kvsplit",
-           "scenariofile", "seam", "bounds")
+           "scenariofile", "seam", "bounds", "pattern")
 
 
 @pytest.mark.parametrize("module", RUNTIME)

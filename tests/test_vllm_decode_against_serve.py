@@ -249,7 +249,7 @@ def test_vllms_own_decode_code_accepts_serve_and_reads_tagged_blocks(release: st
     from test_probe_vllm_listener import with_vllm_handshake
     from wheelkit import Release
 
-    from pdcheck.kvcache import CELL, BlockView, decode_cell, engine_tag, pattern
+    from pdcheck.pattern import CELL, BlockView, decode_cell, engine_tag, pattern
 
     if not _nixl_dir(release).is_dir():
         pytest.skip(f"{release} not unpacked under PDCHECK_VLLM_SRC")

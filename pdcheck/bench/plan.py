@@ -15,7 +15,7 @@ from pdcheck.bench.envinfo import host
 from pdcheck.bench.transport import Preset
 from pdcheck.errors import BadInput
 from pdcheck.geometry import Geometry, ModelShape, read_source
-from pdcheck.kvcache import CELL
+from pdcheck.pattern import CELL
 
 
 @dataclass

@@ -22,8 +22,9 @@ from pdcheck.bench import measure, tables
 from pdcheck.bench import messages as bm
 from pdcheck.errors import NixlCallError
 from pdcheck.geometry import Geometry, read_source
-from pdcheck.kvcache import Arena, KVCache, block_descs, check_range, desc_ids, engine_tag, region_addrs
+from pdcheck.kvcache import Arena, KVCache, block_descs, check_range, desc_ids, region_addrs
 from pdcheck.nixlagent import LOCAL
+from pdcheck.pattern import engine_tag
 from pdcheck.ranks import Role, run_rank
 
 BENCH_TAG = engine_tag("pdcheck-transfer-bench")  # the engine tag in every P block's coordinate cells

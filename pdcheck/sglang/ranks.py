@@ -23,8 +23,9 @@ import zmq
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import KVCache, decode_cell, pattern
+from pdcheck.kvcache import KVCache
 from pdcheck.nixlagent import LOCAL, no_memory_hooks
+from pdcheck.pattern import decode_cell, pattern
 from pdcheck.ranks import Role, run_rank
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire

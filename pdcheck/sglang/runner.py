@@ -14,8 +14,8 @@ import msgspec
 from pdcheck import messages as m
 from pdcheck import orchestrate as orch
 from pdcheck.errors import HarnessError
-from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
+from pdcheck.pattern import engine_tag
 from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import engine
 from pdcheck.sglang.plan import Pair, SgPlan

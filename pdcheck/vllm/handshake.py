@@ -9,8 +9,8 @@ import msgspec
 
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
+from pdcheck.pattern import engine_tag
 from pdcheck.vllm import drive
 from pdcheck.vllm import messages as vm
 from pdcheck.vllm import ports as portlayout

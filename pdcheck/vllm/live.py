@@ -18,8 +18,8 @@ import msgspec
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.errors import HarnessError
-from pdcheck.kvcache import engine_tag
 from pdcheck.launcher import launcher
+from pdcheck.pattern import engine_tag
 from pdcheck.vllm import drive, probe
 from pdcheck.vllm import messages as vm
 from pdcheck.vllm.plan import TAG_BLOCKS, Plan, d_release, make_requests

@@ -15,9 +15,10 @@ import numpy as np
 import zmq
 
 from pdcheck import messages as m
-from pdcheck.kvcache import KVCache, block_descs, engine_tag
+from pdcheck.kvcache import KVCache, block_descs
 from pdcheck.launcher import name_this_process
 from pdcheck.nixlagent import Agent, no_memory_hooks
+from pdcheck.pattern import engine_tag
 from pdcheck.progress import log_line
 from pdcheck.ranks import Role, fail, run_rank
 from pdcheck.sidechannel import Listener, fetch

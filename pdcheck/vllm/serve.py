@@ -84,7 +84,7 @@ class Ready(msgspec.Struct):
     endpoints: list[Endpoint]
     prefill_ranks: list[ServedRank]
     kv_transfer_params: dict[str, Any]
-    engine_tag: int  # the engine part of every coordinate tag (pdcheck.kvcache.engine_tag)
+    engine_tag: int  # the engine part of every coordinate tag (pdcheck.pattern.engine_tag)
     version_url: str | None = None  # --api-port: GET answers {"version": release} as vLLM's /version does
     dp_ranks: list[Ready] = []  # prefill.dp_size > 1: each DP rank's document (this one is DP rank 0's)
     pp_size: int = 1  # P's pipeline stages; each serves its own layers' metadata (stages)
@@ -150,7 +150,7 @@ def run(sp: ServePlan, on_ready: Callable[[Ready], None], log: Callable[[str], N
                 for r in range(tp):
                     ranks[k * tp + r].send(vm.Serve(listeners[k * tp + r], values))
             drive.await_serving(lau, ranks, listeners, opts.start_timeout_s)
-            from pdcheck.kvcache import engine_tag
+            from pdcheck.pattern import engine_tag
 
             stages, reached = served_stages(release.wire, pg, p.pp_size)
             docs = []

@@ -17,18 +17,10 @@ import msgspec
 import numpy as np
 
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import (
-    CELL,
-    BlockView,
-    KVCache,
-    SliceView,
-    check_blocks,
-    decode_cell,
-    desc_ids,
-    head_token,
-)
+from pdcheck.kvcache import KVCache, check_blocks, desc_ids
 from pdcheck.messages import Mismatch, TransferResult
 from pdcheck.nixlagent import LOCAL, Agent
+from pdcheck.pattern import CELL, BlockView, SliceView, decode_cell, head_token
 from pdcheck.vllm.engine import Outcome
 from pdcheck.vllm.messages import Req
 from pdcheck.vllm.releases import hybrid

@@ -15,8 +15,9 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import BlockCheck, block_descs, check_blocks, desc_ids, engine_tag
+from pdcheck.kvcache import BlockCheck, block_descs, check_blocks, desc_ids
 from pdcheck.nixlagent import LOCAL, int32_ids
+from pdcheck.pattern import engine_tag
 from pdcheck.vllm.ranks import served_metadata
 from pdcheck.vllm.releases.params import block_id_groups
 from pdcheck.vllm.releases.rules import msg_engine_id

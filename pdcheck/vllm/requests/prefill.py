@@ -14,8 +14,9 @@ import numpy as np
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
-from pdcheck.kvcache import block_descs, desc_ids, engine_tag, pattern
+from pdcheck.kvcache import block_descs, desc_ids
 from pdcheck.nixlagent import LOCAL
+from pdcheck.pattern import engine_tag, pattern
 from pdcheck.vllm import messages as vm
 from pdcheck.vllm.ranks import served_metadata
 from pdcheck.vllm.releases.rules import msg_engine_id
