@@ -275,6 +275,7 @@ def run_in_process(case: Case, capsys: pytest.CaptureFixture[str]) -> tuple[int 
 @pytest.fixture
 def no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     import pdcheck.bench.command as bench_command
+    import pdcheck.vllm.commands as commands
     import pdcheck.vllm.handshake as hs
     import pdcheck.vllm.probe as probe
     import pdcheck.vllm.serve as serve
@@ -285,7 +286,7 @@ def no_ranks(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hs, "run", stop)
     monkeypatch.setattr(bench_command, "_with_progress", stop)
     monkeypatch.setattr(probe, "run", stop)
-    monkeypatch.setattr(probe, "release_from_url", stop)
+    monkeypatch.setattr(commands, "release_from_url", stop)
     monkeypatch.setattr(serve, "run", stop)
 
 

@@ -125,7 +125,7 @@ def probe(o: ProbeArgs) -> Outcome:
     from pdcheck import bounds as b
     from pdcheck import verdict
     from pdcheck.vllm import probe as pr
-    from pdcheck.vllm import releases
+    from pdcheck.vllm import probe_render, releases
 
     if o.decode_releases is not None:
         raise BadInput("--decode-releases: vLLM's hazards are judged against the --scenario's decode")
@@ -145,7 +145,7 @@ def probe(o: ProbeArgs) -> Outcome:
                 "--vllm auto needs --version-url (P's API server, e.g. http://HOST:8000/version): no order of "
                 "trial requests is safe on a live side channel (raw bytes kill an F-H listener, a 2-tuple "
                 "kills H, a 3-tuple kills F-G)")
-        vllm = pr.release_from_url(o.version_url, timeout)
+        vllm = release_from_url(o.version_url, timeout)
         source = o.version_url
     release = releases.resolve(vllm)
     if release is releases.CORRECTED:
@@ -158,7 +158,7 @@ def probe(o: ProbeArgs) -> Outcome:
     pp_size = o.pp_size
     if pp_size is not None and not 1 <= pp_size <= b.MAX_PP_SIZE:
         raise BadInput(f"--pp-size: {pp_size} is out of range (1 to {b.MAX_PP_SIZE})")
-    decode_sc, where = pr.decode_config(o.scenario, o.overrides)
+    decode_sc, where = decode_config(o.scenario, o.overrides)
     kw = dict(tp_size=tp_size, timeout_ms=max(1, int(timeout * 1000)), decode_sc=decode_sc, decode_from=where,
               release_source=source, max_tp=max_tp, pp_size=pp_size)
     if dp_size > 1:
@@ -172,14 +172,14 @@ def probe(o: ProbeArgs) -> Outcome:
 
         def render_dp(out: Any) -> None:
             for r in reps:
-                pr.render(r, out)
+                probe_render.render(r, out)
             for n in notes:
                 out.print(f"[red]DP:[/] {n}", highlight=False)
             out.print(f"{dp_size} DP ranks; exit {code}")
 
         return Outcome(code, dp_rep, render_dp)
     rep = pr.run(host, port, release, dp_rank=dp_rank, **kw)
-    return Outcome(rep.exit_code, rep, lambda out: pr.render(rep, out))
+    return Outcome(rep.exit_code, rep, lambda out: probe_render.render(rep, out))
 
 
 def serve(o: ServeArgs) -> int:
@@ -342,3 +342,45 @@ def requests_execute(plan: Any, tick: Any = None) -> Any:
     from pdcheck.vllm.requests.run import run
 
     return report.build(plan, run(plan.releases, plan.options, tick))
+
+
+def release_from_url(url: str, timeout_s: float) -> str:
+    """`--vllm auto`: the release P's API server reports (GET /version -> {"version": "0.11.1"}). Out of band:
+    no side-channel request is sent until the era is known."""
+    import msgspec
+
+    from pdcheck import bounds as b
+    from pdcheck.errors import HarnessError
+    from pdcheck.netio import PeerError, http_get
+
+    if not url.startswith(("http://", "https://")):
+        raise BadInput(f"--version-url: {url!r} is not an http(s) URL")
+    try:
+        # One deadline for connect, headers and body together; at most 64 KiB of body (netio).
+        doc = msgspec.json.decode(http_get(url, timeout_s))
+    except PeerError as exc:
+        raise HarnessError(f"--vllm auto: cannot read the release from {url}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise HarnessError(f"--vllm auto: {url} did not answer JSON: {exc}") from None
+    version = doc.get("version") if isinstance(doc, dict) else None
+    if not isinstance(version, str) or len(version) > b.MAX_PEER_STR:
+        raise HarnessError(f"--vllm auto: {url} answered without a \"version\" string")
+    return version
+
+
+def decode_config(scenario: Path | None, overrides: dict[str, Any]) -> tuple[Any, str | None]:
+    """The decode side to evaluate against: a scenario and/or the scenario flags; (None, None) when no decode
+    fact is given. The [prefill] table and prefill flags supply what the wire lacks (heads, dtype, model);
+    P's advertised facts replace the rest."""
+    from pdcheck.scenariofile import read_toml
+    from pdcheck.vllm.scenario import load
+
+    if scenario is None and "decode" not in overrides:
+        return None, None
+    over = {k: dict(v) for k, v in overrides.items()}
+    has_p = "num_blocks" in over.get("prefill", {}) or (
+        scenario is not None and "num_blocks" in read_toml(scenario).get("prefill", {}))
+    if not has_p:
+        over.setdefault("prefill", {})["num_blocks"] = 1  # replaced by what P advertises
+    sc = load(scenario, over)
+    return sc, str(scenario) if scenario is not None else "flags"

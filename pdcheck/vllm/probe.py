@@ -14,8 +14,6 @@ unpack (docs/vllm-protocol.md §3.2, §9, H15), so a wrong guess would take a pr
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import Any
 
 import msgspec
 import zmq
@@ -34,7 +32,7 @@ from pdcheck.vllm.hazards import Hazard, NumBlocksSpread, evaluate, spread
 from pdcheck.vllm.ports import dp_configured_id, dp_engine_id, rank_port
 from pdcheck.vllm.releases import shapes
 from pdcheck.vllm.releases.base import Local, Prepared, ReleaseModel
-from pdcheck.vllm.report import contacted_text, verdict_detail
+from pdcheck.vllm.report import verdict_detail
 from pdcheck.vllm.results import ProbeRank
 from pdcheck.vllm.scenario import LAYOUTS, Instance, Scenario
 from pdcheck.vllm.wire import FORMATS, AnyMeta, WireError, WireFormat, strict_decode, tolerant_decode
@@ -483,112 +481,7 @@ def decode_outcomes(sc: Scenario, release: ReleaseModel, replies: dict[tuple[int
     return out
 
 
-# ------------------------------------------------------------------------------------------------ output
-def render(rep: ProbeReport, console: Any) -> None:
-    """The report as tables. A peer's strings (engine ids, agent names, layouts, backends, hashes) are its own
-    text: printed cut to bounds.MAX_PEER_STR and never read as markup; control characters are made visible by
-    the console (pdcheck.console)."""
-    from rich.table import Table
-    from rich.text import Text
-
-    from pdcheck.bounds import peer_text
-    from pdcheck.vllm.report import hazard_table, spread_line
-
-    src = "" if rep.release_source == "--vllm" else f", read from {rep.release_source}"
-    console.print(f"[bold]pdcheck probe[/] {rep.endpoint} as vLLM {rep.release}{src} (era {rep.wire}, "
-                  f"DP rank {rep.dp_rank}, ports {','.join(map(str, rep.ports))}); read-only")
-    staged = rep.pp_size > 1
-    t = Table(title="Prefill ranks (as the side channel advertises them" +
-              (f"; P has {rep.pp_size} pipeline stages: (pp_rank, tp_rank))" if staged else ")"))
-    cols = ("P", "status", "num_blocks", "block_len(s)", "block_size", "layout", "device", "backend", "ms")
-    for col in (*cols, *(("regions", "layers") if staged else ())):
-        t.add_column(col, overflow="fold")  # a narrow terminal folds a header onto two lines, never cuts it
-    for r in [*rep.prefill_ranks, *rep.stages]:
-        style = "green" if r.status == "ok" else "bold red"
-        lens = ",".join(map(str, sorted(set(r.block_lens)))) if r.block_lens else (str(r.block_len or "-"))
-        t.add_row(rank_text(r), Text(r.status, style=style), str(r.num_blocks or "-"), lens,
-                  str(r.block_size or "-"), Text(peer_text(r.layout or "-")),
-                  "-" if r.device_id is None else str(r.device_id), Text(peer_text(r.attn_backend or "-")),
-                  "-" if r.reply_ms is None else f"{r.reply_ms:.1f}",
-                  *((str(r.regions or "-"), ", ".join(r.layers or []) or "-") if staged else ()))
-    console.print(t)
-    ok = [r for r in rep.prefill_ranks if r.status == "ok"]
-    if ok:
-        console.print(f"  engine id(s): {', '.join(sorted({peer_text(r.engine_id or '-') for r in ok}))}; agents: "
-                      f"{', '.join(peer_text(r.agent_name or '?') for r in ok)}", highlight=False, markup=False)
-        tps = sorted({r.tp_size for r in ok if r.tp_size is not None})
-        if tps:
-            console.print(f"  advertised tp_size: {', '.join(map(str, tps))}")
-        for h in sorted({r.compat_hash for r in ok if r.compat_hash}):
-            same = {r.hash_match for r in ok if r.compat_hash == h}
-            tail = " (differs from the decode's)" if False in same else " (equals the decode's)" if True in same else ""
-            console.print(f"  compatibility hash: {peer_text(h)}{tail}", highlight=False, markup=False)
-    for r in [*rep.prefill_ranks, *rep.stages]:
-        if r.message:
-            console.print(Text(f"  P rank {rank_text(r)}: {r.message}", style="red"))
-    if rep.num_blocks_spread is not None:
-        console.print(spread_line("num_blocks", rep.num_blocks_spread))
-    ht = hazard_table(rep.hazards, f"Hazards against the decode configuration ({rep.decode})")
-    if ht is not None:
-        console.print(ht)
-    elif rep.decode is not None:
-        console.print(f"  no catalogue hazard applies against the decode configuration ({rep.decode})")
-    for n in rep.notes:
-        console.print(Text(f"  note: {n}", style="dim"))
-    if rep.decode_status is not None:
-        per = ", ".join(f"{v.rank} {v.status}" + (f" (asked {contacted_text(v)})" if v.contacted_stages else "")
-                        for v in rep.verdicts)
-        console.print(f"  decode handshakes as vLLM {rep.release}: {per}", highlight=False)
-        for v in rep.verdicts:
-            if v.detail:
-                console.print(Text(f"  {v.rank}: {v.detail}", style="red"))
-    console.print(f"verdict: {rep.verdict}; exit {rep.exit_code}")
-
-
 def _when(release: ReleaseModel, o: Outcome) -> str:
     """When the refusal reaches the user, as handshake's report says it (shapes.when_raised)."""
     w = shapes.when_raised(release, o.status, o.check)
     return "" if w is None else f" ({w})"
-
-
-def rank_text(r: ProbeRank) -> str:
-    """A probed rank as the side channel keys it: "1", or "(0,1)" (pp_rank, tp_rank) with pipeline stages."""
-    return str(r.tp_rank) if r.pp_rank is None else f"({r.pp_rank},{r.tp_rank})"
-
-
-def release_from_url(url: str, timeout_s: float) -> str:
-    """`--vllm auto`: the release P's API server reports (GET /version -> {"version": "0.11.1"}). Out of band:
-    no side-channel request is sent until the era is known."""
-    from pdcheck.netio import PeerError, http_get
-
-    if not url.startswith(("http://", "https://")):
-        raise BadInput(f"--version-url: {url!r} is not an http(s) URL")
-    try:
-        # One deadline for connect, headers and body together; at most 64 KiB of body (netio).
-        doc = msgspec.json.decode(http_get(url, timeout_s))
-    except PeerError as exc:
-        raise HarnessError(f"--vllm auto: cannot read the release from {url}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise HarnessError(f"--vllm auto: {url} did not answer JSON: {exc}") from None
-    version = doc.get("version") if isinstance(doc, dict) else None
-    if not isinstance(version, str) or len(version) > b.MAX_PEER_STR:
-        raise HarnessError(f"--vllm auto: {url} answered without a \"version\" string")
-    return version
-
-
-def decode_config(scenario: Path | None, overrides: dict[str, Any]) -> tuple[Scenario | None, str | None]:
-    """The decode side to evaluate against: a scenario and/or the scenario flags; (None, None) when no decode
-    fact is given. The [prefill] table and prefill flags supply what the wire lacks (heads, dtype, model);
-    P's advertised facts replace the rest."""
-    from pdcheck.scenariofile import read_toml
-    from pdcheck.vllm.scenario import load
-
-    if scenario is None and "decode" not in overrides:
-        return None, None
-    over = {k: dict(v) for k, v in overrides.items()}
-    has_p = "num_blocks" in over.get("prefill", {}) or (
-        scenario is not None and "num_blocks" in read_toml(scenario).get("prefill", {}))
-    if not has_p:
-        over.setdefault("prefill", {})["num_blocks"] = 1  # replaced by what P advertises
-    sc = load(scenario, over)
-    return sc, str(scenario) if scenario is not None else "flags"

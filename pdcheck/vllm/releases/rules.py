@@ -1,4 +1,10 @@
-"""Shared steps that release files assemble: each is one line of a release's add_remote_agent."""
+"""Shared steps that release files assemble: each is one line of a release's add_remote_agent.
+
+Longer than the ~500 lines a module keeps to, on purpose: this is the one catalogue of every check and action any
+vLLM line runs on P's metadata, in the order the releases introduced them (0.9 - 0.10.0, then eras D-E, F-H,
+0.14+), each beside the source line it models. The release files (v0_9_1.py, ...) compose them; split by era, a
+check later releases reuse would live far from the ones it replaced, and docs/release-models.md cites this file
+for all of them."""
 
 from __future__ import annotations
 
