@@ -504,7 +504,7 @@ def test_leaked_ucx_segments_are_removed_and_nothing_else(tmp, monkeypatch):
 def test_layout_ports_are_held_before_any_rank_starts():
     """An explicit base port inside the ephemeral range: the parent binds every layout port before forking a rank,
     so no rank's UCX listener or connection can take one (the issue's 64 x 64 run collided 3 times in 4)."""
-    from pdcheck import orchestrate as orc
+    from pdcheck.vllm import drive as orc
     from pdcheck.vllm.ports import plan_ports
     from pdcheck.vllm.releases import resolve
     from pdcheck.vllm.scenario import load

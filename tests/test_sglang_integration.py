@@ -127,7 +127,7 @@ def test_cli_bad_input(pdcheck) -> None:
     for args, text in (((path, "--sglang", "0.5.8", "--vllm", "0.9.1"), "not both"),
                        ((path, "--vllm", "0.9.1"), "is an SGLang scenario"),
                        ((path, "--sglang", "0.3.1"), "is not modelled"),
-                       ((str(SCENARIOS / "mla.toml"), "--sglang", "0.5.8"), "not an SGLang scenario"),
+                       ((str(SCENARIOS / "mla.toml"), "--sglang", "0.5.8"), "is a vLLM scenario; use --vllm"),
                        ((path, "--sglang", "0.5.8", "--ray", "auto"), "not available for SGLang"),
                        ((path, "--sglang", "0.5.8", "--prefill-endpoint", "ftp://h:1"), "plain HTTP")):
         run = pdcheck("handshake", *args)
