@@ -32,10 +32,8 @@ _SUBS = [
     (re.compile(r"'remote_host': '[^']*'"), "'remote_host': HOST"),
     # the NIXL READ's state when an abort lands: PROC or DONE as the transfer raced it
     (re.compile(r"the READ's state at the abort: [A-Z]+"), "the READ's state at the abort: STATE"),
-    # measured lengths in a text ("P freed the blocks (expired) 0.70 s before D read them"), and a lease stated in
-    # P's own words (its length stretched in slow motion: unscale)
+    # measured lengths in a text ("P freed the blocks (expired) 0.70 s before D read them")
     (re.compile(r"\b\d+\.\d+ s\b"), "T s"),
-    (re.compile(r"\bwithin \d+(?:\.\d+)? seconds\b"), "within T seconds"),
     # which request a freed block went to next, and its generation: the allocation that raced the expiry
     (re.compile(r"block \d+ holds request \d+'s KV \(generation \d+\)"), "block B holds request R's KV (generation G)"),
 ]
@@ -51,26 +49,8 @@ def _text(s: str) -> str:
     return _REQ_ID.sub("req-ID", s)
 
 
-def unscale(doc: dict[str, Any]) -> dict[str, Any]:
-    """A request run in slow motion (--time-scale K, the suite's on a loaded machine: tests/loadkit.py) states
-    its lengths stretched: the scenario's as written, for the snapshot."""
-    k = doc.get("time_scale")
-    if not isinstance(k, (int, float)) or k == 1 or not isinstance(doc.get("rate"), (int, float)):
-        return doc
-    out = {**doc, "rate": round(doc["rate"] * k, 6)}
-    if isinstance(doc.get("lease_s"), (int, float)):
-        out["lease_s"] = round(doc["lease_s"] / k, 6)
-    if isinstance(doc.get("faults"), list):  # NAME:SECONDS[:...] for the timed faults
-        out["faults"] = [_FAULT_SECONDS.sub(lambda m: f"{m.group(1)}{float(m.group(2)) / k:g}", f) for f in doc["faults"]]
-    return out
-
-
-_FAULT_SECONDS = re.compile(r"^((?:slow-decode|delay-notif|hold|heartbeat-loss):)([0-9.]+)")
-
-
 def normalize(doc: Any, key: str = "") -> Any:
     if isinstance(doc, dict):
-        doc = unscale(doc)
         if key == "accounting" and {"freed", "expired", "late_notifs"} <= doc.keys():
             # P's block accounting: whether a delivered request's done notification beat its lease (freed) or
             # came after it (expired, a late notification) is the machine's timing; their sum is the run's

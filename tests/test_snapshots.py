@@ -32,12 +32,9 @@ def smoke_results(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if given:
         return Path(given)
     out = tmp_path_factory.mktemp("smoke")
-    # beside the rest of the suite: request runs in the suite's slow motion (tests/loadkit.py; snapkit.unscale)
-    from loadkit import time_scale
-
     run = subprocess.run([sys.executable, "-m", "pdcheck", "smoke", "--json", "--junit", str(out / "smoke.xml"),
                           "--documents", str(out / "documents")], cwd=out, capture_output=True, text=True,
-                         env=dict(env(), PYTHONPATH=str(ROOT), PDCHECK_TIME_SCALE=f"{time_scale():g}"), timeout=900)
+                         env=dict(env(), PYTHONPATH=str(ROOT)), timeout=900)
     (out / "smoke.json").write_text(run.stdout)
     assert run.returncode in (0, 1), run.stderr
     return out
