@@ -49,12 +49,17 @@ def warm_up() -> None:
     _ensure_forkserver()
 
 
+_SHM_AT_START: list[set[str]] = []  # the UCX segments in /dev/shm before this process's forkserver started
+
+
 def _ensure_forkserver() -> None:
     """Start the forkserver (and resource tracker) if none runs, immune to Ctrl-C (see lifecycle)."""
     from multiprocessing import forkserver
 
     from pdcheck.lifecycle import spawn_quietly
 
+    if not _SHM_AT_START:
+        _SHM_AT_START.append(ucx_segments())
     spawn_quietly(forkserver.ensure_running)
 
 
@@ -129,16 +134,47 @@ def stop_forkserver() -> None:
                     os.unlink(address)
                 except OSError:
                     pass
-    rt = getattr(resource_tracker, "_resource_tracker", None)
-    stop = getattr(rt, "_stop", None)
-    if stop is not None:
-        try:
-            stop()
-        except (OSError, ValueError):  # already gone (and reaped): forget it so a later run starts afresh
-            for attr in ("_pid", "_fd"):
-                if hasattr(rt, attr):
-                    setattr(rt, attr, None)
+    _stop_tracker(getattr(resource_tracker, "_resource_tracker", None))
+    if _SHM_AT_START:  # a forkserver killed in the middle of its work may leave a UCX segment (see below)
+        remove_leaked_segments(_SHM_AT_START.pop())
     _CTX = None
+
+
+TRACKER_STOP_S = 2.0  # the tracker's own clean-up (unlinking what ranks leaked) takes milliseconds
+
+
+def _stop_tracker(rt: Any) -> None:
+    """multiprocessing's resource tracker, stopped as ResourceTracker._stop does (close our end of its pipe: it
+    unlinks what ranks registered and leaked, then exits), but waited for TRACKER_STOP_S at most, then
+    SIGKILLed. The stdlib waits for ever, and the tracker exits only once every process holding that pipe has:
+    each rank the forkserver forked holds it, so a rank nobody stopped used to hang this process's exit."""
+    if rt is None or getattr(rt, "_fd", None) is None:
+        return
+    with rt._lock:
+        fd, pid = rt._fd, rt._pid
+        rt._fd = rt._pid = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if pid is None:
+            return
+        t_end = time.monotonic() + TRACKER_STOP_S
+        while True:
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped
+                return
+            if done:
+                return
+            if time.monotonic() >= t_end:
+                _kill(pid, signal.SIGKILL)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                return
+            time.sleep(0.01)
 
 
 @dataclass
@@ -251,6 +287,16 @@ def abort_all(why: str = "interrupted") -> None:
             for r in lau.ranks:
                 if r.running():
                     _kill(r.proc.pid, signal.SIGKILL)
+
+
+def close_all() -> None:
+    """Stop and reap the ranks of every local launcher not closed yet (lifecycle.shutdown, on every exit path):
+    a command interrupted after a rank was forked and recorded, but before the `try` whose `finally` closes its
+    launcher, would otherwise leave that rank running. Idempotent."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for lau in live:
+        lau.close()
 
 
 def aborted() -> str | None:
