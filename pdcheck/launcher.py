@@ -46,7 +46,10 @@ def warm_up() -> None:
     """Start the forkserver now: it imports NIXL, numpy and zmq in its own process while the parent
     still imports the CLI, instead of after it. lifecycle.shutdown() stops it on every exit path."""
     _context()
-    _ensure_forkserver()
+    try:
+        _ensure_forkserver()
+    except HarnessError:
+        pass  # only a head start: the first rank's start tries again and says why it cannot
 
 
 _SHM_AT_START: list[set[str]] = []  # the UCX segments in /dev/shm before this process's forkserver started
@@ -60,7 +63,11 @@ def _ensure_forkserver() -> None:
 
     if not _SHM_AT_START:
         _SHM_AT_START.append(ucx_segments())
-    spawn_quietly(forkserver.ensure_running)
+    try:
+        spawn_quietly(forkserver.ensure_running)
+    except OSError as exc:  # e.g. its socket's path under $TMPDIR over the 107 bytes a Unix socket address holds
+        raise HarnessError(f"the rank forkserver cannot start: {exc.strerror or exc} (its socket lives in "
+                           f"$TMPDIR={os.environ.get('TMPDIR', '/tmp')})") from None
 
 
 def _prep_without_main(name: str) -> dict[str, Any]:
@@ -351,6 +358,11 @@ class Launcher(RankLauncher[Rank]):
                             daemon=True)
         try:
             _ensure_forkserver()  # proc.start() would start one too, but one that Ctrl-C interrupts
+        except HarnessError:
+            parent.close()
+            child.close()
+            raise
+        try:
             # Signals wait until the rank is in self.ranks: one forked but not recorded would outlive close().
             # (Not around the forkserver's start: a process spawned meanwhile would inherit the blocked signals.)
             with lifecycle.signals_deferred():
