@@ -259,6 +259,38 @@ def test_pair_on_loopback() -> None:
     assert any(d.startswith("cma/") for d in peer["pair"]["local"]["data"])
     assert listen["pair"]["remote"]["data"] == peer["pair"]["local"]["data"]
     assert peer["pair"]["remote"]["transports"]  # the listener's own protocol tables
+    # each end names itself and the other by address and role, never by a bind-all address
+    assert listen["pair"]["local"]["host"] == "127.0.0.1" and listen["pair"]["local"]["role"] == "prefill"
+    assert peer["pair"]["remote"]["host"] == "127.0.0.1" and peer["pair"]["local"]["role"] == "decode"
+    # one host: both ends WARN that no link was exercised, naming the payload's and the prefill end's lanes
+    for doc in (peer, listen):
+        c = next(c for c in doc["checks"] if c["name"] == "pair transfer")
+        assert c["status"] == "WARN" and "no link exercised" in c["detail"], c
+        assert "the prefill end's UCX lanes: " in c["detail"] and "cma/memory" in c["detail"], c
+
+
+def test_pair_table_names_both_ends_lanes() -> None:
+    """The table's pair lines: the prefill end's lanes (it READs nothing, so no 'payload over -'), the decode end's
+    payload, and a bind-all listener named by the address it advertises."""
+    p = subprocess.Popen([sys.executable, "-m", "pdcheck", "doctor", "--listen", "0.0.0.0:0", "--timeout", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "COLUMNS": "300"},
+                         cwd=ROOT)
+    assert p.stderr is not None
+    line = p.stderr.readline()
+    port = int(line.split("listening on 0.0.0.0:")[1].split()[0])
+    adv = line.split("(advertising ")[1].split(":")[0]
+    try:
+        r = _cli("--peer", f"127.0.0.1:{port}", "--timeout", "20", "--no-transfer")
+        out, _err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert r.returncode == 0 and p.returncode == 0, r.stderr
+    both = out + r.stdout
+    assert "payload over -" not in both, both[max(0, both.find("payload over -") - 300):][:400]
+    assert ", 0.0.0.0)" not in both, both
+    assert f"this end (prefill, {adv}): UCX lanes " in out, out
+    assert "other end (decode, 127.0.0.1): payload over cma/memory" in out, out
+    assert f"other end (prefill, {adv}): UCX lanes " in r.stdout, r.stdout
 
 
 def _one_line_exit_3(r: subprocess.CompletedProcess[str]) -> str:

@@ -40,7 +40,7 @@ class _Listener(msgspec.Struct):
 
     @property
     def label(self) -> str:
-        return f"{self.host} ({self.at.label})" if self.host else self.at.label
+        return f"{self.host} {self.at.hostport}" if self.host else self.at.label
 
 
 def _ask(at: Endpoint, msg: Any, kind: type, timeout: float, what: str) -> Any:

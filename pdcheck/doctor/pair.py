@@ -530,8 +530,11 @@ def decode_leg(target: Endpoint, timeout: float, expect: list[str], session: str
         try:
             frames = request_reply(ctx, _endpoint(adv.ip, adv.port), adv.ip, encode(Fill()), timeout)
         except PeerError as exc:
-            if same:
-                raise PeerError(f"{where}: the listener answered, then stopped answering ({exc})") from None
+            if same:  # where it answered a moment ago: gone (nothing listens), or there but silent
+                now = _unreachable(adv.ip, adv.port, timeout)
+                raise PeerError(f"{where}: the listener answered, then " + (
+                    f"went away: {adv.label} now gives {now} (stopped, or died)" if now else
+                    f"stopped answering ({exc})")) from None
             raise PeerError(f"{where}: the listener advertises {adv.label}, where nothing answered its protocol "
                             f"({exc}); a listener must advertise the address it listens on") from None
         filled = _expect(frames, Filled, f"{where} (advertised {adv.label})")
