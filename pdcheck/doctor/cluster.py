@@ -124,7 +124,7 @@ def as_check(r: PairRow, fail_fix: str | None = None) -> Check:
         fix = fail_fix or (f"run `pdcheck doctor --listen` on {r.prefill.split()[0]} and `pdcheck doctor --peer` "
                            f"on {r.decode.split()[0]} for both ends' evidence")
     elif r.status == "WARN" and "no link exercised" in r.detail:
-        fix = "the two listeners run on one host: place one per node (a DaemonSet) to test the links between them"
+        fix = "the pair's two ends run on one host: put one per host (a DaemonSet's listeners, Ray nodes) to test a link"
     elif r.status == "WARN":
         fix = "compare this pair's NICs and UCX_NET_DEVICES with a fast pair's (`pdcheck doctor` on both nodes)"
     c = check(f"pair {r.prefill} -> {r.decode}", r.status, r.detail, fix)
