@@ -533,3 +533,33 @@ def test_shutdown_stops_a_rank_nobody_closed(tmp: Path) -> None:
     assert float(took) < 5, took
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
     assert not [x.name for x in tmp.iterdir() if x.name.startswith("pymp-")]
+
+
+def test_keep_listening_serves_on_after_garbage(tmp: Path) -> None:
+    """A --keep-listening listener (a DaemonSet's pod) that gets bytes that are not the protocol turns them away
+    (a Refused) and serves the next peer, a real one, as before."""
+    import zmq
+
+    lis = Subject(tmp, "--listen", "127.0.0.1:0", "--keep-listening", "--json", "--timeout", "30")
+    try:
+        port = lis.port()
+        ctx = zmq.Context.instance()
+        s = ctx.socket(zmq.REQ)
+        s.setsockopt(zmq.LINGER, 0)
+        s.connect(f"tcp://127.0.0.1:{port}")
+        s.send(b"\x93" + EVIL.encode())
+        assert s.poll(60000), "no answer to the garbage"
+        assert b"Refused" in s.recv()
+        s.close(0)
+        peer = Subject(tmp, *_peer_args(port), "--json")
+        pr = peer.wait(180)
+        assert pr.code == 0, pr.err
+        assert lis.proc.poll() is None  # still serving
+        os.kill(lis.pid(), signal.SIGTERM)
+        r = lis.wait(60)
+    finally:
+        lis.kill()
+    contract(r, lis, 143, within_s=300)
+    assert json.loads(r.out.splitlines()[0])["pair"]["role"] == "listen"
+    assert "session 1: --listen: from 127.0.0.1 while waiting for a peer or a matrix coordinator: not a " \
+           "pdcheck-doctor/2 message" in r.err, r.err

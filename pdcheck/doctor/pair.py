@@ -420,7 +420,13 @@ def listen_forever(where: Endpoint, timeout: float, advertise: str | None, expec
         lis.bind()
         warm.host = lis.here
         while True:
-            msg, seen = lis.recv(None, "waiting for a peer or a matrix coordinator")
+            try:
+                msg, seen = lis.recv(None, "waiting for a peer or a matrix coordinator")
+            except PeerError as exc:  # garbage, a multi-part message: turned away, and the listener serves on
+                lis.refuse(str(exc))
+                n += 1
+                on_session(n, None, str(exc))
+                continue
             used = False
             try:
                 if isinstance(msg, Who):
