@@ -60,7 +60,8 @@ def run(listeners: list[Endpoint], spec: str, pairs_at_once: int, timeout: float
     width = max(1, min(pairs_at_once, len(todo), len(found) // 2))  # disjoint pairs: at most half the listeners
     rows: list[PairRow] = []
     lies: list[str] = []
-    _schedule(todo, width, lambda a, b: _one(a, b, timeout, expect, rows, lies))
+    sent = blocks_sent(_plan(timeout))
+    _schedule(todo, width, lambda a, b: _one(a, b, timeout, expect, sent, rows, lies))
     if lies:
         raise PeerError(lies[0])
     med = cluster.order(rows)
@@ -108,7 +109,7 @@ def _schedule(todo: list[tuple[_Listener, _Listener]], width: int, one: Any) -> 
             threading.Thread(target=body, args=pick, name="pdcheck-doctor-matrix", daemon=True).start()
 
 
-def _one(a: _Listener, b: _Listener, timeout: float, expect: list[str], rows: list[PairRow],
+def _one(a: _Listener, b: _Listener, timeout: float, expect: list[str], sent: int, rows: list[PairRow],
          lies: list[str]) -> None:
     """One pair, A the prefill end, B the decode end; its row (a FAIL with the reason when it cannot run)."""
     t0 = time.monotonic()
@@ -132,8 +133,7 @@ def _one(a: _Listener, b: _Listener, timeout: float, expect: list[str], rows: li
     if leg.error:
         return fail(f"{b.label} could not READ from {a.label}: {leg.error}", leg.local.data, leg.local.notifications)
     try:
-        judge_transfer(f"--matrix: the listener {b.label}", leg.checked, leg.wrong, leg.gbps, leg.p50_us,
-                       blocks_sent(_plan(timeout)))
+        judge_transfer(f"--matrix: the listener {b.label}", leg.checked, leg.wrong, leg.gbps, leg.p50_us, sent)
     except PeerError as exc:
         lies.append(str(exc))
         return fail(str(exc))

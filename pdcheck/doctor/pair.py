@@ -58,8 +58,6 @@ from pdcheck.doctor.wire import (
 from pdcheck.errors import BadInput, HarnessError, RankFailed
 from pdcheck.netio import MAX_FRAME_BYTES, PeerError, bounded_socket, request_reply
 
-__all__ = ["PROTOCOL", "End", "PairResult", "dial", "listen", "listen_forever", "parse_expect", "transfer_verdict"]
-
 
 class PairResult(msgspec.Struct):
     role: str  # "listen" or "peer"

@@ -29,9 +29,6 @@ from pdcheck.netio import PeerError
 
 PROTOCOL = "pdcheck-doctor/2"
 
-Text = str  # a peer's free text: at most bounds.MAX_PEER_TEXT characters once it has entered
-
-
 class End(msgspec.Struct):
     """One end's evidence from its own rank log."""
 
