@@ -563,3 +563,28 @@ def test_keep_listening_serves_on_after_garbage(tmp: Path) -> None:
     assert json.loads(r.out.splitlines()[0])["pair"]["role"] == "listen"
     assert "session 1: --listen: from 127.0.0.1 while waiting for a peer or a matrix coordinator: not a " \
            "pdcheck-doctor/2 message" in r.err, r.err
+
+
+def test_matrix_with_a_dead_listener_fails_its_pairs_only(tmp: Path) -> None:
+    """A listener that is not there: each of its pairs is a FAIL naming why (within --timeout), the others run,
+    exit 1, the matrix table as --ray's."""
+    from portkit import refusing
+
+    good = [Subject(tmp, "--listen", "127.0.0.1:0", "--keep-listening", "--timeout", "30") for _ in range(2)]
+    try:
+        ports = [g.port() for g in good]
+        with refusing() as dead:
+            mx = Subject(tmp, "--matrix", ",".join(f"127.0.0.1:{p}" for p in [*ports, dead]), "--timeout", "5",
+                         "--json")
+            r = mx.wait(300)
+    finally:
+        for g in good:
+            g.kill()
+    contract(r, mx, 1, within_s=300)
+    doc = json.loads(r.out)
+    rows = doc["cluster"]["pairs"]
+    assert len(rows) == 3 and [x["status"] for x in rows][:2] == ["FAIL", "FAIL"], rows
+    for x in rows[:2]:
+        assert x["decode"] == f"127.0.0.1:{dead}", x
+        assert x["detail"].startswith(f"no KV moved: the listener at 127.0.0.1:{dead} (Who): "), x
+    assert rows[2]["status"] in ("PASS", "WARN") and rows[2]["checked"] > 0, rows[2]

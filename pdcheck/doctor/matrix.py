@@ -44,8 +44,13 @@ class _Listener(msgspec.Struct):
 
 
 def _ask(at: Endpoint, msg: Any, kind: type, timeout: float, what: str) -> Any:
-    frames = request_reply(zmq.Context.instance(), _endpoint(at.ip, at.port), at.ip, encode(msg), timeout)
-    return _expect(frames, kind, f"the listener at {at.label} ({what})")
+    where = f"the listener at {at.label} ({what})"
+    try:
+        frames = request_reply(zmq.Context.instance(), _endpoint(at.ip, at.port), at.ip, encode(msg), timeout)
+    except PeerError as exc:
+        raise type(exc)(f"{where}: {exc} (is `pdcheck doctor --listen ... --keep-listening` running there?)") \
+            from None
+    return _expect(frames, kind, where)
 
 
 def run(listeners: list[Endpoint], spec: str, pairs_at_once: int, timeout: float,
