@@ -547,9 +547,10 @@ def test_keep_listening_serves_on_after_garbage(tmp: Path) -> None:
         s = ctx.socket(zmq.REQ)
         s.setsockopt(zmq.LINGER, 0)
         s.connect(f"tcp://127.0.0.1:{port}")
-        s.send(b"\x93" + EVIL.encode())
-        assert s.poll(60000), "no answer to the garbage"
-        assert b"Refused" in s.recv()
+        for bad in ([b"x"] * 10, [b"\x93" + EVIL.encode()]):  # a multi-part message, then garbage
+            s.send_multipart(bad)
+            assert s.poll(60000), "no answer"
+            assert b"Refused" in s.recv()
         s.close(0)
         peer = Subject(tmp, *_peer_args(port), "--json")
         pr = peer.wait(180)
@@ -561,7 +562,8 @@ def test_keep_listening_serves_on_after_garbage(tmp: Path) -> None:
         lis.kill()
     contract(r, lis, 143, within_s=300)
     assert json.loads(r.out.splitlines()[0])["pair"]["role"] == "listen"
-    assert "session 1: --listen: from 127.0.0.1 while waiting for a peer or a matrix coordinator: not a " \
+    assert "session 1: --listen: a 10-part message while waiting" in r.err, r.err
+    assert "session 2: --listen: from 127.0.0.1 while waiting for a peer or a matrix coordinator: not a " \
            "pdcheck-doctor/2 message" in r.err, r.err
 
 

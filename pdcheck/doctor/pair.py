@@ -302,11 +302,10 @@ class Listener:
         self.owes_reply = True
         seen = _peer_address(frame)
         parts = 1
-        while self.sock.getsockopt(zmq.RCVMORE):  # drain the message before the one reply a REP socket gives
-            self.sock.recv()
+        # Drain the message (ZMQ delivered it whole, so this only frees it) before the one reply a REP socket gives.
+        while self.sock.getsockopt(zmq.RCVMORE):
+            self.sock.recv(copy=False)
             parts += 1
-            if parts > 4:
-                break
         if parts > 1:
             raise PeerError(f"--listen: a {parts}-part message while {what} (a {PROTOCOL} peer sends one frame)")
         return decode(frame.bytes, f"--listen: from {seen} while {what}"), seen
