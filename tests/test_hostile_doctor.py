@@ -27,6 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from portkit import free_run
 
 from pdcheck import bounds
@@ -590,3 +592,33 @@ def test_matrix_with_a_dead_listener_fails_its_pairs_only(tmp: Path) -> None:
         assert x["decode"] == f"127.0.0.1:{dead}", x
         assert x["detail"].startswith(f"no KV moved: the listener at 127.0.0.1:{dead} (Who): "), x
     assert rows[2]["status"] in ("PASS", "WARN") and rows[2]["checked"] > 0, rows[2]
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(), items=st.lists(st.text(), max_size=3 * bounds.MAX_PEER_ITEMS))
+def test_whatever_a_peer_writes_enters_printable_and_bounded(text: str, items: list[str]) -> None:
+    """Any string or list a peer puts in any field of a message comes out of wire.decode printable (no control,
+    format or separator character: nothing a terminal or a page acts on), within its cap plus the mark of what
+    was cut, and a list within MAX_PEER_ITEMS plus that mark."""
+    from pdcheck.doctor import wire
+
+    end = wire.End(text, items, items, items, text, text)
+    for msg in (wire.Result(1, 0, text, 1.0, 1.0, end), wire.Aborted(text, end, text), wire.Refused(text),
+                wire.Hello(text, text, [1], items, text), wire.Here(text, text, text, text)):
+        for s in _strings(wire.decode(wire.encode(msg), "test")):
+            assert s.isprintable(), repr(s)
+            assert len(s) <= bounds.MAX_PEER_TEXT + len(f"… ({10**7} characters)"), len(s)
+
+
+def _strings(v: object) -> list[str]:
+    """Every string in a decoded message; every list within MAX_PEER_ITEMS and the mark of the cut."""
+    import msgspec
+
+    if isinstance(v, str):
+        return [v]
+    if isinstance(v, list):
+        assert len(v) <= bounds.MAX_PEER_ITEMS + 1
+        return [s for x in v for s in _strings(x)]
+    if isinstance(v, msgspec.Struct):
+        return [s for f in v.__struct_fields__ for s in _strings(getattr(v, f))]
+    return []
