@@ -12,15 +12,35 @@ RANK_COMMANDS = ("handshake", "serve", "transfer-bench", "doctor", "smoke")  # p
 
 
 def main() -> None:
-    import os
+    # First of all, before any import of pdcheck's own: SIGINT, SIGTERM and SIGHUP are recorded and interrupt the
+    # run from here on (a signal in the next milliseconds used to print a KeyboardInterrupt traceback from an
+    # import, or end the process by the raw signal). pdcheck.lifecycle takes over once imported, with what came.
+    import signal
 
-    # numpy's OpenBLAS starts a thread pool at import that spins ~0.07 s of CPU in this process and again in the
-    # forkserver, on 2 cores while the ranks start; pdcheck does no linear algebra. The user's own setting wins.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from pdcheck import lifecycle
+    early: list[int] = []
 
-    # Before anything slow: a Ctrl-C while the CLI imports is then an exit 130, not a traceback.
-    lifecycle.install_signal_handlers()
+    def first(signum: int, frame: object) -> None:
+        early.append(signum)
+        if len(early) == 1:
+            raise KeyboardInterrupt(signum)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:  # ignored (nohup) stays ignored
+            signal.signal(sig, first)
+    try:
+        import os
+
+        # numpy's OpenBLAS starts a thread pool at import that spins ~0.07 s of CPU in this process and again in
+        # the forkserver, on 2 cores while the ranks start; pdcheck does no linear algebra. The user's own wins.
+        os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+        from pdcheck import lifecycle
+
+        lifecycle.install_signal_handlers(early)
+    except BaseException:
+        if not early:
+            raise
+        exit_now(128 + early[0])
+        raise SystemExit(128 + early[0]) from None
     try:
         # --ray places ranks as Ray actors: no local forkserver to warm.
         if len(sys.argv) > 1 and sys.argv[1] in RANK_COMMANDS and not any(a.startswith("--ray") for a in sys.argv):

@@ -78,6 +78,13 @@ MAX_PEER_BLOCK_LEN = 1 << 32  # bytes in one block of one region
 MAX_DOC_BYTES = 64 << 20
 MAX_DOC_DEPTH = 32  # nesting levels
 MAX_DOC_VALUES = 2_000_000  # arrays, objects and the commas between values: a bound on what decoding creates
+MAX_PEER_TEXT = 1024  # a peer's free text (an error it reports, a refusal's reason): NIXL's errors run to ~300
+MAX_PEER_ITEMS = 32  # entries of a list a peer sends (a doctor end's UCX lanes: a handful)
+# What a doctor peer may report of a transfer (pdcheck.doctor.wire): beyond these it is not a measurement.
+MAX_PEER_GBPS = 1e5  # GB/s: 100 TB/s, far above any link or memory bus
+MAX_PEER_LATENCY_US = 3600e6  # one READ within an hour
+MAX_MATRIX_LISTENERS = 64  # doctor --matrix: 2016 pairs
+MAX_HOST_NAME = 253  # a DNS name (RFC 1035), dots included
 
 
 def open_regular(path: Path, what: str, hint: str) -> int:
@@ -395,3 +402,25 @@ def peer_text(value: Any, limit: int = MAX_PEER_STR) -> str:
     from pdcheck.render.text import clean
 
     return clean(value if isinstance(value, str) else repr(value), limit)
+
+
+def peer_list(values: list[Any], limit: int = MAX_PEER_STR, items: int = MAX_PEER_ITEMS) -> list[str]:
+    """A peer's list of strings as at most `items` entries of peer_text, the last saying how many were cut."""
+    out = [peer_text(v, limit) for v in values[:items]]
+    if len(values) > items:
+        out.append(f"… ({len(values) - items} more)")
+    return out
+
+
+def peer_number(what: str, value: Any, lo: float, hi: float, unit: str = "") -> float:
+    """A number a peer reports of a measurement, judged against its physical range [lo, hi] (a count below 0, a
+    NaN or infinite rate, more blocks checked than were sent): netio.PeerError (exit 3) naming it otherwise, never
+    a verdict built on it. `what` names the peer and the quantity ("the peer at 10.0.0.6: blocks checked")."""
+    from pdcheck.netio import PeerError
+
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and lo <= value <= hi
+    if not ok:
+        shown = peer_text(value, 40)
+        raise PeerError(f"{what} = {shown}{unit}: outside its physical range ({lo:g} to {hi:g}{unit}); a peer that "
+                        "reports this is broken or lying, and its transfer is not judged")
+    return float(value)

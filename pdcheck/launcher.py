@@ -54,7 +54,13 @@ def warm_up() -> None:
     """Start the forkserver now: it imports NIXL, numpy and zmq in its own process while the parent
     still imports the CLI, instead of after it. lifecycle.shutdown() stops it on every exit path."""
     _context()
-    _ensure_forkserver()
+    try:
+        _ensure_forkserver()
+    except HarnessError:
+        pass  # only a head start: the first rank's start tries again and says why it cannot
+
+
+_SHM_AT_START: list[set[str]] = []  # the UCX segments in /dev/shm before this process's forkserver started
 
 
 def _ensure_forkserver() -> None:
@@ -63,7 +69,13 @@ def _ensure_forkserver() -> None:
 
     from pdcheck.lifecycle import spawn_quietly
 
-    spawn_quietly(forkserver.ensure_running)
+    if not _SHM_AT_START:
+        _SHM_AT_START.append(ucx_segments())
+    try:
+        spawn_quietly(forkserver.ensure_running)
+    except OSError as exc:  # e.g. its socket's path under $TMPDIR over the 107 bytes a Unix socket address holds
+        raise HarnessError(f"the rank forkserver cannot start: {exc.strerror or exc} (its socket lives in "
+                           f"$TMPDIR={os.environ.get('TMPDIR', '/tmp')})") from None
 
 
 def _prep_without_main(name: str) -> dict[str, Any]:
@@ -137,16 +149,47 @@ def stop_forkserver() -> None:
                     os.unlink(address)
                 except OSError:
                     pass
-    rt = getattr(resource_tracker, "_resource_tracker", None)
-    stop = getattr(rt, "_stop", None)
-    if stop is not None:
-        try:
-            stop()
-        except (OSError, ValueError):  # already gone (and reaped): forget it so a later run starts afresh
-            for attr in ("_pid", "_fd"):
-                if hasattr(rt, attr):
-                    setattr(rt, attr, None)
+    _stop_tracker(getattr(resource_tracker, "_resource_tracker", None))
+    if _SHM_AT_START:  # a forkserver killed in the middle of its work may leave a UCX segment (see below)
+        remove_leaked_segments(_SHM_AT_START.pop())
     _CTX = None
+
+
+TRACKER_STOP_S = 2.0  # the tracker's own clean-up (unlinking what ranks leaked) takes milliseconds
+
+
+def _stop_tracker(rt: Any) -> None:
+    """multiprocessing's resource tracker, stopped as ResourceTracker._stop does (close our end of its pipe: it
+    unlinks what ranks registered and leaked, then exits), but waited for TRACKER_STOP_S at most, then
+    SIGKILLed. The stdlib waits for ever, and the tracker exits only once every process holding that pipe has:
+    each rank the forkserver forked holds it, so a rank nobody stopped used to hang this process's exit."""
+    if rt is None or getattr(rt, "_fd", None) is None:
+        return
+    with rt._lock:
+        fd, pid = rt._fd, rt._pid
+        rt._fd = rt._pid = None
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+        if pid is None:
+            return
+        t_end = time.monotonic() + TRACKER_STOP_S
+        while True:
+            try:
+                done, _status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # already reaped
+                return
+            if done:
+                return
+            if time.monotonic() >= t_end:
+                _kill(pid, signal.SIGKILL)
+                try:
+                    os.waitpid(pid, 0)
+                except ChildProcessError:
+                    pass
+                return
+            time.sleep(0.01)
 
 
 @dataclass
@@ -261,6 +304,16 @@ def abort_all(why: str = "interrupted") -> None:
                     _kill(r.proc.pid, signal.SIGKILL)
 
 
+def close_all() -> None:
+    """Stop and reap the ranks of every local launcher not closed yet (lifecycle.shutdown, on every exit path):
+    a command interrupted after a rank was forked and recorded, but before the `try` whose `finally` closes its
+    launcher, would otherwise leave that rank running. Idempotent."""
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for lau in live:
+        lau.close()
+
+
 def aborted() -> str | None:
     """Why abort_all() stopped this process's runs, if it did."""
     return _aborted[0] if _aborted else None
@@ -313,6 +366,11 @@ class Launcher(RankLauncher[Rank]):
                             daemon=True)
         try:
             _ensure_forkserver()  # proc.start() would start one too, but one that Ctrl-C interrupts
+        except HarnessError:
+            parent.close()
+            child.close()
+            raise
+        try:
             # Signals wait until the rank is in self.ranks: one forked but not recorded would outlive close().
             # (Not around the forkserver's start: a process spawned meanwhile would inherit the blocked signals.)
             with lifecycle.signals_deferred():

@@ -43,7 +43,12 @@ def _handler(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
 
-def install_signal_handlers() -> None:
+def install_signal_handlers(before: list[int] | None = None) -> None:
+    """SIGINT, SIGTERM and SIGHUP raise KeyboardInterrupt once (see above). before: the signals the entry point's
+    own first handler recorded before this module could be imported (pdcheck.__main__), kept as received."""
+    for signum in before or ():
+        if signum not in _received:
+            _received.append(signum)
     for sig in HANDLED:
         if signal.getsignal(sig) is not signal.SIG_IGN:
             signal.signal(sig, _handler)
@@ -159,13 +164,49 @@ def exit_code(code: int) -> int:
 
 
 def shutdown(code: int = 0) -> str | None:
-    """Stop the forkserver and its resource tracker now instead of when they notice we are gone (up to
-    tens of seconds later under SIGTERM); both are idempotent, nothing is started here. Then the rank logs:
-    returns a temporary log directory kept because the run failed as a harness (exit `code` 3)."""
+    """The last step of every exit path, bounded in time: stop and reap every rank a launcher still holds (a
+    command interrupted between starting a rank and the `try` that closes it leaves one, which would hold the
+    resource tracker's pipe open and outlive this process), then the forkserver and its resource tracker now
+    instead of when they notice we are gone (up to tens of seconds later under SIGTERM); remove the run's
+    scratch directories. All idempotent, nothing is started here. Then the rank logs: returns a temporary log
+    directory kept because the run failed as a harness (exit `code` 3)."""
     if "pdcheck.launcher" in sys.modules:
-        sys.modules["pdcheck.launcher"].stop_forkserver()
+        launcher = sys.modules["pdcheck.launcher"]
+        launcher.close_all()
+        launcher.stop_forkserver()
+    remove_scratch()
     kept = finish_rank_logs(code)
     return kept if kept is not None and _logs["temp"] else None
+
+
+# ---------------------------------------------------------------------------------------------- scratch
+# Temporary directories a command makes for its own use (a doctor pair's rank logs, the plugin probe's): the
+# command removes each when done, and shutdown() removes whatever a signal kept it from removing.
+_scratch: list[str] = []
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh temporary directory of this run, removed by remove_scratch(path) or at shutdown at the latest
+    (created and recorded with signals held, so no interrupt falls between the two)."""
+    import tempfile
+
+    with signals_deferred(), _logs_lock:
+        path = tempfile.mkdtemp(prefix=prefix)
+        _scratch.append(path)
+    return Path(path)
+
+
+def remove_scratch(path: Path | str | None = None) -> None:
+    """Remove one scratch directory (None: every one this run still has)."""
+    import shutil
+
+    with _logs_lock:
+        paths = list(_scratch) if path is None else [str(path)]
+        for p in paths:
+            if p in _scratch:
+                _scratch.remove(p)
+    for p in paths:
+        shutil.rmtree(p, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- rank logs

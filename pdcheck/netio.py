@@ -100,7 +100,7 @@ def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes, ti
             total += len(frame)
             frames.append(frame)
             if len(frames) > MAX_FRAMES:
-                raise PeerError(f"the reply has more than {MAX_FRAMES} frames (vLLM sends 1 or 2)")
+                raise PeerError(f"the reply has more than {MAX_FRAMES} frames (at most {MAX_FRAMES} are read)")
             if total > MAX_REPLY_BYTES:
                 raise PeerError(f"the reply is over {MAX_REPLY_BYTES >> 20} MiB")
             if not sock.getsockopt(zmq.RCVMORE):
@@ -182,16 +182,22 @@ def http_exchange(url: str, timeout_s: float, max_body: int = MAX_HTTP_BODY, *, 
 
 
 def _resolve(host: str, port: int, deadline: float, timeout_s: float) -> tuple:
-    """getaddrinfo's first answer, within the deadline: the resolver has no timeout of its own, so a name is
-    looked up on a daemon thread that is abandoned if it does not answer in time."""
+    """getaddrinfo's first answer, within the deadline (lookup_all)."""
+    return lookup_all(host, port, deadline, timeout_s)[0]
+
+
+def lookup_all(host: str, port: int, deadline: float, timeout_s: float) -> list[tuple]:
+    """getaddrinfo's answers (TCP), within the deadline: the resolver has no timeout of its own, so a name is
+    looked up on a daemon thread that is abandoned if it does not answer in time. ReplyTimeout when it does not,
+    Unreachable when the name does not resolve."""
     import threading
 
     out: list = []
 
     def look() -> None:
         try:
-            out.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0])
-        except (OSError, IndexError) as exc:
+            out.append(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except (OSError, UnicodeError) as exc:
             out.append(exc)
 
     t = threading.Thread(target=look, name="pdcheck-resolve", daemon=True)
@@ -199,9 +205,17 @@ def _resolve(host: str, port: int, deadline: float, timeout_s: float) -> tuple:
     t.join(max(0.0, _left(deadline)))
     if not out:
         raise ReplyTimeout(f"{host}: no address within {timeout_s:g} s")
-    if isinstance(out[0], BaseException):
-        raise Unreachable(f"{host}: cannot resolve: {getattr(out[0], 'strerror', None) or out[0]}")
+    if isinstance(out[0], BaseException) or not out[0]:
+        why = getattr(out[0], "strerror", None) or out[0] or "no address"
+        raise Unreachable(f"{host}: cannot resolve: {why}")
     return out[0]
+
+
+def lookup(host: str, timeout_s: float) -> list[str]:
+    """Every address `host` names (its A and AAAA records; an IP literal: itself), in the resolver's order, once
+    each, within timeout_s (lookup_all's errors)."""
+    found = lookup_all(host, 0, deadline_in(timeout_s), timeout_s)
+    return list(dict.fromkeys(str(info[4][0]) for info in found))
 
 
 def _send_all(sock: socket.socket, data: bytes, deadline: float, timeout_s: float) -> None:
@@ -266,3 +280,91 @@ def _read_body(sock: socket.socket, got: bytes, want: int | None, max_body: int,
     if len(buf) > max_body:
         raise PeerError(f"a body over {max_body} bytes")
     return bytes(buf if want is None else buf[:want])
+
+
+# ------------------------------------------------------------------------------------------------ gRPC
+# One unary gRPC call over HTTP/2 (RFC 9113) on a plain socket, within one deadline: enough to ask a peer
+# whether it is the server it should be (a Ray GCS) before a client library that retries for minutes is let at
+# it. Request headers go as HPACK literals (RFC 7541 6.2.2, no Huffman, no table); the answer's headers are
+# not decoded: a DATA frame carrying a gRPC message on stream 1 is the answer, a HEADERS frame ending stream 1
+# without one is a trailers-only answer (an error status).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_H2_DATA, _H2_HEADERS, _H2_SETTINGS, _H2_PING, _H2_GOAWAY = 0x0, 0x1, 0x4, 0x6, 0x7
+_H2_END_STREAM, _H2_ACK = 0x1, 0x1
+MAX_H2_FRAME = 1 << 14  # the frame size a peer may send without asking (SETTINGS_MAX_FRAME_SIZE's default)
+MAX_GRPC_REPLY = 64 << 10  # bytes of an answer read in all (a Ray GetClusterId reply is ~40)
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return len(payload).to_bytes(3, "big") + bytes([kind, flags]) + stream.to_bytes(4, "big") + payload
+
+
+def _hpack_literal(name_index: int, value: str) -> bytes:
+    """A header field, literal value without indexing, its name from the static table (index < 15)."""
+    v = value.encode("ascii")
+    if len(v) >= 127:
+        raise ValueError("header value too long")
+    return bytes([name_index, len(v)]) + v
+
+
+def grpc_unary(host: str, port: int, path: str, message: bytes, timeout_s: float) -> bytes | None:
+    """The reply message of one unary gRPC call (None: the server answered with trailers only, an error status),
+    all within timeout_s. PeerError for anything that is not an HTTP/2 gRPC answer: silence, a connection
+    closed, bytes that are not HTTP/2 frames, a frame above MAX_H2_FRAME, more than MAX_GRPC_REPLY bytes."""
+    deadline = deadline_in(timeout_s)
+    try:
+        sock = socket.create_connection((host, port), timeout=max(0.001, _left(deadline)))
+    except TimeoutError:
+        raise ReplyTimeout(f"cannot connect to {host}:{port} within {timeout_s:g} s") from None
+    except OSError as exc:
+        raise Unreachable(f"cannot connect to {host}:{port}: {exc.strerror or exc}") from None
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    headers = (bytes([0x83, 0x86])  # :method POST, :scheme http (static table 3 and 6, indexed)
+               + _hpack_literal(4, path) + _hpack_literal(1, authority)
+               + bytes([0x0f, 0x10]) + b"\x10application/grpc"  # content-type (static 31: 4-bit prefix 15 + 16)
+               + b"\x00\x02te\x08trailers")
+    body = b"\x00" + len(message).to_bytes(4, "big") + message  # gRPC framing: not compressed, length, message
+    try:
+        _send_all(sock, _H2_PREFACE + _h2_frame(_H2_SETTINGS, 0, 0, b"")
+                  + _h2_frame(_H2_HEADERS, 0x4, 1, headers)  # END_HEADERS
+                  + _h2_frame(_H2_DATA, _H2_END_STREAM, 1, body), deadline, timeout_s)
+        buf = b""
+        got = 0
+        reply = bytearray()
+        while True:
+            while len(buf) < 9 or len(buf) < 9 + int.from_bytes(buf[:3], "big"):
+                if len(buf) >= 9 and int.from_bytes(buf[:3], "big") > MAX_H2_FRAME:
+                    raise PeerError(f"an HTTP/2 frame of {int.from_bytes(buf[:3], 'big')} bytes (not a gRPC server)")
+                chunk = _recv(sock, deadline, timeout_s)
+                if not chunk:
+                    raise PeerError("the connection closed before a gRPC answer")
+                got += len(chunk)
+                if got > MAX_GRPC_REPLY:
+                    raise PeerError(f"over {MAX_GRPC_REPLY >> 10} KiB without a gRPC answer")
+                buf += chunk
+            n = int.from_bytes(buf[:3], "big")
+            kind, flags, stream = buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF
+            payload, buf = buf[9:9 + n], buf[9 + n:]
+            if kind == _H2_SETTINGS and not flags & _H2_ACK:
+                _send_all(sock, _h2_frame(_H2_SETTINGS, _H2_ACK, 0, b""), deadline, timeout_s)
+            elif kind == _H2_PING and not flags & _H2_ACK:
+                _send_all(sock, _h2_frame(_H2_PING, _H2_ACK, 0, payload), deadline, timeout_s)
+            elif kind == _H2_GOAWAY:
+                raise PeerError("the server sent GOAWAY before answering")
+            elif kind > 0x9:
+                raise PeerError(f"HTTP/2 frame type {kind} (not an HTTP/2 server)")
+            elif stream == 1 and kind == _H2_DATA:
+                if flags & 0x8:  # PADDED
+                    pad = payload[0] if payload else 0
+                    payload = payload[1:len(payload) - pad]
+                reply += payload
+                if len(reply) >= 5 and len(reply) >= 5 + int.from_bytes(reply[1:5], "big"):
+                    return bytes(reply[5:5 + int.from_bytes(reply[1:5], "big")])
+            elif stream == 1 and kind == _H2_HEADERS and flags & _H2_END_STREAM:
+                return None if not reply else bytes(reply[5:])
+    except OSError as exc:
+        if isinstance(exc, TimeoutError):
+            raise ReplyTimeout(f"no gRPC answer within {timeout_s:g} s") from None
+        raise PeerError(f"{type(exc).__name__}: {exc}") from None
+    finally:
+        sock.close()

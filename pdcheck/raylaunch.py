@@ -131,7 +131,7 @@ class RayLauncher(RankLauncher[RayRank]):
         self.address = address
         # Before ray.init, which retries an absent cluster for minutes; the local end of that connection is the
         # address the cluster reaches this process at, where D ranks find the parent's held ports.
-        local = _reachable(address)
+        local = _reachable(address, place_timeout_s)
         try:
             # log_to_driver off: stdout is the report's (--json); rank logs come back by RankActor.log.
             ray.init(address=address, log_to_driver=False, logging_level="WARNING", configure_logging=True)
@@ -262,10 +262,15 @@ class RayLauncher(RankLauncher[RayRank]):
             ray.kill(a)
 
 
-def _reachable(address: str) -> str | None:
-    """BadInput unless a Ray cluster's GCS accepts connections at `address` ('auto': the one this node's
-    `ray start` recorded, or RAY_ADDRESS); returns this end's address of that connection. Ray Client
-    addresses (ray://) are left to ray.init (None)."""
+GCS_ANSWER_S = 10.0  # a Ray GCS answers GetClusterId in milliseconds; more than this is no GCS to run on
+CLUSTER_ID_BYTES = 28  # Ray's ClusterID (a UniqueID)
+
+
+def _reachable(address: str, timeout_s: float = GCS_ANSWER_S) -> str | None:
+    """BadInput unless a Ray cluster's GCS answers at `address` ('auto': the one this node's `ray start`
+    recorded, or RAY_ADDRESS) within min(timeout_s, GCS_ANSWER_S); returns this end's address of that connection.
+    Asked before ray.init, which retries an address that accepts TCP but is no GCS (a silent port, one that sends
+    junk) for minutes, printing its warnings. Ray Client addresses (ray://) are left to ray.init (None)."""
     if address.startswith("ray://"):
         return None
     from ray._private.services import canonicalize_bootstrap_address
@@ -277,15 +282,64 @@ def _reachable(address: str) -> str | None:
     if addr is None:
         raise BadInput(f"--ray {address}: expected the address of a running Ray cluster (HOST:PORT or auto)")
     host, _, port = addr.rpartition(":")
-    if not host or not port.isdigit():
+    if not host or not (port.isascii() and port.isdigit()):
         raise BadInput(f"--ray {address}: expected HOST:PORT of a Ray cluster's head (or auto)")
+    wait = min(timeout_s, GCS_ANSWER_S)
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=3) as conn:
-            return str(conn.getsockname()[0])
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=min(wait, 3)) as conn:
+            local = str(conn.getsockname()[0])
     except (OSError, ValueError) as exc:
         why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise BadInput(f"--ray {address}: no Ray cluster answers at {addr} ({why}; start one with `ray start "
                        f"--head`)") from None
+    from pdcheck.bounds import peer_text
+    from pdcheck.netio import PeerError, grpc_unary
+
+    try:
+        reply = grpc_unary(host.strip("[]"), int(port), "/ray.rpc.NodeInfoGcsService/GetClusterId", b"", wait)
+    except PeerError as exc:
+        raise BadInput(f"--ray {address}: {addr} accepts connections but is not a Ray cluster's GCS "
+                       f"({peer_text(str(exc), 120)})") from None
+    if reply is not None and _proto_bytes(reply, 2) is None:
+        raise BadInput(f"--ray {address}: {addr} answers gRPC but not as a Ray GCS (no cluster id)")
+    return local
+
+
+def _proto_bytes(msg: bytes, field: int) -> bytes | None:
+    """A length-delimited field of a protobuf message (the GCS's GetClusterIdReply.cluster_id), None if absent
+    or not CLUSTER_ID_BYTES long, or if the message does not parse."""
+    i = 0
+
+    def varint() -> int:
+        nonlocal i
+        out = shift = 0
+        while i < len(msg) and shift < 64:
+            b = msg[i]
+            i += 1
+            out |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return out
+            shift += 7
+        raise ValueError("truncated varint")
+
+    try:
+        while i < len(msg):
+            key = varint()
+            num, kind = key >> 3, key & 7
+            if kind == 0:
+                varint()
+            elif kind == 2:
+                n = varint()
+                value, i = msg[i:i + n], i + n
+                if num == field:
+                    return value if len(value) == CLUSTER_ID_BYTES else None
+            elif kind in (1, 5):
+                i += 8 if kind == 1 else 4
+            else:
+                return None
+    except ValueError:
+        return None
+    return None
 
 
 def _short(exc: BaseException) -> str:

@@ -143,3 +143,46 @@ def _dev(ns: str) -> str:
     return out.split(":")[1].strip().split("@")[0]
 
 
+
+
+@contextmanager
+def _bridged(n: int, names: dict[str, list[int]] | None = None) -> Iterator[list[tuple[str, str, str]]]:
+    """n fresh network namespaces on one bridge, a switch in a namespace of its own (every pair of them a real
+    link): [(namespace, its address, its device)]. names: host names each namespace resolves (its
+    /etc/netns/NS/hosts, which `ip netns exec` mounts over /etc/hosts), name -> the indexes it names (several:
+    every address, as a headless Service's name gives every pod's)."""
+    if shutil.which("ip") is None:
+        pytest.skip("network namespaces: no `ip` command here")
+    tag = uuid.uuid4().hex[:6]
+    hub = f"pdck-hub-{tag}"
+    spokes = [(f"pdck-{i}-{tag}", f"10.232.0.{i + 1}", f"pdn{i}{tag}") for i in range(n)]
+    made: list[str] = []
+    try:
+        try:
+            _ip("netns", "add", hub)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            pytest.skip(f"network namespaces cannot be created here (needs root / CAP_SYS_ADMIN): {exc}")
+        made.append(hub)
+        _ip("-n", hub, "link", "add", "br0", "type", "bridge")
+        _ip("-n", hub, "link", "set", "br0", "up")
+        for i, (ns, ip, dev) in enumerate(spokes):
+            _ip("netns", "add", ns)
+            made.append(ns)
+            _ip("link", "add", dev, "type", "veth", "peer", "name", f"pdh{i}{tag}")
+            _ip("link", "set", dev, "netns", ns)
+            _ip("link", "set", f"pdh{i}{tag}", "netns", hub)
+            _ip("-n", hub, "link", "set", f"pdh{i}{tag}", "master", "br0")
+            _ip("-n", hub, "link", "set", f"pdh{i}{tag}", "up")
+            _ip("-n", ns, "addr", "add", f"{ip}/24", "dev", dev)
+            _ip("-n", ns, "link", "set", dev, "up")
+            _ip("-n", ns, "link", "set", "lo", "up")
+            if names:
+                etc = Path("/etc/netns") / ns
+                etc.mkdir(parents=True, exist_ok=True)
+                lines = ["127.0.0.1 localhost"] + [f"{spokes[k][1]} {name}" for name, ks in names.items() for k in ks]
+                (etc / "hosts").write_text("\n".join(lines) + "\n")
+        yield spokes
+    finally:
+        for ns in made:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=20)  # takes its veths along
+            shutil.rmtree(Path("/etc/netns") / ns, ignore_errors=True)

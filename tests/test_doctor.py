@@ -17,9 +17,9 @@ import pytest
 from portkit import free_run, refusing
 
 from pdcheck.doctor import envcheck, netdevs
+from pdcheck.doctor.addr import Endpoint, advertised, parse_listen, parse_peer
 from pdcheck.doctor.model import check, exit_code, summary
 from pdcheck.doctor.netdevs import Devices, Gpu, Nic, RdmaPort
-from pdcheck.doctor.pair import check_advertised, parse_listen, parse_peer
 from pdcheck.errors import BadInput
 from pdcheck.netio import PeerError
 
@@ -171,17 +171,23 @@ def test_exit_rule() -> None:
 
 
 def test_addresses() -> None:
-    assert parse_listen("") == ("127.0.0.1", 0)
-    assert parse_listen("10.0.0.5") == ("10.0.0.5", 0)
-    assert parse_listen("[::1]:7777") == ("::1", 7777)
-    assert parse_peer("10.0.0.5:7777") == ("10.0.0.5", 7777)
-    for bad in ("10.0.0.5", "node-a:7777", "10.0.0.5:0", "10.0.0.5:x"):
+    assert parse_listen("") == Endpoint("127.0.0.1", "127.0.0.1", 0)
+    assert parse_listen("10.0.0.5") == Endpoint("10.0.0.5", "10.0.0.5", 0)
+    assert parse_listen("[::1]:7777") == Endpoint("::1", "::1", 7777)
+    assert parse_peer("10.0.0.5:7777") == Endpoint("10.0.0.5", "10.0.0.5", 7777)
+    # a name is resolved once, and shown with the address it resolved to
+    local = parse_peer("localhost:7777")
+    assert local.host == "localhost" and local.ip in ("127.0.0.1", "::1") and local.label.startswith("localhost:7777 (")
+    for bad in ("10.0.0.5", "10.0.0.5:0", "10.0.0.5:x", "10.0.0.5:\u00b3", "10.0.0.5:\u0663", "no such host!:7777",
+                "pdcheck-no-such-host.invalid:7777"):
         with pytest.raises(BadInput):
             parse_peer(bad)
-    assert check_advertised("10.0.0.5:7777", "w") == ("10.0.0.5", 7777)
-    for lie in ("0.0.0.0:7777", "node-a:7777", "10.0.0.5:99999"):
+    with pytest.raises(BadInput):
+        parse_listen("127.0.0.1:\u00b2")
+    assert advertised("10.0.0.5:7777", "w") == Endpoint("10.0.0.5", "10.0.0.5", 7777)
+    for lie in ("0.0.0.0:7777", "pdcheck-no-such-host.invalid:7777", "10.0.0.5:99999", "not an address", "\x1b[2J:1"):
         with pytest.raises(PeerError):
-            check_advertised(lie, "w")
+            advertised(lie, "w")
 
 
 # ------------------------------------------------------------------------------------------------ real processes
@@ -253,6 +259,38 @@ def test_pair_on_loopback() -> None:
     assert any(d.startswith("cma/") for d in peer["pair"]["local"]["data"])
     assert listen["pair"]["remote"]["data"] == peer["pair"]["local"]["data"]
     assert peer["pair"]["remote"]["transports"]  # the listener's own protocol tables
+    # each end names itself and the other by address and role, never by a bind-all address
+    assert listen["pair"]["local"]["host"] == "127.0.0.1" and listen["pair"]["local"]["role"] == "prefill"
+    assert peer["pair"]["remote"]["host"] == "127.0.0.1" and peer["pair"]["local"]["role"] == "decode"
+    # one host: both ends WARN that no link was exercised, naming the payload's and the prefill end's lanes
+    for doc in (peer, listen):
+        c = next(c for c in doc["checks"] if c["name"] == "pair transfer")
+        assert c["status"] == "WARN" and "no link exercised" in c["detail"], c
+        assert "the prefill end's UCX lanes: " in c["detail"] and "cma/memory" in c["detail"], c
+
+
+def test_pair_table_names_both_ends_lanes() -> None:
+    """The table's pair lines: the prefill end's lanes (it READs nothing, so no 'payload over -'), the decode end's
+    payload, and a bind-all listener named by the address it advertises."""
+    p = subprocess.Popen([sys.executable, "-m", "pdcheck", "doctor", "--listen", "0.0.0.0:0", "--timeout", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**ENV, "COLUMNS": "300"},
+                         cwd=ROOT)
+    assert p.stderr is not None
+    line = p.stderr.readline()
+    port = int(line.split("listening on 0.0.0.0:")[1].split()[0])
+    adv = line.split("(advertising ")[1].split(":")[0]
+    try:
+        r = _cli("--peer", f"127.0.0.1:{port}", "--timeout", "20", "--no-transfer")
+        out, _err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert r.returncode == 0 and p.returncode == 0, r.stderr
+    both = out + r.stdout
+    assert "payload over -" not in both, both[max(0, both.find("payload over -") - 300):][:400]
+    assert ", 0.0.0.0)" not in both, both
+    assert f"this end (prefill, {adv}): UCX lanes " in out, out
+    assert "other end (decode, 127.0.0.1): payload over cma/memory" in out, out
+    assert f"other end (prefill, {adv}): UCX lanes " in r.stdout, r.stdout
 
 
 def _one_line_exit_3(r: subprocess.CompletedProcess[str]) -> str:
@@ -287,18 +325,15 @@ def test_lying_listener() -> None:
                            f"127.0.0.1:{lie}, where nothing answered (connection refused)"), err
 
 
-def test_bind_all_advertisement_is_refused() -> None:
-    """The peer refuses a bind-all advertisement, and the listener hears why over the address that answered."""
-    lis, port = _listener("--advertise", "0.0.0.0:7777")
-    try:
-        line = _one_line_exit_3(_cli("--peer", f"127.0.0.1:{port}", "--timeout", "20"))
-        assert "advertises 0.0.0.0:7777, a bind-all address" in line
-        _, err = lis.communicate(timeout=30)
-    finally:
-        lis.kill()
-    assert lis.returncode == 3
-    assert err.strip().splitlines()[-1].startswith(
-        "pdcheck: error: --listen: the peer says this listener advertises 0.0.0.0:7777, a bind-all address"), err
+def test_advertisements_that_cannot_work_are_bad_input() -> None:
+    """A bind-all address, a name that does not resolve, or no address at all: refused before anything starts
+    (the peer's side of a bind-all advertisement: tests/test_hostile_doctor.py)."""
+    for adv, says in (("0.0.0.0:7777", "a bind-all address"), ("not an address", "is not HOST:PORT"),
+                      ("pdcheck-no-such-host.invalid:7777", "does not resolve here")):
+        r = _cli("--listen", "127.0.0.1:0", "--advertise", adv, "--timeout", "60")
+        assert r.returncode == 2, (adv, r.stderr)
+        assert r.stderr.startswith("pdcheck: error: --advertise: ") and says in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
 
 
 def test_trickling_peer() -> None:
@@ -345,7 +380,7 @@ def test_listener_without_peer_and_with_garbage() -> None:
     s.send(b"\x93garbage")
     _, err = lis.communicate(timeout=30)
     s.close(0)
-    assert lis.returncode == 3 and "not a pdcheck-doctor/1 message" in err.strip().splitlines()[-1]
+    assert lis.returncode == 3 and "not a pdcheck-doctor/2 message" in err.strip().splitlines()[-1]
 
 
 def test_fake_devices_feed_the_pure_rules() -> None:

@@ -73,11 +73,13 @@ def test_pair_matrix_on_two_ray_nodes() -> None:
     assert doc["mode"] == "ray" and cl["selection"] == "prefill x decode" and cl["concurrency"] == 1
     assert len(cl["nodes"]) == 2 and {tuple(n["roles"]) for n in cl["nodes"]} == {("prefill",), ("decode",)}
     (p,) = cl["pairs"]
-    assert p["status"] == "PASS" and p["checked"] > 0 and p["wrong"] == 0 and p["gbps"] > 0, p
+    assert p["checked"] > 0 and p["wrong"] == 0 and p["gbps"] > 0, p
     assert p["prefill"] != p["decode"] and p["data"], p  # two Ray nodes; UCX named the payload's transport
     names = [c["name"] for c in doc["checks"]]
     assert names == ["ray cluster", f"pair {p['prefill']} -> {p['decode']}"]
     assert f"payload over {p['data'][0]}" in doc["checks"][1]["detail"]
+    # both Ray nodes run on this one host: the payload went by shared memory, and the pair says no link was tested
+    assert p["status"] == "WARN" and "no link exercised" in p["detail"], p
     # the same pair with --expect rc (no RDMA here): FAIL, exit 1, the matrix names what carried it
     assert table.code == 1, table.err
     out = table.out

@@ -97,24 +97,25 @@ def test_payload_over_tcp_across_the_veth_link(link) -> None:
 
 def test_payload_not_over_the_transport_asked_for(link) -> None:
     """UCX_NET_DEVICES names the veth on both nodes and the peer expects tcp, but both namespaces share one
-    host's memory: UCX moves the payload by CMA. The listener WARNs (its UCX_NET_DEVICES asked for the
-    network), the peer FAILs (--expect tcp), each saying what carried the payload."""
+    host's memory: UCX moves the payload by CMA. Both ends FAIL (the peer's --expect travels in its Hello: both
+    ends judge against it) and say that no link was exercised, naming what carried the payload and each end's
+    UCX lanes; the listener adds that its UCX_NET_DEVICES asked for the network."""
     ns, a_ip, _, dev_a, dev_b = link
     lis, peer, _ = _pair(ns, a_ip, env_a={"UCX_NET_DEVICES": dev_a}, env_b={"UCX_NET_DEVICES": dev_b},
                          peer=("--expect", "tcp"))
     assert peer.code == 1, peer.err
-    assert lis.code == 0, lis.err
+    assert lis.code == 1, lis.err
     data = peer.doc()["pair"]["local"]["data"]
     assert data and all(x.startswith("cma/") for x in data), data
-    c = peer.check("pair transfer")
-    assert c["status"] == "FAIL", c
-    assert "the payload went over cma/memory" in c["detail"] and "--expect asks for tcp" in c["detail"], c
-    assert f"UCX_NET_DEVICES={dev_b}" in c["fix"]
-    c = lis.check("pair transfer")
-    assert c["status"] == "WARN", c
-    assert f"UCX_NET_DEVICES={dev_a} asks for the network, but cma/memory" in c["detail"], c
-    assert "shared memory" in c["detail"]
-    assert "failed: pair transfer" in peer.doc()["summary"]
+    assert lis.doc()["pair"]["expect"] == peer.doc()["pair"]["expect"] == ["tcp"]
+    for end, dev in ((peer, dev_b), (lis, dev_a)):
+        c = end.check("pair transfer")
+        assert c["status"] == "FAIL", c
+        assert "the payload went over cma/memory" in c["detail"] and "--expect asks for tcp" in c["detail"], c
+        assert "no link exercised" in c["detail"] and "the prefill end's UCX lanes: " in c["detail"], c
+        assert f"UCX_NET_DEVICES={dev}" in c["fix"]
+        assert "failed: pair transfer" in end.doc()["summary"]
+    assert f"UCX_NET_DEVICES={dev_a} asks for the network" in lis.check("pair transfer")["detail"]
 
 
 def test_loopback_devices_cannot_reach_the_other_node(link) -> None:

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,6 +14,7 @@ import msgspec
 import numpy as np
 
 import pdcheck
+from pdcheck import lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.bench import envinfo, measure, schema, tables
@@ -64,7 +63,7 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
     if "UCX_PROTO_INFO" not in os.environ:
         ucx["UCX_PROTO_INFO"] = "y"  # the protocol tables we parse for the transport diagnosis
     env = {**os.environ, **ucx}
-    log_dir = cfg.log_dir or Path(tempfile.mkdtemp(prefix="pdcheck-bench-"))
+    log_dir = cfg.log_dir or lifecycle.scratch_dir("pdcheck-bench-")
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         with launcher(cfg.ray, cfg.timeout) as lau:
@@ -74,7 +73,7 @@ def run(cfg: BenchConfig, progress: ProgressFn | None = None) -> Outcome:
         proto = "\n".join(_read(_log(log_dir, rid)) for rid in everyone if rid.role == "D")
     finally:
         if cfg.log_dir is None:
-            shutil.rmtree(log_dir, ignore_errors=True)
+            lifecycle.remove_scratch(log_dir)
 
     diag = diagnose(parse_proto_info(proto))
     pinning = {rid.short: ready[rid].cores for rid in everyone}

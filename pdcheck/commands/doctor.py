@@ -19,6 +19,9 @@ EPILOG = f"""[bold]Examples[/]
   pdcheck doctor --peer 10.0.0.5:7777            [dim]# on node B[/]
   [dim]# a Ray cluster: every prefill x decode node pair, 4 at a time[/]
   pdcheck doctor --ray 10.0.0.1:6379 --pairs 4
+  [dim]# without Ray: a listener on every node, then every pair of them[/]
+  pdcheck doctor --listen 0.0.0.0:7777 --keep-listening   [dim]# on each node[/]
+  pdcheck doctor --matrix pdcheck-doctor.default.svc:7777   [dim]# anywhere[/]
 
 {exit_codes("every check PASS, WARN or SKIP", "a check FAILs")}
 Exit 3 also names a peer that is dead, silent, lies about its address or breaks
@@ -34,20 +37,28 @@ def register(app: Any) -> None:
         listen: Annotated[str | None, Opt(metavar="[HOST:PORT]", rich_help_panel=PAIR, show_default=False,
                                           help="Wait for one `doctor --peer` and serve it a real transfer "
                                                "(HOST:PORT, HOST, or '' for 127.0.0.1 on a port the OS picks, "
-                                               "printed on stderr).")] = None,
+                                               "printed on stderr; HOST an address or a name).")] = None,
+        keep_listening: Annotated[bool, Opt("--keep-listening", rich_help_panel=PAIR,
+                                            help="With --listen: serve one peer or --matrix pair after another "
+                                                 "until stopped (a DaemonSet's pod), one report per pair.")] = False,
         peer: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=PAIR, show_default=False,
-                                        help="Run a real transfer with the `doctor --listen` at HOST:PORT.")] = None,
+                                        help="Run a real transfer with the `doctor --listen` at HOST:PORT (HOST "
+                                             "an address, a host name or a Service's name).")] = None,
         advertise: Annotated[str | None, Opt(metavar="HOST:PORT", rich_help_panel=PAIR, show_default=False,
                                              help="With --listen: the address the peer is told to use after its "
                                                   "first exchange (behind NAT; default: the --listen address, or "
                                                   "this node's address for a bind-all one).")] = None,
+        matrix: Annotated[str | None, Opt(metavar="HOST:PORT[,...]", rich_help_panel=PAIR, show_default=False,
+                                          help="Every pair of these `--listen --keep-listening` listeners tests "
+                                               "each other (every address of each HOST: a headless Service's "
+                                               "name gives every pod); a matrix, broken pairs first.")] = None,
         ray: Annotated[str | None, Opt(metavar="ADDRESS", rich_help_panel=PAIR, show_default=False,
                                        help="The two-node check between nodes of this Ray cluster (HOST:PORT or "
                                             "auto): every pdcheck_prefill node x every pdcheck_decode node, or "
                                             "every pair of nodes without those resources; a matrix, slow and "
                                             "broken pairs first.")] = None,
         pairs: Annotated[int, Opt(metavar="N", rich_help_panel=PAIR,
-                                  help="With --ray: how many pairs run at a time.")] = 4,
+                                  help="With --ray or --matrix: how many pairs run at a time.")] = 4,
         expect: Annotated[str | None, Opt(metavar="TRANSPORT[,...]", rich_help_panel=PAIR, show_default=False,
                                           help="Two nodes: the transport or device the payload must use (rc, "
                                                "rc_mlx5, tcp, cma, cuda_ipc, sm, mlx5_2:1, eth0); FAIL when "
@@ -64,42 +75,57 @@ def register(app: Any) -> None:
         plugins, RDMA ports, NICs and GPUs, the environment that breaks P/D, and a real transfer with the
         transfer proof, each check PASS, WARN, FAIL or SKIP with the fix in one line."""
         # Ctrl-C and SIGTERM are cli.main's (pdcheck.lifecycle): every launcher here closes in a finally.
-        raise typer.Exit(_run(listen, peer, advertise, timeout, no_transfer, json_out, expect, ray, pairs))
+        raise typer.Exit(_run(listen, peer, advertise, timeout, no_transfer, json_out, expect, ray, pairs, matrix,
+                              keep_listening))
 
 
 def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: float, no_transfer: bool,
-         json_out: bool, expect: str | None = None, ray: str | None = None, pairs: int = 4) -> int:
+         json_out: bool, expect: str | None = None, ray: str | None = None, pairs: int = 4,
+         matrix: str | None = None, keep_listening: bool = False) -> int:
     from pdcheck import bounds, progress
-    from pdcheck.doctor import pair, run
+    from pdcheck.doctor import addr, pair, run
     from pdcheck.errors import BadInput
 
     if listen is not None and peer is not None:
         raise BadInput("--listen and --peer are exclusive: one node listens, the other dials it")
-    if ray is not None and (listen is not None or peer is not None):
-        raise BadInput("--ray runs every pair itself: not with --listen or --peer")
+    modes = [f for f, v in (("--listen", listen), ("--peer", peer), ("--ray", ray), ("--matrix", matrix))
+             if v is not None]
+    if len(modes) > 1:
+        raise BadInput(f"{modes[-1]}: not with {modes[0]} ({modes[-1]} runs every pair itself)" if modes[-1] in
+                       ("--ray", "--matrix") else f"{modes[0]} and {modes[1]} are exclusive")
     if not 1 <= pairs <= 64:
         raise BadInput(f"--pairs: {pairs} is not from 1 to 64")
     if advertise is not None and listen is None:
         raise BadInput("--advertise: only with --listen")
+    if keep_listening and listen is None:
+        raise BadInput("--keep-listening: only with --listen")
     bounds.check_seconds("--timeout", timeout, bounds.PROBE_TIMEOUT_S)
-    where = pair.parse_listen(listen) if listen is not None else None
-    target = pair.parse_peer(peer) if peer is not None else None
     wanted = pair.parse_expect(expect)
-    if wanted and where is None and target is None and ray is None:
-        raise BadInput("--expect: only with --listen, --peer or --ray (it judges a transfer between nodes)")
+    where = addr.parse_listen(listen) if listen is not None else None
+    adv = addr.parse_advertise(advertise) if advertise is not None else None
+    target = addr.parse_peer(peer) if peer is not None else None
+    if wanted and where is None and target is None and ray is None and matrix is None:
+        raise BadInput("--expect: only with --listen, --peer, --matrix or --ray (it judges a transfer between "
+                       "nodes)")
     if ray is not None:
         from pdcheck.launcher import check_ray
 
         check_ray(ray)
         report = run.cluster_checks(ray, pairs, timeout, wanted)
         return _emit(report, run.finish(report), json_out)
+    if matrix is not None:
+        listeners = addr.parse_matrix(matrix)
+        report = run.matrix_checks(listeners, matrix, pairs, timeout, wanted)
+        return _emit(report, run.finish(report), json_out)
+    if where is not None and keep_listening:
+        return _keep_listening(where, adv, timeout, wanted, json_out)
     with progress.stderr_progress(enabled=not json_out, refresh_thread=False) as tick:
         report = run.node_checks(multi_node=where is not None or target is not None, tick=tick,
                                  transfer=not no_transfer and where is None and target is None)
         t0, before = time.monotonic(), len(report.checks)
         if where is not None:
             report.mode = "listen"
-            pair.listen(report, where, timeout, advertise, wanted)
+            pair.listen(report, where, timeout, adv, wanted)
         elif target is not None:
             report.mode = "peer"
             pair.dial(report, target, timeout, wanted)
@@ -108,6 +134,35 @@ def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: f
             c.seconds = round(took, 3)
         report.seconds = round(report.seconds + took, 3)
     return _emit(report, run.finish(report), json_out)
+
+
+def _keep_listening(where: Any, adv: str | None, timeout: float, wanted: list[str], json_out: bool) -> int:
+    """--listen --keep-listening: this node's checks once, then one report per pair served (a JSON line each with
+    --json) until a signal ends the run (128 + the signal); a session that fails is one line on stderr."""
+    import sys
+
+    import msgspec
+
+    from pdcheck.doctor import pair, run
+    from pdcheck.errors import one_line
+
+    base = run.node_checks(multi_node=True, transfer=False)
+    base.mode = "listen"
+
+    def on_session(n: int, served: Any, error: str | None) -> None:
+        if served is None:
+            sys.stderr.write(f"pdcheck doctor: session {n}: {one_line(error or 'no pair')}\n")
+            sys.stderr.flush()
+            return
+        report = msgspec.structs.replace(base, checks=list(base.checks))
+        pair.record(report, served)
+        try:
+            _emit(report, run.finish(report), json_out)
+        except typer.Exit:
+            pass
+
+    pair.listen_forever(where, timeout, adv, wanted, on_session)
+    return 0  # not reached: it serves until a signal
 
 
 def _emit(report: Any, code: int, json_out: bool) -> int:

@@ -10,12 +10,9 @@ name it. At most --pairs pairs run at a time; each pair's actors end when it doe
 
 from __future__ import annotations
 
-import shutil
 import statistics
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -53,8 +50,8 @@ class PairRow(msgspec.Struct):
 
 
 class ClusterResult(msgspec.Struct):
-    address: str
-    selection: str  # "prefill x decode" or "every pair"
+    address: str  # the Ray cluster's address, or the --matrix listeners as given
+    selection: str  # "prefill x decode" or "every pair" (--ray); "every pair of listeners" (--matrix)
     nodes: list[Node]
     concurrency: int
     median_gbps: float
@@ -105,7 +102,7 @@ def run(address: str, pairs_at_once: int, timeout: float, expect: list[str]) -> 
     finally:
         lau.close()
     med = order(rows)
-    checks = [_as_check(r) for r in rows]
+    checks = [as_check(r) for r in rows]
     return ClusterResult(address, how, nodes, width, round(med, 4), rows), checks
 
 
@@ -121,11 +118,14 @@ def order(rows: list[PairRow]) -> float:
     return med
 
 
-def _as_check(r: PairRow) -> Check:
+def as_check(r: PairRow, fail_fix: str | None = None) -> Check:
+    """A pair's row as a check; fail_fix: what to run for a broken pair (default: --listen/--peer on its nodes)."""
     fix = None
     if r.status == "FAIL":
-        fix = (f"run `pdcheck doctor --listen` on {r.prefill.split()[0]} and `pdcheck doctor --peer` on "
-               f"{r.decode.split()[0]} for both ends' evidence")
+        fix = fail_fix or (f"run `pdcheck doctor --listen` on {r.prefill.split()[0]} and `pdcheck doctor --peer` "
+                           f"on {r.decode.split()[0]} for both ends' evidence")
+    elif r.status == "WARN" and "no link exercised" in r.detail:
+        fix = "the pair's two ends run on one host: put one per host (a DaemonSet's listeners, Ray nodes) to test a link"
     elif r.status == "WARN":
         fix = "compare this pair's NICs and UCX_NET_DEVICES with a fast pair's (`pdcheck doctor` on both nodes)"
     c = check(f"pair {r.prefill} -> {r.decode}", r.status, r.detail, fix)
@@ -140,7 +140,9 @@ def _one(lau: Any, i: int, p_node: Node, d_node: Node, timeout: float, expect: l
     t0 = time.monotonic()
     pk, dk = ("P", i), ("D", i)
     prid, drid = RankId("P", i), RankId("D", i)
-    logs = Path(tempfile.mkdtemp(prefix="pdcheck-doctor-ray-"))
+    from pdcheck import lifecycle
+
+    logs = lifecycle.scratch_dir("pdcheck-doctor-ray-")
     try:
         try:
             where = lau.place([pk, dk], nodes={pk: p_node.node_id, dk: d_node.node_id})
@@ -179,4 +181,4 @@ def _one(lau: Any, i: int, p_node: Node, d_node: Node, timeout: float, expect: l
         return PairRow(label(p_node), label(d_node), status, gbps, got.checked, got.wrong, d_end.data,
                        d_end.notifications, detail, round(time.monotonic() - t0, 3))
     finally:
-        shutil.rmtree(logs, ignore_errors=True)
+        lifecycle.remove_scratch(logs)

@@ -5,8 +5,6 @@ plugin that hangs or crashes while it initialises is reported, not inherited."""
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import time
 
 import msgspec
@@ -63,9 +61,10 @@ def probe_main(conn: object, spec: bytes) -> None:
 
 def probe(deadline_s: float) -> Probe:
     """The Probe from a child forked by pdcheck's launcher; HarnessError when it dies or overruns."""
+    from pdcheck import lifecycle
     from pdcheck.launcher import Launcher
 
-    log_dir = tempfile.mkdtemp(prefix="pdcheck-doctor-")
+    log_dir = str(lifecycle.scratch_dir("pdcheck-doctor-"))
     lau = Launcher()
     try:
         rank = lau.start("P", 0, probe_main, b"", log=os.path.join(log_dir, "plugins.log"))
@@ -83,7 +82,7 @@ def probe(deadline_s: float) -> Probe:
         return msgspec.msgpack.decode(data, type=Probe)
     finally:
         lau.close()
-        shutil.rmtree(log_dir, ignore_errors=True)
+        lifecycle.remove_scratch(log_dir)
 
 
 def _tail(log_dir: str) -> str:

@@ -20,7 +20,7 @@ Tick = Callable[[str, int, int, str], None]
 class Report(msgspec.Struct):
     """The whole diagnosis: what --json prints and the table shows."""
 
-    mode: str  # "node", "listen", "peer" or "ray"
+    mode: str  # "node", "listen", "peer", "ray" or "matrix"
     summary: str
     checks: list[Check]
     versions: versions.Versions
@@ -30,7 +30,7 @@ class Report(msgspec.Struct):
     exports: list[str]  # what to export for the framework installed here, from the checks' fixes
     transfers: list[loopback.Transfer]
     pair: object | None = None  # pdcheck.doctor.pair.PairResult in --listen/--peer mode
-    cluster: object | None = None  # pdcheck.doctor.cluster.ClusterResult in --ray mode
+    cluster: object | None = None  # pdcheck.doctor.cluster.ClusterResult in --ray and --matrix mode
     seconds: float = 0.0
 
 
@@ -110,6 +110,21 @@ def cluster_checks(address: str, pairs: int, timeout: float, expect: list[str]) 
     out.insert(0, check("ray cluster", "PASS", f"{address}: {len(res.nodes)} live node(s); {len(res.pairs)} pair(s) "
                         f"({res.selection}), {res.concurrency} at a time"))
     return Report(mode="ray", summary=summary(out), checks=out, versions=vers, plugins=[],
+                  devices=netdevs.Devices([], [], []), suggested_ucx_net_devices=None, exports=[], transfers=[],
+                  cluster=res, seconds=round(time.monotonic() - t0, 3))
+
+
+def matrix_checks(listeners: list, spec: str, pairs: int, timeout: float, expect: list[str]) -> Report:
+    """--matrix: every pair of the listeners (pdcheck.doctor.matrix), as --ray's matrix."""
+    from pdcheck.doctor import matrix
+
+    t0 = time.monotonic()
+    vers = within("versions", DEADLINE_S["versions"], versions.collect)[0] or versions.collect_fallback()
+    res, out = matrix.run(listeners, spec, pairs, timeout, expect)
+    names = ", ".join(n.address if n.node_id == "?" else f"{n.node_id} {n.address}" for n in res.nodes)
+    out.insert(0, check("listeners", "PASS", f"{len(res.nodes)} listener(s): {names}; {len(res.pairs)} pair(s) "
+                        f"({res.selection}), {res.concurrency} at a time"))
+    return Report(mode="matrix", summary=summary(out), checks=out, versions=vers, plugins=[],
                   devices=netdevs.Devices([], [], []), suggested_ucx_net_devices=None, exports=[], transfers=[],
                   cluster=res, seconds=round(time.monotonic() - t0, 3))
 
