@@ -38,6 +38,14 @@ class Support(msgspec.Struct, frozen=True):
         return self.flags is None or param in self.flags
 
 
+class DoctorContext(msgspec.Struct, frozen=True, kw_only=True):
+    """What `pdcheck doctor` knows of this node when it asks a framework for its environment rules."""
+
+    devices: Any  # pdcheck.doctor.netdevs.Devices: NICs (addresses), RDMA ports, GPUs
+    multi_node: bool  # a pair or cluster run: P and D on different nodes
+    installed: str | None  # the framework's distribution installed here (its version), None if absent
+
+
 class HandshakeArgs(msgspec.Struct, frozen=True, kw_only=True):
     """`pdcheck handshake`."""
 
@@ -221,7 +229,7 @@ class Framework:
         """`pdcheck requests`: the request path after the handshake."""
         raise NotImplementedError
 
-    def doctor_checks(self, env: Mapping[str, str], context: Any) -> list[Any]:
+    def doctor_checks(self, env: Mapping[str, str], context: DoctorContext) -> list[Any]:
         """`pdcheck doctor`: this framework's environment rules (pdcheck.doctor.model.Check each), judged
-        against `env`; context: pdcheck.doctor's facts about the node (devices, multi-node)."""
+        against `env` and what doctor knows of the node."""
         return []

@@ -22,6 +22,7 @@ from pdcheck.doctor.model import check, exit_code, summary
 from pdcheck.doctor.netdevs import Devices, Gpu, Nic, RdmaPort
 from pdcheck.errors import BadInput
 from pdcheck.netio import PeerError
+from pdcheck.vllm import doctor as vllm_doctor
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -127,28 +128,28 @@ def test_ucx_tls(tmp_path: Path, value: str | None, status: str) -> None:
 ])
 def test_side_channel_host(tmp_path: Path, value: str | None, multi: bool, status: str) -> None:
     env = {} if value is None else {"VLLM_NIXL_SIDE_CHANNEL_HOST": value}
-    c = envcheck.side_channel_host(env, _devs(tmp_path), vllm=True, multi_node=multi)
+    c = vllm_doctor.side_channel_host(env, _devs(tmp_path), vllm=True, multi_node=multi)
     assert c.status == status, c
     if status != "PASS":
         assert c.fix == "export VLLM_NIXL_SIDE_CHANNEL_HOST=10.0.0.5"
 
 
 def test_side_channel_host_without_vllm(tmp_path: Path) -> None:
-    assert envcheck.side_channel_host({}, _devs(tmp_path), vllm=False, multi_node=False).status == "SKIP"
+    assert vllm_doctor.side_channel_host({}, _devs(tmp_path), vllm=False, multi_node=False).status == "SKIP"
 
 
 def test_side_channel_ports(tmp_path: Path) -> None:
     devs = _devs(tmp_path)  # two GPUs: 5600 and 5601
-    assert envcheck.side_channel_ports({}, devs, is_free=lambda h, p: True).detail == "5600-5601 free on 0.0.0.0"
-    c = envcheck.side_channel_ports({"VLLM_NIXL_SIDE_CHANNEL_PORT": "7000"}, devs, is_free=lambda h, p: p != 7001)
+    assert vllm_doctor.side_channel_ports({}, devs, is_free=lambda h, p: True).detail == "5600-5601 free on 0.0.0.0"
+    c = vllm_doctor.side_channel_ports({"VLLM_NIXL_SIDE_CHANNEL_PORT": "7000"}, devs, is_free=lambda h, p: p != 7001)
     assert c.status == "WARN" and c.detail.startswith("7001 of 7000-7001")
-    assert envcheck.side_channel_ports({"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, devs).status == "FAIL"
+    assert vllm_doctor.side_channel_ports({"VLLM_NIXL_SIDE_CHANNEL_PORT": "x"}, devs).status == "FAIL"
     # a real port held by this test is seen as taken
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        c = envcheck.side_channel_ports({"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port),
+        c = vllm_doctor.side_channel_ports({"VLLM_NIXL_SIDE_CHANNEL_PORT": str(port),
                                          "VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1"}, Devices([], [], []))
         assert c.status == "WARN", c
 

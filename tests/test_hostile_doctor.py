@@ -41,6 +41,8 @@ RSS_MB = 1024
 # A terminal's escape sequences, a bell, a carriage return that rewrites the line, a newline that starts a fake
 # one, a C1 CSI, and a length far past every cap.
 EVIL = "\x1b[31mRED\x07\r\nFAKE: pdcheck: error: nothing\x9b2J\x00" + "x" * 5000
+# EVIL's head as the one renderer of untrusted text shows it (pdcheck.render.text, through bounds.peer_text)
+SHOWN = "\\x1b[31mRED\\x07\\r\\nFAKE: pdcheck: error: nothing\\x9b2J\\x00"
 CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
 
 
@@ -232,7 +234,7 @@ PEER_CASES = [
     ("infinite-bandwidth", {"Result": {"gbps": float("inf")}}, 3, "reports a bandwidth = inf GB/s"),
     ("negative-latency", {"Result": {"p50_us": -1.0}}, 3, "reports a median latency = -1.0 µs"),
     ("escapes-in-hello", {"Hello": {"protocol": EVIL, "pdcheck": EVIL}}, 3, "the peer at 127.0.0.1 speaks"),
-    ("escapes-in-aborted", {"Result": {"__as__": "Aborted", "error": EVIL}}, 1, "the peer's READ failed: ?[31mRED?"),
+    ("escapes-in-aborted", {"Result": {"__as__": "Aborted", "error": EVIL}}, 1, "the peer's READ failed: \\x1b[31mRED\\x07"),
     ("metadata-unreadable", {"Result": {"__as__": "Aborted", "error": "NIXL_ERR_MISMATCH", "stage": "metadata"}},
      3, "its NIXL cannot read this listener's agent metadata"),
     ("escapes-in-evidence", {"End": {"host": EVIL, "data": [EVIL] * 100, "notifications": [EVIL],
@@ -254,13 +256,13 @@ def test_listener_against_a_hostile_peer(tmp: Path, mutation: dict, code: int, s
         lis.kill()
     contract(r, lis, code, within_s=180, says=says)
     if code == 0:  # the peer's words are in the table, made safe and cut with a mark of what was cut
-        assert "… (68 more)" in r.out and "?[31mRED???FAKE: pdcheck: error: nothing?2J?" in r.out, r.out[-3000:]
+        assert "… (68 more)" in r.out and SHOWN in r.out, r.out[-3000:]
 
 
 # ------------------------------------------------------------------------------- a hostile listener, the peer
 LISTENER_CASES = [
     ("refused-with-escapes", {"Offer": {"__as__": "Refused", "reason": EVIL}}, 3,
-     "the other end refused: ?[31mRED???FAKE"),
+     "the other end refused: " + SHOWN[:30]),
     ("garbage-metadata", {"Offer": {"metadata": "not NIXL metadata", "__bytes__": ["metadata"]}}, 3,
      "is not NIXL metadata this end's NIXL can read (NIXL_ERR_MISMATCH): a peer speaking garbage"),
     ("bind-all-advertised", {"Offer": {"advertise": "0.0.0.0:7777"}}, 3, "a bind-all address"),
@@ -287,7 +289,7 @@ def test_peer_against_a_hostile_listener(tmp: Path, mutation: dict, code: int, s
         lis.close()
     contract(r, peer, code, within_s=180, says=says)
     if code == 0:
-        assert "… (8 more)" in r.out and "?[31mRED???FAKE: pdcheck: error: nothing?2J?" in r.out, r.out[-3000:]
+        assert "… (8 more)" in r.out and SHOWN in r.out, r.out[-3000:]
 
 
 def test_markdown_page_of_a_hostile_peer_has_no_control_character(tmp: Path) -> None:
@@ -304,7 +306,9 @@ def test_markdown_page_of_a_hostile_peer_has_no_control_character(tmp: Path) -> 
     finally:
         lis.kill()
     contract(r, lis, 0, within_s=180)
-    assert "?[31mRED???FAKE" in r.out and "\nFAKE: pdcheck" not in r.out
+    # the peer's words are on the page, made visible (escapes, then Markdown's own escaping), never raw
+    assert "x1b\\[31mRED" in r.out or "x1b[31mRED" in r.out, r.out[-3000:]
+    assert "\nFAKE: pdcheck" not in r.out and not any(c in r.out for c in "\x1b\x07\r\x9b\x00")
 
 
 def test_matrix_against_a_listener_that_reports_the_impossible(tmp: Path) -> None:
@@ -333,7 +337,7 @@ def test_matrix_against_a_listener_that_reports_the_impossible(tmp: Path) -> Non
     (["--listen", "127.0.0.1:\u00b2"], "--listen: '\u00b2' is not a port"),
     (["--peer", "pdcheck-no-such-host.invalid:7777"], "--peer: pdcheck-no-such-host.invalid does not resolve"),
     (["--peer", EVIL[:60].replace("\x00", "") + ":7777"], "' is not HOST:PORT"),
-    (["--peer", "\x1b[2Jhost\x07:7777"], "--peer: '?[2Jhost?:7777': not an IP address or a host name"),
+    (["--peer", "\x1b[2Jhost\x07:7777"], "--peer: '\\x1b[2Jhost\\x07:7777': not an IP address or a host name"),
     (["--matrix", "127.0.0.1:7777"], "a pair needs two"),
     (["--matrix", "127.0.0.1:7777,127.0.0.1:\u00b9"], "--matrix: '\u00b9' is not a port"),
     (["--keep-listening"], "--keep-listening: only with --listen"),

@@ -82,10 +82,11 @@ def register(app: Any) -> None:
 def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: float, no_transfer: bool,
          json_out: bool, expect: str | None = None, ray: str | None = None, pairs: int = 4,
          matrix: str | None = None, keep_listening: bool = False) -> int:
-    from pdcheck import bounds, progress
+    from pdcheck import bounds, frameworks, progress
     from pdcheck.doctor import addr, pair, run
     from pdcheck.errors import BadInput
 
+    fws = frameworks.all_frameworks()  # their releases and environment rules are checked on this node
     if listen is not None and peer is not None:
         raise BadInput("--listen and --peer are exclusive: one node listens, the other dials it")
     modes = [f for f, v in (("--listen", listen), ("--peer", peer), ("--ray", ray), ("--matrix", matrix))
@@ -111,16 +112,16 @@ def _run(listen: str | None, peer: str | None, advertise: str | None, timeout: f
         from pdcheck.launcher import check_ray
 
         check_ray(ray)
-        report = run.cluster_checks(ray, pairs, timeout, wanted)
+        report = run.cluster_checks(fws, ray, pairs, timeout, wanted)
         return _emit(report, run.finish(report), json_out)
     if matrix is not None:
         listeners = addr.parse_matrix(matrix)
-        report = run.matrix_checks(listeners, matrix, pairs, timeout, wanted)
+        report = run.matrix_checks(fws, listeners, matrix, pairs, timeout, wanted)
         return _emit(report, run.finish(report), json_out)
     if where is not None and keep_listening:
         return _keep_listening(where, adv, timeout, wanted, json_out)
     with progress.stderr_progress(enabled=not json_out, refresh_thread=False) as tick:
-        report = run.node_checks(multi_node=where is not None or target is not None, tick=tick,
+        report = run.node_checks(fws, multi_node=where is not None or target is not None, tick=tick,
                                  transfer=not no_transfer and where is None and target is None)
         t0, before = time.monotonic(), len(report.checks)
         if where is not None:
@@ -143,10 +144,11 @@ def _keep_listening(where: Any, adv: str | None, timeout: float, wanted: list[st
 
     import msgspec
 
+    from pdcheck import frameworks
     from pdcheck.doctor import pair, run
     from pdcheck.errors import one_line
 
-    base = run.node_checks(multi_node=True, transfer=False)
+    base = run.node_checks(frameworks.all_frameworks(), multi_node=True, transfer=False)
     base.mode = "listen"
 
     def on_session(n: int, served: Any, error: str | None) -> None:

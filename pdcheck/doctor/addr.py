@@ -113,7 +113,7 @@ def parse_listen(text: str) -> Endpoint:
     host = host or "127.0.0.1"
     port = 0 if port_text in (None, "") else port_number(port_text, 0, 65535)
     if port is None:
-        raise BadInput(f"--listen: {bounds.peer_text(port_text, 40)!r} is not a port from 0 to 65535")
+        raise BadInput(f"--listen: '{bounds.peer_text(port_text, 40)}' is not a port from 0 to 65535")
     return _flag_endpoint("--listen", text, host, port)
 
 
@@ -121,13 +121,13 @@ def parse_hostport(flag: str, text: str, example: str = "10.0.0.5:7777") -> tupl
     """HOST:PORT of a flag, checked in form only (ASCII port 1..65535, HOST an IP address or a name)."""
     host, port_text = split(text)
     if not host or port_text is None:
-        raise BadInput(f"{flag}: {bounds.peer_text(text, 80)!r} is not HOST:PORT (e.g. {example})")
+        raise BadInput(f"{flag}: '{bounds.peer_text(text, 80)}' is not HOST:PORT (e.g. {example})")
     port = port_number(port_text, 1, 65535)
     if port is None:
-        raise BadInput(f"{flag}: {bounds.peer_text(port_text, 40)!r} is not a port from 1 to 65535")
+        raise BadInput(f"{flag}: '{bounds.peer_text(port_text, 40)}' is not a port from 1 to 65535")
     problem = name_problem(host)
     if problem:
-        raise BadInput(f"{flag}: {bounds.peer_text(text, 80)!r}: {problem}")
+        raise BadInput(f"{flag}: '{bounds.peer_text(text, 80)}': {problem}")
     return host, port
 
 
@@ -180,7 +180,7 @@ def advertised(adv: str, what: str, timeout_s: float = RESOLVE_S) -> Endpoint:
     host, port_text = split(adv)
     port = port_number(port_text, 1, 65535)
     if port is None or name_problem(host):
-        raise PeerError(f"{what}: advertises {shown!r}, not an IP address or host name and a port")
+        raise PeerError(f"{what}: advertises '{shown}', not an IP address or host name and a port")
     try:
         ips = resolve(host, timeout_s)
     except PeerError as exc:

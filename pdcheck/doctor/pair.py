@@ -671,7 +671,7 @@ def parse_expect(text: str | None) -> list[str]:
     items = [x.strip() for x in text.split(",") if x.strip()]
     if not items or len(items) > 16 or any(
             not (x.isascii() and all(ch.isalnum() or ch in "_:.-" for ch in x)) or len(x) > 64 for x in items):
-        raise BadInput(f"--expect: {bounds.peer_text(text, 80)!r} is not a comma list of UCX transports or devices "
+        raise BadInput(f"--expect: '{bounds.peer_text(text, 80)}' is not a comma list of UCX transports or devices "
                        "(e.g. rc, tcp, cma, cuda_ipc, mlx5_2:1)")
     return items
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import msgspec
 
 from pdcheck.doctor import envcheck, loopback, netdevs, network, plugins, versions
 from pdcheck.doctor.model import Check, check, exit_code, summary, within
 from pdcheck.errors import BadInput, HarnessError
+from pdcheck.seam import DoctorContext, Framework
 
 DEADLINE_S = {"versions": 5.0, "network": 5.0, "environment": 5.0, "plugins": 20.0, "transfer": 30.0}
 
@@ -38,7 +39,10 @@ def _noop(stage: str, done: int, total: int, note: str = "") -> None:
     pass
 
 
-def node_checks(*, multi_node: bool, tick: Tick = _noop, transfer: bool = True) -> Report:
+def node_checks(frameworks: Sequence[Framework], *, multi_node: bool, tick: Tick = _noop,
+                transfer: bool = True) -> Report:
+    """This node's checks; `frameworks`: the registered ones (the command layer's registry), whose releases and
+    environment rules are checked too."""
     t0 = time.monotonic()
     out: list[Check] = []
     steps = 5
@@ -56,8 +60,8 @@ def node_checks(*, multi_node: bool, tick: Tick = _noop, transfer: bool = True) 
                     c.seconds = round(took / len(val), 4)
         return val
 
-    vers = timed("versions", versions.collect) or versions.collect_fallback()
-    out += timed("versions", lambda: versions.checks(vers)) or []  # type: ignore[arg-type]
+    vers = timed("versions", lambda: versions.collect(frameworks)) or versions.collect_fallback()
+    out += timed("versions", lambda: versions.checks(vers, frameworks)) or []  # type: ignore[arg-type]
     tick("doctor", 1, steps, "NIXL plugins")
     s = time.monotonic()
     try:
@@ -76,8 +80,9 @@ def node_checks(*, multi_node: bool, tick: Tick = _noop, transfer: bool = True) 
     out += timed("network", lambda: network.all_checks(devs)) or []  # type: ignore[arg-type]
     tick("doctor", 3, steps, "environment")
     env = dict(os.environ)
-    out += timed("environment", lambda: envcheck.all_checks(
-        env, devs, vllm=vers.frameworks.get("vllm") is not None, multi_node=multi_node)) or []  # type: ignore[union-attr, arg-type]
+    own = [c for fw in frameworks for c in fw.doctor_checks(env, DoctorContext(
+        devices=devs, multi_node=multi_node, installed=vers.frameworks.get(fw.name)))]  # type: ignore[union-attr]
+    out += timed("environment", lambda: envcheck.all_checks(env, devs, own)) or []  # type: ignore[arg-type]
     tick("doctor", 4, steps, "loopback transfer")
     transfers: list[loopback.Transfer] = []
     if transfer:
@@ -100,12 +105,13 @@ def node_checks(*, multi_node: bool, tick: Tick = _noop, transfer: bool = True) 
                   seconds=round(time.monotonic() - t0, 3))
 
 
-def cluster_checks(address: str, pairs: int, timeout: float, expect: list[str]) -> Report:
+def cluster_checks(frameworks: Sequence[Framework], address: str, pairs: int, timeout: float,
+                   expect: list[str]) -> Report:
     """--ray: the pair matrix only (each node's own checks are `pdcheck doctor` on that node)."""
     from pdcheck.doctor import cluster
 
     t0 = time.monotonic()
-    vers = within("versions", DEADLINE_S["versions"], versions.collect)[0] or versions.collect_fallback()
+    vers = within("versions", DEADLINE_S["versions"], lambda: versions.collect(frameworks))[0] or versions.collect_fallback()
     res, out = cluster.run(address, pairs, timeout, expect)
     out.insert(0, check("ray cluster", "PASS", f"{address}: {len(res.nodes)} live node(s); {len(res.pairs)} pair(s) "
                         f"({res.selection}), {res.concurrency} at a time"))
@@ -114,12 +120,13 @@ def cluster_checks(address: str, pairs: int, timeout: float, expect: list[str]) 
                   cluster=res, seconds=round(time.monotonic() - t0, 3))
 
 
-def matrix_checks(listeners: list, spec: str, pairs: int, timeout: float, expect: list[str]) -> Report:
+def matrix_checks(frameworks: Sequence[Framework], listeners: list, spec: str, pairs: int, timeout: float,
+                  expect: list[str]) -> Report:
     """--matrix: every pair of the listeners (pdcheck.doctor.matrix), as --ray's matrix."""
     from pdcheck.doctor import matrix
 
     t0 = time.monotonic()
-    vers = within("versions", DEADLINE_S["versions"], versions.collect)[0] or versions.collect_fallback()
+    vers = within("versions", DEADLINE_S["versions"], lambda: versions.collect(frameworks))[0] or versions.collect_fallback()
     res, out = matrix.run(listeners, spec, pairs, timeout, expect)
     names = ", ".join(n.address if n.node_id == "?" else f"{n.node_id} {n.address}" for n in res.nodes)
     out.insert(0, check("listeners", "PASS", f"{len(res.nodes)} listener(s): {names}; {len(res.pairs)} pair(s) "

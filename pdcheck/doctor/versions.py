@@ -4,11 +4,11 @@ installed here with whether pdcheck models them. Nothing heavy is imported: pack
 from __future__ import annotations
 
 import platform
+from collections.abc import Sequence
 from importlib import metadata
 
 import msgspec
 
-from pdcheck import frameworks
 from pdcheck.doctor.model import Check, check
 from pdcheck.errors import BadInput
 from pdcheck.seam import Framework
@@ -47,17 +47,16 @@ def cuda_driver() -> str | None:
     return first.strip() or None
 
 
-def collect() -> Versions:
+def collect(frameworks: Sequence[Framework]) -> Versions:
     from pdcheck import __version__
 
     nixl = {w: v for w in NIXL_WHEELS if (v := installed(w)) is not None}
     return Versions(pdcheck=__version__, python=platform.python_version(), nixl=nixl, ucx=None,
                     torch=installed("torch"), cuda_driver=cuda_driver(),
-                    frameworks={fw.name: installed(fw.distribution) for fw in frameworks.all_frameworks()
-                                if fw.distribution})
+                    frameworks={fw.name: installed(fw.distribution) for fw in frameworks if fw.distribution})
 
 
-def checks(v: Versions) -> list[Check]:
+def checks(v: Versions, frameworks: Sequence[Framework]) -> list[Check]:
     out: list[Check] = []
     if not v.nixl:
         out.append(check("NIXL wheel", "FAIL", "no NIXL wheel is installed", "pip install nixl-cu13 (or nixl-cu12 "
@@ -73,7 +72,8 @@ def checks(v: Versions) -> list[Check]:
     drv = f"CUDA driver {v.cuda_driver}" if v.cuda_driver else "no NVIDIA driver"
     out.append(check("versions", "PASS", f"pdcheck {v.pdcheck}, Python {v.python}, torch {v.torch or 'absent'}, "
                      f"{drv}"))
-    out += [_framework(frameworks.get(name), version) for name, version in v.frameworks.items()]
+    by_name = {fw.name: fw for fw in frameworks}
+    out += [_framework(by_name[name], version) for name, version in v.frameworks.items()]
     return out
 
 

@@ -3,11 +3,12 @@ probe, serve, fromlogs and the request path (pdcheck.vllm.requests). Every heavy
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from pdcheck.seam import (
+    DoctorContext,
     Framework,
     FromLogsArgs,
     HandshakeArgs,
@@ -99,6 +100,11 @@ class VLLM(Framework):
         from pdcheck.vllm import commands
 
         return commands.requests(o)
+
+    def doctor_checks(self, env: Mapping[str, str], context: DoctorContext) -> list[Any]:
+        from pdcheck.vllm import doctor
+
+        return doctor.checks(env, context)
 
     # ---- smoke (pdcheck/vllm/smoke.py)
     def smoke_plan(self, path: Path, options: SmokeOptions) -> Any:
