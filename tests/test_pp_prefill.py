@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import ROOT
 
 from pdcheck.engine import Params, run
 from pdcheck.geometry import Geometry
@@ -15,7 +16,6 @@ from pdcheck.releases import CORRECTED, MODELLED, compat_hash_for, resolve, reso
 from pdcheck.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.scenario import load
 from pdcheck.wire import FORMATS, AnyMeta, WireFormat, encode_reply
-from tests.test_shapes import ROOT
 
 SCENARIO = ROOT / "scenarios" / "pp2-prefill-only.toml"
 G = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=4, head_dim=64, dtype="bfloat16",
