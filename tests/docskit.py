@@ -46,7 +46,7 @@ from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 LOGS = ROOT / "examples" / "logs"
-DIRECTIVE = re.compile(r"<!--\s*docs-test:\s*(?P<body>.*?)\s*-->\s*\Z", re.S)
+DIRECTIVE = re.compile(r"<!--\s*docs-test:\s*(?P<body>(?:(?!-->).)*?)\s*-->\s*\Z", re.S)
 PROGRESS = re.compile(r"^pdcheck: \d+ s: ")  # progress.PIPED_EVERY_S lines of a long run on a pipe
 STEP_TIMEOUT_S = 600.0
 COMMAND_LINE = re.compile(r"^\s*(\$ )?pdcheck( |$)")
@@ -165,7 +165,8 @@ def normalise(text: str, mapping: dict[str, str]) -> str:
 
 
 def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT), COLUMNS="", LINES="")
+    # unbuffered: stdout and stderr interleave in the order they are written, as on a terminal
+    return dict(os.environ, PYTHONPATH=str(ROOT), PYTHONUNBUFFERED="1")
 
 
 def _argv(command: str, subs: dict[str, str]) -> tuple[list[str], dict[str, str]]:
@@ -217,6 +218,7 @@ def run_block(block: Block, where: str) -> None:
         if LOGS.is_dir():
             shutil.copytree(LOGS, cwd, dirs_exist_ok=True)
         for name, path in block.files.items():
+            (cwd / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(ROOT / path, cwd / name)
         for shown, args, api in block.stand_ins:
             extra = []
