@@ -76,10 +76,11 @@ class Block:
 
 def parse_directives(text: str) -> dict[str, Any]:
     out: dict[str, Any] = {"stand_ins": [], "files": {}, "not_run": None}
-    for part in [p.strip() for p in " ".join(text.split()).split(";") if p.strip()]:
-        if part.startswith("not run:"):
-            out["not_run"] = part[len("not run:"):].strip()
-        elif part.startswith("stand-in "):
+    text, _sep, reason = " ".join(text.split()).partition("not run:")  # the reason runs to the comment's end
+    if _sep:
+        out["not_run"] = reason.strip()
+    for part in [p.strip() for p in text.split(";") if p.strip()]:
+        if part.startswith("stand-in "):
             name, _eq, rest = part[len("stand-in "):].partition("=")
             args = shlex.split(rest)
             if not args or args[0] != "serve":
