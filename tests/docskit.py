@@ -236,8 +236,12 @@ def run_block(block: Block, where: str) -> None:
             line = proc.stdout.readline()  # type: ignore[union-attr]
             assert line, f"{where}: the stand-in `pdcheck serve {' '.join(args)}` printed no ready line"
             doc = json.loads(line)
-            subs[shown] = f"{doc['host']}:{doc['base_port']}"
-            back[subs[shown]], back[str(doc["base_port"])] = shown, shown.rsplit(":", 1)[1]
+            if "bootstrap_url" in doc:  # an SGLang prefill: its bootstrap server
+                real = doc["bootstrap_url"].split("://", 1)[1]
+            else:
+                real = f"{doc['host']}:{doc['base_port']}"
+            subs[shown] = real
+            back[real], back[real.rsplit(":", 1)[1]] = shown, shown.rsplit(":", 1)[1]
         for step in block.steps:
             argv, env_prefix = _argv(step.command, subs)
             if step.background:
