@@ -114,7 +114,7 @@ def parse_steps(source: str) -> list[Step]:
             steps.append(Step(cmd, background))
         elif steps:
             steps[-1].expected.append(line)
-        elif line.strip():
+        elif line.strip() and not line.startswith("#"):  # a shell comment may stand before the first command
             raise ValueError(f"console block: output before the first `$ ` command: {line!r}")
         i += 1
     return steps
@@ -260,8 +260,15 @@ def run_block(block: Block, where: str) -> None:
                 else:
                     background.append(subprocess.Popen(argv, cwd=cwd, env={**_env(), **env_prefix}))
                 continue
-            proc = subprocess.run(argv, cwd=cwd, env={**_env(), **env_prefix}, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=STEP_TIMEOUT_S)
+            if ">" in argv:  # `pdcheck ... --json > run.json`: stdout to the file, the terminal shows stderr
+                i = argv.index(">")
+                with open(cwd / argv[i + 1], "w") as out:
+                    proc = subprocess.run(argv[:i] + argv[i + 2:], cwd=cwd, env={**_env(), **env_prefix}, stdout=out,
+                                          stderr=subprocess.PIPE, text=True, timeout=STEP_TIMEOUT_S)
+                proc.stdout = proc.stderr
+            else:
+                proc = subprocess.run(argv, cwd=cwd, env={**_env(), **env_prefix}, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True, timeout=STEP_TIMEOUT_S)
             got = normalise(proc.stdout, back)
             want = list(step.expected)
             while want and not want[-1].strip():
