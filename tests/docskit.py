@@ -44,7 +44,7 @@ from sybil import Document, Example, Region
 from sybil.parsers.markdown.lexers import FencedCodeBlockLexer
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), *sorted((ROOT / "examples").glob("*/README.md"))]
 LOGS = ROOT / "examples" / "logs"
 DIRECTIVE = re.compile(r"<!--\s*docs-test:\s*(?P<body>(?:(?!-->).)*?)\s*-->\s*\Z", re.S)
 PROGRESS = re.compile(r"^pdcheck: \d+ s: ")  # progress.PIPED_EVERY_S lines of a long run on a pipe
