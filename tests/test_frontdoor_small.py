@@ -75,8 +75,8 @@ def test_a_pipe_gets_a_progress_line_at_least_every_interval(tmp_path: Path) -> 
 
 
 def test_ctrl_c_in_smoke_prints_no_rank_death(tmp_path: Path) -> None:
-    """Ctrl-C while smoke runs two scenarios side by side: the main thread stops every thread's ranks
-    (launcher.abort_all) and the other threads see them end. pdcheck stopped them: exit 130 and no "P rank 2
+    """Ctrl-C while smoke runs its scenarios in worker threads: the main thread stops every thread's ranks
+    (launcher.abort_all) and the worker threads see them end. pdcheck stopped them: exit 130 and no "P rank 2
     died during handshake: it was killed by SIGKILL; stopping the run" line."""
     d = tmp_path / "dir"
     d.mkdir()
@@ -85,8 +85,10 @@ def test_ctrl_c_in_smoke_prints_no_rank_death(tmp_path: Path) -> None:
         (d / f"{name}.toml").write_text(text.replace('name = "hetero-d4-p2"', f'name = "{name}"'))
     w = Watch(start(tmp_path, "smoke", str(d), "-j", "2", "--hang-timeout", "120", new_group=True))
     deadline = time.monotonic() + 240
-    while sum(comm.startswith("pdcheck-D2:hs") for comm, _c in w.poll().values()) < 2:
-        assert time.monotonic() < deadline and w.proc.poll() is None, "both runs never reached the handshake"
+    # smoke runs every part in a worker thread (the main thread only waits), so one part in its handshake is
+    # enough; a loaded machine admits one part at a time (pdcheck.smoke's rank budget)
+    while not any(comm.startswith("pdcheck-D2:hs") for comm, _c in w.poll().values()):
+        assert time.monotonic() < deadline and w.proc.poll() is None, "no run reached the handshake"
         time.sleep(0.05)
     os.killpg(w.proc.pid, signal.SIGINT)
     code, _out, err = finish(w, timeout=60)
