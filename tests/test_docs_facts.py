@@ -82,3 +82,26 @@ def test_every_range_of_release_lines_the_docs_write_is_a_tables() -> None:
             if m.group(0) not in known:
                 bad.append(f"{path.name}: {m.group(0)}")
     assert not bad, bad
+
+
+def test_the_docs_use_no_hidden_old_flag_spelling() -> None:
+    """A hidden flag (an old spelling kept working, as probe's --tp-size for --prefill-tp) is not what the docs
+    teach: every flag the docs show after `pdcheck COMMAND` is one that COMMAND's --help lists."""
+    import typer
+
+    from pdcheck.cli import app
+
+    root = typer.main.get_command(app)
+    hidden = {}
+    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+        for param in getattr(cmd, "params", []):
+            if getattr(param, "hidden", False):
+                for opt in param.opts:
+                    hidden.setdefault(opt, set()).add(name)
+    bad = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for m in re.finditer(r"pdcheck ([a-z-]+)\b([^`\n]*)", path.read_text()):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z-]*)", m.group(2)):
+                if m.group(1) in hidden.get(flag, ()):
+                    bad.append(f"{path.name}: pdcheck {m.group(1)} ... {flag}")
+    assert not bad, bad
