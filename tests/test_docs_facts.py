@@ -93,7 +93,8 @@ def test_the_docs_use_no_hidden_old_flag_spelling() -> None:
 
     root = typer.main.get_command(app)
     hidden = {}
-    for name, cmd in root.commands.items():  # type: ignore[attr-defined]
+    for name in root.list_commands(None):  # type: ignore[arg-type]  # the CLI loads its commands lazily
+        cmd = root.get_command(None, name)  # type: ignore[arg-type]
         for param in getattr(cmd, "params", []):
             if getattr(param, "hidden", False):
                 for opt in param.opts:
