@@ -5,6 +5,8 @@ Exit codes: 0 the modelled release survives, 1 a hazard fires, 2 bad input, 3 th
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_HAZARD = 1
 EXIT_BAD_INPUT = 2
@@ -86,8 +88,6 @@ def usage_line(exc: Exception) -> str:
                 return f"{flag}: {value!r} is not {what}"
             detail = found[0].get("ctx", {}).get("error") or found[0].get("msg", "")
             return f"{flag}: {value!r}: {one_line(str(detail))}"
-        import re
-
         m = re.match(r"(.*) is not a valid (\w+)", str(getattr(exc, "message", "")))  # click's own types
         if m:
             what = next((w for k, w in _KINDS if k == m.group(2)), f"a valid {m.group(2)}")

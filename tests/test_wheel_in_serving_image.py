@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -27,7 +28,8 @@ from packaging.markers import default_environment
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-pytestmark = pytest.mark.slow
+# One worker builds the wheel and the environment for the module's tests (--dist loadgroup).
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("serving-image")]
 REQUIRES = ROOT / "tests" / "data" / "serving-image" / "requires.txt"
 ROOT_DIST = "vllm"
 
@@ -96,8 +98,15 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: float = 300) 
 def serving(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, dict[str, str]]]:
     """(the venv's bin, the built wheel, the environment to run it with)."""
     tmp = tmp_path_factory.mktemp("serving")
-    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(ROOT)],
-                 ROOT, dict(os.environ))
+    # Built from a copy of the sources: setuptools builds in ./build, which another copy of the suite building
+    # at the same time would share (pdcheck/scenarios, a link to the clone's scenarios/, is copied as files).
+    src = tmp / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "pdcheck", src / "pdcheck", ignore=shutil.ignore_patterns("__pycache__"))
+    built = _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp / "dist"), str(src)],
+                 tmp, dict(os.environ))
     assert built.returncode == 0, built.stderr[-3000:]
     (wheel,) = (tmp / "dist").glob("pdcheck-*.whl")
     view = tmp / "image-site-packages"
