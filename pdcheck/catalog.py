@@ -21,7 +21,7 @@ class ScenarioEntry(msgspec.Struct):
 
 class ReleaseEntry(msgspec.Struct):
     framework: str
-    releases: str  # the range as users type it: '0.9.2-0.9.x'
+    releases: str  # the range as pdcheck writes it everywhere (releaseline.span): '0.9.2 to 0.9.x'
     line: str  # the modelled line those releases run
 
 
@@ -92,18 +92,21 @@ def scenarios() -> list[ScenarioEntry]:
 
 def releases() -> list[ReleaseEntry]:
     from pdcheck import frameworks
-    from pdcheck.releaseline import span
+    from pdcheck.releaseline import line_name
 
     out = []
     for fw in frameworks.all_frameworks():
         table = fw.release_table()
         if table is None:
             continue
-        for first, last, line in table.lines:
-            out.append(ReleaseEntry(fw.name, span(first, last), str(getattr(line, "name", line))))
+        for releases, line in table.ranges():
+            out.append(ReleaseEntry(fw.name, releases, line_name(line)))
     return out
 
 
 def release_names(framework: str) -> list[str]:
     """What a release flag takes, for completion: each line's first release, 'all' and 'corrected' excluded."""
-    return [e.releases.split("-")[0] for e in releases() if e.framework == framework]
+    from pdcheck import frameworks
+
+    table = frameworks.get(framework).release_table()
+    return [] if table is None else table.names()[:len(table.lines)]

@@ -9,7 +9,14 @@ import typer
 from typer.core import TyperGroup
 
 from pdcheck.cliopts import Group
-from pdcheck.errors import EXIT_HARNESS, EXIT_INTERRUPTED, PdcheckError, error_line, usage_error_types
+from pdcheck.errors import (
+    EXIT_HARNESS,
+    EXIT_INTERRUPTED,
+    PdcheckError,
+    error_line,
+    usage_error_types,
+    usage_line,
+)
 
 EPILOG = """[bold]Examples[/]
   [dim]# have logs? start here, then run what it wrote[/]
@@ -152,7 +159,7 @@ def run(argv: list[str] | None = None) -> int:
             if text.strip():
                 print(text)
             return 0
-        error(error_line(exc.format_message()))  # type: ignore[attr-defined]
+        error(error_line(usage_line(exc)))
         return exc.exit_code  # type: ignore[attr-defined]
     except typer.Abort:  # EOF on a prompt
         return EXIT_INTERRUPTED

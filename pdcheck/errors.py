@@ -5,6 +5,8 @@ Exit codes: 0 the modelled release survives, 1 a hazard fires, 2 bad input, 3 th
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_HAZARD = 1
 EXIT_BAD_INPUT = 2
@@ -62,6 +64,36 @@ def usage_error_types() -> tuple[type[Exception], ...]:
         except (ImportError, AttributeError):
             pass
     return tuple(found)
+
+
+# What a flag's value should have been, by the kind of the value typer could not read (pydantic's error type
+# under typer >= 0.29, click's type name before).
+_KINDS = (("int", "a whole number"), ("integer", "a whole number"), ("float", "a number"), ("bool", "true or false"))
+
+
+def usage_line(exc: Exception) -> str:
+    """pdcheck's one line for a command line typer refused: a value it could not read names the flag and the
+    value in pdcheck's words (`--requests: 'abc' is not a whole number`), not pydantic's ("Input should be a
+    valid integer...", typer >= 0.29) or click's; any other usage error is click's message on one line."""
+    param = getattr(exc, "param", None)
+    opts = [o for o in getattr(param, "opts", []) if o.startswith("-")]
+    if type(exc).__name__ == "BadParameter" and opts:
+        flag = max(opts, key=len)
+        cause = exc.__cause__
+        found = cause.errors() if hasattr(cause, "errors") else []  # a pydantic ValidationError
+        if found and isinstance(found[0], dict):
+            kind, value = str(found[0].get("type", "")), found[0].get("input")
+            what = next((w for k, w in _KINDS if kind.startswith(f"{k}_")), None)
+            if what is not None:
+                return f"{flag}: {value!r} is not {what}"
+            detail = found[0].get("ctx", {}).get("error") or found[0].get("msg", "")
+            return f"{flag}: {value!r}: {one_line(str(detail))}"
+        m = re.match(r"(.*) is not a valid (\w+)", str(getattr(exc, "message", "")))  # click's own types
+        if m:
+            what = next((w for k, w in _KINDS if k == m.group(2)), f"a valid {m.group(2)}")
+            return f"{flag}: {m.group(1)} is not {what}"
+        return f"{flag}: {one_line(str(getattr(exc, 'message', exc)))}"
+    return one_line(exc.format_message())  # type: ignore[attr-defined]
 
 
 def one_line(text: str) -> str:

@@ -199,6 +199,7 @@ class Rank(Named):
     proc: BaseProcess
     conn: Connection
     done: bool = False  # sent its final message
+    stopped: str | None = None  # why pdcheck itself stopped it (abort_all): its end is no death to report
 
     @property
     def pid(self) -> int | None:
@@ -229,6 +230,8 @@ class Rank(Named):
 
     def ended(self) -> str:
         """How the rank ended, for 'P rank 1 died: it ...' (every placement backend's ranks answer this)."""
+        if self.stopped is not None:
+            return f"was stopped by pdcheck ({self.stopped})"
         return how_it_ended(self.proc.exitcode)
 
 
@@ -301,6 +304,7 @@ def abort_all(why: str = "interrupted") -> None:
         for lau in list(_LIVE):
             for r in lau.ranks:
                 if r.running():
+                    r.stopped = why  # before the kill: the thread that waits on it must not call it a death
                     _kill(r.proc.pid, signal.SIGKILL)
 
 

@@ -63,6 +63,7 @@ class RankHandle(Protocol):
     role: str
     tp_rank: int
     done: bool  # sent its final message (or ended)
+    stopped: str | None  # why pdcheck itself stopped it (an interrupt): its end is not a death to report
 
     @property
     def id(self) -> RankId: ...

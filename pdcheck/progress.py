@@ -1,11 +1,15 @@
-"""Progress of a long run on stderr (rich), silent under --json or when stderr is not a terminal: the one
-progress bar of every command.
+"""Progress of a long run on stderr (rich bars on a terminal, a plain line every PIPED_EVERY_S elsewhere),
+silent under --json: the one progress of every command.
 
 The run calls `tick(stage, done, total)` (optionally with a note: what it is on now); each stage gets one
 bar. handshake's stages in order: "ranks up", "side channels", "handshakes + transfer proof";
 transfer-bench's: "transfer-bench rows"; requests': "release lines"; smoke's: "smoke cases".
 `tick.line(text)` prints a line that stays above the bars (smoke: a failure as it happens). Until the first
 tick a "starting" line with the elapsed time shows that the run is under way.
+
+On a pipe or a file (a CI log) there are no bars: one plain line at least every PIPED_EVERY_S seconds of a run
+that lasts that long, `pdcheck: 20 s: smoke cases 14/79 (note)`, so a log shows the run is alive; a shorter run
+prints none.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -57,7 +62,58 @@ class _Bars:
             self.prog.console.print(text, highlight=False, markup=False)
 
 
-_active: list[_Bars] = []
+PIPED_EVERY_S = 10.0  # a line at least this often on a pipe (the issue's bound: CI logs silent for a minute)
+
+
+class _Lines:
+    """Progress on a pipe: the latest stage as one line every PIPED_EVERY_S seconds, from a thread (or, without
+    one, at the first tick after the interval)."""
+
+    def __init__(self, thread: bool) -> None:
+        self.start = time.monotonic()
+        self.state = "starting"
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.due = self.start + PIPED_EVERY_S
+        self.thread = threading.Thread(target=self._loop, name="pdcheck-progress", daemon=True) if thread else None
+        if self.thread is not None:
+            self.thread.start()
+
+    def _write(self, text: str) -> None:
+        try:
+            sys.stderr.write(text + "\n")
+            sys.stderr.flush()
+        except (OSError, ValueError):  # a closed stderr: progress is not worth an error
+            pass
+
+    def _emit(self) -> None:
+        with self.lock:
+            now = time.monotonic()
+            self.due = now + PIPED_EVERY_S
+            self._write(f"pdcheck: {now - self.start:.0f} s: {self.state}")
+
+    def _loop(self) -> None:
+        while not self.done.wait(max(0.0, self.due - time.monotonic())):
+            if time.monotonic() >= self.due:
+                self._emit()
+
+    def __call__(self, stage: str, done: int, total: int, note: str = "") -> None:
+        with self.lock:
+            self.state = f"{stage} {done}/{total}" + (f" ({note})" if note else "")
+        if self.thread is None and time.monotonic() >= self.due:
+            self._emit()
+
+    def line(self, text: str) -> None:
+        with self.lock:
+            self._write(text)
+
+    def close(self) -> None:
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join()
+
+
+_active: list[Any] = []
 
 
 @contextlib.contextmanager
@@ -68,8 +124,17 @@ def stderr_progress(enabled: bool = True, *, refresh_thread: bool = True) -> Ite
     if _active:  # a command that showed progress from its start: the run below draws into the same bars
         yield _active[-1]
         return
-    if not enabled or not on_terminal():
+    if not enabled:
         yield _Noop()
+        return
+    if not on_terminal():
+        lines = _Lines(refresh_thread)
+        _active.append(lines)
+        try:
+            yield lines
+        finally:
+            _active.remove(lines)
+            lines.close()
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -89,7 +154,7 @@ def stderr_progress(enabled: bool = True, *, refresh_thread: bool = True) -> Ite
 
 
 def on_terminal() -> bool:
-    """Progress is drawn only on a terminal: nothing on a pipe or a file (CI logs, `2> log`)."""
+    """Bars are drawn only on a terminal; a pipe or a file (CI logs, `2> log`) gets _Lines."""
     try:
         return sys.stderr is not None and sys.stderr.isatty()
     except (AttributeError, ValueError):

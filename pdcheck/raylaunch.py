@@ -112,6 +112,7 @@ class RayRank(Named):
     pending: Any = None  # the outstanding recv() call
     how: str = "is still running"
     pid: int | None = None  # its actor's process id when that runs on this host, else None
+    stopped: str | None = None  # pdcheck stops Ray actors only at close(): never set while a run waits on them
 
     def reap(self, timeout_s: float) -> int | None:
         """An actor has no exit code the parent can see: None (ended() says how it ended)."""

@@ -44,14 +44,29 @@ def version_tuple(text: str) -> Version:
     return int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)
 
 
-def span(first: Version, last: Version) -> str:
-    """A range as users read it: '0.9.2-0.9.x', '0.13.0'."""
-    a = ".".join(map(str, first))
+def span(first: Version, last: Version, first_name: str = "") -> str:
+    """A range of releases as pdcheck writes it everywhere (`pdcheck list releases`, error texts, the docs):
+    '0.9.2 to 0.9.x', '0.4.5.post3 to 0.5.23', '0.13.0'. The one wording: every range a user reads comes from
+    here. first_name: the first release's exact name where it has a suffix ('0.4.5.post3')."""
+    a = first_name or ".".join(map(str, first))
     if first == last:
         return a
     b = (f"{last[0]}.x" if last[1] == ANY else f"{last[0]}.{last[1]}.x" if last[2] == ANY
          else ".".join(map(str, last)))
-    return f"{a}-{b}"
+    return f"{a} to {b}"
+
+
+def line_name(line: Any) -> str:
+    """The name of the line a release runs ('0.34.0', '0.4.6.post1'): a model's name, else the object itself."""
+    return str(getattr(line, "name", line))
+
+
+def warn(text: str) -> None:
+    """One warning line on stderr, `pdcheck: warning: <flag>: <what>`: the run goes on (a release newer than
+    the newest modelled one runs as that line)."""
+    import sys
+
+    print(f"pdcheck: warning: {text}", file=sys.stderr, flush=True)
 
 
 def _before(v: Version) -> Version:
@@ -65,12 +80,14 @@ def _before(v: Version) -> Version:
 class ReleaseTable(Generic[T]):
     """Inclusive (first, last) ranges -> line objects, in release order, without gaps inside one minor.
 
-    modelled: the range in words for error texts ('0.9.0 to 0.34.x'); noun: what a typed number is ('a release
-    number', 'an SGLang release number'); example: a release in error texts; four_part: the four-part releases
-    that exist (any other is a typo); label: a prefix of the 'not modelled' text ('SGLang ')."""
+    first_name: the first release's exact name where it has a suffix ('0.4.5.post3'); noun: what a typed number
+    is ('a release number', 'an SGLang release number'); example: a release in error texts; four_part: the
+    four-part releases that exist (any other is a typo); label: a prefix of the 'not modelled' text ('SGLang ').
+    A release past the last line of the same major runs as the last line, with a warning that names it
+    (`resolve`); another major is not modelled."""
 
     lines: tuple[tuple[Version, Version, T], ...]
-    modelled: str = ""
+    first_name: str = ""
     noun: str = "a release number"
     example: str = "0.9.1"
     four_part: tuple[str, ...] = ()
@@ -93,6 +110,26 @@ class ReleaseTable(Generic[T]):
     @property
     def first(self) -> Version:
         return self.lines[0][0]
+
+    @property
+    def modelled(self) -> str:
+        """The whole range in error texts and docs: '0.9.0 to 0.34.x' (span)."""
+        return span(self.first, self.last, self.first_name)
+
+    def ranges(self) -> list[tuple[str, T]]:
+        """Each line's range as users read it (span) and its line, in release order: `pdcheck list releases`."""
+        return [(span(f, lt, self.first_name if i == 0 else ""), x) for i, (f, lt, x) in enumerate(self.lines)]
+
+    def names(self) -> list[str]:
+        """Releases a user may mean, for 'did you mean': each line's first release and the four-part ones."""
+        out = [self.first_name or ".".join(map(str, self.first))]
+        out += [".".join(map(str, f)) for f, _l, _x in self.lines[1:]]
+        return out + list(self.four_part)
+
+    def _did_you_mean(self, text: str) -> str:
+        from pdcheck.suggest import did_you_mean
+
+        return did_you_mean(text, self.names())
 
     @property
     def last(self) -> Version:
@@ -136,7 +173,7 @@ class ReleaseTable(Generic[T]):
         m = _NUMBER.fullmatch(t)
         if not m:
             raise BadInput(f"{where}: {t!r} is not {self.noun} (ASCII digits, e.g. {self.example}; modelled: "
-                           f"{self.modelled}{self._also(also)})")
+                           f"{self.modelled}{self._also(also)}){self._did_you_mean(t)}")
         major, minor = int(m.group(1)), int(m.group(2))
         if m.group(3) is None:
             lines = self._of_minor(major, minor)
@@ -165,9 +202,13 @@ class ReleaseTable(Generic[T]):
         if name in self._cache:
             return self._cache[name]
         line = self.at(v)
+        if line is None and v > self.last and v[0] == self.last[0]:
+            line = self.lines[-1][2]
+            warn(f"{where}: {self.label}release {text.strip()!r} is newer than the newest modelled one "
+                 f"({span(*self.lines[-1][:2])}): it runs as the {line_name(line)} line")
         if line is None:
             raise BadInput(f"{where}: {self.label}release {text.strip()!r} is not modelled (modelled: "
-                           f"{self.modelled}{self._also(also)})")
+                           f"{self.modelled}{self._also(also)}){self._did_you_mean(text.strip())}")
         self._cache[name] = stamp(line, name)
         return self._cache[name]
 

@@ -29,8 +29,8 @@ def test_list_json_names_every_bundled_scenario_and_release_line(capsys: pytest.
     assert by_name["sglang-aux-skew"]["framework"] == "sglang"
     assert all(s["description"] and "\n" not in s["description"] for s in doc["scenarios"])
     lines = {(r["framework"], r["releases"]): r["line"] for r in doc["releases"]}
-    assert lines[("vllm", "0.11.1-0.12.x")] == "0.11.1" and lines[("sglang", "0.5.8")] == "0.5.8"
-    assert lines[("sglang", "0.5.13-0.5.22")] == "0.5.13"
+    assert lines[("vllm", "0.11.1 to 0.12.x")] == "0.11.1" and lines[("sglang", "0.5.8")] == "0.5.8"
+    assert lines[("sglang", "0.5.13 to 0.5.22")] == "0.5.13"
 
 
 def test_list_table_and_a_misspelt_what(capsys: pytest.CaptureFixture[str]) -> None:

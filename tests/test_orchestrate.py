@@ -29,6 +29,7 @@ class FakeRank:
     tp_rank: int
     how: str = "exited with code 3"
     done: bool = False
+    stopped: str | None = None
     sent: list[m.Msg] = field(default_factory=list)
 
     @property

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from conftest import ROOT
 
 from pdcheck.geometry import Geometry
 from pdcheck.vllm.engine import Params, run
@@ -15,7 +16,6 @@ from pdcheck.vllm.releases import CORRECTED, MODELLED, compat_hash_for, resolve,
 from pdcheck.vllm.releases.base import Local, Prepared, ReleaseModel
 from pdcheck.vllm.scenario import load
 from pdcheck.vllm.wire import FORMATS, AnyMeta, WireFormat, encode_reply
-from tests.test_shapes import ROOT
 
 SCENARIO = ROOT / "scenarios" / "pp2-prefill-only.toml"
 G = Geometry(tp_size=2, block_size=16, layers=2, total_kv_heads=4, head_dim=64, dtype="bfloat16",

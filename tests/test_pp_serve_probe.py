@@ -9,11 +9,11 @@ import json
 
 import msgspec
 import pytest
+from test_live import pdcheck, serve
 
 from pdcheck.vllm.probe import ProbeReport
 from pdcheck.vllm.releases import shapes
 from pdcheck.vllm.serve import Ready
-from tests.test_live import pdcheck, serve
 
 SCENARIO = "pp2-prefill-only"
 L0, L1 = "model.layers.0.self_attn.attn", "model.layers.1.self_attn.attn"

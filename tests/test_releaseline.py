@@ -20,7 +20,7 @@ TOY: ReleaseTable[str] = ReleaseTable((
     ((1, 0, 0), (1, 0, 0), "a"),
     ((1, 0, 1), (1, 2, ANY), "b"),
     ((1, 3, 0), (1, 3, ANY), "c"),
-), modelled="1.0.0 to 1.3.x", example="1.0.1", four_part=("1.2.3.4",))
+), example="1.0.1", four_part=("1.2.3.4",))
 
 
 def _stamp(x: str, name: str) -> str:
@@ -38,9 +38,11 @@ def test_ranges_resolve_inclusively_and_stamp_the_release_typed() -> None:
 
 
 @pytest.mark.parametrize("text, says", [
-    ("1.0", r"^--x: '1\.0' is ambiguous: 1\.0 spans release lines 1\.0\.0, 1\.0\.1-1\.2\.x \(name one, e\.g\. 1\.0\.0\)$"),
+    ("1.0", r"^--x: '1\.0' is ambiguous: 1\.0 spans release lines 1\.0\.0, 1\.0\.1 to 1\.2\.x \(name one, e\.g\. 1\.0\.0\)$"),
     ("1.0.1.1", r"^--x: release '1\.0\.1\.1' does not exist \(four-part releases: 1\.2\.3\.4; or name 1\.0\.1\)$"),
-    ("2.0.0", r"^--x: release '2\.0\.0' is not modelled \(modelled: 1\.0\.0 to 1\.3\.x, corrected\)$"),
+    ("2.0.0", r"^--x: release '2\.0\.0' is not modelled \(modelled: 1\.0\.0 to 1\.3\.x, corrected\); did you mean "
+              r"'1\.0\.0'"),  # another major: not modelled, however new
+    ("0.9.9", r"^--x: release '0\.9\.9' is not modelled \(modelled: 1\.0\.0 to 1\.3\.x, corrected\)"),
     ("x.1", r"^--x: 'x\.1' is not a release number \(ASCII digits, e\.g\. 1\.0\.1; modelled: 1\.0\.0 to 1\.3\.x"),
     ("\u0661.0.0", "is not a release number"),  # ASCII digits only
 ])
@@ -58,7 +60,7 @@ def test_overlapping_or_unordered_ranges_are_refused() -> None:
     with pytest.raises(ValueError, match="overlaps"):
         ReleaseTable((((1, 0, 0), (1, 2, 0), "a"), ((1, 1, 0), (1, 3, 0), "b")))
     t = ReleaseTable.from_firsts([((0, 1, 0), "a"), ((0, 2, 5), "b"), ((1, 0, 0), "c")], last=(1, 0, ANY))
-    assert [span(f, lt) for f, lt, _x in t.lines] == ["0.1.0-0.2.4", "0.2.5-0.x", "1.0.0-1.0.x"]
+    assert [span(f, lt) for f, lt, _x in t.lines] == ["0.1.0 to 0.2.4", "0.2.5 to 0.x", "1.0.0 to 1.0.x"]
 
 
 def test_lists_at_most_64_and_corrected_left_out() -> None:

@@ -122,8 +122,10 @@ def route_tags(lau: orc.Events, p_ranks: dict[int, R], d_ranks: dict[int, R], ru
             harness.append(how)
             if not (rank.role == "P" and rank.tp_rank in expected):
                 # A rank nobody meant to kill: its sentinel fired now, so say so now, stop everything and
-                # report what the other ranks delivered (exit 3) instead of waiting for --timeout.
-                print(f"pdcheck: {how}; stopping the run", file=sys.stderr, flush=True)
+                # report what the other ranks delivered (exit 3) instead of waiting for --timeout. One that
+                # pdcheck stopped (Ctrl-C in smoke's other threads: launcher.abort_all) did not die: no line.
+                if rank.stopped is None:
+                    print(f"pdcheck: {how}; stopping the run", file=sys.stderr, flush=True)
                 break
             # A D rank waiting for tags from a dead P gets an answer so it can report the failed READ.
             for gid, (p_rank, d_rank, ticket) in list(owner.items()):

@@ -305,8 +305,15 @@ def load(path: Path | None, overrides: dict[str, Any] | None = None, max_tp: int
             doc[side] = dict(doc[side])  # merge() copies one level: never fill defaults into the caller's dict
             doc[side].setdefault("engine_id", f"{side}-engine")
             if "num_blocks" not in doc[side]:
-                raise BadInput(f"{where}: {side}.num_blocks: required (scenario key or --{side}-blocks)")
+                raise missing_blocks(where, side, named=path is not None)
     return decode_scenario(doc, where, max_tp)
+
+
+def missing_blocks(where: str, side: str, *, named: bool) -> BadInput:
+    """A side without num_blocks. Without a scenario named (bare `pdcheck handshake`), the line points at the
+    bundled ones, since naming one is what a first run most likely meant."""
+    hint = "" if named else "; or name a scenario: `pdcheck list scenarios` lists the bundled ones"
+    return BadInput(f"{where}: {side}.num_blocks: required (scenario key or --{side}-blocks){hint}")
 
 
 def _loopback_v4(host: str) -> bool:

@@ -24,7 +24,7 @@ from pdcheck import lifecycle
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
 from pdcheck.envelope import write
-from pdcheck.errors import BadInput, HarnessError
+from pdcheck.errors import HarnessError
 from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher
 from pdcheck.progress import log_line
@@ -302,7 +302,9 @@ def load_prefill(path: Path | None, overrides: dict[str, Any], read_toml: Any, l
     if "num_blocks" not in doc.get("decode", {}):
         extra["decode"] = {"num_blocks": 1}
     if "num_blocks" not in doc.get("prefill", {}) and "num_blocks" not in overrides.get("prefill", {}):
-        raise BadInput(f"{path or 'command line'}: prefill.num_blocks: required (scenario key or --prefill-blocks)")
+        from pdcheck.vllm.scenario import missing_blocks
+
+        raise missing_blocks(str(path or "command line"), "prefill", named=path is not None)
     return load(path, {**overrides, **{k: {**overrides.get(k, {}), **v} for k, v in extra.items()}})
 
 

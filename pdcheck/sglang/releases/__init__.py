@@ -24,8 +24,8 @@ TABLE: ReleaseTable[SglangRelease] = ReleaseTable((
     ((0, 5, 11), (0, 5, 11), r0_5_9.MODEL_0_5_11),
     ((0, 5, 12), (0, 5, 12), r0_5_9.MODEL_0_5_12),
     ((0, 5, 13), (0, 5, 22), r0_5_13.MODEL),
-    ((0, 5, 23), (0, 5, 99), r0_5_23.MODEL),
-), modelled="0.4.5.post3 to 0.5.x", noun="an SGLang release number", example="0.5.8", label="SGLang ")
+    ((0, 5, 23), (0, 5, 23), r0_5_23.MODEL),  # the newest read: a later 0.5 runs as it, with a warning
+), first_name="0.4.5.post3", noun="an SGLang release number", example="0.5.8", label="SGLang ")
 MODELLED: list[SglangRelease] = TABLE.values()
 
 

@@ -33,7 +33,7 @@ CORRECTED = corrected.MODEL
 TABLE: ReleaseTable[ReleaseModel] = ReleaseTable((
     ((0, 9, 0), (0, 9, 0), v0_9_0.MODEL),
     ((0, 9, 1), (0, 9, 1), v0_9_1.MODEL),
-    ((0, 9, 2), (0, 9, 99), v0_9_2.MODEL),
+    ((0, 9, 2), (0, 9, ANY), v0_9_2.MODEL),
     ((0, 10, 0), (0, 10, 0), v0_9_2.MODEL_0_10_0),
     ((0, 10, 1), (0, 10, ANY), v0_10_1.MODEL),  # era D: 0.10.1, 0.10.1.1, 0.10.2
     ((0, 11, 0), (0, 11, 0), v0_11_0.MODEL),  # era E
@@ -55,7 +55,7 @@ TABLE: ReleaseTable[ReleaseModel] = ReleaseTable((
     ((0, 32, 0), (0, 32, ANY), v0_29.MODEL_0_32),  # version 14, layout message names both layouts
     ((0, 33, 0), (0, 33, ANY), v0_29.MODEL_0_33),  # version 15
     ((0, 34, 0), (0, 34, ANY), v0_29.MODEL_0_34),  # H34, version 16, regions paired before the NIXL add
-), modelled="0.9.0 to 0.34.x", example="0.9.1", four_part=("0.10.1.1",))
+), example="0.9.1", four_part=("0.10.1.1",))
 # Releases with a fourth number that exist (release wheels); any other four-part number is a typo.
 LISTED_FOUR_PART = TABLE.four_part
 

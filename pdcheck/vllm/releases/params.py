@@ -36,7 +36,7 @@ PULL: ReleaseTable[Keys] = ReleaseTable.from_firsts((
                   "transfer_mode")),
     ((0, 33, 0), (*_ID, "dcp_size", "pp_size", "remote_num_tokens", "remote_blocks_expiry_time",
                   "remote_registration_generation", "transfer_mode")),
-), last=(0, 34, ANY), modelled="0.9.0 to 0.34.x")
+), last=(0, 34, ANY))
 
 # Push: NixlPushConnectorScheduler.request_finished (nixl/push_scheduler.py), 0.24+.
 PUSH: ReleaseTable[Keys] = ReleaseTable.from_firsts((
@@ -44,7 +44,7 @@ PUSH: ReleaseTable[Keys] = ReleaseTable.from_firsts((
     ((0, 26, 0), (*_ID, "pp_size", "remote_num_tokens")),
     ((0, 28, 0), (*_ID, "pp_size", "remote_num_tokens", "transfer_mode")),
     ((0, 30, 0), (*_ID, "dcp_size", "pp_size", "remote_num_tokens", "transfer_mode")),
-), last=(0, 34, ANY), modelled="0.24.0 to 0.34.x")
+), last=(0, 34, ANY))
 
 
 BLOCK_IDS_PER_GROUP = (0, 18, 0)  # request_finished(request, (block_ids,)) from here on
