@@ -11,9 +11,9 @@ import pytest
 from conftest import ROOT
 
 from pdcheck import catalog
+from pdcheck.scenariofile import BUNDLED
 from pdcheck.sglang.releases import TABLE as SGLANG
 from pdcheck.vllm.releases import TABLE as VLLM
-from pdcheck.vllm.scenario import BUNDLED
 
 SCENARIOS = catalog.scenarios()
 

@@ -26,7 +26,7 @@ from pdcheck.errors import usage_line
     (["requests", "--rate", "x"], "--rate: 'x' is not a number"),
     (["handshake", "--prefill-tp", "1.5"], "--prefill-tp: '1.5' is not a whole number"),
     (["transfer-bench", "--iters", "-"], "--iters: '-' is not a whole number"),
-    (["handshake", "--hang-timeout", ""], "--hang-timeout: '' is not a number"),
+    (["handshake", "--hang-timeout", ""], "--hang-timeout: an empty value; give one, or leave the flag out"),
 ])
 def test_a_value_typer_cannot_read_is_pdchecks_one_line(pdcheck, args: list[str], line: str) -> None:
     r = pdcheck(*args)
