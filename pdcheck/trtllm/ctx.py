@@ -106,7 +106,7 @@ class CtxRole(TrtRole):
         for s in socks:
             poller.register(s, zmq.POLLIN)
         poller.register(self.conn.fileno(), zmq.POLLIN)
-        self.report("ctx")
+        self.state()
         while True:
             events = dict(poller.poll(POLL_MS))
             if self.info is not None and self.info in events:
@@ -124,10 +124,16 @@ class CtxRole(TrtRole):
             if self.conn.fileno() in events:
                 msg = m.recv(self.conn)
                 if isinstance(msg, m.Stop):
+                    if self.spec.serve:  # serve's one line ends with the run: what this rank did, then exit
+                        m.send(self.conn, TrtCtxDone(self.spec.tp_rank, self.result))
                     raise Stopped
                 if isinstance(msg, TrtEndLine):
                     m.send(self.conn, TrtCtxDone(self.spec.tp_rank, self.result))
                     return
+            self.state()
+
+    def state(self) -> None:
+        if not self.spec.serve:  # serve's parent only waits for a signal: nothing decides quiescence there
             self.report("ctx")
 
     def on_info(self, frames: list[bytes]) -> None:

@@ -35,7 +35,7 @@ class LiveCtx(msgspec.Struct, frozen=True):
     """handshake --prefill-endpoint: a live ctx's info endpoint; no fake ctx starts."""
 
     endpoint: str
-    side: dict[str, int | str | bool] = {}  # what its info reply advertised (the proof's oracle needs it)
+    era: str = "W3"  # the wire era its info reply's shape belongs to
 
 
 class TrtPlan(msgspec.Struct, frozen=True):
