@@ -82,7 +82,7 @@ def recognise(reply: bytes, where: str) -> tuple[str, str, wire.Peer]:
     errors = []
     for era, alike in SHAPES:
         try:
-            return era, alike, wire.decode_info_reply(era, reply, where)
+            return era, alike, wire.decode_info_reply(era, reply, "RankInfo" if era == "W3" else "InstanceInfo")
         except WireError as exc:
             errors.append(str(exc))
     raise PeerError(f"{where}: not a TensorRT-LLM RankInfo or InstanceInfo ({b.peer_text(errors[0], 160)})")
