@@ -15,6 +15,7 @@ from pdcheck.trtllm.layout import Side, View, fragments, mapper, merge, peer_ran
 from pdcheck.trtllm.pool import Pool, prove, reads_as
 from pdcheck.trtllm.scenario import load
 
+
 # ------------------------------------------------------------------------------------------------- eras
 @pytest.mark.parametrize(("typed", "line"), [("0.20.0", "E1"), ("0.21", "E1"), ("1.0.0rc4", "E2"), ("1.1.0", "E2"),
                                             ("1.2.1", "E3"), ("1.3.0rc27", "E4"), ("1.4.0rc4", "E5"), ("w1b", "W1b"),

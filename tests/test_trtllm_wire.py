@@ -14,14 +14,17 @@ from hypothesis import strategies as st
 from pdcheck.netio import PeerError
 from pdcheck.trtllm import cppwire, wire
 from pdcheck.trtllm.layout import Side, view_of
-from pdcheck.trtllm.maps import WireError, id_bytes, ids_of
 from pdcheck.trtllm.maps import Req as TReq
+from pdcheck.trtllm.maps import WireError, id_bytes, ids_of
 
 PY = ("W1a", "W1b", "W2a", "W2b", "W3", "corrected")
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
-def facts(side: Side = Side(tp_size=2), rank: int = 1) -> wire.Facts:
+TP2 = Side(tp_size=2)
+
+
+def facts(side: Side = TP2, rank: int = 1) -> wire.Facts:
     return wire.Facts(instance_name="inst", rank=rank, view=view_of(side, rank, 0x7F0000000000), pp_size=side.pp_size,
                       sender_endpoints=["tcp://127.0.0.1:1", "tcp://127.0.0.1:2"], self_endpoint="tcp://127.0.0.1:3",
                       blob=b"nixl-blob", dtype=side.dtype)

@@ -14,7 +14,7 @@ derivation was not read; trtllm#17665 says it keeps 12 request-ID bits)."""
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pdcheck import messages as m
 from pdcheck.errors import NixlCallError
@@ -22,11 +22,11 @@ from pdcheck.trtllm import checks, cppwire, eras
 from pdcheck.trtllm.eras.base import CTX_REFUSES, CTX_THREAD_ENDS, GEN_REFUSES, TrtLine
 from pdcheck.trtllm.maps import WireError
 from pdcheck.trtllm.messages import GenResult, TrtArmed, TrtCtxDone, TrtCtxUp, TrtEndLine, TrtGenGo
-from pdcheck.trtllm.rankbase import NOTIF, POLL_MS
+from pdcheck.trtllm.rankbase import GIVEN_UP, NOTIF, POLL_MS, Stopped, judge
 
-if TYPE_CHECKING:
-    from pdcheck.trtllm.ctx import CtxRole
-    from pdcheck.trtllm.gen import GenRole
+# The roles (pdcheck/trtllm/ctx.py CtxRole, gen.py GenRole) call in here; typed as Any so that this module imports
+# neither (tests/test_imports.py: no cycle).
+CtxRole = GenRole = Any
 
 
 def tag_of(request_id: int) -> int:
@@ -76,8 +76,6 @@ def ctx_line(role: CtxRole) -> None:
         if role.conn.poll(POLL_MS / 1000):
             msg = m.recv(role.conn)
             if isinstance(msg, m.Stop):
-                from pdcheck.trtllm.ctx import Stopped
-
                 raise Stopped
             if isinstance(msg, TrtEndLine):
                 m.send(role.conn, TrtCtxDone(spec.tp_rank, role.result))
@@ -143,8 +141,6 @@ def _ctx_note(role: CtxRole, line: TrtLine, own: cppwire.CacheState, note: bytes
 
 # ---- gen -------------------------------------------------------------------------------------------------------
 def gen_line(role: GenRole, go: TrtGenGo, line: TrtLine) -> GenResult:
-    from pdcheck.trtllm.gen import GIVEN_UP, judge
-
     spec = role.spec
     role.rid = go.unique_rid
     targets = [p.rank for p in go.cpp_peers]

@@ -31,12 +31,8 @@ from pdcheck.trtllm.messages import (
     TrtLine,
     TrtPeers,
 )
-from pdcheck.trtllm.rankbase import NOTIF, POLL_MS, TrtRole
+from pdcheck.trtllm.rankbase import NOTIF, POLL_MS, Stopped, TrtRole
 from pdcheck.trtllm.wire import Facts, Peer, Result
-
-
-class Stopped(Exception):
-    """The parent's Stop arrived inside a line."""
 
 
 class CtxRole(TrtRole):

@@ -25,15 +25,9 @@ from pdcheck.trtllm.eras.base import PEER_INCOMPATIBLE, RESULT_FAILED, TIMEOUT_C
 from pdcheck.trtllm.layout import peer_ranks, view_of
 from pdcheck.trtllm.maps import Req, WireError
 from pdcheck.trtllm.messages import GenResult, TrtGenDone, TrtGenGo, TrtGenSpec, TrtGiveUp
-from pdcheck.trtllm.pool import prove, reads_as
-from pdcheck.trtllm.rankbase import NOTIF, POLL_MS, TrtRole
+from pdcheck.trtllm.pool import prove
+from pdcheck.trtllm.rankbase import GIVEN_UP, NOTIF, POLL_MS, Stopped, TrtRole, judge
 from pdcheck.trtllm.wire import Facts, Peer
-
-GIVEN_UP = object()  # a wait the parent ended: nothing more can arrive
-
-
-class Stopped(Exception):
-    pass
 
 
 class GenRole(TrtRole):
@@ -237,20 +231,6 @@ class GenRole(TrtRole):
             res.proof = proof
             return res
         return judge(self.spec.side.dtype, self.spec.ctx_side.dtype, proof, targets)
-
-
-def judge(gen_dtype: str, ctx_dtype: str, proof: Any, targets: list[int]) -> GenResult:
-    """A completed transfer by its proof: ok, or silent (completed, the rows wrong)."""
-    if proof.status == "ok":
-        return GenResult("ok", "", f"{proof.rows} rows right by coordinate", contacted=targets, proof=proof)
-    if proof.status == "dtype":
-        demo = reads_as(1.0, proof.found_dtype or ctx_dtype, gen_dtype)
-        value = f"; 1.0 written as {proof.found_dtype} reads {demo:g} as {gen_dtype}" if demo is not None else ""
-        return GenResult("silent", "proof", f"completed, and every one of {proof.rows} rows holds its right "
-                         f"coordinate, written as {proof.found_dtype} and read as {gen_dtype} (equal element "
-                         f"sizes: nothing compares the dtype, T73){value}", contacted=targets, proof=proof)
-    return GenResult("silent", "proof", f"completed, but {proof.wrong} of {proof.rows} rows are wrong: {proof.first}",
-                     contacted=targets, proof=proof)
 
 
 def gen_main(conn: Connection, spec_bytes: bytes) -> None:

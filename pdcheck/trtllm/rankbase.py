@@ -14,12 +14,17 @@ from pdcheck import messages as m
 from pdcheck.netio import MAX_FRAME_BYTES
 from pdcheck.nixlagent import LOCAL, no_memory_hooks
 from pdcheck.ranks import Role
-from pdcheck.trtllm.messages import TrtReady, TrtState
-from pdcheck.trtllm.pool import Pool
+from pdcheck.trtllm.messages import GenResult, TrtReady, TrtState
+from pdcheck.trtllm.pool import Pool, reads_as
 
 POLL_MS = 5  # how often a waiting fake rank drives its NIXL worker (a WRITE into it completes only then)
 MAX_FRAMES = 16  # frames of one message a fake rank reads; the rest are dropped unread (the longest era sends 7)
 NOTIF = "notif:"  # counter key of NIXL notifications to an agent
+GIVEN_UP = object()  # a wait the parent ended: nothing more can arrive
+
+
+class Stopped(Exception):
+    """The parent's Stop arrived inside a line."""
 
 
 def descs(segs: list[tuple[int, int]]) -> np.ndarray:
@@ -124,3 +129,17 @@ class TrtRole(Role):
 
     def now(self) -> float:
         return time.monotonic()
+
+
+def judge(gen_dtype: str, ctx_dtype: str, proof: Any, targets: list[int]) -> GenResult:
+    """A completed transfer by its proof: ok, or silent (completed, the rows wrong)."""
+    if proof.status == "ok":
+        return GenResult("ok", "", f"{proof.rows} rows right by coordinate", contacted=targets, proof=proof)
+    if proof.status == "dtype":
+        demo = reads_as(1.0, proof.found_dtype or ctx_dtype, gen_dtype)
+        value = f"; 1.0 written as {proof.found_dtype} reads {demo:g} as {gen_dtype}" if demo is not None else ""
+        return GenResult("silent", "proof", f"completed, and every one of {proof.rows} rows holds its right "
+                         f"coordinate, written as {proof.found_dtype} and read as {gen_dtype} (equal element "
+                         f"sizes: nothing compares the dtype, T73){value}", contacted=targets, proof=proof)
+    return GenResult("silent", "proof", f"completed, but {proof.wrong} of {proof.rows} rows are wrong: {proof.first}",
+                     contacted=targets, proof=proof)
