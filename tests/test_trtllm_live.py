@@ -56,7 +56,7 @@ def serve(*args: str, timeout: float = 90) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def tp2() -> Iterator[Served]:
-    with serve("trt-tp2-to-tp4", "--trtllm", "W3") as s:
+    with serve("trt-tp2-to-tp1", "--trtllm", "W3") as s:
         yield s
 
 
@@ -98,7 +98,7 @@ def test_probe_hazards_against_a_gen_configuration(tp2):
 
 
 def test_handshake_against_serve_writes_and_proves(tp2):
-    r = pdcheck("handshake", "trt-tp2-to-tp4", "--trtllm", "W3", "--prefill-endpoint", tp2.endpoint, "--json")
+    r = pdcheck("handshake", "--trtllm", "W3", "--decode-tp", "4", "--prefill-endpoint", tp2.endpoint, "--json")
     doc = json.loads(r.stdout)
     assert r.returncode == 0, r.stderr
     assert doc["matrix"] == {"W3": ["ok"] * 4} and doc["corrected"] == []
@@ -127,12 +127,12 @@ def test_a_hostile_gen_leaves_serve_serving(tp2):
     finally:
         zctx.destroy(linger=2000)
     time.sleep(0.5)
-    r = pdcheck("handshake", "trt-tp2-to-tp4", "--trtllm", "W3", "--prefill-endpoint", tp2.endpoint, "--json")
+    r = pdcheck("handshake", "--trtllm", "W3", "--decode-tp", "4", "--prefill-endpoint", tp2.endpoint, "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["matrix"] == {"W3": ["ok"] * 4}, r.stderr
 
 
 def test_a_w1b_gen_against_a_w3_ctx_fails_at_the_info_reply(tp2):
-    r = pdcheck("handshake", "trt-tp2-to-tp4", "--trtllm", "W1b", "--prefill-endpoint", tp2.endpoint, "--json")
+    r = pdcheck("handshake", "--trtllm", "W1b", "--decode-tp", "4", "--prefill-endpoint", tp2.endpoint, "--json")
     doc = json.loads(r.stdout)
     assert r.returncode == 1 and doc["matrix"] == {"W1b": ["error"] * 4} and doc["agree"]
 
@@ -147,7 +147,7 @@ def test_a_dtype_skew_against_serve_is_silent():
 
 
 def test_serve_stops_on_sigterm_and_reaps_every_rank():
-    with serve("trt-tp4-to-tp2", "--trtllm", "W2b") as s:
+    with serve("--trtllm", "W2b", "--prefill-tp", "4") as s:
         kids = _descendants(s.proc.pid)
         assert len(kids) >= 4
         s.proc.send_signal(signal.SIGTERM)

@@ -43,9 +43,9 @@ class TensorRTLLM(Framework):
         "smoke": Support(flags=frozenset()),
         "probe": Support("Instead of --vllm: HOST:PORT (or tcp://HOST:PORT) is a TensorRT-LLM ctx's "
                          "disagg_info_endpoint, asked REQUEST_INSTANCE_INFO only; its wire era (W1a ... W3) or "
-                         "'auto'.", frozenset()),
+                         "'auto'.", SCENARIO_FLAGS),
         "serve": Support("Serve fake TensorRT-LLM ctx ranks of this wire era (W1a ... W3, or a 1.4 release) and "
-                         "their info endpoint (--port) instead of vLLM's.", frozenset({"port"})),
+                         "their info endpoint (--port) instead of vLLM's.", SCENARIO_FLAGS | {"port"}),
     }
 
     def release_line(self, release: str) -> str:
