@@ -49,7 +49,8 @@ def unwrap_agent_desc(data: bytes) -> bytes:
         raise ValueError("AgentDesc.deserialize: the descriptor is shorter than its length field")
     n = struct.unpack_from("<Q", data)[0]
     if n > len(data) - 24:
-        raise ValueError(f"AgentDesc.deserialize: a blob length of {n} bytes in {len(data)} (not an AgentDesc: a "
+        # no sizes in the text: a NIXL blob's length depends on the host's UCX transports
+        raise ValueError("AgentDesc.deserialize: its blob length field runs past the descriptor (not an AgentDesc: a "
                          "pure-Python agent's raw NIXL metadata?)")
     return data[8:8 + n]
 
