@@ -5,6 +5,7 @@ runs real gen ranks against it, WRITEs and the row proof included; a hostile gen
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -167,3 +168,35 @@ def test_serve_stops_on_sigterm_and_reaps_every_rank():
 def test_probe_and_serve_bad_input_and_nothing_listening(args, code, says):
     r = run(*args, limit_s=60)
     contract(r, code, within_s=60, says=says)
+
+
+def test_ctrl_c_while_gens_wait_on_a_live_ctx_leaves_nothing_running(tp2):
+    """The gens wait on a ctx that refused them (only logged): a live ctx cannot go quiet for pdcheck, so they wait
+    their hang window; Ctrl-C to the process group ends the run with 130 and reaps every rank."""
+    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "handshake", "--trtllm", "W3", "--decode-block-size",
+                             "32", "--prefill-endpoint", tp2.endpoint, "--hang-timeout", "60"], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(_comm(k).startswith("pdcheck-gen")
+                                                      for k in _descendants(proc.pid)):
+            time.sleep(0.1)
+        time.sleep(1.0)  # the gens have sent their requests and wait
+        kids = _descendants(proc.pid)
+        assert kids, "no rank started"
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err.decode()
+    assert b"Traceback" not in err
+    assert not [k for k in kids if _alive(k)]
+
+
+def _comm(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text()
+    except OSError:
+        return ""

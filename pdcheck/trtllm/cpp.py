@@ -59,7 +59,10 @@ def unwrap_agent_desc(data: bytes) -> bytes:
 def ctx_line(role: CtxRole) -> None:
     spec, line = role.spec, eras.line(role.line_.line)
     m.send(role.conn, TrtCtxUp(spec.tp_rank, "", "", ""))
-    role.receive()  # TrtPeers: nothing for the C++ path
+    # TrtPeers (nothing for the C++ path), read without Role.receive: its NIXL progress would consume (and drop)
+    # a gen's RequestAndBufferInfo that arrives meanwhile
+    if isinstance(m.recv(role.conn), m.Stop):
+        raise Stopped
     pp, _tp = spec.side.coords(spec.tp_rank)
     own = checks.cache_state(spec.side, pp)
     me = NOTIF + role.agent.name

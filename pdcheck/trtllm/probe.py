@@ -11,6 +11,7 @@ wire era is a finding (the named gen era cannot decode it)."""
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -217,7 +218,7 @@ def run_live(plan: TrtPlan) -> Any:
     from pdcheck.launcher import launcher
     from pdcheck.trtllm.gen import gen_main
     from pdcheck.trtllm.messages import TrtGenDone, TrtGenGo, TrtGenSpec, TrtReady
-    from pdcheck.trtllm.runner import LineResult, TrtRunResult, _not_run, _stage, instance_name, timeout_text
+    from pdcheck.trtllm.runner import LineResult, TrtRunResult, _not_run, _stage, timeout_text
 
     t0 = time.monotonic()
     sc, live = plan.scenario, plan.live
@@ -228,7 +229,7 @@ def run_live(plan: TrtPlan) -> Any:
     try:
         with launcher(None) as lau:
             gens = [lau.start("gen", r, gen_main, msgspec.msgpack.encode(TrtGenSpec(
-                r, g, c, instance_name(sc.name, "live-gen"), plan.gen_blocks, plan.ctx_blocks, agent=sc.gen.agent,
+                r, g, c, str(uuid.uuid4()), plan.gen_blocks, plan.ctx_blocks, agent=sc.gen.agent,
                 cap_s=opt.cap_s))) for r in range(g.world)]
             orch.gather(lau, gens, TrtReady, opt.start_timeout_s, _stage("to start", opt.start_timeout_s))
             for i, pair in enumerate(plan.pairs):

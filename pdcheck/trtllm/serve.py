@@ -9,6 +9,7 @@ from __future__ import annotations
 import socket
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from pdcheck.launcher import launcher
 from pdcheck.trtllm import eras
 from pdcheck.trtllm.ctx import ctx_main
 from pdcheck.trtllm.messages import TrtCtxDone, TrtCtxSpec, TrtCtxUp, TrtLine, TrtPeers, TrtReady
-from pdcheck.trtllm.runner import _stage, instance_name
+from pdcheck.trtllm.runner import _stage
 from pdcheck.trtllm.scenario import load
 
 
@@ -70,9 +71,10 @@ def command(scenario: Path | None, releases: str | None, overrides: dict[str, An
         bounds.check_seconds("--duration", duration_s, bounds.SERVE_DURATION_S)
     side = sc.ctx.side()
     finals: dict[int, Any] = {}
+    name = str(uuid.uuid4())  # an instance's name, as TensorRT-LLM's (T19): a gen may meet several serves
     with launcher(None) as lau:
         ranks = [lau.start("ctx", r, ctx_main, msgspec.msgpack.encode(TrtCtxSpec(
-            r, side, instance_name(sc.name, "serve-ctx"), list(range(side.num_blocks)), sc.gen.side(),
+            r, side, name, list(range(side.num_blocks)), sc.gen.side(),
             agent=sc.ctx.agent, serve=True, info_port=port or 0))) for r in range(side.world)]
         orch.gather(lau, ranks, TrtReady, 60.0, _stage("to start", 60.0))
         orch.send_all(ranks, TrtLine(0, line.name, "none", 0, 0))
