@@ -23,8 +23,9 @@ TABLE: ReleaseTable[TrtLine] = ReleaseTable((
     ((1, 2, 0), (1, 2, ANY), e3.MODEL),
     ((1, 3, 0), (1, 3, ANY), e4.MODEL),
     ((1, 4, 0), (1, 4, ANY), w3.E5),
-), modelled="0.20 to 1.4.x (eras E1-E5), or a wire era W1a, W1b, W2a, W2b, W3",
-    noun="a TensorRT-LLM release number or era", example="1.2.1", label="TensorRT-LLM ")
+), noun="a TensorRT-LLM release number or era", example="1.2.1", label="TensorRT-LLM ")
+# What else --trtllm takes beside a release, named where a typed value is refused (the table's range comes first)
+ERA_NAMES = "eras E1-E5, a wire era W1a, W1b, W2a, W2b, W3, or all"
 
 LINES: dict[str, TrtLine] = {x.name: x for x in (e1.MODEL, e2.MODEL, e3.MODEL, e4.MODEL, w3.E5, w1a.MODEL,
                                                   w1b.MODEL, w2a.MODEL, w2b.MODEL, w3.MODEL)}
@@ -45,11 +46,11 @@ def resolve(text: str, where: str = "--trtllm") -> Resolved:
     t = text.strip()
     if is_corrected(t):
         raise BadInput(f"{where}: '{CORRECTED}' runs beside every era; name an era or a release (modelled: "
-                       f"{TABLE.modelled})")
+                       f"{TABLE.modelled}, {ERA_NAMES})")
     by_name = {k.lower(): v for k, v in LINES.items()}
     if t.lower() in by_name:
         return Resolved(t, by_name[t.lower()])
-    line = TABLE.resolve(t, where, lambda x, _n: x, also="all")
+    line = TABLE.resolve(t, where, lambda x, _n: x, also=ERA_NAMES)
     return Resolved(t, line, f"{t} -> {line.name}: attributed from dates ({line.dated}), not from a wheel")
 
 
