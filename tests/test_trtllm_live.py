@@ -104,7 +104,7 @@ def test_handshake_against_serve_writes_and_proves(tp2):
     assert r.returncode == 0, r.stderr
     assert doc["matrix"] == {"W3": ["ok"] * 4} and doc["corrected"] == []
     for v in doc["verdicts"]:
-        assert v["proof"] == {"status": "ok", "blocks": 768, "wrong": 0}
+        assert v["proof"] == {"status": "ok", "blocks": 768, "wrong": 0, "asserts_stripped": None}
 
 
 def test_a_hostile_gen_leaves_serve_serving(tp2):
