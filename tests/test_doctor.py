@@ -305,7 +305,9 @@ def test_dead_peer() -> None:
     t0 = time.monotonic()
     line = _one_line_exit_3(_cli("--peer", f"127.0.0.1:{free_run()}", "--timeout", "2", "--no-transfer"))
     assert "no reply within 2000 ms" in line and "--peer 127.0.0.1:" in line
-    assert time.monotonic() - t0 < 15
+    # the 2 s deadline is the line's own claim; the bound here only says nothing waits on (start-up and the node's
+    # checks take their time on a loaded machine: 16 s at load 20, beside the rest of the suite)
+    assert time.monotonic() - t0 < 60
 
 
 def test_lying_listener() -> None:

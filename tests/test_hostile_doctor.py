@@ -215,9 +215,20 @@ def contract(r: Done, subject: Subject, code: int, *, within_s: float, says: str
     assert not r.left, f"left running: {r.left}"
     left = sorted(p.name for p in subject.tmp.iterdir())
     assert not left, f"left in $TMPDIR: {left}"
-    leaked = _ucx_segments() - subject.shm
-    leaked -= _held_segments(leaked) if leaked else set()
-    assert not leaked, f"left in /dev/shm: {leaked}"
+    assert not _leaked_segments(subject.shm), f"left in /dev/shm: {_leaked_segments(subject.shm)}"
+
+
+def _leaked_segments(before: set[str], grace_s: float = 15.0) -> set[str]:
+    """UCX segments new since `before` that nobody holds and that stay. /dev/shm is the machine's: a test beside
+    this one that SIGKILLs a rank mid start-up leaves a segment there for a moment, until its own pdcheck parent
+    removes it at exit (launcher.remove_leaked_segments); one this subject leaked has nobody left to remove it."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        leaked = _ucx_segments() - before
+        leaked -= _held_segments(leaked) if leaked else set()
+        if not leaked or time.monotonic() > deadline:
+            return leaked
+        time.sleep(0.5)
 
 
 def _peer_args(port: int, timeout: str = "20") -> list[str]:
