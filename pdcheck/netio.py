@@ -63,21 +63,23 @@ def bounded_socket(ctx: zmq.Context, kind: int, host: str) -> zmq.Socket:
     return sock
 
 
-def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes, timeout_s: float,
-                  while_waiting: Callable[[], object] | None = None) -> list[bytes]:
-    """Send `request` on a fresh REQ socket and return the reply frames, all within timeout_s. while_waiting:
-    called every few milliseconds until the reply comes (what the caller's process must keep doing meanwhile).
+def request_reply(ctx: zmq.Context, endpoint: str, host: str, request: bytes | list[bytes], timeout_s: float,
+                  while_waiting: Callable[[], object] | None = None, kind: int = zmq.REQ) -> list[bytes]:
+    """Send `request` (one frame, or a multipart message) on a fresh socket of `kind` and return the reply frames,
+    all within timeout_s. kind: REQ (vLLM's and doctor's side channels), or DEALER for a ROUTER that answers
+    without REQ's empty delimiter frame (TensorRT-LLM's RankInfoServer). while_waiting: called every few
+    milliseconds until the reply comes (what the caller's process must keep doing meanwhile).
 
     ReplyTimeout when no reply came in time (nothing listening, a mute peer, or a peer that sent an oversized
     frame: libzmq drops that connection silently, so the message says both). PeerError for a reply of too
     many frames or bytes."""
     deadline = deadline_in(timeout_s)
-    sock = bounded_socket(ctx, zmq.REQ, host)
+    sock = bounded_socket(ctx, kind, host)
     try:
         sock.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
         sock.connect(endpoint)
         try:
-            sock.send(request)
+            sock.send_multipart(request if isinstance(request, list) else [request])
         except zmq.Again:
             raise ReplyTimeout(f"{endpoint}: the request could not be sent within {timeout_s:g} s") from None
         while True:
