@@ -399,6 +399,7 @@ class ReqPrefill(msgspec.Struct, tag=True):
     delay_rank: int = -1  # ... only this D TP rank's is delayed
     stall_s: float = 0.0  # test hook: P's loop stops this long before it takes the request (a machine that gives
     # the process no core: pdcheck.requests.run's end waits for it)
+    crash: bool = False  # test hook: P raises an exception it does not expect as it takes the request
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):
@@ -427,6 +428,7 @@ class ReqDecode(msgspec.Struct, tag=True):
     read_fail: bool = False
     abort: bool = False  # abort-d: the client aborts while the READ is in flight
     alone: bool = False  # a fault touches it: D reads it alone, after every READ before it (none beside it)
+    crash: bool = False  # test hook: D raises an exception it does not expect as it takes the request
 
 
 class ReqDecoded(msgspec.Struct, tag=True):

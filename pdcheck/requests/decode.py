@@ -42,7 +42,7 @@ class RequestsD(RequestsRole):
         self.own = PSide(self.host, 0, values, self.spec.mute_side)
         return msgspec.structs.replace(super().ready(), side_host=self.own.host, side_port=self.own.port)
 
-    def run(self) -> None:
+    def loop(self) -> None:
         self.line: Lifecycle = CORRECTED
         self.release = CORRECTED.line  # the release under test: its log texts (pdcheck.requests.texts)
         self.peer: m.ReqReady | None = None  # the P whose agent D loaded (its handshake)
@@ -126,6 +126,10 @@ class RequestsD(RequestsRole):
             self.tick_unshaken(time.time())
         if self.held:
             self.tick(time.time())
+        if isinstance(msg, m.ReqDecode):
+            self.at = msg.request
+            if msg.crash:
+                raise RuntimeError("an exception injected by the test hook Options.crash")
         if isinstance(msg, m.ReqBegin):
             self.start_reads()  # the last line's requests, before this line begins
             self.settle()
@@ -507,6 +511,7 @@ class RequestsD(RequestsRole):
         landed: list[_Flight] = []
         while self.flight:
             f = self.flight[0]
+            self.at = f.msg.request
             ctx = f"request {f.msg.request}"
             try:
                 done = all([self.agent.done(h, ctx) for h in f.h])

@@ -46,7 +46,7 @@ class RequestsP(RequestsRole):
         self.side = PSide(self.host, self.spec.side_port, values, self.spec.mute_side)
         return msgspec.structs.replace(super().ready(), side_host=self.side.host, side_port=self.side.port)
 
-    def run(self) -> None:
+    def loop(self) -> None:
         kv, tag, me = self.kv, engine_tag(self.spec.engine_id), self.spec.tp_rank
         n = self.spec.num_blocks
         line: Lifecycle = CORRECTED
@@ -173,6 +173,9 @@ class RequestsP(RequestsRole):
                     free.extend(got.blocks)
                     admit()
             elif isinstance(msg, m.ReqPrefill):
+                self.at = msg.request
+                if msg.crash:
+                    raise RuntimeError("an exception injected by the test hook Options.crash")
                 if msg.stall_s > 0:
                     time.sleep(msg.stall_s)  # the test hook: this process given no core for a while
                 notif_faults[msg.request] = msg
@@ -235,6 +238,7 @@ class RequestsP(RequestsRole):
                         errors.append(f"{raw!r}: ValueError: {exc}")
                         continue
                     i = by_id.get(rid, -1)
+                    self.at = i if i >= 0 else self.at
                     if i in held:
                         # every consumer (D rank reading this P rank) notifies once; free after the last
                         counts[rid] = counts.get(rid, 0) + 1
