@@ -384,7 +384,7 @@ def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> No
     assert {o.verdict for o in out} == {"recomputed"}  # the corrected D gives its blocks back at the lease
 @pytest.mark.parametrize(("text", "needle"), [
     ("restart-p", "name the request"), ("restart-p:p=0.5", "name the request"), ("restart-p:7", "does not exist"),
-    ("restart-p:1:rank=-1", "P rank -1 does not exist"), ("restart-p:1:rank=x", "rank= takes an integer"),
+    ("restart-p:1:rank=-1", "rank= takes a P TP rank"), ("restart-p:1:rank=x", "rank= takes a P TP rank"),
     ("restart-p:1:2", "too many"), ("hold", "give the seconds"), ("heartbeat-loss:0", "seconds must be"),
     ("read-fail:x", "must be an integer"), ("abort-d:9", "request 9 does not exist"),
 ])

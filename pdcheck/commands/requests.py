@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdcheck.cliopts import Command, complete_scenario, release_flags
+from pdcheck.cliopts import Command, complete_scenario, release_flags, shape_flags
 from pdcheck.commands import OUTPUT, Opt, emit, exit_codes, output_flags
 from pdcheck.requests.faults import NAMES
 
@@ -19,6 +19,9 @@ EPILOG = f"""[bold]Examples[/]
   [dim]# no file: flags only[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 \\
       --fault slow-decode:1 --fault drop-notif:3
+  [dim]# on a shape: P TP 2 -> D TP 2, one P worker restarted[/]
+  pdcheck requests --vllm 0.34.0 --prefill-tp 2 --decode-tp 2 \\
+      --fault restart-p:2:rank=1
   [dim]# push mode (0.24+): D registers, P WRITEs; request 2's completion lost[/]
   pdcheck requests --vllm 0.24.0,0.34.0 --mode push --lease 0.5 \\
       --fault drop-notif:2
@@ -42,11 +45,13 @@ def register(app: typer.Typer) -> None:
     @app.command(cls=Command, epilog=EPILOG)
     @output_flags
     @release_flags("requests")
+    @shape_flags
     def requests(
         scenario: Annotated[Path | None, typer.Argument(
             metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled requests scenario's name or a requests TOML file (flags override it).")] = None,
         *,
+        overrides: dict[str, dict[str, int]],
         releases: dict[str, str | None],
         n_requests: Annotated[int | None, Opt("--requests", metavar="N", rich_help_panel=LOAD, show_default=False,
                                               help="Requests per release (default 8).")] = None,
@@ -88,6 +93,7 @@ def register(app: typer.Typer) -> None:
 
         fw, rels = frameworks.pick(None, releases, str(scenario or "command line"), command="requests")
         outcome = fw.requests({"scenario": scenario, "releases": rels, "faults": fault or [], "plot": plot, "all": every,
+                               "shape": overrides,
                                "flags": {"requests": n_requests, "rate": rate, "lease": lease,
                                          "blocks_per_request": blocks_per_request, "pool": pool, "seed": seed,
                                          "failure_policy": failure_policy, "mode": mode,

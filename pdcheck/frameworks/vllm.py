@@ -306,7 +306,7 @@ class VLLM(Framework):
 
     # ------------------------------------------------------------------------------------------ requests
     def requests(self, o: dict[str, Any]) -> Outcome:
-        plan = requests_plan(o["scenario"], o["releases"], o["flags"], o["faults"])
+        plan = requests_plan(o["scenario"], o["releases"], o["flags"], o["faults"], o.get("shape") or {})
         plot = o["plot"]
         if plot is not None:
             from pdcheck import figure
@@ -417,12 +417,13 @@ def requests_files(directory: Path) -> list[Path]:
         return []
 
 
-def requests_plan(scenario: Path | None, vllm: str | None, flags: dict[str, Any], faults: list[str]) -> Any:
+def requests_plan(scenario: Path | None, vllm: str | None, flags: dict[str, Any], faults: list[str],
+                  shape: dict[str, dict[str, int]] | None = None) -> Any:
     from pdcheck.requests.plan import build
     from pdcheck.scenario import read_toml
 
     doc = read_toml(scenario) if scenario is not None else {}
-    return build(scenario, doc, vllm, flags, faults)
+    return build(scenario, doc, vllm, flags, faults, shape)
 
 
 def requests_execute(plan: Any, tick: Any = None) -> Any:
