@@ -6,6 +6,7 @@ its WRITEs (_PushWaiter)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from typing import Any
@@ -188,14 +189,14 @@ class RequestsD(RequestsRole):
             self.use(self.srcs[engine] if engine in self.srcs else self.cur)
             return None
         if self.joined is not None and self.joined[0] == engine:
-            return self.joined[1].verdict(self.line, msg.request, params)
+            return self.joined[1].verdict(self.line, msg.request, params, functools.partial(self.handshake_log, msg))
         port = params.get("remote_port")
         ok = self.handshake(engine, port if isinstance(port, int) else None)
         if not ok and self.unreached is not None:
             self.joined = (engine, self.unreached)
             while self.queued():  # sent while the handshake ran: they joined its future
                 self.backlog += m.unbatch(m.recv(self.conn))
-            return self.unreached.verdict(self.line, msg.request, params)
+            return self.unreached.verdict(self.line, msg.request, params, functools.partial(self.handshake_log, msg))
         return None
 
     def unknown(self, msg: m.ReqDecode) -> bool:
@@ -263,8 +264,12 @@ class RequestsD(RequestsRole):
         eid = metas[0].engine_id
         if engine is not None and eid != engine and self.line.engine_id_checked:
             # Nothing is recorded for the engine the request named: its next request handshakes again.
-            self.out.add(m.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
-                                        + msg_engine_id(engine, eid)))
+            error = "RuntimeError: " + msg_engine_id(engine, eid)
+            # the handshake's own done_callback line (0.14+: _log_failure with no request, the engine it asked for)
+            said = texts.failure_log(self.release, "handshake_setup_failed", {
+                "request_id": None, "engine_id": self.spec.engine_id, "remote_engine_id": engine})
+            self.out.add(m.ReqHandshook(endpoint(side), side.wire, f"{said}; exc_info: {error}" if said
+                                        else f"handshake_setup_failed: {error}"))
             if eid not in self.srcs:
                 self.load(metas)  # decide() names the mismatch from the engine D reached
             self.use(self.srcs[eid])
@@ -352,7 +357,7 @@ class RequestsD(RequestsRole):
         line, peer = self.line, self.peer
         assert peer is not None
         refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time(),
-                         self.p_geom.tp_size)
+                         self.p_geom.tp_size, functools.partial(self.handshake_log, msg))
         if refused is not None:
             return m.ReqDecoded(msg.request, "refused", *refused)
         assert msg.params is not None
@@ -462,7 +467,9 @@ class RequestsD(RequestsRole):
                     agent.release(h)
                 raise
         except NixlCallError as exc:
-            return self.failed(msg, rid, mine, exc, t_read)
+            # preparing or posting the READ raised: _read_blocks' transfer_setup_failed, whatever NIXL's status (a
+            # dead peer's NIXL_ERR_REMOTE_DISCONNECT at post time included)
+            return self.failed(msg, rid, mine, exc, t_read, "transfer_setup_failed")
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
             error = f"{type(exc).__name__}: {exc}"
             verdict, detail = on_failure(line, i, "transfer_setup_failed", error,
@@ -564,18 +571,31 @@ class RequestsD(RequestsRole):
                     self.out.flush()
 
     def failed(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, exc: NixlCallError,
-               t_read: float) -> m.ReqDecoded:
+               t_read: float, kind: str = "") -> m.ReqDecoded:
         line, i = self.line, msg.request
         if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
             return m.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
                                 "recomputed", t_read)
-        # As vLLM names it: posting the READ raised (_read_blocks), its state came back failed, or looking at
-        # its state raised (_pop_done_transfers).
-        kind = {"transfer": "transfer_failed", "check_xfer_state": "transfer_exception"}.get(exc.op,
-                                                                                          "transfer_setup_failed")
+        # As vLLM names it (kind: the caller knows): preparing or posting the READ raised (_read_blocks'
+        # transfer_setup_failed), its state came back failed (_pop_done_transfers' transfer_failed), or looking at
+        # its state raised (transfer_exception).
+        kind = kind or {"transfer": "transfer_failed", "check_xfer_state": "transfer_exception"}.get(
+            exc.op, "transfer_setup_failed")
         extra = {"xfer_state": "ERR"} if kind == "transfer_failed" else {}
         verdict, detail = on_failure(line, i, kind, str(exc), self.failure_log(msg, rid, mine, kind, str(exc), extra))
         return m.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def handshake_log(self, msg: m.ReqDecode, error: str) -> str:
+        """What the release logs for a request whose handshake failed (request_ready's _log_failure with the request's
+        meta, then from 0.22 get_finished's 'Skipping KV post-processing' warning): the blocks in its context are the
+        ones D would have read into."""
+        p = msg.params if isinstance(msg.params, dict) else {}
+        try:
+            k = len(read_ids(p, self.kv.geometry.block_size))
+        except (KeyError, TypeError, ValueError):
+            k = 0
+        mine = (self.next_block + np.arange(k)) % self.kv.num_blocks
+        return self.failure_log(msg, str(p.get("remote_request_id", msg.request_id)), mine, "handshake_failed", error)
 
     def failure_log(self, msg: m.ReqDecode, rid: str, mine: np.ndarray, kind: str, error: str,
                     extra: dict[str, Any] | None = None) -> str:

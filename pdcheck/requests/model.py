@@ -138,9 +138,10 @@ def on_failure(line: Lifecycle, req: int, failure_type: str, error: str, log: st
 
 
 def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: str, p_blocks: int,
-           now: float, p_tp: int = P_RANKS) -> tuple[str, str] | None:
+           now: float, p_tp: int = P_RANKS, log: Callable[[str], str] | None = None) -> tuple[str, str] | None:
     """What D does with the params before any READ: None (read), or (verdict, detail). p_tp: P's TP as D's
-    handshake with the engine recorded it (the request path's P runs P_RANKS ranks)."""
+    handshake with the engine recorded it (the request path's P runs P_RANKS ranks); log: the release's log line
+    for a failed handshake (the real D's; the model needs only the verdict)."""
     if params is None:
         return "recomputed", "no kv_transfer_params: D prefills the prompt itself"
     if "remote_request_id" in line.keys and "remote_request_id" not in params:
@@ -150,8 +151,8 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
                             "request waits in WAITING_FOR_REMOTE_KVS")
         return "recomputed", "kv_transfer_params lack remote_request_id: refused, prefill recomputed"
     if params.get("remote_engine_id") != p_engine and line.engine_id_checked:
-        return on_failure(line, req, "handshake_failed", "RuntimeError: "
-                          + msg_engine_id(str(params.get("remote_engine_id")), p_engine))
+        error = "RuntimeError: " + msg_engine_id(str(params.get("remote_engine_id")), p_engine)
+        return on_failure(line, req, "handshake_failed", error, log(error) if log else "")
     if line is CORRECTED:
         expiry = params.get("remote_blocks_expiry_time")
         if expiry is not None and now >= expiry:
@@ -440,7 +441,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                                                     r.deadline if r.deadline < math.inf else None, r.gens)
         bad = pick(faults, "bad-params", i)
         if bad is not None and params is not None:
-            earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+            # the previous request of this P DP rank (reqs holds this group's only)
+            earlier = reqs[i - group[1]].blocks if i - group[1] in reqs else None
             params = apply_bad(params, bad.kind, pool, earlier)
         if pick(faults, "drop-params", i):
             params = None

@@ -108,11 +108,13 @@ class RequestsP(RequestsRole):
                                          deadline if expiry is not None else None, gens, rid, inc + 1,
                                          block_size=kv.geometry.block_size)
                 else:
-                    # vLLM's registration generation is 1 in every P process (one registration at start-up), so
-                    # a replaced P hands out the same one; the corrected path counts incarnations.
+                    # vLLM's registration generation counts the workers' metadata the scheduler took at start-up
+                    # (set_xfer_handshake_metadata: +1 per (PP, TP) rank whose payload changed, all at once), so
+                    # every P process of TP N hands out N and a replaced P the same; the corrected path counts
+                    # incarnations.
                     params = params_for(line, i, blocks, self.spec.engine_id, side.port, tp,
                                         deadline if expiry is not None else None, gens, rid,
-                                        (generation or inc + 1) if line is CORRECTED else 1,
+                                        (generation or inc + 1) if line is CORRECTED else tp,
                                         block_size=kv.geometry.block_size)
                 out.add(m.ReqPrefilled(i, rid, blocks, gens, params, now))
 
@@ -265,7 +267,8 @@ class RequestsP(RequestsRole):
             if now >= next_expiry and not dead:
                 for i in [i for i, h in held.items() if now >= h.deadline]:
                     rid = next((k for k, v in by_id.items() if v == i), str(i))
-                    release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
+                    # the consumers' done notifications this worker got for it (consumer_notification_counts_by_req)
+                    release(i, "expired", line.expiry_log.format(req=rid, n=counts.pop(rid, 0), s=expiry or 0))
                 next_expiry = min((h.deadline for h in held.values()), default=float("inf"))
             if waiting and free:
                 admit()

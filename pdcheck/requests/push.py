@@ -416,7 +416,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                                                 r.deadline if r.deadline < math.inf else None, r.gens)
             bad = pick(faults, "bad-params", i)
             if bad is not None:
-                earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+                earlier = reqs[i - group[1]].blocks if i - group[1] in reqs else None  # this P DP rank's previous
                 prm = apply_bad(prm, bad.kind, pool, earlier)
             if pick(faults, "drop-params", i):
                 prm = None

@@ -235,7 +235,14 @@ def _notes(text: str, notes: dict[str, int], first: dict[int, str]) -> str:
         return n
 
     text = _NIXL_EXC.sub(lambda m: f"{m.group(1)} [{note(m.group(1), m.group(0))}]", text)
-    return _CONTEXT.sub(lambda m: f"Context [{note('context', m.group(0))}]", text)
+    # one note per failure type: a handshake's context and a READ's differ in more than their numbers
+    return _CONTEXT.sub(lambda m: f"Context [{note('context ' + _kind(m.group(0)), m.group(0))}]", text)
+
+
+def _kind(context: str) -> str:
+    got = re.search(r"'failure_type': '([a-z_]+)'", context)
+    return got.group(1) if got else ""
+
 
 
 def _span_text(ids: list[int], most: int = 5) -> str:

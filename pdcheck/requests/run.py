@@ -326,8 +326,8 @@ class _LineState:
     def worker_done(self, slot: _PSlot, msg: m.ReqFreed) -> None:
         got = self.done.setdefault(msg.request, {})
         got[slot.tp_rank] = msg
-        if msg.log and slot.tp_rank == 0:
-            self.logs.append(msg.log)
+        if msg.log:  # every P worker logs its own expiry (vLLM's _reap_expired_send_leases runs in each)
+            self.logs.append(f"(P TP{slot.tp_rank}) {msg.log}")
         if len(got) == self.opts.shape.p_tp and msg.request not in self.freed:
             # the scheduler frees once every worker is done: at the last one, expired if any worker expired (a
             # replaced worker's "lost" counts as done, never as how)
@@ -732,7 +732,8 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: 
     params: dict[str, Any] | msgspec.Raw | None = pf.params  # forwarded as P encoded them
     bad = pick(opts.faults, "bad-params", i)
     if bad is not None:
-        earlier = prefilled[i - 1].blocks if i - 1 in prefilled else None
+        j = i - opts.shape.p_dp  # reused-ids: the previous request the router sent the same P DP rank (engine)
+        earlier = prefilled[j].blocks if j in prefilled else None
         params = apply_bad(msgspec.msgpack.decode(pf.params), bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
