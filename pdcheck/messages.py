@@ -487,10 +487,26 @@ class ReqReplaced(msgspec.Struct, tag=True):
     generation: int
 
 
+class ReqDone(msgspec.Struct, tag=True):
+    """To D's ranks: every D rank of the request's DP group answered it (vLLM's finished_recving, aggregated over
+    the workers): its heartbeats stop (pdcheck.requests.heartbeat)."""
+
+    request: int
+
+
+class ReqTally(msgspec.Struct, tag=True):
+    """A D rank at the line's end (after ReqEnd): per request, the heartbeats that named it and the handshakes made
+    for it; the HB messages it sent."""
+
+    heartbeats: dict[int, int]
+    handshakes: dict[int, int]
+    sent: int
+
+
 class ReqBatch(msgspec.Struct, tag=True):
     """Request-path messages of one loop turn, in order, in one pipe write (a wake-up per turn, not per request)."""
 
-    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook | ReqRelease]
+    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook | ReqRelease | ReqDone]
 
 
 class ReqAccount(msgspec.Struct, tag=True):
@@ -507,7 +523,7 @@ class ReqAccount(msgspec.Struct, tag=True):
 Msg = (Ready | Serve | Serving | Failed | Go | TagReq | Tagged | Stop | PrefillFinal | DecodeResult | FrameworkFinal
        | BenchReady | Peers | Row | Filled | Armed | Ack | Measure | Poll | Stats | RankRow | Bye
        | ReqReady | ReqBegin | ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqEnd | ReqSync | ReqAccount
-       | ReqRelease | ReqAdopt | ReqReplaced
+       | ReqRelease | ReqAdopt | ReqReplaced | ReqDone | ReqTally
        | ReqBatch | ReqHandshook)
 
 _enc = msgspec.msgpack.Encoder()

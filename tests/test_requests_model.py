@@ -441,14 +441,20 @@ def test_abort_d_frees_under_the_read_before_0_16() -> None:
         assert abort_waits_read(line_of(version)) == (not under)
 
 
-def test_push_failed_write_hangs_d_and_p_waits_for_the_lease() -> None:
+def test_push_failed_write_hangs_d_and_ds_heartbeats_keep_ps_blocks() -> None:
     from pdcheck.requests import push
 
     for version in ("0.26.0", "0.34.0"):
         out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, parse_all(["read-fail:2"], 8))
         assert [o.verdict for o in out] == ["delivered"] * 2 + ["hang"] + ["delivered"] * 5, version
         assert "transfer_setup_failed" in out[2].detail and "never told" in out[2].detail
-        assert (acc.freed, acc.expired, acc.late_notifs) == (7, 1, 0)  # no handle kept: P frees at the lease
+        # no handle kept: P's blocks wait for the lease, which D's heartbeats renew while it waits for the WRITE
+        # (finished_recving never comes): still held at the run's end
+        assert (acc.freed, acc.expired, acc.held, acc.late_notifs) == (7, 0, 1, 0)
+        # without heartbeats (lost) the lease frees them
+        _out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5,
+                                  parse_all(["read-fail:2", "heartbeat-loss:0.01:2"], 8))
+        assert (acc.freed, acc.expired, acc.held) == (7, 1, 0)
     assert push_verdicts("corrected", ["read-fail:2"])[2] == "recomputed"  # D's watchdog at the lease
 
 

@@ -23,6 +23,7 @@ from pdcheck.releases.params import block_id_groups
 from pdcheck.releases.rules import msg_engine_id
 from pdcheck.requests import push, shapes, texts
 from pdcheck.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
+from pdcheck.requests.heartbeat import Beats, Tracked, tracks
 from pdcheck.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.requests.model import abort_detail, decide, on_failure, read_ids
 from pdcheck.requests.role import POLL_S, Outgoing, RequestsRole, forget_remote, load_remote
@@ -79,15 +80,18 @@ class RequestsD(RequestsRole):
         self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
         self._local_ids: dict[tuple[int, int], np.ndarray] = {}
         self._remote_ids: dict[tuple[int, ...], np.ndarray] = {}
-        self.beats: list[str] = []  # this turn's requests whose leases the heartbeat renews
-        self.todo: list[tuple[m.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
+        self.todo: list[tuple[m.ReqDecode, str]] = []  # this turn's requests to READ
+        self.hb = Beats()  # the requests D's scheduler heartbeats (pdcheck.requests.heartbeat)
+        self.fresh: set[str] = set()  # engines this turn started a handshake with: no heartbeat to them yet
+        self.shake_for: list[int] = []  # the requests the next handshake is made for (counted per request)
+        self.reg_gen: dict[str, int] = {}  # 0.33+: the registration generation D recorded per engine
         waiter = _PushWaiter(self)
         self.out = out = Outgoing(self.conn)
         while True:
             # READs in flight: a short look at the pipe, then at the READs again. D never spins on one READ: P
             # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
             first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or self.unshaken
-                              or waiter.busy else 0.05)
+                              or waiter.busy or self.hb.tracked else 0.05)
             msgs = m.unbatch(first)
             while first is not None and self.queued():  # everything queued: its READs go out together
                 msgs += m.unbatch(first := m.recv(self.conn))
@@ -105,6 +109,7 @@ class RequestsD(RequestsRole):
             self.joined = None  # later requests start a handshake of their own
             self.start_reads()
             self.reap()
+            self.heartbeat(time.time())
             if waiter.mode != "push" and self.peer is not None:
                 # vLLM's D runs get_finished every engine step, and its get_new_notifs drives the UCX worker:
                 # without that, a heartbeat (or a delayed notification) sent while D only holds a request sits
@@ -131,7 +136,19 @@ class RequestsD(RequestsRole):
             self.at = msg.request
             if msg.crash:
                 raise RuntimeError("an exception injected by the test hook Options.crash")
-        if isinstance(msg, m.ReqBegin):
+            params = msg.params if isinstance(msg.params, dict) else None
+            if tracks(self.line, params) and self.expiry_s is not None:  # on_new_request
+                assert params is not None
+                port = params.get("remote_port")
+                self.hb.track(Tracked(msg.request, str(params["remote_request_id"]),
+                                      str(params["remote_engine_id"]), port if isinstance(port, int) else None,
+                                      msg.heartbeats_lost))
+        if isinstance(msg, m.ReqDone):
+            self.hb.stop(msg.request)  # every D rank of its DP group answered it: finished_recving
+        elif isinstance(msg, m.ReqEnd):  # the line's end: what this rank's heartbeats and handshakes came to
+            out.send(m.ReqTally(dict(self.hb.named), dict(self.hb.shakes), self.hb.sent))
+            self.hb.tracked.clear()
+        elif isinstance(msg, m.ReqBegin):
             self.start_reads()  # the last line's requests, before this line begins
             self.settle()
             self.line = with_policy(line_of(msg.line), msg.failure_policy)
@@ -149,6 +166,8 @@ class RequestsD(RequestsRole):
                 self.side = msg.side
             # A new line is a fresh deployment: D knows no engine until a request names one (lazy handshake).
             self.known.clear()
+            self.reg_gen.clear()
+            self.hb.reset()
             self.unreached = None
             out.send(m.Ack())
         elif isinstance(msg, m.ReqDecode) and not self.pushing and msg.hold_s > 0 and self.unknown(msg):
@@ -184,13 +203,20 @@ class RequestsD(RequestsRole):
                 decide(self.line, msg.request, None, "", 0, 0.0)
         if self.side is None:
             return None
+        if not self.pushing and self.line.missing_request_id == "hang" and "remote_request_id" not in params:
+            # update_state_after_alloc refuses the params before any receive is scheduled: no handshake (and the
+            # scheduler never tracked it for heartbeats)
+            return decide(self.line, msg.request, params, "", 0, 0.0)
         engine = str(params.get("remote_engine_id"))
+        if msg.hold_s == 0:
+            self.generation(engine, params)
         if engine in self.known:
             self.use(self.srcs[engine] if engine in self.srcs else self.cur)
             return None
         if self.joined is not None and self.joined[0] == engine:
             return self.joined[1].verdict(self.line, msg.request, params, functools.partial(self.handshake_log, msg))
         port = params.get("remote_port")
+        self.shake_for = [msg.request]
         ok = self.handshake(engine, port if isinstance(port, int) else None)
         if not ok and self.unreached is not None:
             self.joined = (engine, self.unreached)
@@ -198,6 +224,36 @@ class RequestsD(RequestsRole):
                 self.backlog += m.unbatch(m.recv(self.conn))
             return self.unreached.verdict(self.line, msg.request, params, functools.partial(self.handshake_log, msg))
         return None
+
+    def generation(self, engine: str, params: dict[str, Any]) -> None:
+        """0.33+ (_read_blocks_for_req): a registration generation newer than the one D recorded for the engine
+        drops what D loaded (_cleanup_remote_engine) and handshakes again. D records none at a handshake a heartbeat
+        started, so the request's own READ makes a second one after it."""
+        if self.line is CORRECTED or self.pushing or "remote_registration_generation" not in self.line.keys:
+            return
+        gen = params.get("remote_registration_generation")
+        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
+        if self.reg_gen.get(engine, 0) < gen:
+            self.reg_gen[engine] = gen
+            self.known.discard(engine)
+
+    def heartbeat(self, now: float) -> None:
+        """The scheduler's heartbeat, when due (every lease/6): `HB:<ids>` to each P agent of every engine D knows;
+        one D does not know gets a handshake instead, and nothing this time (_send_heartbeats)."""
+        groups = self.hb.due(now, (self.expiry_s or 0.0) / 6) if self.side is not None else {}
+        for engine, reqs in groups.items():
+            if engine in self.fresh:  # its handshake started this turn: still pending in vLLM
+                continue
+            if engine not in self.known:
+                self.shake_for = [t.request for t in reqs]
+                self.handshake(engine, reqs[0].port)  # a failure is only logged; the next heartbeat tries again
+                continue
+            note = Beats.message(reqs)
+            srcs = self.srcs.get(engine) or []
+            if note is not None and srcs:
+                self.notify(note, srcs)
+                self.hb.count_sent(reqs, len(srcs))
+        self.fresh.clear()
 
     def unknown(self, msg: m.ReqDecode) -> bool:
         """The request's params name an engine D has not handshaken with in this line."""
@@ -216,7 +272,8 @@ class RequestsD(RequestsRole):
         self.tick_unshaken(now)
 
     def tick_unshaken(self, now: float) -> None:
-        interval = (self.expiry_s or 0.0) / 6
+        """Held requests of an engine D does not know: read at the hold's end (the request's own handshake), or held
+        as any once a handshake (a heartbeat's, heartbeat()) loaded the engine."""
         for h in list(self.unshaken):
             params = h.msg.params
             assert isinstance(params, dict)
@@ -225,11 +282,6 @@ class RequestsD(RequestsRole):
                 self.unshaken.remove(h)
                 self.take(msgspec.structs.replace(h.msg, hold_s=0.0))
                 continue
-            beats = self.line.heartbeat and interval > 0 and "remote_request_id" in params
-            if engine not in self.known and beats and now >= h.next_hb:
-                port = params.get("remote_port")
-                self.handshake(engine, port if isinstance(port, int) else None)  # the heartbeat's
-                h.next_hb = now + interval
             if engine in self.known:  # a handshake loaded it: the request waits out its hold as any held one
                 self.unshaken.remove(h)
                 self.take(msgspec.structs.replace(h.msg, hold_s=h.read_at - now))
@@ -249,7 +301,11 @@ class RequestsD(RequestsRole):
         registration changed. False when the handshake failed (self.unreached says why) or P did not change.
         engine: the engine id the request named (None: the one D loaded). A reply of another engine fails the
         handshake where the release checks it (handshake_setup_failed; the request's verdict is decide's)."""
-        sides = self.sides_for(engine if engine is not None else (self.peer.engine_id if self.peer else ""), port)
+        asked = engine if engine is not None else (self.peer.engine_id if self.peer else "")
+        sides = self.sides_for(asked, port)
+        self.hb.count_shake(self.shake_for or ([self.at] if self.at is not None else []))
+        self.shake_for = []
+        self.fresh.add(asked)
         metas: list[AnyMeta] = []
         for rd in self.plan:  # one handshake with the engine: every P rank this D rank reads, on its port
             side = sides[rd.p_rank] if rd.p_rank < len(sides) else sides[0]
@@ -340,17 +396,16 @@ class RequestsD(RequestsRole):
         return ok
 
     def tick(self, now: float) -> None:
-        """Held requests: heartbeats every lease/6 (unless lost), and the READ once the hold is over."""
-        interval = (self.expiry_s or 0.0) / 6
+        """Held requests: the READ once the hold is over (the scheduler schedules it: its handshake checks first);
+        their heartbeats are the scheduler's (heartbeat())."""
         for h in list(self.held):
             if now >= h.read_at:
                 self.held.remove(h)
-                got = self.read(h.msg, h.rid)
+                refused = self.ensure(msgspec.structs.replace(h.msg, hold_s=0.0))
+                got = m.ReqDecoded(h.msg.request, "refused", *refused) if refused is not None else \
+                    self.read(h.msg, h.rid)
                 if got is not None:
                     self.out.add(got)
-            elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
-                self.notify(f"HB:{h.rid}".encode())
-                h.next_hb = now + interval
 
     def decode(self, msg: m.ReqDecode) -> m.ReqDecoded | None:
         """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
@@ -362,8 +417,6 @@ class RequestsD(RequestsRole):
             return m.ReqDecoded(msg.request, "refused", *refused)
         assert msg.params is not None
         rid = str(msg.params.get("remote_request_id", msg.request_id))
-        if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
-            self.beats.append(rid)  # the scheduler now tracks it: start_reads() renews its lease
         if msg.hold_s > 0:
             now = time.time()
             self.held.append(_Hold(msg, rid, now + msg.hold_s, now + (self.expiry_s or 0.0) / 6))
@@ -372,11 +425,7 @@ class RequestsD(RequestsRole):
         return None
 
     def start_reads(self) -> None:
-        """The turn's heartbeat, one notification naming every request the scheduler took ("HB:id1,id2", as
-        vLLM's worker sends it), then their READs, in order."""
-        if self.beats:
-            self.notify(("HB:" + ",".join(self.beats)).encode())
-            self.beats = []
+        """The READs of the requests the scheduler took this turn, in order (the heartbeat follows them)."""
         todo, self.todo = self.todo, []
         for msg, rid in todo:
             got = self.read(msg, rid)
@@ -748,14 +797,9 @@ class _PushWaiter:
                 peer = self.role.peer
             elif gen < peer.incarnation + 1:
                 return m.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
-        rid = msg.params.get("remote_request_id")
-        beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
-        if beats:
-            self.role.notify(f"HB:{rid}".encode())  # the lease is renewed
-        if msg.hold_s > 0:
+        if msg.hold_s > 0:  # its heartbeats are the scheduler's (RequestsD.heartbeat), until P's WRITE completes
             now = time.time()
-            interval = (self.expiry_s or 0.0) / 6
-            self.held.append(_Hold(msg, str(rid) if beats else "", now + msg.hold_s, now + interval))
+            self.held.append(_Hold(msg, "", now + msg.hold_s, now))
             return None
         return self.register(msg, line, peer)
 
@@ -842,18 +886,14 @@ class _PushWaiter:
         return out
 
     def tick(self, line: Lifecycle, now: float) -> list[m.ReqDecoded]:
-        """Held requests: heartbeats every lease/6 (none when lost), the PUSH_REG once the hold is over."""
+        """Held requests: the PUSH_REG once the hold is over."""
         out: list[m.ReqDecoded] = []
-        interval = (self.expiry_s or 0.0) / 6
         peer = self.role.peer
         assert peer is not None
         for h in list(self.held):
             if now >= h.read_at:
                 self.held.remove(h)
                 out.append(self.register(h.msg, line, peer))
-            elif h.rid and interval > 0 and now >= h.next_hb:
-                self.role.notify(f"HB:{h.rid}".encode())
-                h.next_hb = now + interval
         return out
 
     def _drop(self, d_rid: str) -> None:

@@ -33,6 +33,8 @@ class Outcome(msgspec.Struct):
     detail: str = ""
     found_request: int | None = None  # wrong: whose KV arrived
     rank: str = ""  # on a TP/DP shape: the D rank this verdict is of ("D1", "DP1/D0"); "" with one D rank
+    heartbeats: int = 0  # the real run: heartbeats from this D rank that named the request (0.22+)
+    handshakes: int = 0  # ... handshakes this D rank made for it (its own READ's, or its heartbeats')
 
 
 class Accounting(msgspec.Struct):
@@ -202,6 +204,20 @@ def held_for(faults: tuple[Fault, ...], req: int, d_rank: int | None = None) -> 
     if lost is not None:
         return lost.seconds, True
     return (hold.seconds if hold else 0.0), False
+
+
+def heartbeat_window(faults: tuple[Fault, ...], req: int, shape: Any = None) -> tuple[float, bool]:
+    """How long D's scheduler heartbeats request req after taking it, and whether P misses them (pdcheck.requests.
+    heartbeat): every D rank sends them until the last one read it (the longest hold), and a P rank misses them only
+    when every D rank that reads it lost its heartbeats (heartbeat-loss on all of them; with D TP > P TP another D
+    rank's still reach it)."""
+    if shape is None or shape.d_tp == 1:
+        return held_for(faults, req)
+    from pdcheck.requests.shapes import sources
+
+    per = [held_for(faults, req, k) for k in range(shape.d_tp)]
+    lost = any(all(per[k][1] for k in range(shape.d_tp) if p in sources(shape, k)) for p in range(shape.p_tp))
+    return max(h for h, _ in per), lost
 
 
 def hang_detail(line: Lifecycle, pool: int, engine_died: bool = False) -> str:
@@ -476,10 +492,11 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 continue
             assert params is not None
             r.params = params
-            hold_s, lost = held_for(faults, i)
+            hold_s, _lost = held_for(faults, i)
+            beat_s, lost = heartbeat_window(faults, i, shape)
             if line.heartbeat and expiry is not None and not lost:
-                # D's scheduler tracks it from here: heartbeats until the read
-                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
+                # D's scheduler tracks it from here: heartbeats until every D rank read it
+                renew(line, expiry, t, beat_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
             if hold_s > 0:
                 push(t + hold_s, "read", i)
             else:

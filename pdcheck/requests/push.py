@@ -293,11 +293,12 @@ def d_pool_hang(pool: int) -> str:
 
 
 class _Req:
-    __slots__ = ("blocks", "d_blocks", "deadline", "failed", "gens", "holding", "inc", "params", "written")
+    __slots__ = ("beating", "blocks", "d_blocks", "deadline", "failed", "gens", "holding", "inc", "params", "written")
 
     def __init__(self, blocks: list[int], gens: list[int], deadline: float, inc: int) -> None:
         self.blocks, self.gens, self.deadline, self.inc = blocks, gens, deadline, inc
         self.holding, self.written, self.failed = True, False, False
+        self.beating = False  # D's scheduler heartbeats it, to P's agent of its incarnation
         self.d_blocks: list[int] = []
         self.params: dict[str, Any] = {}
 
@@ -393,6 +394,13 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             return
         if pick(faults, "read-fail", i):  # P's WRITE fails: no notification, its blocks wait for the lease
             r.failed = True
+            if r.beating and expiry is not None and line.lease_extension(expiry, time_scale) > 0:
+                # ... which D's heartbeats keep renewing while D waits for the WRITE (pdcheck.requests.heartbeat):
+                # a release's D waits past the run; the corrected D gives up a lease after its PUSH_REG (a whole-
+                # second lease under 1.5 s is never extended: lines.Lifecycle.lease_extension)
+                gone = t + expiry if line is CORRECTED else horizon + expiry
+                r.deadline = max(r.deadline, gone + line.lease_extension(expiry, time_scale))
+                push(r.deadline, "expire", i)
             return
         r.written = True
         release(i, t)
@@ -433,7 +441,10 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 continue
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and "remote_request_id" in prm and not lost and d_inc == inc:
-                # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until the PUSH_REG
+                # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until P's WRITE
+                # completes (P frees on its WRITE: only the ones before the PUSH_REG count here; a failed WRITE,
+                # register())
+                r.beating = True
                 renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
             if hold_s > 0:
                 push(t + hold_s, "register", i)

@@ -270,8 +270,10 @@ class _LineState:
     answers per (request, D TP rank), P's frees (on a TP shape: once every TP worker of the engine reported the
     request done, when the parent, as P's scheduler, tells them to free: m.ReqRelease)."""
 
-    def __init__(self, opts: Options, slots: list[_PSlot], d_ids: dict[Any, tuple[int, int]]) -> None:
+    def __init__(self, opts: Options, slots: list[_PSlot], d_ids: dict[Any, tuple[int, int]],
+                 to_ds: list[_Outbox] | None = None) -> None:
         self.opts, self.slots, self.d_ids = opts, slots, d_ids
+        self.to_ds = to_ds or []  # D's ranks, by DP rank then TP rank: ReqDone when a request is done on all
         self.prefilled: dict[int, m.ReqPrefilled] = {}
         self.decoded: dict[int, m.ReqDecoded] = {}  # every D rank of its D DP rank answered (TP rank 0's answer)
         self.by_rank: dict[tuple[int, int], m.ReqDecoded] = {}  # (request, D TP rank) -> its answer
@@ -311,6 +313,9 @@ class _LineState:
             self.by_rank[(msg.request, r)] = msg
             if all((msg.request, k) in self.by_rank for k in range(sh.d_tp)):
                 self.decoded[msg.request] = self.by_rank[(msg.request, 0)]
+                g = d_group(sh, msg.request)  # finished on every D worker: the scheduler stops its heartbeats
+                for box in self.to_ds[g * sh.d_tp:(g + 1) * sh.d_tp]:
+                    box.send(m.ReqDone(msg.request))
         elif isinstance(msg, m.ReqSync) and slot is not None:
             self.synced.add(self.slots.index(slot))
         elif isinstance(msg, m.Ack):
@@ -462,7 +467,7 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
     for box in to_ds:
         box.send(begin)  # D handshakes over P's side channel at its first request, and answers now (m.Ack)
     d_ids = {d.id: (k // sh.d_tp, k % sh.d_tp) for k, d in enumerate(ds)}
-    st = _LineState(opts, slots, d_ids)
+    st = _LineState(opts, slots, d_ids, to_ds)
     held.append(st)
     prefilled, decoded, freed, logs, shakes = st.prefilled, st.decoded, st.freed, st.logs, st.shakes
     ranks_now = [*(sl.rank for sl in slots), *ds]
@@ -609,6 +614,12 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
                     if isinstance(msg, m.ReqDecoded) and msg.request in decoded:
                         last_answer = answered[msg.request] = time.time()
             break  # back to the schedule after every pipe message
+    tallies: list[m.ReqTally] = []  # each D rank's heartbeats and handshakes, per request
+    for d, box in zip(ds, to_ds, strict=True):
+        box.send(m.ReqEnd())
+        tallies.append(orc.gather(lau, [d], m.ReqTally, 30.0,
+                                  _Recording(_stage(f"vLLM {name}'s heartbeat count", 30.0),
+                                             functools.partial(st.take_other, d)))[d.id][1])
     accts = []
     for sl in slots:
         sl.box.send(m.ReqEnd())
@@ -641,6 +652,9 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
                 got_o = judge(i, line, opts.pool, prefilled, mine, freed, owner)
                 got_o.rank = d_label(sh, d_group(sh, i), r)
                 outcomes.append(got_o)
+    for o in outcomes:  # what each D rank's scheduler and worker did for it: heartbeats that named it, handshakes
+        tally = tallies[d_group(sh, o.request) * sh.d_tp + (int(o.rank.rsplit("D", 1)[1]) if o.rank else 0)]
+        o.heartbeats, o.handshakes = tally.heartbeats.get(o.request, 0), tally.handshakes.get(o.request, 0)
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
     acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
