@@ -400,6 +400,7 @@ class ReqPrefill(msgspec.Struct, tag=True):
     stall_s: float = 0.0  # test hook: P's loop stops this long before it takes the request (a machine that gives
     # the process no core: pdcheck.requests.run's end waits for it)
     crash: bool = False  # test hook: P raises an exception it does not expect as it takes the request
+    fail_rank: int = -1  # push mode on a shape: only the WRITE into this D TP rank fails (-1: every one)
 
 
 class ReqPrefilled(msgspec.Struct, tag=True):

@@ -141,10 +141,12 @@ def test_push_d_side_channel_that_never_answers_is_each_releases_hang_not_the_ru
     for rel in ("0.26.0", "0.34.0"):
         r = by[rel]
         # P skips the WRITE: D is never told (a hang), P's blocks wait for the lease, which D's heartbeats renew
-        # while D waits for the WRITE: still held at the end
+        # while D waits for the WRITE (held at the end, unless the machine stalled a renewal past the lease's
+        # 2/3: tests/test_requests_heartbeats.py holds that claim in slow motion)
         assert [o.verdict for o in r.outcomes] == ["hang"] * 2, r.outcomes
         assert "P's handshake with D's side channel failed (zmq.error.Again" in r.outcomes[0].detail
-        assert (r.accounting.freed, r.accounting.expired, r.accounting.held) == (0, 0, 2), r.accounting
+        assert r.accounting.freed == 0 and r.accounting.expired + r.accounting.held == 2, r.accounting
+        assert r.accounting.heartbeats > 2, r.accounting
         assert r.p_handshake is not None and "no reply from D's side channel" in r.p_handshake.failed
         assert r.handshake is not None and not r.handshake.failed  # D's handshake with P went through
     # 0.26 handshakes per request on its writer thread; 0.28+ requests wait on one handshake's future

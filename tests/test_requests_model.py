@@ -200,7 +200,9 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
         "requests-dp2-lost-notification.toml", "requests-push-tp2-lost-completion.toml",
         "requests-push-hetero-write-failure.toml", "requests-tp2-one-p-worker-restart.toml",
         "requests-push-tp2-write-failure.toml", "requests-push-hetero-lost-completion.toml",
-        "requests-push-tp2-slow-decode.toml", "requests-push-hetero-slow-decode.toml"}
+        "requests-push-tp2-slow-decode.toml", "requests-push-hetero-slow-decode.toml",
+        "requests-push-tp2-one-p-worker-restart.toml", "requests-push-tp2-one-late-registration.toml",
+        "requests-push-hetero-one-late-registration.toml", "requests-push-tp2-one-write-failure.toml"}
     assert fw.requests_files(scenarios / "requests") == files
     plans = [fw.FRAMEWORK.smoke_plan(f, SmokeOptions()) for f in files]
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)

@@ -749,7 +749,7 @@ class _PushWaiter:
         self.role = role
         self.mode = "pull"
         self.expiry_s: float | None = None
-        self.free: deque[int] = deque()
+        self.used: set[int] = set()  # D's blocks held by requests waiting for P's WRITE (push.d_blocks)
         self.waiting: dict[str, tuple[m.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
         self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
         self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
@@ -771,7 +771,7 @@ class _PushWaiter:
         self.mode, self.expiry_s = mode, expiry_s
         if mode == "push" and side is not None:
             self.role.own.begin(side)  # D's side channel serves this line's wire: P handshakes there
-        self.free = deque(range(self.role.kv.num_blocks))
+        self.used = set()
         self.waiting.clear()  # requests of the last line that never completed stay hung there
         self.kept.clear()
         self.held.clear()
@@ -811,27 +811,31 @@ class _PushWaiter:
         late = push.held_lost(line, msg.params, msg.heartbeats_lost, time.time())
         if late is not None:
             return m.ReqDecoded(i, "refused", *late)
-        k = len(msg.expect_blocks)
-        if len(self.free) < k:
-            return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
-        blocks = [self.free.popleft() for _ in range(k)]
+        n = self.role.kv.num_blocks
+        blocks = push.d_blocks(i, len(msg.expect_blocks), n)  # the scheduler's: the same on every D rank
+        if self.used.intersection(blocks):
+            return m.ReqDecoded(i, "refused", "hang", push.d_pool_hang(n))
+        self.used.update(blocks)
         d_rid = push.d_request_id(msg.request_id)
         deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
         self.waiting[d_rid] = (msg, blocks, deadline)
         self.tags[d_rid] = peer.engine_id
         if self.counts.get(d_rid, 0) >= self.need.get(d_rid, 1 << 30):
             self.due.append(d_rid)
-        try:
-            own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
-            reg = push.registration(d_rid, self.role.spec.engine_id, own.host, own.port, blocks, msg.params, line,
-                                    self.role.spec.tp_size)
-            for src in self.role.cur or []:  # _do_send_reg_notif: every P rank of the engine D handshook with
+        own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
+        reg = push.registration(d_rid, self.role.spec.engine_id, own.host, own.port, blocks, msg.params, line,
+                                self.role.spec.tp_size)
+        failed: NixlCallError | None = None
+        for src in self.role.cur or []:  # _do_send_reg_notif: every P rank of the engine D handshook with, each
+            try:  # on its own: one agent gone (a replaced P worker) fails its send alone
                 self.role.agent.send_notif(src.peer.agent, reg)
-        except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
-            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+            except NixlCallError as exc:
+                failed = failed or exc
+        if failed is not None:  # push_reg_notif_failed: the receive stays pending (a release: the request waits)
+            if line is CORRECTED and failed.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 self._drop(d_rid)
                 self.role.rehandshake()
-            return m.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
+            return m.ReqDecoded(i, "failed", *push.reg_failed(line, str(failed)), time.time())
         if msg.abort:
             return self.abort(d_rid, line)
         return m.ReqDecoded(i, "registered", t_read=time.time())
@@ -846,7 +850,7 @@ class _PushWaiter:
         else:
             del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
             self.gone.add(d_rid)
-            self.free.extend(blocks)
+            self.used.difference_update(blocks)
         return m.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
                             d_freed_in_flight=line is not CORRECTED)
 
@@ -900,7 +904,7 @@ class _PushWaiter:
         _msg, blocks, _ = self.waiting.pop(d_rid)
         self.kept.discard(d_rid)
         self.forget(d_rid)
-        self.free.extend(blocks)
+        self.used.difference_update(blocks)
 
     def forget(self, d_rid: str) -> None:
         self.counts.pop(d_rid, None)
@@ -919,7 +923,7 @@ class _PushWaiter:
                                local_offset=rd.local_offset, remote_offset=rd.remote_offset, view=kv.view,
                                gens=msg.expect_gens, out=chk)
         assert chk is not None
-        self.free.extend(blocks)
+        self.used.difference_update(blocks)
         out = m.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
         if chk.first is not None:
             f = chk.first.found

@@ -177,9 +177,6 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
         if f.rank is not None and not f.rank < shape.p_tp:
             raise BadInput(f"{origin} {f.text()}: P TP rank {f.rank} does not exist (prefill tp_size "
                            f"{shape.p_tp})")
-        if mode == "push" and (f.rank is not None or f.d_rank is not None and f.name not in ("drop-notif",
-                                                                                          "delay-notif")):
-            raise BadInput(f"{origin} {f.text()}: one rank's fault is modelled in pull mode only")
     if vllm is None:
         named = [r for r in expect if r != CORRECTED.name]
         if not named:

@@ -105,7 +105,7 @@ class RequestsP(RequestsRole):
                 by_id[rid] = i
                 if mode == "push":
                     params = push.params(line, i, blocks, self.spec.engine_id, side.port, tp,
-                                         deadline if expiry is not None else None, gens, rid, inc + 1,
+                                         deadline if expiry is not None else None, gens, rid, generation or inc + 1,
                                          block_size=kv.geometry.block_size)
                 else:
                     # vLLM's registration generation counts the workers' metadata the scheduler took at start-up
@@ -450,21 +450,24 @@ class _PushTarget:
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
         regions = kv.geometry.num_regions
         targets = self.engines[reg.engine_id]
-        try:
-            if f.write_fail:
-                # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
-                bad = self.agent.prep(targets[0].agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
-                                      kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
-                self.agent.release_dlist(bad)
-            for d, t in zip(self.consumers(), targets, strict=True):
+        failed = False
+        for d, t in zip(self.consumers(), targets, strict=True):  # _xfer_blocks per D rank: one failing alone
+            try:
+                if f.write_fail and f.fail_rank in (-1, d):
+                    # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
+                    bad = self.agent.prep(t.agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
+                                          kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
+                    self.agent.release_dlist(bad)
                 quiet = (f.drop_notif and f.drop_rank in (-1, d)) or (f.notif_delay_s > 0 and f.delay_rank in (-1, d))
                 self.agent.read(t.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), t.remote,
                                 desc_ids(regions, t.num_blocks, np.asarray(d_blocks[:n])),
                                 b"" if quiet else note, op="WRITE", context=f"push {d_rid}")
-        except (NixlCallError, OverflowError, ValueError) as exc:
-            # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
-            # lease) and D is not told (the completion rides on the WRITE)
-            errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
+            except (NixlCallError, OverflowError, ValueError) as exc:
+                # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
+                # lease) and that D rank is not told (the completion rides on the WRITE); the others' WRITEs go on
+                errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
+                failed = True
+        if failed:
             self.failed.append(i)
             return -1
         for d, t in zip(self.consumers(), targets, strict=True):

@@ -751,10 +751,10 @@ def _route(prefilled: dict[int, m.ReqPrefilled], i: int, opts: Options, d_rank: 
         params = apply_bad(msgspec.msgpack.decode(pf.params), bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
-    hold_s, lost = held_for(opts.faults, i, d_rank if opts.mode != "push" else None)
+    hold_s, lost = held_for(opts.faults, i, d_rank)
     if opts.mode == "push":  # the notification faults and read-fail hit P's WRITE instead (_prefill)
         return m.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
-                           abort=pick(opts.faults, "abort-d", i) is not None, crash=crash)
+                           abort=pick(opts.faults, "abort-d", i, d_rank) is not None, crash=crash)
     delay = pick(opts.faults, "delay-notif", i)
     delay = delay if delay is not None and delay.on(d_rank) else None
     drop = pick(opts.faults, "drop-notif", i)
@@ -779,11 +779,12 @@ def _prefill(i: int, opts: Options) -> m.ReqPrefill:
     crash = opts.crash == ("P", i)
     if opts.mode != "push":
         return m.ReqPrefill(i, stall_s=stall, crash=crash)
-    delay, drop = pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i)
-    return m.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
-                        pick(opts.faults, "read-fail", i) is not None,
+    delay, drop, fail = (pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i),
+                         pick(opts.faults, "read-fail", i))
+    return m.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0, fail is not None,
                         drop.d_rank if drop is not None and drop.d_rank is not None else -1,
-                        delay.d_rank if delay is not None and delay.d_rank is not None else -1, stall, crash)
+                        delay.d_rank if delay is not None and delay.d_rank is not None else -1, stall, crash,
+                        fail.d_rank if fail is not None and fail.d_rank is not None else -1)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, m.ReqPrefilled], decoded: dict[int, m.ReqDecoded],
