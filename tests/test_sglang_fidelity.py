@@ -52,18 +52,21 @@ HANG_S = 20.0  # how long a real D waits before its request counts as a hang (SG
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "same": ({}, {}),
     "page-size": ({"page_size": 16}, {"page_size": 32}),
+    # the same page count per request on both sides (one page each): P's page-count assert passes (#37)
+    "page-size-one-page": ({"page_size": 16}, {"page_size": 32}),
     "kv-dtype": ({}, {"kv_cache_dtype": "fp8_e4m3", "dtype": "fp8_e4m3"}),
     "layers-p-more": ({"layers": 4}, {}),  # no release compares layer counts
     "layers-d-more": ({}, {"layers": 4}),
 }
-MISMATCHES = ["page-size", "kv-dtype", "layers-p-more", "layers-d-more"]
+MISMATCHES = ["page-size", "page-size-one-page", "kv-dtype", "layers-p-more", "layers-d-more"]
+PAGES = {"page-size-one-page": 1}  # pages per request where not the scenarios' 4
 
 
 def _scenario(shape: str, seed: int = 0) -> SgScenario:
     p, d = SHAPES[shape]
     base = {"num_pages": 64, "layers": 2, "kv_heads": 8, "head_dim": 64}
     return SgScenario(prefill=SgInstance(**{**base, **p}), decode=SgInstance(**{**base, **d}),
-                      transfer=SgTransfer(seed=seed), source="fidelity")
+                      transfer=SgTransfer(seed=seed, pages_per_request=PAGES.get(shape, 4)), source="fidelity")
 
 
 def _side(inst: SgInstance) -> dict[str, Any]:
@@ -72,7 +75,8 @@ def _side(inst: SgInstance) -> dict[str, Any]:
 
 def _model(release: str, sc: SgScenario) -> engine.SgVerdict:
     rel = resolve(release)
-    return engine.decide(rel, rel, sc.prefill.side(), sc.decode.side(), 0)
+    return engine.decide(rel, rel, sc.prefill.side(), sc.decode.side(), 0,
+                         p_pages=len(sp.make_requests(sc)[0].p_pages))
 
 
 def _real_d_status(room: dict[str, Any]) -> str:

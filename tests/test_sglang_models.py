@@ -282,7 +282,7 @@ def test_bundled_sglang_scenario_matches_the_engine(path: Path) -> None:
         want = sc.expect[pair.name]
         want = list(want) if isinstance(want, list) else [want] * d.tp_size
         got = [v.status for v in decide_all(pair.p, pair.d, p, d, registered=reg, no_bootstrap=sc.decode.no_bootstrap,
-                                            fault=sc.transfer.fault)]
+                                            fault=sc.transfer.fault, p_pages=len(plan.requests[0].p_pages))]
         assert got == want, f"{path.name} {pair.name}: {got} != {want}"
 
 
@@ -351,11 +351,13 @@ def test_prefill_killed_mid_transfer(rel) -> None:
         assert (v.status, v.timeout_s) == ("hang", None)
         return
     assert v.status == "error" and v.timeout_s == 10.0 and "GET /health every 5 s fails 2 times" in v.message
-    text = {"R4": "1 transfers affected; Transfer for room 7 failed due to node failure; Decode transfer failed "
-                  "with exception Exception: Fake KVReceiver Exception",
-            "R5": "1 transfers affected; Transfer for room 7 failed due to node failure; Decode transfer failed "
-                  "with exception RuntimeError: NIXL KVReceiver Exception",
-            "R6": "1 requests affected; Decode transfer failed with exception KVTransferError(bootstrap_room=7): "
+    # decode.py's line exactly (str() of the exception: a KVTransferError names its room, the others their message)
+    failed = "Decode transfer failed for request rank=0 decode_req.req.rid='<rid>' decode_req.req.bootstrap_room=7 "
+    text = {"R4": "1 transfers affected; Transfer for room 7 failed due to node failure; " + failed
+                  + "with exception Fake KVReceiver Exception",
+            "R5": "1 transfers affected; Transfer for room 7 failed due to node failure; " + failed
+                  + "with exception NIXL KVReceiver Exception",
+            "R6": "1 requests affected; " + failed + "with exception KVTransferError(bootstrap_room=7): "
                   "Lost connection with prefill instance (bootstrap_addr: 127.0.0.1:8998)",
             }
     # 0.5.9 - 0.5.12 as 0.5.8: the receiver's RuntimeError, no recorded reason

@@ -477,7 +477,7 @@ class SgDecodeRole(Role):
                     fetches += 1
                     if fetches >= rel.ensure_retries:
                         addr = f"{bhost}:{spec.bootstrap_port}"
-                        return ensure_failed(rel, addr, spec.requests[0].room, e.message), None
+                        return ensure_failed(rel, addr, spec.requests[0].room, e.message, spec.tp_rank), None
                     time.sleep(min(rel.ensure_retry_s, spec.hang_s / rel.ensure_retries))
                     continue
                 if e.retry and time.monotonic() < deadline:

@@ -126,5 +126,11 @@ PAGE_COUNT_ASSERT = "assert len(chunked_dst_kv_indice) == len(kv_indices)"
 PAGE_COUNT_WARNING = "len(chunked_dst_kv_indice) = {d}, len(kv_chunk.prefill_kv_indices) = {p}"
 ENSURE_FAILED = "Could not fetch prefill parallel info from {addr} after {n} attempts"
 ABORTED = "Aborted by AbortReq."
+# D's scheduler when a request's receiver failed (decode.py, 0.5.8-0.5.23: the bootstrap queue's "handshake", the
+# transfer queue's "transfer"), then " with exception {e}" (str of what failure_exception raised); the same text is
+# the request's abort message (prepare_abort). rid: SGLang's request id (a uuid hex); pdcheck's requests have none.
+DECODE_FAILED = ("Decode {what} failed for request rank={rank} decode_req.req.rid={rid!r} "
+                 "decode_req.req.bootstrap_room={room} with exception {exc}")
+RID = "<rid>"
 DP_CONFLICT = ("follow_bootstrap_room conflict: dispatched to dp_rank {x} but bootstrap_room {room} implies dp_rank "
                "{y}. Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.")
