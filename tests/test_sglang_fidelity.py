@@ -60,6 +60,9 @@ SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 MISMATCHES = ["page-size", "page-size-one-page", "kv-dtype", "layers-p-more", "layers-d-more"]
 PAGES = {"page-size-one-page": 1}  # pages per request where not the scenarios' 4
+# pdcheck serve's P holds a request's tokens by D's pages at D's page size (a full last page): it cannot hold one page
+# of 16 for D's one page of 32, so that case runs with SGLang's P only
+REAL_D_MISMATCHES = [s for s in MISMATCHES if s not in PAGES]
 
 
 def _scenario(shape: str, seed: int = 0) -> SgScenario:
@@ -230,7 +233,7 @@ def test_real_decode_against_pdcheck_serve(release: str, tmp_path: Any) -> None:
     assert "P rank 0: 2 WRITE requests" in serve_err, serve_err
 
 
-@pytest.mark.parametrize("shape", MISMATCHES)
+@pytest.mark.parametrize("shape", REAL_D_MISMATCHES)
 @pytest.mark.parametrize("release", RELEASES)
 def test_real_decode_mismatch_verdict(release: str, shape: str, tmp_path: Any) -> None:
     done, serve_err = _real_d(release, shape, tmp_path)
