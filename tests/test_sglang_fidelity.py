@@ -42,7 +42,9 @@ from pdcheck.sglang.scenario import SgInstance, SgScenario, SgTransfer
 # PDCHECK_SGLANG_FIDELITY: the releases (comma list) whose real processes this suite starts, among those unpacked;
 # CI names the newest (each run starts torch in several children). Unset: every release unpacked whole.
 _ONLY = [v for v in os.environ.get("PDCHECK_SGLANG_FIDELITY", "").split(",") if v]
-RELEASES = [r for r in kit.releases() if not _ONLY or r in _ONLY]
+# a release the kit cannot start is skipped with its reason (CI's pick may name one), never run into a failure
+RELEASES = [pytest.param(r, marks=pytest.mark.skip(reason=f"SGLang {r}: {kit.UNSUPPORTED[r]}")) if r in kit.UNSUPPORTED
+            else r for r in kit.releases() if not _ONLY or r in _ONLY]
 pytestmark = pytest.mark.skipif(not RELEASES, reason="set PDCHECK_SGLANG_SRC to SGLang releases unpacked whole "
                                 "(<ver>/sglang/...)")
 START_S = 180.0  # a child imports torch and NIXL: slow on a loaded machine
@@ -130,6 +132,10 @@ def test_real_prefill_serves_pdcheck_decode(release: str) -> None:
     assert (pair.p_release, pair.d_release) == (release, release)
     assert not pair.harness, pair.harness
     v, t = pair.observed[0], pair.transfers[0]
+    if resolve(release).aux_needs_state:  # 0.5.12: SGLang's P sends no aux without a state; D never completes
+        assert (v.status, pair.model[0].status) == ("hang", "hang"), (v, pair.model[0])
+        assert {r["state"] for r in p_done["rooms"].values()} == {"Success"}, p_done  # its senders think it done
+        return
     assert (v.status, v.message) == ("ok", None), v
     assert t is not None and t.status == "ok" and t.blocks == 2 * 4 * 4 and t.wrong == 0, t
     assert pair.model[0].status == "ok"
@@ -143,6 +149,8 @@ def test_real_prefill_aux_write_misses_decode_pages(release: str) -> None:
     keep that buffer out of its KV pages, or a request using D page 0 fails its own proof (seed 5: room 1001
     asks for D page 0)."""
     assert any(0 in r.d_pages for r in sp.make_requests(_scenario("same", 5)))
+    if resolve(release).aux_needs_state:
+        pytest.skip("0.5.12's P WRITEs no aux without a request's state (test_real_prefill_serves_pdcheck_decode)")
     pair, _p_done = _real_p(release, "same", seed=5)
     t = pair.transfers[0]
     assert (pair.observed[0].status, t.status if t else None) == ("ok", "ok"), (pair.observed[0], t)
@@ -228,6 +236,9 @@ def _real_d(release: str, shape: str, tmp_path: Any) -> tuple[dict[str, Any], st
 def test_real_decode_against_pdcheck_serve(release: str, tmp_path: Any) -> None:
     done, serve_err = _real_d(release, "same", tmp_path)
     rooms = done["rooms"]
+    if resolve(release).aux_needs_state:  # pdcheck's 0.5.12 P sends no aux without a state: SGLang's D waits
+        assert [_real_d_status(r) for r in rooms.values()] == ["hang", "hang"], (rooms, serve_err)
+        return
     assert [_real_d_status(r) for r in rooms.values()] == ["ok", "ok"], (rooms, serve_err)
     assert all(r["checked"] == 4 * 4 for r in rooms.values())  # K and V of 2 layers x 4 pages, per room
     assert "P rank 0: 2 WRITE requests" in serve_err, serve_err

@@ -325,6 +325,11 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     few = page_count(p_rel, d_rel, p_pages, d_pages, p_ranks=targets)
     if few is not None:
         return few
+    if p_rel.aux_needs_state and not (p.hybrid and p_rel.sends_state):
+        return hang(d_rel, "completion", f"P {p_rel.name} WRITEs the KV but sends the metadata (aux) WRITE and its "
+                    "`{room}_aux` notification only with a request's state (nixl/conn.py: `if kv_chunk.is_last and "
+                    "kv_chunk.state_indices:`); this model has none, and D's is_done waits for received_aux",
+                    p_ranks=targets)
     fewer = PAGE_COUNT_WARNING.format(d=d_pages, p=p_pages) if d_pages < p_pages else None  # 0.5.12+ P
     # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
     hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"

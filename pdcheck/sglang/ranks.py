@@ -371,6 +371,8 @@ class SgPrefillRole(Role):
         self.final.writes += 1
         if not last:
             return None
+        if rel.aux_needs_state and not (rel.sends_state and side.hybrid and state):
+            return None  # 0.5.12: no aux WRITE and no `{room}_aux` without a state (releases.base.aux_needs_state)
         if not self.spec.serve:  # a live decode's metadata buffers are its own size: only the notification
             src = aux_ptrs(self.aux)
             n = {"first": 1, "decode_count": len(reg.aux_ptrs), "shorter": min(len(src), len(reg.aux_ptrs))}[

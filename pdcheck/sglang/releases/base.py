@@ -74,6 +74,10 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     # (0.5.8's receiver takes state_indices and drops them); from 0.5.13 D sends its state pointers and indices,
     # P WRITEs the state and D waits for it (#18939).
     sends_state: bool = False
+    # 0.5.12: P's transfer worker sends the metadata (aux) WRITE and its `{room}_aux` notification only inside `if
+    # kv_chunk.is_last and kv_chunk.state_indices:` (nixl/conn.py); a model with no per-request state (state_types
+    # empty: state_indices == []) never sends it, and D's TransferStatus.is_done waits for received_aux
+    aux_needs_state: bool = False
     # P with DP > 1 and follow_bootstrap_room, a request the router dispatched to another DP rank than
     # room % dp_size: from 0.5.13 the P sender fails the room at once (DP_CONFLICT; R6 common/conn.py:733-751,
     # R7 :2160-2181); before, P's request waits in Bootstrapping for a TransferInfo D sent to the other DP rank.
