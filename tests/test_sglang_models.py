@@ -341,6 +341,7 @@ def test_server_args_line(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("rel", MODELLED, ids=lambda r: r.name)
 def test_duplicate_room(rel) -> None:
+    rel = _post_fixed(rel)  # 0.5.12's aux bug hangs every case: these rules run on 0.5.12.post1
     v = decide(rel, rel, Side(), Side(), 0, fault="duplicate_room")
     assert v.status == "silent" and "A's pages are never written" in v.message
     then = {"R1": "again", "R2": "again", "R3": "KeyError: 7", "R4": "KeyError: 7", "R5": "KeyError: 7",

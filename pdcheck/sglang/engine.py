@@ -283,7 +283,20 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
            p_pages: int = P_PAGES) -> SgVerdict:
     """What D rank `d_rank` of release d_rel sees for one request served by P of p_rel (no_bootstrap: D's
     bootstrap address has no server; fault: scenario.Fault; p_pages: the request's pages on P, the scenario's
-    transfer.pages_per_request as the plan sized them)."""
+    transfer.pages_per_request as the plan sized them). A P that wrote the KV (ok, silent) but sends no metadata
+    without a request's state (0.5.12: releases.base.aux_needs_state) leaves D waiting."""
+    v = _decide(p_rel, d_rel, p, d, d_rank, chunks=chunks, registered=registered, no_bootstrap=no_bootstrap,
+                fault=fault, p_pages=p_pages)
+    if v.status in ("ok", "silent") and p_rel.aux_needs_state and not (p.hybrid and p_rel.sends_state):
+        return hang(d_rel, "completion", f"P {p_rel.name} WRITEs the KV but sends the metadata (aux) WRITE and its "
+                    "`{room}_aux` notification only with a request's state (nixl/conn.py: `if kv_chunk.is_last and "
+                    "kv_chunk.state_indices:`); this model has none, and D's is_done waits for received_aux",
+                    p_ranks=v.p_ranks)
+    return v
+
+
+def _decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank: int, *, chunks: int,
+            registered: int | None, no_bootstrap: bool, fault: str, p_pages: int) -> SgVerdict:
     table = table_for(p_rel, p, registered)
     try:
         found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
@@ -325,11 +338,6 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     few = page_count(p_rel, d_rel, p_pages, d_pages, p_ranks=targets)
     if few is not None:
         return few
-    if p_rel.aux_needs_state and not (p.hybrid and p_rel.sends_state):
-        return hang(d_rel, "completion", f"P {p_rel.name} WRITEs the KV but sends the metadata (aux) WRITE and its "
-                    "`{room}_aux` notification only with a request's state (nixl/conn.py: `if kv_chunk.is_last and "
-                    "kv_chunk.state_indices:`); this model has none, and D's is_done waits for received_aux",
-                    p_ranks=targets)
     fewer = PAGE_COUNT_WARNING.format(d=d_pages, p=p_pages) if d_pages < p_pages else None  # 0.5.12+ P
     # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
     hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"
