@@ -12,6 +12,7 @@ import errno
 import ipaddress
 import math
 import os
+import re
 import stat
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -57,6 +58,9 @@ MAX_WARMUP = 10**6
 MAX_CORRUPT_BLOCK = 2**31 - 1  # a descriptor index of request 0
 MIN_TIME_S = (0.001, 3600.0)
 MIN_RATE = 0.01  # arrivals per second (requests --rate): one every 100 s at the slowest
+# requests --lease (and [requests] lease): a line's first request waits for D's handshake with P (tens of ms on
+# loopback, more on a loaded machine), which the model does not time; a shorter lease expires it during that wait
+LEASE_S = (0.1, 600.0)
 # --time-scale / PDCHECK_TIME_SCALE: a request run in slow motion (never faster than written: its sub-second
 # leases already sit close to a handshake's length; docs/requests.md, "Slow motion")
 TIME_SCALE = (1.0, 20.0)
@@ -393,6 +397,23 @@ def peer_doc(doc: Any, typ: type[S], where: str) -> S:
         if field is not None and isinstance(doc, dict):
             raise PeerError(f"{where}: {field} = {peer_text(doc.get(field), 40)}: {what.lower()}") from None
         raise PeerError(f"{where}: {what}") from None
+
+
+# A number typed into a flag or a scenario string: ASCII digits only (str.isdigit and int() also take '²' and
+# Arabic-Indic digits) and a bounded length, so an error line never echoes a megabyte.
+MAX_NUMBER_CHARS = 24
+_INT = re.compile(r"[0-9]{1,18}")
+_DECIMAL = re.compile(r"(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+
+
+def ascii_int(text: str) -> int | None:
+    """An integer of ASCII digits (no sign, no '_'), or None."""
+    return int(text) if _INT.fullmatch(text) else None
+
+
+def ascii_number(text: str) -> float | None:
+    """A non-negative decimal number in ASCII ('1.5', '.5', '2e-3'), or None (no 'nan', 'inf', '_' or sign)."""
+    return float(text) if len(text) <= MAX_NUMBER_CHARS and _DECIMAL.fullmatch(text) else None
 
 
 def peer_text(value: Any, limit: int = MAX_PEER_STR) -> str:

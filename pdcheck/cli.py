@@ -170,7 +170,20 @@ def run(argv: list[str] | None = None) -> int:
         # TypeError out of an import typer started as the Ctrl-C came): after a signal, that error is the signal.
         if lifecycle.received() is not None:
             return EXIT_INTERRUPTED
-        raise
+        # An exception pdcheck did not expect is a harness failure, never a verdict (exit 1 would read as "a release
+        # fails"): one line, and its traceback in the run's log directory, which exit 3 keeps (docs/reliability.md).
+        import traceback
+
+        exc = sys.exc_info()[1]
+        path = f"{lifecycle.rank_log_dir()}/pdcheck.log"
+        try:
+            with open(path, "a") as f:
+                traceback.print_exc(file=f)
+        except OSError:
+            path = ""
+        kept = "" if not path else " (traceback in the run's log directory)"
+        error(error_line(f"internal error, a bug in pdcheck: {type(exc).__name__}: {exc}{kept}"))
+        return EXIT_HARNESS
 
 
 def main() -> None:

@@ -141,9 +141,18 @@ def _flags() -> tuple[Flag, ...]:
 
 FLAGS: tuple[Flag, ...] = _flags()
 FLAG_NAMES: frozenset[str] = frozenset(f.name for f in FLAGS)
+# The request path's deployment shape (pdcheck.requests.shapes): TP and DP per side, the same keys as a scenario's
+# [prefill] / [decode] tables (`pdcheck requests --prefill-tp 2 --decode-dp 2`).
+SHAPE_FLAGS: tuple[Flag, ...] = (
+    *(f for f in FLAGS if f.key == "tp_size"),
+    Flag("prefill_dp", int, "Prefill data-parallel size (engines, each a TP group).", "N", PANEL_SCENARIO, "dp_size",
+         ("prefill",)),
+    Flag("decode_dp", int, "Decode data-parallel size (engines, each a TP group).", "N", PANEL_SCENARIO, "dp_size",
+         ("decode",)),
+)
 
 
-def overrides_from_flags(values: dict[str, Any]) -> dict[str, Any]:
+def overrides_from_flags(values: dict[str, Any], flags: tuple[Flag, ...] = FLAGS) -> dict[str, Any]:
     """Flag values (parameter name -> value or None) -> the overrides dict a framework's load takes.
 
     Shared flags set both sides; a per-side flag wins over its shared flag. Sides with nothing set are left out.
@@ -152,7 +161,7 @@ def overrides_from_flags(values: dict[str, Any]) -> dict[str, Any]:
 
     out: dict[str, dict[str, Any]] = {side: {} for side in SIDES}
     # Shared flags first so that the per-side ones, applied after, win.
-    for flag in sorted(FLAGS, key=lambda f: len(f.sides), reverse=True):
+    for flag in sorted(flags, key=lambda f: len(f.sides), reverse=True):
         val = values.get(flag.name)
         if val is None:
             continue
@@ -174,12 +183,22 @@ def scenario_flags(func: F) -> F:
     place in the signature typer reads; the command is called with keywords only. A command parameter with a
     flag's name is an error.
     """
+    return _with_flags(func, FLAGS)
+
+
+def shape_flags(func: F) -> F:
+    """scenario_flags with the shape flags only (SHAPE_FLAGS: TP and DP per side), for `pdcheck requests`."""
+    return _with_flags(func, SHAPE_FLAGS)
+
+
+def _with_flags(func: F, flags: tuple[Flag, ...]) -> F:
+    names_of = frozenset(f.name for f in flags)
     sig = inspect.signature(func, eval_str=True)
     params = list(sig.parameters.values())
     names = [p.name for p in params]
     if "overrides" not in names:
         raise TypeError(f"{func.__qualname__}: @scenario_flags needs an `overrides` parameter")
-    clash = FLAG_NAMES.intersection(names)
+    clash = names_of.intersection(names)
     if clash:
         raise TypeError(f"{func.__qualname__}: parameters {sorted(clash)} clash with scenario flags")
     if any(p.kind in (p.VAR_POSITIONAL, p.POSITIONAL_ONLY) for p in params):
@@ -189,13 +208,13 @@ def scenario_flags(func: F) -> F:
     # signature valid wherever `overrides` sits and whatever defaults surround it.
     kw = [p.replace(kind=p.KEYWORD_ONLY) if p.kind is p.POSITIONAL_OR_KEYWORD else p for p in params]
     added = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=None,
-                               annotation=Annotated[f.type | None, f.option()]) for f in FLAGS]
+                               annotation=Annotated[f.type | None, f.option()]) for f in flags]
     new_sig = sig.replace(parameters=[*kw[:at], *added, *kw[at + 1:]])
 
     @functools.wraps(func)
     def wrapper(**kwargs: Any) -> Any:
-        values = {name: kwargs.pop(name, None) for name in FLAG_NAMES}
-        return func(overrides=overrides_from_flags(values), **kwargs)
+        values = {name: kwargs.pop(name, None) for name in names_of}
+        return func(overrides=overrides_from_flags(values, flags), **kwargs)
 
     # typer reads inspect.signature (which stops at __signature__) and get_type_hints (which reads
     # __annotations__); both must describe the flags, not the wrapped function.

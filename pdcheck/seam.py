@@ -120,6 +120,7 @@ class RequestsArgs(msgspec.Struct, frozen=True, kw_only=True):
 
     scenario: Path | None
     releases: str | None
+    overrides: Overrides  # the shape flags (TP and DP per side), as [prefill] / [decode] keys
     faults: list[str]
     flags: dict[str, Any]
     json_out: bool

@@ -339,10 +339,11 @@ class Wheel:
         wk._send_heartbeats(NS(heartbeat_by_engine=s._heartbeat_by_engine))
         return [msg for _agent, msg in wk.nixl_wrapper.sent]
 
-    def load(self, metadata: Any, known: bool) -> tuple[str, Any]:
+    def load(self, metadata: Any, known: bool, **state: Any) -> tuple[str, Any]:
         """D's worker takes the scheduler's metadata (start_load_kv, as the release wrote it) with P's engine
         already handshaken (known) or not: ("read", what it looked up: the state recorded at the handshake) when
-        it goes on to the READ, ("handshake", the tp_size it hands the handshake) when it starts one."""
+        it goes on to the READ, ("handshake", the tp_size it hands the handshake) when it starts one. state: worker
+        attributes over the defaults (e.g. the registration generations a heartbeat's handshake recorded)."""
         if self._loader is None:
             self._loader = self._cls("Loader", self.worker_src, ("start_load_kv", "_read_blocks_for_req",
                                                                 "_read_blocks"))
@@ -370,6 +371,7 @@ class Wheel:
             _recving_transfers={},  # 0.32 - 0.33 seed it before they look at the engine's state
             pcp_dcp_sharded=False, transfer_topo=NS(), _logical_to_kernel_block_ids=lambda ids, *a: ids,
             _tp_size=_Recorded("_tp_size", {"D": 1}), tp_mappings=_Recorded("tp_mappings", {}))
+        w.__dict__.update(state)
         if checks:
             w._read_blocks_for_req = read
         try:

@@ -34,6 +34,11 @@ SRC = Path(os.environ.get("PDCHECK_SGLANG_SRC", "/nonexistent"))
 CONN = "sglang/srt/disaggregation/nixl/conn.py"
 
 
+# Releases unpacked whole that the kit cannot start: their code predates what the stand-ins start from.
+UNSUPPORTED = {"0.4.5.post3": "its NIXL disaggregation predates disaggregation/common (CommonKVBootstrapServer, the "
+                              "common manager) that this kit starts SGLang's roles from"}
+
+
 def releases() -> list[str]:
     """The releases under PDCHECK_SGLANG_SRC unpacked whole (not only disaggregation/)."""
     whole = ("sglang/srt/utils.py", "sglang/srt/utils/common.py")  # <= 0.4.x, 0.5+
@@ -355,7 +360,8 @@ class _Setup:
             host="127.0.0.1", disaggregation_bootstrap_port=p["bootstrap_port"], dist_init_addr=None,
             enable_dp_attention=False, dp_size=1, tp_size=tp, pp_size=1, page_size=self.side.page_size,
             kv_cache_dtype=self.side.kv_cache_dtype, load_balance_method="round_robin",
-            disaggregation_decode_allocation_policy="early", disaggregation_mode=mode)
+            disaggregation_decode_allocation_policy="early", disaggregation_mode=mode,
+            enable_hisparse=False)  # ServerArgs' default: 0.5.10 - 0.5.12's D reads it on a page-size mismatch
         self.mode = DisaggregationMode.PREFILL if mode == "prefill" else DisaggregationMode.DECODE
 
 

@@ -201,7 +201,9 @@ def test_smoke_finds_the_bundled_request_scenarios_and_their_plans_build() -> No
         "requests-dp2-lost-notification.toml", "requests-push-tp2-lost-completion.toml",
         "requests-push-hetero-write-failure.toml", "requests-tp2-one-p-worker-restart.toml",
         "requests-push-tp2-write-failure.toml", "requests-push-hetero-lost-completion.toml",
-        "requests-push-tp2-slow-decode.toml", "requests-push-hetero-slow-decode.toml"}
+        "requests-push-tp2-slow-decode.toml", "requests-push-hetero-slow-decode.toml",
+        "requests-push-tp2-one-p-worker-restart.toml", "requests-push-tp2-one-late-registration.toml",
+        "requests-push-hetero-one-late-registration.toml", "requests-push-tp2-one-write-failure.toml"}
     assert fw.requests_files(scenarios / "requests") == files
     plans = [fw.plan(f, SmokeOptions()) for f in files]
     assert all(p.expect and p.issue and "corrected" in p.expect for p in plans)
@@ -385,7 +387,7 @@ def test_push_hung_requests_hold_d_blocks(monkeypatch: pytest.MonkeyPatch) -> No
     assert {o.verdict for o in out} == {"recomputed"}  # the corrected D gives its blocks back at the lease
 @pytest.mark.parametrize(("text", "needle"), [
     ("restart-p", "name the request"), ("restart-p:p=0.5", "name the request"), ("restart-p:7", "does not exist"),
-    ("restart-p:1:rank=-1", "P rank -1 does not exist"), ("restart-p:1:rank=x", "rank= takes an integer"),
+    ("restart-p:1:rank=-1", "rank= takes a P TP rank"), ("restart-p:1:rank=x", "rank= takes a P TP rank"),
     ("restart-p:1:2", "too many"), ("hold", "give the seconds"), ("heartbeat-loss:0", "seconds must be"),
     ("read-fail:x", "must be an integer"), ("abort-d:9", "request 9 does not exist"),
 ])
@@ -442,14 +444,20 @@ def test_abort_d_frees_under_the_read_before_0_16() -> None:
         assert abort_waits_read(line_of(version)) == (not under)
 
 
-def test_push_failed_write_hangs_d_and_p_waits_for_the_lease() -> None:
+def test_push_failed_write_hangs_d_and_ds_heartbeats_keep_ps_blocks() -> None:
     from pdcheck.vllm.requests import push
 
     for version in ("0.26.0", "0.34.0"):
         out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5, parse_all(["read-fail:2"], 8))
         assert [o.verdict for o in out] == ["delivered"] * 2 + ["hang"] + ["delivered"] * 5, version
         assert "transfer_setup_failed" in out[2].detail and "never told" in out[2].detail
-        assert (acc.freed, acc.expired, acc.late_notifs) == (7, 1, 0)  # no handle kept: P frees at the lease
+        # no handle kept: P's blocks wait for the lease, which D's heartbeats renew while it waits for the WRITE
+        # (finished_recving never comes): still held at the run's end
+        assert (acc.freed, acc.expired, acc.held, acc.late_notifs) == (7, 0, 1, 0)
+        # without heartbeats (lost) the lease frees them
+        _out, acc = push.simulate(line_of(version), 8, 10.0, 2, 8, 0.5,
+                                  parse_all(["read-fail:2", "heartbeat-loss:0.01:2"], 8))
+        assert (acc.freed, acc.expired, acc.held) == (7, 1, 0)
     assert push_verdicts("corrected", ["read-fail:2"])[2] == "recomputed"  # D's watchdog at the lease
 
 

@@ -42,7 +42,9 @@ from pdcheck.sglang.scenario import SgInstance, SgScenario, SgTransfer
 # PDCHECK_SGLANG_FIDELITY: the releases (comma list) whose real processes this suite starts, among those unpacked;
 # CI names the newest (each run starts torch in several children). Unset: every release unpacked whole.
 _ONLY = [v for v in os.environ.get("PDCHECK_SGLANG_FIDELITY", "").split(",") if v]
-RELEASES = [r for r in kit.releases() if not _ONLY or r in _ONLY]
+# a release the kit cannot start is skipped with its reason (CI's pick may name one), never run into a failure
+RELEASES = [pytest.param(r, marks=pytest.mark.skip(reason=f"SGLang {r}: {kit.UNSUPPORTED[r]}")) if r in kit.UNSUPPORTED
+            else r for r in kit.releases() if not _ONLY or r in _ONLY]
 pytestmark = pytest.mark.skipif(not RELEASES, reason="set PDCHECK_SGLANG_SRC to SGLang releases unpacked whole "
                                 "(<ver>/sglang/...)")
 START_S = 180.0  # a child imports torch and NIXL: slow on a loaded machine
@@ -52,18 +54,24 @@ HANG_S = 20.0  # how long a real D waits before its request counts as a hang (SG
 SHAPES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "same": ({}, {}),
     "page-size": ({"page_size": 16}, {"page_size": 32}),
+    # the same page count per request on both sides (one page each): P's page-count assert passes (#37)
+    "page-size-one-page": ({"page_size": 16}, {"page_size": 32}),
     "kv-dtype": ({}, {"kv_cache_dtype": "fp8_e4m3", "dtype": "fp8_e4m3"}),
     "layers-p-more": ({"layers": 4}, {}),  # no release compares layer counts
     "layers-d-more": ({}, {"layers": 4}),
 }
-MISMATCHES = ["page-size", "kv-dtype", "layers-p-more", "layers-d-more"]
+MISMATCHES = ["page-size", "page-size-one-page", "kv-dtype", "layers-p-more", "layers-d-more"]
+PAGES = {"page-size-one-page": 1}  # pages per request where not the scenarios' 4
+# pdcheck serve's P holds a request's tokens by D's pages at D's page size (a full last page): it cannot hold one page
+# of 16 for D's one page of 32, so that case runs with SGLang's P only
+REAL_D_MISMATCHES = [s for s in MISMATCHES if s not in PAGES]
 
 
 def _scenario(shape: str, seed: int = 0) -> SgScenario:
     p, d = SHAPES[shape]
     base = {"num_pages": 64, "layers": 2, "kv_heads": 8, "head_dim": 64}
     return SgScenario(prefill=SgInstance(**{**base, **p}), decode=SgInstance(**{**base, **d}),
-                      transfer=SgTransfer(seed=seed), source="fidelity")
+                      transfer=SgTransfer(seed=seed, pages_per_request=PAGES.get(shape, 4)), source="fidelity")
 
 
 def _side(inst: SgInstance) -> dict[str, Any]:
@@ -72,7 +80,8 @@ def _side(inst: SgInstance) -> dict[str, Any]:
 
 def _model(release: str, sc: SgScenario) -> engine.SgVerdict:
     rel = resolve(release)
-    return engine.decide(rel, rel, sc.prefill.side(), sc.decode.side(), 0)
+    return engine.decide(rel, rel, sc.prefill.side(), sc.decode.side(), 0,
+                         p_pages=len(sp.make_requests(sc)[0].p_pages))
 
 
 def _real_d_status(room: dict[str, Any]) -> str:
@@ -123,6 +132,10 @@ def test_real_prefill_serves_pdcheck_decode(release: str) -> None:
     assert (pair.p_release, pair.d_release) == (release, release)
     assert not pair.harness, pair.harness
     v, t = pair.observed[0], pair.transfers[0]
+    if resolve(release).aux_needs_state:  # 0.5.12: SGLang's P sends no aux without a state; D never completes
+        assert (v.status, pair.model[0].status) == ("hang", "hang"), (v, pair.model[0])
+        assert {r["state"] for r in p_done["rooms"].values()} == {"Success"}, p_done  # its senders think it done
+        return
     assert (v.status, v.message) == ("ok", None), v
     assert t is not None and t.status == "ok" and t.blocks == 2 * 4 * 4 and t.wrong == 0, t
     assert pair.model[0].status == "ok"
@@ -136,6 +149,8 @@ def test_real_prefill_aux_write_misses_decode_pages(release: str) -> None:
     keep that buffer out of its KV pages, or a request using D page 0 fails its own proof (seed 5: room 1001
     asks for D page 0)."""
     assert any(0 in r.d_pages for r in sp.make_requests(_scenario("same", 5)))
+    if resolve(release).aux_needs_state:
+        pytest.skip("0.5.12's P WRITEs no aux without a request's state (test_real_prefill_serves_pdcheck_decode)")
     pair, _p_done = _real_p(release, "same", seed=5)
     t = pair.transfers[0]
     assert (pair.observed[0].status, t.status if t else None) == ("ok", "ok"), (pair.observed[0], t)
@@ -169,6 +184,8 @@ def test_real_prefill_mismatch_verdict(release: str, shape: str) -> None:
         assert {r["state"] for r in p_done["rooms"].values()} == {"Success"}, p_done
     if v.status == "hang" and model.listener_dead:  # SGLang's P refused D's registration: its thread died
         assert not p_done["bootstrap_thread_alive"] and model.listener_dead in p_done["stderr"], p_done
+    elif v.status == "hang" and "received_aux" in (model.message or ""):  # 0.5.12: KV written, no aux sent
+        assert {r["state"] for r in p_done["rooms"].values()} == {"Success"}, p_done
     elif v.status == "hang":  # SGLang's P failed its WRITE (outside D's registration) and did not tell D
         assert {r["state"] for r in p_done["rooms"].values()} <= {"raised", "Failed"}, p_done
 
@@ -221,12 +238,15 @@ def _real_d(release: str, shape: str, tmp_path: Any) -> tuple[dict[str, Any], st
 def test_real_decode_against_pdcheck_serve(release: str, tmp_path: Any) -> None:
     done, serve_err = _real_d(release, "same", tmp_path)
     rooms = done["rooms"]
+    if resolve(release).aux_needs_state:  # pdcheck's 0.5.12 P sends no aux without a state: SGLang's D waits
+        assert [_real_d_status(r) for r in rooms.values()] == ["hang", "hang"], (rooms, serve_err)
+        return
     assert [_real_d_status(r) for r in rooms.values()] == ["ok", "ok"], (rooms, serve_err)
     assert all(r["checked"] == 4 * 4 for r in rooms.values())  # K and V of 2 layers x 4 pages, per room
     assert "P rank 0: 2 WRITE requests" in serve_err, serve_err
 
 
-@pytest.mark.parametrize("shape", MISMATCHES)
+@pytest.mark.parametrize("shape", REAL_D_MISMATCHES)
 @pytest.mark.parametrize("release", RELEASES)
 def test_real_decode_mismatch_verdict(release: str, shape: str, tmp_path: Any) -> None:
     done, serve_err = _real_d(release, shape, tmp_path)

@@ -363,7 +363,9 @@ def test_prefill_killed_mid_transfer() -> None:
         assert [v.status for v in pair.observed] == [v.status for v in pair.model]
     assert (none.observed[0].status, none.observed[0].timeout_s) == ("hang", None)
     assert r4.observed[0].status == "error" and "1 transfers affected" in r4.observed[0].message
-    assert r4.observed[0].message.endswith("Decode transfer failed with exception Exception: Fake KVReceiver Exception")
+    assert r4.observed[0].message.endswith("Decode transfer failed for request rank=0 decode_req.req.rid='<rid>' "
+                                           "decode_req.req.bootstrap_room=1000 with exception Fake KVReceiver "
+                                           "Exception")
     assert "KVTransferError(bootstrap_room=1000): Lost connection with prefill instance" in r7.observed[0].message
 
 

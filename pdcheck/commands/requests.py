@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from pdcheck.cliopts import Command, complete_scenario, release_flags
+from pdcheck.cliopts import Command, complete_scenario, release_flags, shape_flags
 from pdcheck.commands import OUTPUT, Opt, emit, exit_codes, output_flags
 
 LOAD = "Requests"
@@ -18,6 +18,9 @@ EXAMPLES = """[bold]Examples[/]
   [dim]# no file: flags only[/]
   pdcheck requests --vllm 0.34.0 --requests 20 --rate 20 --lease 0.5 \\
       --fault slow-decode:1 --fault drop-notif:3
+  [dim]# on a shape: P TP 2 -> D TP 2, one P worker restarted[/]
+  pdcheck requests --vllm 0.34.0 --prefill-tp 2 --decode-tp 2 \\
+      --fault restart-p:2:rank=1
   [dim]# push mode (0.24+): D registers, P WRITEs; request 2's completion lost[/]
   pdcheck requests --vllm 0.24.0,0.34.0 --mode push --lease 0.5 \\
       --fault drop-notif:2
@@ -39,12 +42,14 @@ def register(app: typer.Typer) -> None:
     @app.command(cls=Command, epilog=epilog)
     @output_flags
     @release_flags("requests")
+    @shape_flags
     def requests(
         ctx: typer.Context,
         scenario: Annotated[Path | None, typer.Argument(
             metavar="SCENARIO", show_default=False, autocompletion=complete_scenario,
             help="A bundled requests scenario's name or a requests TOML file (flags override it).")] = None,
         *,
+        overrides: dict[str, dict[str, int]],
         releases: dict[str, str | None],
         n_requests: Annotated[int | None, Opt("--requests", metavar="N", rich_help_panel=LOAD, show_default=False,
                                               help="Requests per release (default 8).")] = None,
@@ -91,7 +96,8 @@ def register(app: typer.Typer) -> None:
                                    str(scenario or "command line"), command="requests")
         frameworks.check_flags(fw, "requests", framework_flags(ctx, ("json_out",)))
         outcome = fw.requests(seam.RequestsArgs(
-            scenario=scenario, releases=rels, faults=fault or [], json_out=json_out, plot=plot, every=every,
+            scenario=scenario, releases=rels, overrides=overrides, faults=fault or [], json_out=json_out, plot=plot,
+            every=every,
             flags={"requests": n_requests, "rate": rate, "lease": lease, "blocks_per_request": blocks_per_request,
                    "pool": pool, "seed": seed, "failure_policy": failure_policy, "mode": mode,
                    "time_scale": time_scale}))

@@ -13,11 +13,13 @@ from pdcheck.sglang import bootstrap as bs
 from pdcheck.sglang import wire
 from pdcheck.sglang.releases.base import (
     ABORTED,
+    DECODE_FAILED,
     DP_CONFLICT,
     ENSURE_FAILED,
     PAGE_COUNT_ASSERT,
     PAGE_COUNT_WARNING,
     PREFILL_DOWN,
+    RID,
     SglangRelease,
 )
 from pdcheck.verdict import Status
@@ -101,17 +103,26 @@ def page_count(p_rel: SglangRelease, d_rel: SglangRelease, p_pages: int, d_pages
                 "written and D is not told", **kw)  # type: ignore[arg-type]
 
 
-def ensure_failed(rel: SglangRelease, addr: str, room: int | str, why: str, **kw: object) -> SgVerdict:
+def ensure_failed(rel: SglangRelease, addr: str, room: int | str, why: str, rank: int = 0,
+                  **kw: object) -> SgVerdict:
     """0.5.10+: D's scheduler could not fetch P's parallel info ensure_retries times ensure_retry_s apart; it
-    aborts the receiver and the request fails (decode.py _ensure_prefill_info)."""
+    aborts the receiver and the request fails (decode.py _ensure_prefill_info, then the bootstrap queue's
+    "Decode handshake failed" line, which is also the request's abort message)."""
     n = rel.ensure_retries
     assert n is not None
     secs = (n - 1) * rel.ensure_retry_s  # the first attempt at once, the last (n-1) intervals later
     exc = receiver_error(rel, room, ABORTED)  # 0.5.10 - 0.5.12: the receiver's RuntimeError, without the reason
     return SgVerdict(status="error", stage="bootstrap", exception=exc.split("(")[0].split(":")[0], timeout_s=secs,
                      message=(
-        f"{why}; after {secs:g} s: {ENSURE_FAILED.format(addr=addr, n=n)}; D aborts the receiver: Decode "
-        f"handshake failed for request ... bootstrap_room={room} with exception {exc}"), **kw)  # type: ignore[arg-type]
+        f"{why}; after {secs:g} s: {ENSURE_FAILED.format(addr=addr, n=n)}; D aborts the receiver: "
+        f"{decode_failed('handshake', rank, room, exc)}"), **kw)  # type: ignore[arg-type]
+
+
+def decode_failed(what: str, rank: int, room: int | str, exc: str) -> str:
+    """D's `Decode {handshake|transfer} failed for request ...` line, exactly (releases.base.DECODE_FAILED): the
+    exception as str() gives it (a KVTransferError names its room; a RuntimeError only its message)."""
+    said = exc if exc.startswith("KVTransferError(") else exc.split(": ", 1)[-1]
+    return DECODE_FAILED.format(what=what, rank=rank, rid=RID, room=room, exc=said)
 
 
 def receiver_error(rel: SglangRelease, room: int | str, reason: str) -> str:
@@ -154,8 +165,8 @@ def node_failure(rel: SglangRelease, addr: str, room: int, n: int = 1, **kw: obj
     return SgVerdict(status="error", stage="transfer", exception=exc.split("(")[0].split(":")[0],
                      timeout_s=secs, message=(
                          f"after {secs:g} s (GET /health every {rel.heartbeat_s:g} s fails {rel.heartbeat_failures} "
-                         f"times): {lost}{node}; Decode transfer "
-                         f"failed with exception {exc}{later}"), **kw)  # type: ignore[arg-type]
+                         f"times): {lost}{node}; {decode_failed('transfer', 0, room, exc)}{later}"),
+                     **kw)  # type: ignore[arg-type]
 
 
 def duplicate_room(p_rel: SglangRelease, room: int, **kw: object) -> SgVerdict:
@@ -268,16 +279,31 @@ def refused(_q: dict[str, int]) -> tuple[int, str]:
 
 
 def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank: int, *, chunks: int = 1,
-           registered: int | None = None, no_bootstrap: bool = False, fault: str = "none") -> SgVerdict:
+           registered: int | None = None, no_bootstrap: bool = False, fault: str = "none",
+           p_pages: int = P_PAGES) -> SgVerdict:
     """What D rank `d_rank` of release d_rel sees for one request served by P of p_rel (no_bootstrap: D's
-    bootstrap address has no server; fault: scenario.Fault)."""
+    bootstrap address has no server; fault: scenario.Fault; p_pages: the request's pages on P, the scenario's
+    transfer.pages_per_request as the plan sized them). A P that wrote the KV (ok, silent) but sends no metadata
+    without a request's state (0.5.12: releases.base.aux_needs_state) leaves D waiting."""
+    v = _decide(p_rel, d_rel, p, d, d_rank, chunks=chunks, registered=registered, no_bootstrap=no_bootstrap,
+                fault=fault, p_pages=p_pages)
+    if v.status in ("ok", "silent") and p_rel.aux_needs_state and not (p.hybrid and p_rel.sends_state):
+        return hang(d_rel, "completion", f"P {p_rel.name} WRITEs the KV but sends the metadata (aux) WRITE and its "
+                    "`{room}_aux` notification only with a request's state (nixl/conn.py: `if kv_chunk.is_last and "
+                    "kv_chunk.state_indices:`); this model has none, and D's is_done waits for received_aux",
+                    p_ranks=v.p_ranks)
+    return v
+
+
+def _decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank: int, *, chunks: int,
+            registered: int | None, no_bootstrap: bool, fault: str, p_pages: int) -> SgVerdict:
     table = table_for(p_rel, p, registered)
     try:
         found = bs.discover(d_rel, refused if no_bootstrap else table.get, tp_rank=d_rank, tp_size=d.tp_size, pp_size=d.pp_size,
                             page_size=d.page_size, kv_cache_dtype=d.kv_cache_dtype, mla=d.mla, room=ROOM)
     except bs.DiscoveryError as e:
         if e.info and d_rel.ensure_retries is not None:
-            return ensure_failed(d_rel, "127.0.0.1:8998", ROOM, e.message)
+            return ensure_failed(d_rel, "127.0.0.1:8998", ROOM, e.message, d_rank)
         if e.retry:  # 0.5.13+: D retries the bootstrap; the request never leaves Bootstrapping on D
             t = d_rel.bootstrap_timeout_s
             return SgVerdict(status="hang", stage="bootstrap", exception=None if e.exc == "retry" else e.exc,
@@ -288,7 +314,7 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
     targets = [t[0] for t in found.targets]
     dfacts = wire.DFacts("127.0.0.1", 50000, f"d{d_rank}", b"meta", list(range(d.num_ptrs)), [0], d_rank,
                          d.tp_size, d_rank, d.item_len)
-    d_pages = d_pages_for(p, d, P_PAGES)
+    d_pages = d_pages_for(p, d, p_pages)
     req = wire.Request(7, list(range(d_pages)), 0, found.required if p.tp_size < d.tp_size else 1)
     try:
         for frames in wire.encode(d_rel, dfacts, req):
@@ -309,10 +335,10 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
         return node_failure(d_rel, "127.0.0.1:8998", ROOM, p_ranks=targets)
     if fault == "duplicate_room":
         return duplicate_room(p_rel, ROOM, p_ranks=targets)
-    few = page_count(p_rel, d_rel, P_PAGES, d_pages, p_ranks=targets)
+    few = page_count(p_rel, d_rel, p_pages, d_pages, p_ranks=targets)
     if few is not None:
         return few
-    fewer = PAGE_COUNT_WARNING.format(d=d_pages, p=P_PAGES) if d_pages < P_PAGES else None  # 0.5.12+ P
+    fewer = PAGE_COUNT_WARNING.format(d=d_pages, p=p_pages) if d_pages < p_pages else None  # 0.5.12+ P
     # 0.4.6 has no TP mapping: P pairs pages as for equal TP, with its own (other TP's) item length
     hetero = p.tp_size != d.tp_size and not p.mla and p_rel.hetero_tp != "lookup"
     # P's release writes. Equal TP (or MLA): P's own item_len on both sides, paired by pointer index.
@@ -341,8 +367,9 @@ def decide(p_rel: SglangRelease, d_rel: SglangRelease, p: Side, d: Side, d_rank:
             if p.layers != d.layers:
                 what.append(f"layers {p.layers} vs {d.layers}")
             return SgVerdict(status="silent", stage="transfer", p_ranks=targets, warning=fewer, message=(
-                f"P writes with its own kv_item_len {p.item_len} at D's page offsets (D's is {d.item_len}; "
-                f"{', '.join(what)}); no release compares them: wrong bytes, NIXL reports DONE"))
+                f"P writes D's page ids with its own kv_item_len {p.item_len} (send_kvcache: dst_ptr + page * "
+                f"item_len, both the offset and the length P's; D's is {d.item_len}; {', '.join(what)}); no "
+                "release compares them: wrong bytes, NIXL reports DONE"))
     else:
         slicing = p_rel.hetero_tp in ("slice", "slice_pp_hang")
         if slicing and min(p.tp_size, d.tp_size) and p.kv_heads < max(p.tp_size, d.tp_size):

@@ -372,6 +372,8 @@ class SgPrefillRole(Role):
         self.final.writes += 1
         if not last:
             return None
+        if rel.aux_needs_state and not (rel.sends_state and side.hybrid and state):
+            return None  # 0.5.12: no aux WRITE and no `{room}_aux` without a state (releases.base.aux_needs_state)
         if not self.spec.serve:  # a live decode's metadata buffers are its own size: only the notification
             src = aux_ptrs(self.aux)
             n = {"first": 1, "decode_count": len(reg.aux_ptrs), "shorter": min(len(src), len(reg.aux_ptrs))}[
@@ -476,7 +478,7 @@ class SgDecodeRole(Role):
                     fetches += 1
                     if fetches >= rel.ensure_retries:
                         addr = f"{bhost}:{spec.bootstrap_port}"
-                        return ensure_failed(rel, addr, spec.requests[0].room, e.message), None
+                        return ensure_failed(rel, addr, spec.requests[0].room, e.message, spec.tp_rank), None
                     time.sleep(min(rel.ensure_retry_s, spec.hang_s / rel.ensure_retries))
                     continue
                 if e.retry and time.monotonic() < deadline:

@@ -64,7 +64,7 @@ def run_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
     registered = sc.prefill.registered if sc.prefill.registered is not None else p_world
     fault = sc.transfer.fault
     model = engine.decide_all(pair.p, pair.d, p, d, registered=registered if registered < p_world else None,
-                              no_bootstrap=sc.decode.no_bootstrap, fault=fault)
+                              no_bootstrap=sc.decode.no_bootstrap, fault=fault, p_pages=len(plan.requests[0].p_pages))
     t0 = time.perf_counter()
     server = bs.Server(bs.Table(pair.p, p_world))
     harness: list[str] = []
@@ -188,7 +188,8 @@ def run_live_pair(plan: SgPlan, pair: Pair) -> SgPairResult:
                                                                           message="no result")
                 for r in range(d.tp_size)]
     transfers = [d_final[r].transfer if r in d_final else None for r in range(d.tp_size)]
-    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed, engine.decide_all(pair.p, pair.d, p, d),
+    return SgPairResult(pair.name, pair.p.name, pair.d.name, observed,
+                        engine.decide_all(pair.p, pair.d, p, d, p_pages=len(plan.requests[0].p_pages)),
                         engine.corrected(p, d), transfers, [], harness, time.perf_counter() - t0)
 
 

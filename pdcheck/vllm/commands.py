@@ -240,7 +240,7 @@ def from_logs(o: FromLogsArgs) -> Outcome:
 
 
 def requests(o: RequestsArgs) -> Outcome:
-    plan = requests_plan(o.scenario, o.releases, o.flags, o.faults)
+    plan = requests_plan(o.scenario, o.releases, o.flags, o.faults, o.overrides)
     plot = o.plot
     if plot is not None:
         from pdcheck import figure
@@ -329,12 +329,13 @@ def parse_inject(items: list[str], p_tp: int) -> Any:
     return Inject(die_p=die, mute_p=mute, corrupt=corrupt)
 
 
-def requests_plan(scenario: Path | None, vllm: str | None, flags: dict[str, Any], faults: list[str]) -> Any:
+def requests_plan(scenario: Path | None, vllm: str | None, flags: dict[str, Any], faults: list[str],
+                  shape: dict[str, dict[str, int]] | None = None) -> Any:
     from pdcheck.scenariofile import read_toml
     from pdcheck.vllm.requests.plan import build
 
     doc = read_toml(scenario) if scenario is not None else {}
-    return build(scenario, doc, vllm, flags, faults)
+    return build(scenario, doc, vllm, flags, faults, shape)
 
 
 def requests_execute(plan: Any, tick: Any = None) -> Any:

@@ -29,8 +29,16 @@ TABLE: ReleaseTable[SglangRelease] = ReleaseTable((
 MODELLED: list[SglangRelease] = TABLE.values()
 
 
+# 0.5.12's aux-only-with-state bug is gone from 0.5.12.post1 (its nixl/conn.py: `if kv_chunk.is_last:`), the only
+# difference between the two that the model reads
+_POST_FIXED = {"0.5.12": {"aux_needs_state": False}}
+
+
 def _stamp(model: SglangRelease, name: str) -> SglangRelease:
-    return model if name == model.name else replace(model, name=name)
+    if name == model.name:
+        return model
+    fixed = _POST_FIXED.get(model.name, {}) if name.startswith(f"{model.name}.post") else {}
+    return replace(model, name=name, **fixed)
 
 
 def resolve(text: str, where: str = "--sglang") -> SglangRelease:

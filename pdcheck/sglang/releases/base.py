@@ -74,6 +74,10 @@ class SglangRelease(msgspec.Struct, frozen=True, kw_only=True):
     # (0.5.8's receiver takes state_indices and drops them); from 0.5.13 D sends its state pointers and indices,
     # P WRITEs the state and D waits for it (#18939).
     sends_state: bool = False
+    # 0.5.12: P's transfer worker sends the metadata (aux) WRITE and its `{room}_aux` notification only inside `if
+    # kv_chunk.is_last and kv_chunk.state_indices:` (nixl/conn.py); a model with no per-request state (state_types
+    # empty: state_indices == []) never sends it, and D's TransferStatus.is_done waits for received_aux
+    aux_needs_state: bool = False
     # P with DP > 1 and follow_bootstrap_room, a request the router dispatched to another DP rank than
     # room % dp_size: from 0.5.13 the P sender fails the room at once (DP_CONFLICT; R6 common/conn.py:733-751,
     # R7 :2160-2181); before, P's request waits in Bootstrapping for a TransferInfo D sent to the other DP rank.
@@ -126,5 +130,11 @@ PAGE_COUNT_ASSERT = "assert len(chunked_dst_kv_indice) == len(kv_indices)"
 PAGE_COUNT_WARNING = "len(chunked_dst_kv_indice) = {d}, len(kv_chunk.prefill_kv_indices) = {p}"
 ENSURE_FAILED = "Could not fetch prefill parallel info from {addr} after {n} attempts"
 ABORTED = "Aborted by AbortReq."
+# D's scheduler when a request's receiver failed (decode.py, 0.5.8-0.5.23: the bootstrap queue's "handshake", the
+# transfer queue's "transfer"), then " with exception {e}" (str of what failure_exception raised); the same text is
+# the request's abort message (prepare_abort). rid: SGLang's request id (a uuid hex); pdcheck's requests have none.
+DECODE_FAILED = ("Decode {what} failed for request rank={rank} decode_req.req.rid={rid!r} "
+                 "decode_req.req.bootstrap_room={room} with exception {exc}")
+RID = "<rid>"
 DP_CONFLICT = ("follow_bootstrap_room conflict: dispatched to dp_rank {x} but bootstrap_room {room} implies dp_rank "
                "{y}. Set SGLANG_DISAGGREGATION_FORCE_QUERY_PREFILL_DP_RANK=1 to allow mixed routing.")

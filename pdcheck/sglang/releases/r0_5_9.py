@@ -6,8 +6,10 @@ the bootstrap (B5, 503 until every P rank registered, the kv-dtype check), P's b
 (common/conn.py), and D's scheduler fetches P's parallel info 15 times a second apart, then aborts the request
 (decode.py _ensure_prefill_info). 0.5.11: the state item lengths in the registration and decode_prefix_len in the
 request (E5s), the follow_bootstrap_room DP conflict check. 0.5.12: the state frames as common/utils
-unpack_int_lists (E5), P truncates its pages to the ones D offered instead of asserting, and a room reused after
-its last chunk fails the transfer worker's `assert room in self.transfer_infos`. Still as 0.5.8: the pp_rank in the
+unpack_int_lists (E5), P truncates its pages to the ones D offered instead of asserting, a room reused after its
+last chunk fails the transfer worker's `assert room in self.transfer_infos`, and P sends the metadata (aux) WRITE
+and its notification only with a request's state (found by tests/test_sglang_fidelity.py: a model without one
+never completes on D). Still as 0.5.8: the pp_rank in the
 kv notification (P TP > D TP non-MLA never completes), `transfers affected` on a lost P, RuntimeError("NIXL
 KVReceiver Exception") without the recorded reason."""
 
@@ -31,5 +33,6 @@ MODEL_0_5_10 = replace(
 MODEL_0_5_11 = replace(MODEL_0_5_10, name="0.5.11", tag="R5c", versions=("0.5.11",), wire="E5s", dp_conflict_check=True,
                        summary="0.5.10 + DP conflict check, state item lengths in the registration")
 MODEL_0_5_12 = replace(MODEL_0_5_11, name="0.5.12", tag="R5d", versions=("0.5.12",), wire="E5", page_count_assert=False,
-                       room_reuse="assert",
-                       summary="0.5.11 + packed state frames, P truncates to D's pages, room reuse asserts on P")
+                       room_reuse="assert", aux_needs_state=True,
+                       summary="0.5.11 + packed state frames, P truncates to D's pages, room reuse asserts on P, "
+                               "aux sent only with a state (a model without one never completes)")

@@ -6,6 +6,7 @@ its WRITEs (_PushWaiter)."""
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from typing import Any
@@ -24,6 +25,7 @@ from pdcheck.vllm.releases.rules import msg_engine_id
 from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests import push, shapes, texts
 from pdcheck.vllm.requests.handshake import DSide, HandshakeFailed, PSide, endpoint
+from pdcheck.vllm.requests.heartbeat import Beats, Tracked, tracks
 from pdcheck.vllm.requests.lines import CORRECTED, Lifecycle, abort_waits_read, line_of, with_policy
 from pdcheck.vllm.requests.model import abort_detail, decide, on_failure, read_ids
 from pdcheck.vllm.requests.role import POLL_S, Outgoing, RequestsRole, forget_remote, load_remote
@@ -44,7 +46,7 @@ class RequestsD(RequestsRole):
         self.own = PSide(self.host, 0, values, self.spec.mute_side)
         return msgspec.structs.replace(super().ready(), side_host=self.own.host, side_port=self.own.port)
 
-    def run(self) -> None:
+    def loop(self) -> None:
         self.line: Lifecycle = CORRECTED
         self.release = CORRECTED.line  # the release under test: its log texts (pdcheck.vllm.requests.texts)
         self.peer: rm.ReqReady | None = None  # the P whose agent D loaded (its handshake)
@@ -80,15 +82,18 @@ class RequestsD(RequestsRole):
         self.next_block = 0  # D's blocks are a ring: the next READ lands here (room() says where it fits)
         self._local_ids: dict[tuple[int, int], np.ndarray] = {}
         self._remote_ids: dict[tuple[int, ...], np.ndarray] = {}
-        self.beats: list[str] = []  # this turn's requests whose leases the heartbeat renews
-        self.todo: list[tuple[rm.ReqDecode, str]] = []  # this turn's requests to READ, after the heartbeat
+        self.todo: list[tuple[rm.ReqDecode, str]] = []  # this turn's requests to READ
+        self.hb = Beats()  # the requests D's scheduler heartbeats (pdcheck.vllm.requests.heartbeat)
+        self.fresh: set[str] = set()  # engines this turn started a handshake with: no heartbeat to them yet
+        self.shake_for: list[int] = []  # the requests the next handshake is made for (counted per request)
+        self.reg_gen: dict[str, int] = {}  # 0.33+: the registration generation D recorded per engine
         waiter = _PushWaiter(self)
         self.out = out = Outgoing(self.conn)
         while True:
             # READs in flight: a short look at the pipe, then at the READs again. D never spins on one READ: P
             # serves every READ in flight in one turn of its loop, and a spinning D would take P's core.
             first = self.wait(READ_POLL_S if self.flight else POLL_S if self.pending or self.held or self.unshaken
-                              or waiter.busy else 0.05)
+                              or waiter.busy or self.hb.tracked else 0.05)
             msgs = rm.unbatch(first)
             while first is not None and self.queued():  # everything queued: its READs go out together
                 msgs += rm.unbatch(first := m.recv(self.conn))
@@ -106,6 +111,7 @@ class RequestsD(RequestsRole):
             self.joined = None  # later requests start a handshake of their own
             self.start_reads()
             self.reap()
+            self.heartbeat(time.time())
             if waiter.mode != "push" and self.peer is not None:
                 # vLLM's D runs get_finished every engine step, and its get_new_notifs drives the UCX worker:
                 # without that, a heartbeat (or a delayed notification) sent while D only holds a request sits
@@ -128,7 +134,23 @@ class RequestsD(RequestsRole):
             self.tick_unshaken(time.time())
         if self.held:
             self.tick(time.time())
-        if isinstance(msg, rm.ReqBegin):
+        if isinstance(msg, rm.ReqDecode):
+            self.at = msg.request
+            if msg.crash:
+                raise RuntimeError("an exception injected by the test hook Options.crash")
+            params = msg.params if isinstance(msg.params, dict) else None
+            if tracks(self.line, params) and self.expiry_s is not None:  # on_new_request
+                assert params is not None
+                port = params.get("remote_port")
+                self.hb.track(Tracked(msg.request, str(params["remote_request_id"]),
+                                      str(params["remote_engine_id"]), port if isinstance(port, int) else None,
+                                      msg.heartbeats_lost))
+        if isinstance(msg, rm.ReqDone):
+            self.hb.stop(msg.request)  # every D rank of its DP group answered it: finished_recving
+        elif isinstance(msg, rm.ReqEnd):  # the line's end: what this rank's heartbeats and handshakes came to
+            out.send(rm.ReqTally(dict(self.hb.named), dict(self.hb.shakes), self.hb.sent))
+            self.hb.tracked.clear()
+        elif isinstance(msg, rm.ReqBegin):
             self.start_reads()  # the last line's requests, before this line begins
             self.settle()
             self.line = with_policy(line_of(msg.line), msg.failure_policy)
@@ -146,6 +168,8 @@ class RequestsD(RequestsRole):
                 self.side = msg.side
             # A new line is a fresh deployment: D knows no engine until a request names one (lazy handshake).
             self.known.clear()
+            self.reg_gen.clear()
+            self.hb.reset()
             self.unreached = None
             out.send(m.Ack())
         elif isinstance(msg, rm.ReqDecode) and not self.pushing and msg.hold_s > 0 and self.unknown(msg):
@@ -181,20 +205,57 @@ class RequestsD(RequestsRole):
                 decide(self.line, msg.request, None, "", 0, 0.0)
         if self.side is None:
             return None
+        if not self.pushing and self.line.missing_request_id == "hang" and "remote_request_id" not in params:
+            # update_state_after_alloc refuses the params before any receive is scheduled: no handshake (and the
+            # scheduler never tracked it for heartbeats)
+            return decide(self.line, msg.request, params, "", 0, 0.0)
         engine = str(params.get("remote_engine_id"))
+        if msg.hold_s == 0:
+            self.generation(engine, params)
         if engine in self.known:
             self.use(self.srcs[engine] if engine in self.srcs else self.cur)
             return None
         if self.joined is not None and self.joined[0] == engine:
-            return self.joined[1].verdict(self.line, msg.request, params)
+            return self.joined[1].verdict(self.line, msg.request, params, functools.partial(self.handshake_log, msg))
         port = params.get("remote_port")
+        self.shake_for = [msg.request]
         ok = self.handshake(engine, port if isinstance(port, int) else None)
         if not ok and self.unreached is not None:
             self.joined = (engine, self.unreached)
             while self.queued():  # sent while the handshake ran: they joined its future
                 self.backlog += rm.unbatch(m.recv(self.conn))
-            return self.unreached.verdict(self.line, msg.request, params)
+            return self.unreached.verdict(self.line, msg.request, params, functools.partial(self.handshake_log, msg))
         return None
+
+    def generation(self, engine: str, params: dict[str, Any]) -> None:
+        """0.33+ (_read_blocks_for_req): a registration generation newer than the one D recorded for the engine
+        drops what D loaded (_cleanup_remote_engine) and handshakes again. D records none at a handshake a heartbeat
+        started, so the request's own READ makes a second one after it."""
+        if self.line is CORRECTED or self.pushing or "remote_registration_generation" not in self.line.keys:
+            return
+        gen = params.get("remote_registration_generation")
+        gen = gen if isinstance(gen, int) and not isinstance(gen, bool) else 0
+        if self.reg_gen.get(engine, 0) < gen:
+            self.reg_gen[engine] = gen
+            self.known.discard(engine)
+
+    def heartbeat(self, now: float) -> None:
+        """The scheduler's heartbeat, when due (every lease/6): `HB:<ids>` to each P agent of every engine D knows;
+        one D does not know gets a handshake instead, and nothing this time (_send_heartbeats)."""
+        groups = self.hb.due(now, (self.expiry_s or 0.0) / 6) if self.side is not None else {}
+        for engine, reqs in groups.items():
+            if engine in self.fresh:  # its handshake started this turn: still pending in vLLM
+                continue
+            if engine not in self.known:
+                self.shake_for = [t.request for t in reqs]
+                self.handshake(engine, reqs[0].port)  # a failure is only logged; the next heartbeat tries again
+                continue
+            note = Beats.message(reqs)
+            srcs = self.srcs.get(engine) or []
+            if note is not None and srcs:
+                self.notify(note, srcs)
+                self.hb.count_sent(reqs, len(srcs))
+        self.fresh.clear()
 
     def unknown(self, msg: rm.ReqDecode) -> bool:
         """The request's params name an engine D has not handshaken with in this line."""
@@ -213,7 +274,8 @@ class RequestsD(RequestsRole):
         self.tick_unshaken(now)
 
     def tick_unshaken(self, now: float) -> None:
-        interval = (self.expiry_s or 0.0) / 6
+        """Held requests of an engine D does not know: read at the hold's end (the request's own handshake), or held
+        as any once a handshake (a heartbeat's, heartbeat()) loaded the engine."""
         for h in list(self.unshaken):
             params = h.msg.params
             assert isinstance(params, dict)
@@ -222,11 +284,6 @@ class RequestsD(RequestsRole):
                 self.unshaken.remove(h)
                 self.take(msgspec.structs.replace(h.msg, hold_s=0.0))
                 continue
-            beats = self.line.heartbeat and interval > 0 and "remote_request_id" in params
-            if engine not in self.known and beats and now >= h.next_hb:
-                port = params.get("remote_port")
-                self.handshake(engine, port if isinstance(port, int) else None)  # the heartbeat's
-                h.next_hb = now + interval
             if engine in self.known:  # a handshake loaded it: the request waits out its hold as any held one
                 self.unshaken.remove(h)
                 self.take(msgspec.structs.replace(h.msg, hold_s=h.read_at - now))
@@ -246,7 +303,11 @@ class RequestsD(RequestsRole):
         registration changed. False when the handshake failed (self.unreached says why) or P did not change.
         engine: the engine id the request named (None: the one D loaded). A reply of another engine fails the
         handshake where the release checks it (handshake_setup_failed; the request's verdict is decide's)."""
-        sides = self.sides_for(engine if engine is not None else (self.peer.engine_id if self.peer else ""), port)
+        asked = engine if engine is not None else (self.peer.engine_id if self.peer else "")
+        sides = self.sides_for(asked, port)
+        self.hb.count_shake(self.shake_for or ([self.at] if self.at is not None else []))
+        self.shake_for = []
+        self.fresh.add(asked)
         metas: list[AnyMeta] = []
         for rd in self.plan:  # one handshake with the engine: every P rank this D rank reads, on its port
             side = sides[rd.p_rank] if rd.p_rank < len(sides) else sides[0]
@@ -261,8 +322,12 @@ class RequestsD(RequestsRole):
         eid = metas[0].engine_id
         if engine is not None and eid != engine and self.line.engine_id_checked:
             # Nothing is recorded for the engine the request named: its next request handshakes again.
-            self.out.add(rm.ReqHandshook(endpoint(side), side.wire, "handshake_setup_failed: RuntimeError: "
-                                        + msg_engine_id(engine, eid)))
+            error = "RuntimeError: " + msg_engine_id(engine, eid)
+            # the handshake's own done_callback line (0.14+: _log_failure with no request, the engine it asked for)
+            said = texts.failure_log(self.release, "handshake_setup_failed", {
+                "request_id": None, "engine_id": self.spec.engine_id, "remote_engine_id": engine})
+            self.out.add(rm.ReqHandshook(endpoint(side), side.wire, f"{said}; exc_info: {error}" if said
+                                        else f"handshake_setup_failed: {error}"))
             if eid not in self.srcs:
                 self.load(metas)  # decide() names the mismatch from the engine D reached
             self.use(self.srcs[eid])
@@ -333,30 +398,27 @@ class RequestsD(RequestsRole):
         return ok
 
     def tick(self, now: float) -> None:
-        """Held requests: heartbeats every lease/6 (unless lost), and the READ once the hold is over."""
-        interval = (self.expiry_s or 0.0) / 6
+        """Held requests: the READ once the hold is over (the scheduler schedules it: its handshake checks first);
+        their heartbeats are the scheduler's (heartbeat())."""
         for h in list(self.held):
             if now >= h.read_at:
                 self.held.remove(h)
-                got = self.read(h.msg, h.rid)
+                refused = self.ensure(msgspec.structs.replace(h.msg, hold_s=0.0))
+                got = rm.ReqDecoded(h.msg.request, "refused", *refused) if refused is not None else \
+                    self.read(h.msg, h.rid)
                 if got is not None:
                     self.out.add(got)
-            elif self.line.heartbeat and interval > 0 and not h.msg.heartbeats_lost and now >= h.next_hb:
-                self.notify(f"HB:{h.rid}".encode())
-                h.next_hb = now + interval
 
     def decode(self, msg: rm.ReqDecode) -> rm.ReqDecoded | None:
         """The scheduler takes the request: decide, start its heartbeats, READ now or after its hold."""
         line, peer = self.line, self.peer
         assert peer is not None
         refused = decide(line, msg.request, msg.params, peer.engine_id, peer.num_blocks, time.time(),
-                         self.p_geom.tp_size)
+                         self.p_geom.tp_size, functools.partial(self.handshake_log, msg))
         if refused is not None:
             return rm.ReqDecoded(msg.request, "refused", *refused)
         assert msg.params is not None
         rid = str(msg.params.get("remote_request_id", msg.request_id))
-        if line.heartbeat and self.expiry_s is not None and not msg.heartbeats_lost:
-            self.beats.append(rid)  # the scheduler now tracks it: start_reads() renews its lease
         if msg.hold_s > 0:
             now = time.time()
             self.held.append(_Hold(msg, rid, now + msg.hold_s, now + (self.expiry_s or 0.0) / 6))
@@ -365,11 +427,7 @@ class RequestsD(RequestsRole):
         return None
 
     def start_reads(self) -> None:
-        """The turn's heartbeat, one notification naming every request the scheduler took ("HB:id1,id2", as
-        vLLM's worker sends it), then their READs, in order."""
-        if self.beats:
-            self.notify(("HB:" + ",".join(self.beats)).encode())
-            self.beats = []
+        """The READs of the requests the scheduler took this turn, in order (the heartbeat follows them)."""
         todo, self.todo = self.todo, []
         for msg, rid in todo:
             got = self.read(msg, rid)
@@ -460,7 +518,9 @@ class RequestsD(RequestsRole):
                     agent.release(h)
                 raise
         except NixlCallError as exc:
-            return self.failed(msg, rid, mine, exc, t_read)
+            # preparing or posting the READ raised: _read_blocks' transfer_setup_failed, whatever NIXL's status (a
+            # dead peer's NIXL_ERR_REMOTE_DISCONNECT at post time included)
+            return self.failed(msg, rid, mine, exc, t_read, "transfer_setup_failed")
         except (OverflowError, ValueError) as exc:  # ids NIXL cannot even take (int32)
             error = f"{type(exc).__name__}: {exc}"
             verdict, detail = on_failure(line, i, "transfer_setup_failed", error,
@@ -509,6 +569,7 @@ class RequestsD(RequestsRole):
         landed: list[_Flight] = []
         while self.flight:
             f = self.flight[0]
+            self.at = f.msg.request
             ctx = f"request {f.msg.request}"
             try:
                 done = all([self.agent.done(h, ctx) for h in f.h])
@@ -561,18 +622,31 @@ class RequestsD(RequestsRole):
                     self.out.flush()
 
     def failed(self, msg: rm.ReqDecode, rid: str, mine: np.ndarray, exc: NixlCallError,
-               t_read: float) -> rm.ReqDecoded:
+               t_read: float, kind: str = "") -> rm.ReqDecoded:
         line, i = self.line, msg.request
         if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
             return rm.ReqDecoded(i, "failed", "recomputed", f"{exc}: P restarted; {self.rehandshake()}, "
                                 "recomputed", t_read)
-        # As vLLM names it: posting the READ raised (_read_blocks), its state came back failed, or looking at
-        # its state raised (_pop_done_transfers).
-        kind = {"transfer": "transfer_failed", "check_xfer_state": "transfer_exception"}.get(exc.op,
-                                                                                          "transfer_setup_failed")
+        # As vLLM names it (kind: the caller knows): preparing or posting the READ raised (_read_blocks'
+        # transfer_setup_failed), its state came back failed (_pop_done_transfers' transfer_failed), or looking at
+        # its state raised (transfer_exception).
+        kind = kind or {"transfer": "transfer_failed", "check_xfer_state": "transfer_exception"}.get(
+            exc.op, "transfer_setup_failed")
         extra = {"xfer_state": "ERR"} if kind == "transfer_failed" else {}
         verdict, detail = on_failure(line, i, kind, str(exc), self.failure_log(msg, rid, mine, kind, str(exc), extra))
         return rm.ReqDecoded(i, "failed", verdict, detail, t_read)
+
+    def handshake_log(self, msg: rm.ReqDecode, error: str) -> str:
+        """What the release logs for a request whose handshake failed (request_ready's _log_failure with the request's
+        meta, then from 0.22 get_finished's 'Skipping KV post-processing' warning): the blocks in its context are the
+        ones D would have read into."""
+        p = msg.params if isinstance(msg.params, dict) else {}
+        try:
+            k = len(read_ids(p, self.kv.geometry.block_size))
+        except (KeyError, TypeError, ValueError):
+            k = 0
+        mine = (self.next_block + np.arange(k)) % self.kv.num_blocks
+        return self.failure_log(msg, str(p.get("remote_request_id", msg.request_id)), mine, "handshake_failed", error)
 
     def failure_log(self, msg: rm.ReqDecode, rid: str, mine: np.ndarray, kind: str, error: str,
                     extra: dict[str, Any] | None = None) -> str:
@@ -677,7 +751,7 @@ class _PushWaiter:
         self.role = role
         self.mode = "pull"
         self.expiry_s: float | None = None
-        self.free: deque[int] = deque()
+        self.used: set[int] = set()  # D's blocks held by requests waiting for P's WRITE (push.d_blocks)
         self.waiting: dict[str, tuple[rm.ReqDecode, list[int], float]] = {}  # D's id -> (request, blocks, deadline)
         self.kept: set[str] = set()  # corrected: aborted requests whose blocks wait for P's WRITE to end
         self.held: list[_Hold] = []  # hold / heartbeat-loss: the scheduler has them, no blocks yet
@@ -699,7 +773,7 @@ class _PushWaiter:
         self.mode, self.expiry_s = mode, expiry_s
         if mode == "push" and side is not None:
             self.role.own.begin(side)  # D's side channel serves this line's wire: P handshakes there
-        self.free = deque(range(self.role.kv.num_blocks))
+        self.used = set()
         self.waiting.clear()  # requests of the last line that never completed stay hung there
         self.kept.clear()
         self.held.clear()
@@ -725,14 +799,9 @@ class _PushWaiter:
                 peer = self.role.peer
             elif gen < peer.incarnation + 1:
                 return rm.ReqDecoded(i, "refused", *push.stale_generation(gen - 1, peer.incarnation))
-        rid = msg.params.get("remote_request_id")
-        beats = line.heartbeat and self.expiry_s is not None and rid is not None and not msg.heartbeats_lost
-        if beats:
-            self.role.notify(f"HB:{rid}".encode())  # the lease is renewed
-        if msg.hold_s > 0:
+        if msg.hold_s > 0:  # its heartbeats are the scheduler's (RequestsD.heartbeat), until P's WRITE completes
             now = time.time()
-            interval = (self.expiry_s or 0.0) / 6
-            self.held.append(_Hold(msg, str(rid) if beats else "", now + msg.hold_s, now + interval))
+            self.held.append(_Hold(msg, "", now + msg.hold_s, now))
             return None
         return self.register(msg, line, peer)
 
@@ -744,27 +813,31 @@ class _PushWaiter:
         late = push.held_lost(line, msg.params, msg.heartbeats_lost, time.time())
         if late is not None:
             return rm.ReqDecoded(i, "refused", *late)
-        k = len(msg.expect_blocks)
-        if len(self.free) < k:
-            return rm.ReqDecoded(i, "refused", "hang", push.d_pool_hang(self.role.kv.num_blocks))
-        blocks = [self.free.popleft() for _ in range(k)]
+        n = self.role.kv.num_blocks
+        blocks = push.d_blocks(i, len(msg.expect_blocks), n)  # the scheduler's: the same on every D rank
+        if self.used.intersection(blocks):
+            return rm.ReqDecoded(i, "refused", "hang", push.d_pool_hang(n))
+        self.used.update(blocks)
         d_rid = push.d_request_id(msg.request_id)
         deadline = time.time() + self.expiry_s if line is CORRECTED and self.expiry_s is not None else float("inf")
         self.waiting[d_rid] = (msg, blocks, deadline)
         self.tags[d_rid] = peer.engine_id
         if self.counts.get(d_rid, 0) >= self.need.get(d_rid, 1 << 30):
             self.due.append(d_rid)
-        try:
-            own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
-            reg = push.registration(d_rid, self.role.spec.engine_id, own.host, own.port, blocks, msg.params, line,
-                                    self.role.spec.tp_size)
-            for src in self.role.cur or []:  # _do_send_reg_notif: every P rank of the engine D handshook with
+        own = self.role.own  # decode_host / decode_port: D's side channel, where P handshakes with D
+        reg = push.registration(d_rid, self.role.spec.engine_id, own.host, own.port, blocks, msg.params, line,
+                                self.role.spec.tp_size)
+        failed: NixlCallError | None = None
+        for src in self.role.cur or []:  # _do_send_reg_notif: every P rank of the engine D handshook with, each
+            try:  # on its own: one agent gone (a replaced P worker) fails its send alone
                 self.role.agent.send_notif(src.peer.agent, reg)
-        except NixlCallError as exc:  # _do_send_reg_notif: the agent D cached for P's engine id is gone
-            if line is CORRECTED and exc.status == "NIXL_ERR_REMOTE_DISCONNECT":
+            except NixlCallError as exc:
+                failed = failed or exc
+        if failed is not None:  # push_reg_notif_failed: the receive stays pending (a release: the request waits)
+            if line is CORRECTED and failed.status == "NIXL_ERR_REMOTE_DISCONNECT":
                 self._drop(d_rid)
                 self.role.rehandshake()
-            return rm.ReqDecoded(i, "failed", *push.reg_failed(line, str(exc)), time.time())
+            return rm.ReqDecoded(i, "failed", *push.reg_failed(line, str(failed)), time.time())
         if msg.abort:
             return self.abort(d_rid, line)
         return rm.ReqDecoded(i, "registered", t_read=time.time())
@@ -779,7 +852,7 @@ class _PushWaiter:
         else:
             del self.waiting[d_rid]  # P's completion, when it comes: "Unrecognized request ... notif"
             self.gone.add(d_rid)
-            self.free.extend(blocks)
+            self.used.difference_update(blocks)
         return rm.ReqDecoded(msg.request, "aborted", "aborted", push.abort_detail(line), time.time(),
                             d_freed_in_flight=line is not CORRECTED)
 
@@ -819,25 +892,21 @@ class _PushWaiter:
         return out
 
     def tick(self, line: Lifecycle, now: float) -> list[rm.ReqDecoded]:
-        """Held requests: heartbeats every lease/6 (none when lost), the PUSH_REG once the hold is over."""
+        """Held requests: the PUSH_REG once the hold is over."""
         out: list[rm.ReqDecoded] = []
-        interval = (self.expiry_s or 0.0) / 6
         peer = self.role.peer
         assert peer is not None
         for h in list(self.held):
             if now >= h.read_at:
                 self.held.remove(h)
                 out.append(self.register(h.msg, line, peer))
-            elif h.rid and interval > 0 and now >= h.next_hb:
-                self.role.notify(f"HB:{h.rid}".encode())
-                h.next_hb = now + interval
         return out
 
     def _drop(self, d_rid: str) -> None:
         _msg, blocks, _ = self.waiting.pop(d_rid)
         self.kept.discard(d_rid)
         self.forget(d_rid)
-        self.free.extend(blocks)
+        self.used.difference_update(blocks)
 
     def forget(self, d_rid: str) -> None:
         self.counts.pop(d_rid, None)
@@ -856,7 +925,7 @@ class _PushWaiter:
                                local_offset=rd.local_offset, remote_offset=rd.remote_offset, view=kv.view,
                                gens=msg.expect_gens, out=chk)
         assert chk is not None
-        self.free.extend(blocks)
+        self.used.difference_update(blocks)
         out = rm.ReqDecoded(msg.request, "read", t_read=time.time(), checked=chk.checked, wrong=chk.wrong)
         if chk.first is not None:
             f = chk.first.found

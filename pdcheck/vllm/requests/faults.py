@@ -8,10 +8,13 @@ import zlib
 
 import msgspec
 
+from pdcheck.bounds import ascii_int, ascii_number, peer_text
 from pdcheck.errors import BadInput
+from pdcheck.suggest import did_you_mean
 
 BAD_KINDS = ("out-of-range", "reused-ids", "wrong-engine", "missing-request-id", "wrong-tp")
 MAX_SECONDS = 600.0
+MAX_FAULTS = 64  # per run, the file's and the flags' together
 
 # name -> (takes seconds, takes a kind, usage)
 _SPECS: dict[str, tuple[bool, bool, str]] = {
@@ -83,80 +86,75 @@ class Fault(msgspec.Struct, frozen=True):
 
 def parse(text: str, requests: int, where: str = "--fault", seed: int = 0) -> Fault:
     name, _, rest = text.strip().partition(":")
+    said = peer_text(text, 60)  # what the error lines echo: printable, at most 60 characters
     if name not in _SPECS:
-        raise BadInput(f"{where}: unknown fault {name!r} (known: {', '.join(NAMES)})")
+        raise BadInput(f"{where}: unknown fault {peer_text(name, 40)!r} (known: {', '.join(NAMES)})"
+                       f"{did_you_mean(name, NAMES) if len(name) <= 40 else ''}")
     takes_s, takes_kind, usage = _SPECS[name]
     args = rest.split(":") if rest else []
     seconds, kind, req, share = 0.0, "", None, 1.0
     if takes_s:
         if not args:
-            raise BadInput(f"{where}: {text!r}: give the seconds: {usage}")
-        try:
-            seconds = float(args.pop(0))
-        except ValueError:
-            raise BadInput(f"{where}: {text!r}: seconds must be a number: {usage}") from None
+            raise BadInput(f"{where}: {said!r}: give the seconds: {usage}")
+        got = ascii_number(args.pop(0))
+        if got is None:
+            raise BadInput(f"{where}: {said!r}: seconds must be a number: {usage}")
+        seconds = got
         if not math.isfinite(seconds) or not 0 < seconds <= MAX_SECONDS:
-            raise BadInput(f"{where}: {text!r}: seconds must be in (0, {MAX_SECONDS:g}]")
+            raise BadInput(f"{where}: {said!r}: seconds must be in (0, {MAX_SECONDS:g}]")
     if takes_kind:
         if not args or args[0] not in BAD_KINDS:
-            raise BadInput(f"{where}: {text!r}: name the kind: {usage}")
+            raise BadInput(f"{where}: {said!r}: name the kind: {usage}")
         kind = args.pop(0)
     if name == "restart-p":
-        return _restart(text, args, requests, where, usage, seed)
+        return _restart(said, args, requests, where, usage, seed)
     if args and args[0].startswith("p="):
-        try:
-            share = float(args.pop(0)[2:])
-        except ValueError:
-            share = -1.0
+        got = ascii_number(args.pop(0)[2:])
+        share = got if got is not None else -1.0
         if not 0 < share <= 1:
-            raise BadInput(f"{where}: {text!r}: p= takes a fraction in (0, 1]")
+            raise BadInput(f"{where}: {said!r}: p= takes a fraction in (0, 1]")
     elif args and not args[0].startswith("rank="):
-        req = _request(args.pop(0), text, requests, where, usage)
+        req = _request(args.pop(0), said, requests, where, usage)
         if name == "bad-params" and kind == "reused-ids" and req == 0:
-            raise BadInput(f"{where}: {text!r}: request 0 has no earlier request whose block ids it could reuse")
+            raise BadInput(f"{where}: {said!r}: request 0 has no earlier request whose block ids it could reuse")
     d_rank = None
     if args and args[0].startswith("rank=") and name in D_RANK_FAULTS:
         raw = args.pop(0)[5:]
-        if not (raw.startswith("D") and raw[1:].isdigit()):
-            raise BadInput(f"{where}: {text!r}: rank= takes a D TP rank, e.g. rank=D1: {usage}")
-        d_rank = int(raw[1:])
+        d_rank = ascii_int(raw[1:]) if raw.startswith("D") else None
+        if d_rank is None:
+            raise BadInput(f"{where}: {said!r}: rank= takes a D TP rank, e.g. rank=D1: {usage}")
     if args:
-        raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
+        raise BadInput(f"{where}: {said!r}: too many arguments: {usage}")
     return Fault(name, seconds, kind, req, share, seed, d_rank=d_rank)
 
 
-def _request(arg: str, text: str, requests: int, where: str, usage: str) -> int:
-    try:
-        req = int(arg)
-    except ValueError:
-        raise BadInput(f"{where}: {text!r}: the request must be an integer: {usage}") from None
+def _request(arg: str, said: str, requests: int, where: str, usage: str) -> int:
+    req = ascii_int(arg)
+    if req is None:
+        raise BadInput(f"{where}: {said!r}: the request must be an integer: {usage}")
     if not 0 <= req < requests:
-        raise BadInput(f"{where}: {text!r}: request {req} does not exist (requests 0..{requests - 1})")
+        raise BadInput(f"{where}: {said!r}: request {req} does not exist (requests 0..{requests - 1})")
     return req
 
 
-def _restart(text: str, args: list[str], requests: int, where: str, usage: str, seed: int) -> Fault:
+def _restart(said: str, args: list[str], requests: int, where: str, usage: str, seed: int) -> Fault:
     """restart-p:REQ[:rank=R]: one request (a restart is a real new process, never a share of them)."""
     if not args or args[0].startswith(("p=", "rank=")):
-        raise BadInput(f"{where}: {text!r}: name the request after whose params P restarts: {usage}")
-    req = _request(args.pop(0), text, requests, where, usage)
+        raise BadInput(f"{where}: {said!r}: name the request after whose params P restarts: {usage}")
+    req = _request(args.pop(0), said, requests, where, usage)
     rank = None
     if args and args[0].startswith("rank="):
-        raw = args.pop(0)[5:]
-        try:
-            rank = int(raw)
-        except ValueError:
-            raise BadInput(f"{where}: {text!r}: rank= takes an integer: {usage}") from None
-        if rank < 0:  # the upper bound is the plan's P TP size (plan.py)
-            raise BadInput(f"{where}: {text!r}: P rank {rank} does not exist")
+        rank = ascii_int(args.pop(0)[5:])  # the upper bound is the plan's P TP size (plan.py)
+        if rank is None:
+            raise BadInput(f"{where}: {said!r}: rank= takes a P TP rank, e.g. rank=1: {usage}")
     if args:
-        raise BadInput(f"{where}: {text!r}: too many arguments: {usage}")
+        raise BadInput(f"{where}: {said!r}: too many arguments: {usage}")
     return Fault("restart-p", 0.0, "", req, 1.0, seed, rank)
 
 
 def parse_all(items: list[str], requests: int, where: str = "--fault", seed: int = 0) -> tuple[Fault, ...]:
-    if len(items) > 64:
-        raise BadInput(f"{where}: {len(items)} faults; at most 64")
+    if len(items) > MAX_FAULTS:
+        raise BadInput(f"{where}: {len(items)} faults; at most {MAX_FAULTS}")
     return tuple(parse(t, requests, where, seed) for t in items)
 
 

@@ -100,15 +100,17 @@ class HandshakeFailed(Exception):
         super().__init__(text)
         self.blocking = blocking
 
-    def verdict(self, line: Lifecycle, req: int, params: dict[str, Any] | None) -> tuple[str, str]:
-        """What the release makes of a request D has no P for (params dropped: D never needed one)."""
+    def verdict(self, line: Lifecycle, req: int, params: dict[str, Any] | None,
+                log: Callable[[str], str] | None = None) -> tuple[str, str]:
+        """What the release makes of a request D has no P for (params dropped: D never needed one). log: the
+        release's log line for a failed handshake of this request (D's handshake_failed, texts.failure_log)."""
         if params is None:
             got = decide(line, req, params, "", 0, 0.0)
             assert got is not None
             return got
         if self.blocking:
             return "hang", f"{self}; the request waits for the handshake"
-        return on_failure(line, req, "handshake_failed", str(self))
+        return on_failure(line, req, "handshake_failed", str(self), log(str(self)) if log else "")
 
 
 class DSide:

@@ -108,8 +108,9 @@ _FAILURE = "NIXL transfer failure: transfer_failed | Context: {{'request_id': '{
 _FACTS: tuple[Lifecycle, ...] = (
     Lifecycle("0.9.0", (0, 9, 0), (), "{req}", "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
     Lifecycle("0.9.1", (0, 9, 1), (), _NOTIF_N, "none", None, "-", "", False, "crash", _CRASH, "n/a", False),
+    # 0.10.0 frees expired blocks without a word (get_finished: `del self._reqs_to_send[req_id]`); 0.10.1 logs them
     Lifecycle("0.10.0", (0, 10, 0), (), _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
-              _ABORT_LOG, False, "crash", _CRASH, "n/a", True, late_notif="raises"),
+              "", False, "crash", _CRASH, "n/a", True, late_notif="raises"),
     # the same facts; _get_new_notifs logs a notification for a request it no longer holds (texts.UNRECOGNIZED)
     Lifecycle("0.10.1", (0, 10, 1), (), _NOTIF_N, "abort-timeout", 120.0, "VLLM_NIXL_ABORT_REQUEST_TIMEOUT",
               _ABORT_LOG, False, "crash", _CRASH, "n/a", True),

@@ -74,6 +74,10 @@ class ReqPrefill(Msg):
     drop_rank: int = -1  # push mode on a shape: only the notification to this D TP rank is dropped (-1: every one)
     delay_rank: int = -1  # ... only this D TP rank's is delayed
     stall_s: float = 0.0  # test hook: P's loop stops this long before it takes the request (a machine that gives
+    # the process no core: pdcheck.vllm.requests.run's end waits for it)
+    crash: bool = False  # test hook: P raises an exception it does not expect as it takes the request
+    fail_rank: int = -1  # push mode on a shape: only the WRITE into this D TP rank fails (-1: every one)
+
 
 class ReqPrefilled(Msg):
     request: int
@@ -100,6 +104,7 @@ class ReqDecode(Msg):
     read_fail: bool = False
     abort: bool = False  # abort-d: the client aborts while the READ is in flight
     alone: bool = False  # a fault touches it: D reads it alone, after every READ before it (none beside it)
+    crash: bool = False  # test hook: D raises an exception it does not expect as it takes the request
 
 class ReqDecoded(Msg):
     request: int
@@ -150,10 +155,26 @@ class ReqReplaced(Msg):
 
     generation: int
 
+class ReqDone(Msg):
+    """To D's ranks: every D rank of the request's DP group answered it (vLLM's finished_recving, aggregated over
+    the workers): its heartbeats stop (pdcheck.vllm.requests.heartbeat)."""
+
+    request: int
+
+
+class ReqTally(Msg):
+    """A D rank at the line's end (after ReqEnd): per request, the heartbeats that named it and the handshakes made
+    for it; the HB messages it sent."""
+
+    heartbeats: dict[int, int]
+    handshakes: dict[int, int]
+    sent: int
+
+
 class ReqBatch(Msg):
     """Request-path messages of one loop turn, in order, in one pipe write (a wake-up per turn, not per request)."""
 
-    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook | ReqRelease]
+    msgs: list[ReqPrefill | ReqPrefilled | ReqDecode | ReqDecoded | ReqFreed | ReqHandshook | ReqRelease | ReqDone]
 
 class ReqAccount(Msg):
     holding: list[int]  # requests still holding blocks
@@ -178,4 +199,5 @@ def batched(msgs: list[Any]) -> Msg:
     return msgs[0] if len(msgs) == 1 else ReqBatch(msgs)
 
 
-protocol(ReqReady, ReqHandshook, ReqBegin, ReqPrefill, ReqPrefilled, ReqDecode, ReqDecoded, ReqFreed, ReqEnd, ReqSync, ReqRelease, ReqAdopt, ReqReplaced, ReqBatch, ReqAccount)
+protocol(ReqReady, ReqHandshook, ReqBegin, ReqPrefill, ReqPrefilled, ReqDecode, ReqDecoded, ReqFreed, ReqEnd, ReqSync, ReqRelease, ReqAdopt, ReqReplaced, ReqDone, ReqTally, ReqBatch,
+         ReqAccount)

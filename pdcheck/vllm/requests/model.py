@@ -33,6 +33,8 @@ class Outcome(msgspec.Struct):
     detail: str = ""
     found_request: int | None = None  # wrong: whose KV arrived
     rank: str = ""  # on a TP/DP shape: the D rank this verdict is of ("D1", "DP1/D0"); "" with one D rank
+    heartbeats: int = 0  # the real run: heartbeats from this D rank that named the request (0.22+)
+    handshakes: int = 0  # ... handshakes this D rank made for it (its own READ's, or its heartbeats')
 
 
 class Accounting(msgspec.Struct):
@@ -138,9 +140,10 @@ def on_failure(line: Lifecycle, req: int, failure_type: str, error: str, log: st
 
 
 def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: str, p_blocks: int,
-           now: float, p_tp: int = P_RANKS) -> tuple[str, str] | None:
+           now: float, p_tp: int = P_RANKS, log: Callable[[str], str] | None = None) -> tuple[str, str] | None:
     """What D does with the params before any READ: None (read), or (verdict, detail). p_tp: P's TP as D's
-    handshake with the engine recorded it (the request path's P runs P_RANKS ranks)."""
+    handshake with the engine recorded it (the request path's P runs P_RANKS ranks); log: the release's log line
+    for a failed handshake (the real D's; the model needs only the verdict)."""
     if params is None:
         return "recomputed", "no kv_transfer_params: D prefills the prompt itself"
     if "remote_request_id" in line.keys and "remote_request_id" not in params:
@@ -150,8 +153,8 @@ def decide(line: Lifecycle, req: int, params: dict[str, Any] | None, p_engine: s
                             "request waits in WAITING_FOR_REMOTE_KVS")
         return "recomputed", "kv_transfer_params lack remote_request_id: refused, prefill recomputed"
     if params.get("remote_engine_id") != p_engine and line.engine_id_checked:
-        return on_failure(line, req, "handshake_failed", "RuntimeError: "
-                          + msg_engine_id(str(params.get("remote_engine_id")), p_engine))
+        error = "RuntimeError: " + msg_engine_id(str(params.get("remote_engine_id")), p_engine)
+        return on_failure(line, req, "handshake_failed", error, log(error) if log else "")
     if line is CORRECTED:
         expiry = params.get("remote_blocks_expiry_time")
         if expiry is not None and now >= expiry:
@@ -201,6 +204,20 @@ def held_for(faults: tuple[Fault, ...], req: int, d_rank: int | None = None) -> 
     if lost is not None:
         return lost.seconds, True
     return (hold.seconds if hold else 0.0), False
+
+
+def heartbeat_window(faults: tuple[Fault, ...], req: int, shape: Any = None) -> tuple[float, bool]:
+    """How long D's scheduler heartbeats request req after taking it, and whether P misses them (pdcheck.vllm.requests.
+    heartbeat): every D rank sends them until the last one read it (the longest hold), and a P rank misses them only
+    when every D rank that reads it lost its heartbeats (heartbeat-loss on all of them; with D TP > P TP another D
+    rank's still reach it)."""
+    if shape is None or shape.d_tp == 1:
+        return held_for(faults, req)
+    from pdcheck.vllm.requests.shapes import sources
+
+    per = [held_for(faults, req, k) for k in range(shape.d_tp)]
+    lost = any(all(per[k][1] for k in range(shape.d_tp) if p in sources(shape, k)) for p in range(shape.p_tp))
+    return max(h for h, _ in per), lost
 
 
 def hang_detail(line: Lifecycle, pool: int, engine_died: bool = False) -> str:
@@ -440,7 +457,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                                                     r.deadline if r.deadline < math.inf else None, r.gens)
         bad = pick(faults, "bad-params", i)
         if bad is not None and params is not None:
-            earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+            # the previous request of this P DP rank (reqs holds this group's only)
+            earlier = reqs[i - group[1]].blocks if i - group[1] in reqs else None
             params = apply_bad(params, bad.kind, pool, earlier)
         if pick(faults, "drop-params", i):
             params = None
@@ -474,10 +492,11 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 continue
             assert params is not None
             r.params = params
-            hold_s, lost = held_for(faults, i)
+            hold_s, _lost = held_for(faults, i)
+            beat_s, lost = heartbeat_window(faults, i, shape)
             if line.heartbeat and expiry is not None and not lost:
-                # D's scheduler tracks it from here: heartbeats until the read
-                renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
+                # D's scheduler tracks it from here: heartbeats until every D rank read it
+                renew(line, expiry, t, beat_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
             if hold_s > 0:
                 push(t + hold_s, "read", i)
             else:

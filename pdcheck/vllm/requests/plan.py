@@ -53,7 +53,7 @@ MAX_RATE = 10_000.0
 MIN_RATE = bounds.MIN_RATE  # 1e-300 would put the second arrival past any timeout
 MAX_POOL = 4096
 MAX_BLOCKS_PER_REQUEST = 64
-MAX_LEASE_S = 600.0
+MIN_LEASE_S, MAX_LEASE_S = bounds.LEASE_S
 TIME_SCALE_ENV = "PDCHECK_TIME_SCALE"  # --time-scale's default: a loaded CI machine sets it once for every run
 _KEYS = {"issue", "requests", "rate", "lease", "blocks_per_request", "pool", "seed", "failure_policy", "mode"}
 
@@ -81,6 +81,8 @@ def _fault_items(where: str, table: Any) -> list[str]:
     out: list[str] = []
     for name, val in table.items():
         vals = val if isinstance(val, list) else [val]
+        if not vals:
+            raise BadInput(f"{where}: [faults] {name} = []: give true, an argument string or a non-empty list")
         for v in vals:
             if v is True:
                 out.append(name)
@@ -92,25 +94,29 @@ def _fault_items(where: str, table: Any) -> list[str]:
 
 
 def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: dict[str, Any],
-          fault_flags: list[str]) -> RequestsPlan:
-    """doc: the scenario's TOML ({} without one); flags: the numeric flags given (None: not given)."""
+          fault_flags: list[str], shape_flags: dict[str, dict[str, int]] | None = None) -> RequestsPlan:
+    """doc: the scenario's TOML ({} without one); flags: the numeric flags given (None: not given); shape_flags:
+    --prefill-tp / --decode-dp ... as cliopts.SHAPE_FLAGS give them ({side: {key: value}}), over the file's."""
     from pdcheck.suggest import did_you_mean
     from pdcheck.vllm.releases import CORRECTED, resolve_many
 
     where = str(scenario) if scenario is not None else "command line"
     tables = ("requests", "prefill", "decode", "faults", "expect")
     unknown = set(doc) - set(tables)
-    # A request-path scenario may have [prefill]/[decode] (its TP/DP shape), but always a [requests] or [faults]
-    # table, which no handshake scenario has.
-    if "requests" not in doc and "faults" not in doc and {"prefill", "decode"} & set(doc):
+    # A request-path scenario has a [requests] or [faults] table, or [prefill]/[decode] with the shape keys alone (its
+    # TP/DP shape, the defaults for the rest); other keys there or at the top are a handshake scenario's.
+    shape_only = all(set(doc.get(side) or {}) <= {"tp_size", "dp_size"} for side in ("prefill", "decode")
+                     if isinstance(doc.get(side), dict))
+    if "requests" not in doc and "faults" not in doc and {"prefill", "decode"} & set(doc) and (
+            unknown or not shape_only):
         name = scenario.stem if scenario is not None else "SCENARIO"
-        raise BadInput(f"{where}: a handshake scenario (it has [prefill]/[decode], no [requests]); run it with: "
-                       f"pdcheck handshake {name}")
+        raise BadInput(f"{where}: a handshake scenario (it has [prefill]/[decode] with handshake keys, no "
+                       f"[requests]); run it with: pdcheck handshake {name}")
     if unknown:
         hint = "".join(did_you_mean(k, tables) for k in sorted(unknown))
         raise BadInput(f"{where}: unknown table(s) {', '.join(sorted(unknown))} (known: {', '.join(tables)})"
                        f"{hint}")
-    shape = _shape(where, doc)
+    shape = _shape(where, doc, shape_flags or {})
     req = doc.get("requests", {})
     if not isinstance(req, dict):
         raise BadInput(f"{where}: [requests] must be a table")
@@ -138,13 +144,17 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
     rate = float(_number(src("rate"), "rate", vals.get("rate", 10.0), MIN_RATE, MAX_RATE, False))
     lease = vals.get("lease")
     if lease is not None:
-        lease = float(_number(src("lease"), "lease", lease, 0, MAX_LEASE_S, False))
+        lease = float(_number(src("lease"), "lease", lease, MIN_LEASE_S, MAX_LEASE_S, False))
     per = int(_number(src("blocks_per_request"), "blocks_per_request", vals.get("blocks_per_request", 2), 1,
                       MAX_BLOCKS_PER_REQUEST, True))
     pool = int(_number(src("pool"), "pool", vals.get("pool", 8), per, MAX_POOL, True))
     seed = int(_number(src("seed"), "seed", vals.get("seed", 0), -(2**31), 2**31, True))
-    items = [*_fault_items(where, doc.get("faults", {})), *fault_flags]
-    faults = fl.parse_all(items, n, "--fault" if fault_flags and not doc.get("faults") else f"{where}: faults", seed)
+    # each fault is blamed where it was given: the file's [faults], or the --fault flag
+    items = _fault_items(where, doc.get("faults", {}))
+    faults = (*fl.parse_all(items, n, f"{where}: faults", seed), *fl.parse_all(fault_flags, n, "--fault", seed))
+    origins = [f"{where}: fault" if k < len(items) else "--fault" for k in range(len(faults))]
+    if len(faults) > fl.MAX_FAULTS:
+        raise BadInput(f"{where}: [faults] and --fault: {len(faults)} faults; at most {fl.MAX_FAULTS}")
     expect_doc = doc.get("expect", {})
     if not isinstance(expect_doc, dict):
         raise BadInput(f"{where}: [expect] must be a table of release = verdict | [verdicts]")
@@ -160,16 +170,13 @@ def build(scenario: Path | None, doc: dict[str, Any], vllm: str | None, flags: d
             raise BadInput(f"{where}: [expect] {rel!r}: give one of {', '.join(VERDICTS)} or a list of {n}{more}"
                            f"{hint}")
         expect[rel] = list(wants)
-    for f in faults:
+    for f, origin in zip(faults, origins, strict=True):
         if f.d_rank is not None and not 0 <= f.d_rank < shape.d_tp:
-            raise BadInput(f"{where}: fault {f.text()}: D TP rank {f.d_rank} does not exist (decode tp_size "
+            raise BadInput(f"{origin} {f.text()}: D TP rank {f.d_rank} does not exist (decode tp_size "
                            f"{shape.d_tp})")
         if f.rank is not None and not f.rank < shape.p_tp:
-            raise BadInput(f"{where}: fault {f.text()}: P TP rank {f.rank} does not exist (prefill tp_size "
+            raise BadInput(f"{origin} {f.text()}: P TP rank {f.rank} does not exist (prefill tp_size "
                            f"{shape.p_tp})")
-        if mode == "push" and (f.rank is not None or f.d_rank is not None and f.name not in ("drop-notif",
-                                                                                          "delay-notif")):
-            raise BadInput(f"{where}: fault {f.text()}: one rank's fault is modelled in pull mode only")
     if vllm is None:
         named = [r for r in expect if r != CORRECTED.name]
         if not named:
@@ -224,9 +231,9 @@ def time_scale(flag: float | None) -> float:
     return float(_number(f"${TIME_SCALE_ENV}", "time scale", value, *bounds.TIME_SCALE, False))
 
 
-def _shape(where: str, doc: dict[str, Any]) -> Shape:
+def _shape(where: str, doc: dict[str, Any], flags: dict[str, dict[str, int]]) -> Shape:
     """[prefill] / [decode] tp_size and dp_size (handshake scenarios' keys; the rest of those tables belongs to
-    `pdcheck handshake`)."""
+    `pdcheck handshake`), the shape flags (--prefill-tp ...) over them."""
     from pdcheck.kvsplit import divisible
 
     got: dict[str, int] = {}
@@ -239,12 +246,15 @@ def _shape(where: str, doc: dict[str, Any]) -> Shape:
             raise BadInput(f"{where}: [{side}] unknown key(s) {', '.join(sorted(bad))} (the request path reads "
                            "tp_size and dp_size)")
         for key in ("tp_size", "dp_size"):
-            got[f"{side[0]}_{key[:2]}"] = int(_number(f"{where}: [{side}]", key, table.get(key, 1), 1, MAX_RANKS,
-                                                      True))
+            given = flags.get(side, {}).get(key)
+            origin = f"--{side}-{key[:2]}" if given is not None else f"{where}: [{side}]"
+            got[f"{side[0]}_{key[:2]}"] = int(_number(origin, key, given if given is not None else table.get(key, 1),
+                                                      1, MAX_RANKS, True))
     shape = Shape(got["p_tp"], got["p_dp"], got["d_tp"], got["d_dp"])
     ranks = shape.p_tp * shape.p_dp + shape.d_tp * shape.d_dp
+    origin = where if not flags else f"{where} and the shape flags" if doc else "the shape flags"
     if ranks > MAX_RANKS:
-        raise BadInput(f"{where}: {shape.text()} is {ranks} ranks; the request path runs at most {MAX_RANKS}")
+        raise BadInput(f"{origin}: {shape.text()} is {ranks} ranks; the request path runs at most {MAX_RANKS}")
     if not divisible(shape.d_tp, shape.p_tp):
-        raise BadInput(f"{where}: {shape.text()}: one TP size must divide the other")
+        raise BadInput(f"{origin}: {shape.text()}: one TP size must divide the other")
     return shape

@@ -49,7 +49,7 @@ class RequestsP(RequestsRole):
         self.side = PSide(self.host, self.spec.side_port, values, self.spec.mute_side)
         return msgspec.structs.replace(super().ready(), side_host=self.side.host, side_port=self.side.port)
 
-    def run(self) -> None:
+    def loop(self) -> None:
         kv, tag, me = self.kv, engine_tag(self.spec.engine_id), self.spec.tp_rank
         n = self.spec.num_blocks
         line: Lifecycle = CORRECTED
@@ -108,14 +108,16 @@ class RequestsP(RequestsRole):
                 by_id[rid] = i
                 if mode == "push":
                     params = push.params(line, i, blocks, self.spec.engine_id, side.port, tp,
-                                         deadline if expiry is not None else None, gens, rid, inc + 1,
+                                         deadline if expiry is not None else None, gens, rid, generation or inc + 1,
                                          block_size=kv.geometry.block_size)
                 else:
-                    # vLLM's registration generation is 1 in every P process (one registration at start-up), so
-                    # a replaced P hands out the same one; the corrected path counts incarnations.
+                    # vLLM's registration generation counts the workers' metadata the scheduler took at start-up
+                    # (set_xfer_handshake_metadata: +1 per (PP, TP) rank whose payload changed, all at once), so
+                    # every P process of TP N hands out N and a replaced P the same; the corrected path counts
+                    # incarnations.
                     params = params_for(line, i, blocks, self.spec.engine_id, side.port, tp,
                                         deadline if expiry is not None else None, gens, rid,
-                                        (generation or inc + 1) if line is CORRECTED else 1,
+                                        (generation or inc + 1) if line is CORRECTED else tp,
                                         block_size=kv.geometry.block_size)
                 out.add(rm.ReqPrefilled(i, rid, blocks, gens, params, now))
 
@@ -176,6 +178,9 @@ class RequestsP(RequestsRole):
                     free.extend(got.blocks)
                     admit()
             elif isinstance(msg, rm.ReqPrefill):
+                self.at = msg.request
+                if msg.crash:
+                    raise RuntimeError("an exception injected by the test hook Options.crash")
                 if msg.stall_s > 0:
                     time.sleep(msg.stall_s)  # the test hook: this process given no core for a while
                 notif_faults[msg.request] = msg
@@ -238,6 +243,7 @@ class RequestsP(RequestsRole):
                         errors.append(f"{raw!r}: ValueError: {exc}")
                         continue
                     i = by_id.get(rid, -1)
+                    self.at = i if i >= 0 else self.at
                     if i in held:
                         # every consumer (D rank reading this P rank) notifies once; free after the last
                         counts[rid] = counts.get(rid, 0) + 1
@@ -264,7 +270,8 @@ class RequestsP(RequestsRole):
             if now >= next_expiry and not dead:
                 for i in [i for i, h in held.items() if now >= h.deadline]:
                     rid = next((k for k, v in by_id.items() if v == i), str(i))
-                    release(i, "expired", line.expiry_log.format(req=rid, n=0, s=expiry or 0))
+                    # the consumers' done notifications this worker got for it (consumer_notification_counts_by_req)
+                    release(i, "expired", line.expiry_log.format(req=rid, n=counts.pop(rid, 0), s=expiry or 0))
                 next_expiry = min((h.deadline for h in held.values()), default=float("inf"))
             if waiting and free:
                 admit()
@@ -446,21 +453,24 @@ class _PushTarget:
         kv, n = self.role.kv, min(len(h.blocks), len(d_blocks))  # push aligns the per-group block counts
         regions = kv.geometry.num_regions
         targets = self.engines[reg.engine_id]
-        try:
-            if f.write_fail:
-                # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
-                bad = self.agent.prep(targets[0].agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
-                                      kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
-                self.agent.release_dlist(bad)
-            for d, t in zip(self.consumers(), targets, strict=True):
+        failed = False
+        for d, t in zip(self.consumers(), targets, strict=True):  # _xfer_blocks per D rank: one failing alone
+            try:
+                if f.write_fail and f.fail_rank in (-1, d):
+                    # read-fail in push mode: the WRITE names memory D never registered; NIXL itself refuses it.
+                    bad = self.agent.prep(t.agent, np.array([(4096, kv.block_len, 0)], dtype=np.uint64),
+                                          kv.mem_type, f"push {d_rid}: D's memory (read-fail)")
+                    self.agent.release_dlist(bad)
                 quiet = (f.drop_notif and f.drop_rank in (-1, d)) or (f.notif_delay_s > 0 and f.delay_rank in (-1, d))
                 self.agent.read(t.local, desc_ids(regions, kv.num_blocks, np.asarray(h.blocks[:n])), t.remote,
                                 desc_ids(regions, t.num_blocks, np.asarray(d_blocks[:n])),
                                 b"" if quiet else note, op="WRITE", context=f"push {d_rid}")
-        except (NixlCallError, OverflowError, ValueError) as exc:
-            # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
-            # lease) and D is not told (the completion rides on the WRITE)
-            errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
+            except (NixlCallError, OverflowError, ValueError) as exc:
+                # _xfer_blocks: logged, no handle kept: P's request is never done sending (its blocks wait for the
+                # lease) and that D rank is not told (the completion rides on the WRITE); the others' WRITEs go on
+                errors.append(f"{push.WRITE_FAIL_LOG} | push WRITE for {d_rid}: {exc}")
+                failed = True
+        if failed:
             self.failed.append(i)
             return -1
         for d, t in zip(self.consumers(), targets, strict=True):

@@ -288,16 +288,25 @@ def watchdog_detail(expiry_s: float) -> str:
     return f"no completion notification {expiry_s:g} s (the lease) after PUSH_REG: D gives up and recomputes"
 
 
+def d_blocks(request: int, k: int, pool: int) -> list[int]:
+    """D's blocks for a request in push mode: D's scheduler allocates them once for every D worker (the PUSH_REG of
+    each D rank names the same ids, and P WRITEs every D rank it feeds at the first one), so a D rank that takes the
+    request late (rank=DK) still has the ids the others registered. Request i takes the i-th run of k blocks (D has
+    one run per request up to D_POOL_MAX blocks: d_pool), wrapping past that."""
+    return [(request * k + j) % pool for j in range(k)]
+
+
 def d_pool_hang(pool: int) -> str:
     return f"D's {pool} KV blocks stayed held by requests waiting for P's WRITE: no blocks to register"
 
 
 class _Req:
-    __slots__ = ("blocks", "d_blocks", "deadline", "failed", "gens", "holding", "inc", "params", "written")
+    __slots__ = ("beating", "blocks", "d_blocks", "deadline", "failed", "gens", "holding", "inc", "params", "written")
 
     def __init__(self, blocks: list[int], gens: list[int], deadline: float, inc: int) -> None:
         self.blocks, self.gens, self.deadline, self.inc = blocks, gens, deadline, inc
         self.holding, self.written, self.failed = True, False, False
+        self.beating = False  # D's scheduler heartbeats it, to P's agent of its incarnation
         self.d_blocks: list[int] = []
         self.params: dict[str, Any] = {}
 
@@ -314,7 +323,8 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     drop-notif / delay-notif) tells D. An abort after the PUSH_REG frees D's blocks at once (kept on the corrected
     path). The corrected path's D gives up at the lease after its registration and recomputes."""
     expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
-    free, d_free = list(range(pool)), list(range(d_pool(requests, blocks_per_request, pool)))
+    free, d_size = list(range(pool)), d_pool(requests, blocks_per_request, pool)
+    d_used: set[int] = set()  # D's blocks held by requests waiting for P's WRITE
     gen = [0] * pool
     reqs: dict[int, _Req] = {}
     out: dict[int, Outcome] = {}
@@ -369,15 +379,17 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
         if late is not None:
             out[i] = Outcome(i, *late)
             return
-        if len(d_free) < blocks_per_request:
-            out[i] = Outcome(i, "hang", d_pool_hang(len(d_free) + sum(len(x.d_blocks) for x in reqs.values())))
+        mine = d_blocks(i, blocks_per_request, d_size)
+        if d_used.intersection(mine):
+            out[i] = Outcome(i, "hang", d_pool_hang(d_size))
             return
-        r.d_blocks = [d_free.pop(0) for _ in range(blocks_per_request)]
+        r.d_blocks = mine
+        d_used.update(mine)
         if d_inc < inc:  # D's cached agent is the dead P's: the PUSH_REG cannot be sent
             out[i] = Outcome(i, *reg_failed(line, DISCONNECT))
             if line is CORRECTED:  # re-handshake; the blocks go back (a release keeps them: the receive waits)
                 d_inc = inc
-                d_free.extend(r.d_blocks)
+                d_used.difference_update(r.d_blocks)
                 r.d_blocks = []
             return
         if line is CORRECTED and expiry is not None:
@@ -386,13 +398,20 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             out[i] = Outcome(i, "aborted", abort_detail(line))
             if line is not CORRECTED:  # freed at once, under the WRITE to come
                 acc.d_freed_in_flight += 1
-                d_free.extend(r.d_blocks)
+                d_used.difference_update(r.d_blocks)
                 r.d_blocks = []
         if not r.holding:  # the registration reaches P after the lease freed the blocks
             acc.late_notifs += 1
             return
         if pick(faults, "read-fail", i):  # P's WRITE fails: no notification, its blocks wait for the lease
             r.failed = True
+            if r.beating and expiry is not None and line.lease_extension(expiry, time_scale) > 0:
+                # ... which D's heartbeats keep renewing while D waits for the WRITE (pdcheck.vllm.requests.heartbeat):
+                # a release's D waits past the run; the corrected D gives up a lease after its PUSH_REG (a whole-
+                # second lease under 1.5 s is never extended: lines.Lifecycle.lease_extension)
+                gone = t + expiry if line is CORRECTED else horizon + expiry
+                r.deadline = max(r.deadline, gone + line.lease_extension(expiry, time_scale))
+                push(r.deadline, "expire", i)
             return
         r.written = True
         release(i, t)
@@ -416,7 +435,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                                                 r.deadline if r.deadline < math.inf else None, r.gens)
             bad = pick(faults, "bad-params", i)
             if bad is not None:
-                earlier = reqs[i - 1].blocks if i - 1 in reqs else None
+                earlier = reqs[i - group[1]].blocks if i - group[1] in reqs else None  # this P DP rank's previous
                 prm = apply_bad(prm, bad.kind, pool, earlier)
             if pick(faults, "drop-params", i):
                 prm = None
@@ -433,7 +452,10 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
                 continue
             hold_s, lost = held_for(faults, i)
             if line.heartbeat and expiry is not None and "remote_request_id" in prm and not lost and d_inc == inc:
-                # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until the PUSH_REG
+                # D's scheduler tracks it from here (on_new_request): heartbeats every lease/6 until P's WRITE
+                # completes (P frees on its WRITE: only the ones before the PUSH_REG count here; a failed WRITE,
+                # register())
+                r.beating = True
                 renew(line, expiry, t, hold_s, r, acc, lambda when, i=i: push(when, "expire", i), time_scale)
             if hold_s > 0:
                 push(t + hold_s, "register", i)
@@ -445,13 +467,13 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
             assert r is not None
             if t <= horizon and (i not in out or r.d_blocks):  # an aborted request's kept blocks come back too
                 out.setdefault(i, Outcome(i, "delivered"))
-                d_free.extend(r.d_blocks)
+                d_used.difference_update(r.d_blocks)
                 r.d_blocks = []
         elif kind == "watchdog":
             assert r is not None
             if (i not in out or r.d_blocks) and expiry is not None:
                 out.setdefault(i, Outcome(i, "recomputed", watchdog_detail(expiry)))
-                d_free.extend(r.d_blocks)
+                d_used.difference_update(r.d_blocks)
                 r.d_blocks = []
         elif kind == "expire":
             assert r is not None
@@ -467,6 +489,34 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     return [out[i] for i in range(group[0], requests, group[1])], acc
 
 
+# Faults that make one D rank register late (its own PUSH_REG): with D TP > P TP another D rank's PUSH_REG to the same
+# P rank starts every WRITE of that P rank (_xfer_blocks_for_req: plan.all_source_ranks), the late one's included.
+LATE_REG = ("slow-decode", "hold", "heartbeat-loss")
+
+
+def rank_faults(faults: tuple[Fault, ...], shape: Any, k: int, line: Lifecycle | None = None) -> tuple[Fault, ...]:
+    """The faults D TP rank k meets, as a TP 1 run of its own (simulate_shape): every fault of every rank, a rank=DJ
+    fault only on rank J, a late registration only where no other D rank feeds the same P rank in time, and one P TP
+    worker's restart (restart-p:REQ:rank=R) only where rank k reads worker R (its PUSH_REGs go to the dead agent;
+    push_reg_notif_failed), as a restart of the P it reads."""
+    from pdcheck.vllm.requests.shapes import sources
+
+    mine = set(sources(shape, k))
+    sharers = [j for j in range(shape.d_tp) if j != k and mine & set(sources(shape, j))]
+    out = []
+    for f in faults:
+        if f.name == "restart-p" and f.rank is not None and shape.p_tp > 1:
+            if f.rank in mine:
+                out.append(msgspec.structs.replace(f, rank=None))
+            continue
+        if not f.on(k):
+            continue
+        if f.d_rank is not None and f.name in LATE_REG and sharers and line is not CORRECTED:
+            continue  # a sharer's PUSH_REG (on time) makes P WRITE this rank too (the corrected D refuses late params)
+        out.append(f)
+    return tuple(out)
+
+
 def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_request: int, pool: int,
                    lease: float | None, faults: tuple[Fault, ...], shape: Any, engine_id: str = "P",
                    settle: float = SETTLE_S, time_scale: float = 1.0) -> tuple[list[Outcome], Accounting]:
@@ -474,23 +524,26 @@ def simulate_shape(line: Lifecycle, requests: int, rate: float, blocks_per_reque
     then a verdict per (request, D TP rank). Every D TP rank of a request's D DP rank registers at once, each P TP
     worker WRITEs each of its consumers its part and P's scheduler frees once every worker's WRITEs are done, so
     each D rank meets what the one D rank meets on TP 1 (0.26+: D counts one completion per P rank writing it,
-    push.expected_notifs)."""
-    ranked = any(f.d_rank is not None for f in faults)
+    push.expected_notifs). One rank's fault (rank=DK, restart-p:REQ:rank=R): each D rank meets its own
+    (rank_faults), and P's accounting follows the request's slowest or failing part (every fault on the request)."""
+    ranked = any(f.d_rank is not None or (f.name == "restart-p" and f.rank is not None and shape.p_tp > 1)
+                 for f in faults)
+    views = [rank_faults(faults, shape, r, line) for r in range(shape.d_tp)] if ranked else [faults]
+    whole = tuple(msgspec.structs.replace(f, d_rank=None, rank=None) for f in faults)
     by_rank: list[list[Outcome]] = []
     acc = Accounting()
-    for r in range(shape.d_tp if ranked else 1):
-        # drop-notif / delay-notif rank=DK: P's WRITE to that D rank goes without its completion (P frees on its
-        # WRITEs either way): that D rank meets the fault, the others the run without it.
-        mine = tuple(f for f in faults if f.on(r))
+    for mine in views:
         outs: dict[int, Outcome] = {}
         for g in range(shape.p_dp):
-            got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, mine, engine_id, settle,
-                              (g, shape.p_dp), shape.p_tp, time_scale)
+            got, _a = simulate(line, requests, rate, blocks_per_request, pool, lease, mine, engine_id, settle,
+                               (g, shape.p_dp), shape.p_tp, time_scale)
             outs.update({o.request: o for o in got})
-            if r == 0:
-                for f in msgspec.structs.fields(Accounting):
-                    setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
         by_rank.append(per_rank([outs[i] for i in range(requests)], shape))
+    for g in range(shape.p_dp):
+        _got, a = simulate(line, requests, rate, blocks_per_request, pool, lease, whole if ranked else faults,
+                           engine_id, settle, (g, shape.p_dp), shape.p_tp, time_scale)
+        for f in msgspec.structs.fields(Accounting):
+            setattr(acc, f.name, getattr(acc, f.name) + getattr(a, f.name))
     if not ranked:
         return by_rank[0], acc
     return [by_rank[k % shape.d_tp][k] for k in range(requests * shape.d_tp)], acc

@@ -32,6 +32,9 @@ class RequestRow(msgspec.Struct):
     model: str = ""  # the model's verdict where it differs from the real run's ("" when they agree)
     params: dict[str, Any] | None = None  # the kv_transfer_params P produced for it, as P's release shapes them
     rank: str = ""  # on a TP/DP shape: the D rank ("D1", "DP1/D0"); a row per (request, D rank)
+    heartbeats: int = 0  # heartbeats from this D rank that named the request (vLLM's scheduler: until every D rank is
+    # done with it)
+    handshakes: int = 0  # handshakes this D rank made for it: its READ's own, a heartbeat's, 0.33+'s second
 
 
 class ReleaseReport(msgspec.Struct):
@@ -100,7 +103,8 @@ def _release(run: LineRun, corrected: LineRun) -> ReleaseReport:
     produced = run.params or [None] * n
     rows = [RequestRow(o.request, o.verdict, o.detail, c.verdict, c.detail, o.found_request,
                        "" if e.verdict == o.verdict else e.verdict,
-                       produced[o.request] if o.request < len(produced) else None, o.rank)
+                       produced[o.request] if o.request < len(produced) else None, o.rank, o.heartbeats,
+                       o.handshakes)
             for o, c, e in zip(run.outcomes, corrected.outcomes, run.expected, strict=True)]
     counts = {v: sum(o.verdict == v for o in run.outcomes) for v in VERDICTS}
     # An aborted request has no answer to judge: it fails the release only where D freed blocks under its READ.
@@ -235,7 +239,14 @@ def _notes(text: str, notes: dict[str, int], first: dict[int, str]) -> str:
         return n
 
     text = _NIXL_EXC.sub(lambda m: f"{m.group(1)} [{note(m.group(1), m.group(0))}]", text)
-    return _CONTEXT.sub(lambda m: f"Context [{note('context', m.group(0))}]", text)
+    # one note per failure type: a handshake's context and a READ's differ in more than their numbers
+    return _CONTEXT.sub(lambda m: f"Context [{note('context ' + _kind(m.group(0)), m.group(0))}]", text)
+
+
+def _kind(context: str) -> str:
+    got = re.search(r"'failure_type': '([a-z_]+)'", context)
+    return got.group(1) if got else ""
+
 
 
 def _span_text(ids: list[int], most: int = 5) -> str:

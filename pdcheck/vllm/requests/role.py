@@ -11,7 +11,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from pdcheck import messages as m
-from pdcheck.errors import NixlCallError
+from pdcheck.errors import HarnessError, NixlCallError, PdcheckError
 from pdcheck.kvcache import KVCache, block_descs
 from pdcheck.nixlagent import no_memory_hooks
 from pdcheck.ranks import Role
@@ -24,6 +24,24 @@ FLUSH_S = 0.002  # D sends its answers at least this often while it works throug
 
 class RequestsRole(Role):
     spec_type = rm.ReqSpec
+    at: int | None = None  # the request this rank was handling last: its failure line names it
+
+    def run(self) -> None:
+        """The role's loop (loop()); an exception it did not expect becomes one harness error that names this rank
+        and the request in hand (the skeleton writes the traceback to the rank's log, the parent exits 3)."""
+        try:
+            self.loop()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise  # the parent is gone: nothing to report to
+        except Exception as exc:
+            text = " ".join(str(exc).split()) or type(exc).__name__
+            what = text if isinstance(exc, PdcheckError) else f"{type(exc).__name__}: {text}"
+            where = f" at request {self.at}" if self.at is not None else ""
+            dp = f"DP{self.spec.dp_rank}/" if self.spec.dp_rank else ""
+            raise HarnessError(f"{dp}{self.spec.role}{self.spec.tp_rank}{where}: {what}") from exc
+
+    def loop(self) -> None:
+        raise NotImplementedError
 
     @property
     def name(self) -> str:

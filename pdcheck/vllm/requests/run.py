@@ -20,7 +20,7 @@ import msgspec
 
 from pdcheck import messages as m
 from pdcheck import orchestrate as orc
-from pdcheck.errors import HarnessError
+from pdcheck.errors import HarnessError, PdcheckError
 from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
 from pdcheck.vllm import messages as vm
@@ -66,6 +66,9 @@ class Options(msgspec.Struct, frozen=True):
     mute_side: bool = False  # test hook: P's side channel never answers (D's handshake times out)
     mute_d_side: bool = False  # test hook, push mode: D's side channel never answers (P's handshake times out)
     stall_p: tuple[tuple[int, float], ...] = ()  # test hook: (request, seconds) P's loop stops before taking it
+    # test hook: (role, request): "P" or "D" raises an exception it does not expect as it takes the request, "router"
+    # (the parent) as it routes it to D
+    crash: tuple[str, int] | None = None
     shape: Shape = Shape()  # TP and DP per side (pdcheck.vllm.requests.shapes)
     time_scale: float = 1.0  # the run in slow motion: every scenario length below is already multiplied by it
 
@@ -269,8 +272,10 @@ class _LineState:
     answers per (request, D TP rank), P's frees (on a TP shape: once every TP worker of the engine reported the
     request done, when the parent, as P's scheduler, tells them to free: rm.ReqRelease)."""
 
-    def __init__(self, opts: Options, slots: list[_PSlot], d_ids: dict[Any, tuple[int, int]]) -> None:
+    def __init__(self, opts: Options, slots: list[_PSlot], d_ids: dict[Any, tuple[int, int]],
+                 to_ds: list[_Outbox] | None = None) -> None:
         self.opts, self.slots, self.d_ids = opts, slots, d_ids
+        self.to_ds = to_ds or []  # D's ranks, by DP rank then TP rank: ReqDone when a request is done on all
         self.prefilled: dict[int, rm.ReqPrefilled] = {}
         self.decoded: dict[int, rm.ReqDecoded] = {}  # every D rank of its D DP rank answered (TP rank 0's answer)
         self.by_rank: dict[tuple[int, int], rm.ReqDecoded] = {}  # (request, D TP rank) -> its answer
@@ -285,6 +290,7 @@ class _LineState:
         self.d_began = [False]
         self.synced: set[int] = set()  # the P slots (indices) that sent the line's ReqSync back
         self.sched_free: dict[int, list[int]] = {}  # P DP rank -> the scheduler's free list (TP shapes)
+        self.at: int | None = None  # the request the router handled last (named if it fails)
 
     def prefill_ready(self, slot: _PSlot | None, msg: rm.ReqPrefilled) -> rm.ReqPrefilled | None:
         """TP rank 0's prefill of a request once every P TP worker of its engine has it (its blocks tagged)."""
@@ -309,6 +315,9 @@ class _LineState:
             self.by_rank[(msg.request, r)] = msg
             if all((msg.request, k) in self.by_rank for k in range(sh.d_tp)):
                 self.decoded[msg.request] = self.by_rank[(msg.request, 0)]
+                g = d_group(sh, msg.request)  # finished on every D worker: the scheduler stops its heartbeats
+                for box in self.to_ds[g * sh.d_tp:(g + 1) * sh.d_tp]:
+                    box.send(rm.ReqDone(msg.request))
         elif isinstance(msg, rm.ReqSync) and slot is not None:
             self.synced.add(self.slots.index(slot))
         elif isinstance(msg, m.Ack):
@@ -324,8 +333,8 @@ class _LineState:
     def worker_done(self, slot: _PSlot, msg: rm.ReqFreed) -> None:
         got = self.done.setdefault(msg.request, {})
         got[slot.tp_rank] = msg
-        if msg.log and slot.tp_rank == 0:
-            self.logs.append(msg.log)
+        if msg.log:  # every P worker logs its own expiry (vLLM's _reap_expired_send_leases runs in each)
+            self.logs.append(f"(P TP{slot.tp_rank}) {msg.log}")
         if len(got) == self.opts.shape.p_tp and msg.request not in self.freed:
             # the scheduler frees once every worker is done: at the last one, expired if any worker expired (a
             # replaced worker's "lost" counts as done, never as how)
@@ -341,6 +350,11 @@ class _LineState:
 
     def _fresh(self) -> list[int]:
         return list(range(self.opts.pool))
+
+    def engine_replaced(self, group: int) -> None:
+        """restart-p of a whole engine (every TP worker of P DP rank `group`): the new processes start with every
+        block free, so the scheduler's free list does too; what the old ones held died with them."""
+        self.sched_free[group] = self._fresh()
 
     def allocated(self, slot: _PSlot | None, pf: rm.ReqPrefilled) -> None:
         """The scheduler's free list of the P DP rank (what a replaced TP worker takes: replaced())."""
@@ -417,6 +431,23 @@ def _target() -> Any:
 
 def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], name: str, line: Lifecycle,
               opts: Options, d_ready: list[rm.ReqReady] | None = None) -> LineRun:
+    """One release line's run (_line). An exception the router did not expect is one harness error naming the
+    line and the request it was handling (exit 3: a crash never reads as a verdict); its traceback stays chained."""
+    held: list[_LineState] = []
+    try:
+        return _line(lau, slots, ds, to_ds, name, line, opts, d_ready, held)
+    except PdcheckError:
+        raise
+    except Exception as exc:
+        at = held[0].at if held else None
+        where = f", at request {at}" if at is not None else ""
+        text = " ".join(str(exc).split()) or type(exc).__name__
+        raise HarnessError(f"vLLM {name}: the router (pdcheck's parent process){where}: {type(exc).__name__}: "
+                           f"{text}") from exc
+
+
+def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], name: str, line: Lifecycle,
+          opts: Options, d_ready: list[rm.ReqReady] | None, held: list[_LineState]) -> LineRun:
     push = opts.mode == "push"
     sh = opts.shape
     # The replacement after a restart-p binds the same port: one side channel per P rank for the whole run.
@@ -438,7 +469,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
     for box in to_ds:
         box.send(begin)  # D handshakes over P's side channel at its first request, and answers now (m.Ack)
     d_ids = {d.id: (k // sh.d_tp, k % sh.d_tp) for k, d in enumerate(ds)}
-    st = _LineState(opts, slots, d_ids)
+    st = _LineState(opts, slots, d_ids, to_ds)
+    held.append(st)
     prefilled, decoded, freed, logs, shakes = st.prefilled, st.decoded, st.freed, st.logs, st.shakes
     ranks_now = [*(sl.rank for sl in slots), *ds]
     got = orc.gather(lau, ds, m.Ack, opts.start_timeout_s,
@@ -480,6 +512,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
             elif action == "prefill":
                 to_p.setdefault(p_group(sh, i), []).append(_prefill(i, opts))
             else:
+                st.at = i
                 for r in _d_ranks(action, sh.d_tp):  # each D TP rank of the request's D DP rank, its own faults
                     to_dd.setdefault(d_group(sh, i) * sh.d_tp + r, []).append(_route(prefilled, i, opts, r))
         for sl in slots:  # every request due this turn, in one message per rank
@@ -515,6 +548,7 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                           is not None)
             slot = st.slot_of(rank)
             for msg in msgs:
+                st.at = getattr(msg, "request", st.at)
                 if isinstance(msg, rm.ReqPrefilled) and (msg := st.prefill_ready(slot, msg)) is None:
                     continue  # P's scheduler hands the params out once every TP worker has the request
                 if isinstance(msg, rm.ReqPrefilled):
@@ -553,6 +587,8 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                             if slot is not None and sl.group == slot.group and one in (None, sl.tp_rank):
                                 down += _restart_p(lau, sl, sl.begin, opts,
                                                    None if one is None else st.replaced(sl))
+                        if one is None and slot is not None:  # a new engine: every block free (model.restart)
+                            st.engine_replaced(slot.group)
                         if one is not None and slot is not None:  # the engine's generation counts the new process
                             group = [sl for sl in slots if sl.group == slot.group]
                             group[0].box.send(rm.ReqReplaced(1 + sum(sl.incarnation for sl in group)))
@@ -580,6 +616,12 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                     if isinstance(msg, rm.ReqDecoded) and msg.request in decoded:
                         last_answer = answered[msg.request] = time.time()
             break  # back to the schedule after every pipe message
+    tallies: list[rm.ReqTally] = []  # each D rank's heartbeats and handshakes, per request
+    for d, box in zip(ds, to_ds, strict=True):
+        box.send(rm.ReqEnd())
+        tallies.append(orc.gather(lau, [d], rm.ReqTally, 30.0,
+                                  _Recording(_stage(f"vLLM {name}'s heartbeat count", 30.0),
+                                             functools.partial(st.take_other, d)))[d.id][1])
     accts = []
     for sl in slots:
         sl.box.send(rm.ReqEnd())
@@ -612,6 +654,9 @@ def _one_line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox]
                 got_o = judge(i, line, opts.pool, prefilled, mine, freed, owner)
                 got_o.rank = d_label(sh, d_group(sh, i), r)
                 outcomes.append(got_o)
+    for o in outcomes:  # what each D rank's scheduler and worker did for it: heartbeats that named it, handshakes
+        tally = tallies[d_group(sh, o.request) * sh.d_tp + (int(o.rank.rsplit("D", 1)[1]) if o.rank else 0)]
+        o.heartbeats, o.handshakes = tally.heartbeats.get(o.request, 0), tally.handshakes.get(o.request, 0)
     acc = _accounting(prefilled, freed, acct, line, opts)
     acc.restarts, acc.lost = restarts, lost
     acc.d_freed_in_flight = sum(dec.d_freed_in_flight for dec in decoded.values())
@@ -697,24 +742,29 @@ class _Recording(orc.Stage):
 def _route(prefilled: dict[int, rm.ReqPrefilled], i: int, opts: Options, d_rank: int = 0) -> rm.ReqDecode:
     """The router: forward P's params to D (TP rank d_rank of the request's D DP rank), as the faults say."""
     pf = prefilled[i]
+    if opts.crash == ("router", i):
+        raise RuntimeError("an exception injected by the test hook Options.crash")
+    crash = opts.crash == ("D", i)
     params: dict[str, Any] | msgspec.Raw | None = pf.params  # forwarded as P encoded them
     bad = pick(opts.faults, "bad-params", i)
     if bad is not None:
-        earlier = prefilled[i - 1].blocks if i - 1 in prefilled else None
+        j = i - opts.shape.p_dp  # reused-ids: the previous request the router sent the same P DP rank (engine)
+        earlier = prefilled[j].blocks if j in prefilled else None
         params = apply_bad(msgspec.msgpack.decode(pf.params), bad.kind, opts.pool, earlier)
     if pick(opts.faults, "drop-params", i):
         params = None
-    hold_s, lost = held_for(opts.faults, i, d_rank if opts.mode != "push" else None)
+    hold_s, lost = held_for(opts.faults, i, d_rank)
     if opts.mode == "push":  # the notification faults and read-fail hit P's WRITE instead (_prefill)
         return rm.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, hold_s=hold_s, heartbeats_lost=lost,
-                           abort=pick(opts.faults, "abort-d", i) is not None)
+                           abort=pick(opts.faults, "abort-d", i, d_rank) is not None, crash=crash)
     delay = pick(opts.faults, "delay-notif", i)
     delay = delay if delay is not None and delay.on(d_rank) else None
     drop = pick(opts.faults, "drop-notif", i)
     return rm.ReqDecode(i, pf.request_id, params, pf.blocks, pf.gens, drop is not None and drop.on(d_rank),
                        delay.seconds if delay else 0.0, hold_s, lost,
                        pick(opts.faults, "read-fail", i, d_rank) is not None,
-                       pick(opts.faults, "abort-d", i, d_rank) is not None, any(f.hits(i) for f in opts.faults))
+                       pick(opts.faults, "abort-d", i, d_rank) is not None, any(f.hits(i) for f in opts.faults),
+                       crash=crash)
 
 
 def _d_ranks(action: str, d_tp: int) -> range:
@@ -728,13 +778,15 @@ def _d_ranks(action: str, d_tp: int) -> range:
 def _prefill(i: int, opts: Options) -> rm.ReqPrefill:
     """A request to P; in push mode with the faults on P's WRITE: its completion notification, its failure."""
     stall = dict(opts.stall_p).get(i, 0.0)
+    crash = opts.crash == ("P", i)
     if opts.mode != "push":
-        return rm.ReqPrefill(i, stall_s=stall)
-    delay, drop = pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i)
-    return rm.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0,
-                        pick(opts.faults, "read-fail", i) is not None,
+        return rm.ReqPrefill(i, stall_s=stall, crash=crash)
+    delay, drop, fail = (pick(opts.faults, "delay-notif", i), pick(opts.faults, "drop-notif", i),
+                         pick(opts.faults, "read-fail", i))
+    return rm.ReqPrefill(i, drop is not None, delay.seconds if delay else 0.0, fail is not None,
                         drop.d_rank if drop is not None and drop.d_rank is not None else -1,
-                        delay.d_rank if delay is not None and delay.d_rank is not None else -1, stall)
+                        delay.d_rank if delay is not None and delay.d_rank is not None else -1, stall, crash,
+                        fail.d_rank if fail is not None and fail.d_rank is not None else -1)
 
 
 def _verdict(i: int, line: Lifecycle, pool: int, prefilled: dict[int, rm.ReqPrefilled], decoded: dict[int, rm.ReqDecoded],

@@ -45,13 +45,17 @@ def _at(table: tuple[tuple[Version, str], ...], v: Version) -> str | None:
 
 
 def failure_log(release: str, failure_type: str, context: dict[str, Any]) -> str | None:
-    """D's _log_failure line for failure_type (transfer_setup_failed, transfer_failed, transfer_exception), or
+    """D's _log_failure line for failure_type (transfer_setup_failed, transfer_failed, transfer_exception,
+    handshake_failed, handshake_setup_failed), or
     None before the release had it. context: the keys after failure_type, in _log_failure's order (request_id,
     engine_id, the request's remote_* and block counts, then the call's extra context)."""
     v = version_tuple(release)
     if v < FAILURE_LOG_SINCE:
         return None
-    msg = _at(SETUP_MSG if failure_type == "transfer_setup_failed" else STATE_MSG, v) or ""
+    # the msg each call site passes: _read_blocks' for a setup failure, _pop_done_transfers' for a failed state;
+    # the handshake's request_ready and done_callback pass none
+    table = {"transfer_setup_failed": SETUP_MSG, "transfer_failed": STATE_MSG, "transfer_exception": STATE_MSG}
+    msg = _at(table.get(failure_type, ()), v) or ""
     shown = f"{failure_type}. {msg}" if msg else failure_type
     return f"NIXL transfer failure: {shown} | Context: {({'failure_type': failure_type, **context})!r}"
 
