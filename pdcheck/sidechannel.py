@@ -150,5 +150,30 @@ def hold_silent(host: str, port: int) -> Iterator[socket.socket]:
         sock.close()
 
 
+def rebindable_port(host: str, tries: int = 64) -> int:
+    """A free port for a listener that a replaced process must bind again (a restarted P's side channel): one below
+    the kernel's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range), which no connect() or bind to port 0 of
+    any process is ever given. A port the OS picked would be free for the taking between the old process's death and
+    the new one's bind (seen: a parallel run's outgoing connection took it, the restart failed with exit 3)."""
+    import random
+
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    lo, hi = max(1024, low // 2), low - 1
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(tries):
+        port = random.randint(lo, hi)
+        with socket.socket(fam, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        return port
+    raise HarnessError(f"side channel: no free port on {host} from {lo} to {hi} after {tries} tries")
+
+
 def _bracket(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host

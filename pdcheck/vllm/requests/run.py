@@ -23,6 +23,7 @@ from pdcheck import orchestrate as orc
 from pdcheck.errors import HarnessError, PdcheckError
 from pdcheck.geometry import Geometry
 from pdcheck.launcher import launcher, warm_up
+from pdcheck.sidechannel import rebindable_port
 from pdcheck.vllm import messages as vm
 from pdcheck.vllm.requests import messages as rm
 from pdcheck.vllm.requests.faults import Fault, pick
@@ -128,8 +129,11 @@ def run(releases: list[tuple[str, Lifecycle]], opts: Options,
     warm_up()
     out: list[LineRun] = []
     sh = opts.shape
+    # A P that restart-p replaces binds its side channel's port again: one no other process is handed meanwhile
+    restarted = any(f.name == "restart-p" for f in opts.faults)
     with launcher() as lau:
-        ps = [lau.start("P", g * sh.p_tp + r, _target(), msgspec.msgpack.encode(_p_spec(opts, g, r)))
+        ps = [lau.start("P", g * sh.p_tp + r, _target(), msgspec.msgpack.encode(_p_spec(
+                  opts, g, r, side_port=rebindable_port("127.0.0.1") if restarted else 0)))
               for g in range(sh.p_dp) for r in range(sh.p_tp)]
         d_blocks = opts.pool if opts.mode == "pull" else d_pool(opts.requests, opts.blocks_per_request, opts.pool)
         ds = [lau.start("D", g * sh.d_tp + r, _target(), msgspec.msgpack.encode(
