@@ -72,6 +72,13 @@ class Lifecycle(msgspec.Struct, frozen=True):
     def notif_key(self) -> str:
         return "remote_request_id" if "remote_request_id" in self.keys else "request_id"
 
+    def lease(self, asked: float | None) -> float | None:
+        """The lease P runs with: none where the release frees no unread blocks (before 0.10), else the one asked
+        for (--lease, a scenario's lease), else the release's default."""
+        if self.expiry == "none":
+            return None
+        return asked if asked is not None else self.expiry_s
+
     def lease_extension(self, lease: float, time_scale: float = 1.0) -> float:
         """How far past now a heartbeat pushes the lease (never shortening it): vLLM's `_lease_extension =
         kv_lease_duration * 2 // 3` (0.22+ worker; whole seconds, so a 1 s lease is never extended); a

@@ -230,6 +230,16 @@ def hang_detail(line: Lifecycle, pool: int, engine_died: bool = False) -> str:
     return f"P's {pool} KV blocks stayed held by earlier requests: the request waits for free blocks {until}"
 
 
+def line_settle(line: Lifecycle, settle: float, expiry: float | None, time_scale: float = 1.0) -> float:
+    """How long a line runs past D's last answer: `settle`, and where D's heartbeats renew leases, one heartbeat
+    interval past the renewal D sends with its last READ (a heartbeat goes after the step's READs, before the
+    scheduler hears the request finished): a lease renewed then expires inside the run, never on its last instant,
+    where P's count would race the end (docs/requests.md, "Heartbeats and handshakes")."""
+    if not line.heartbeat or expiry is None:
+        return settle
+    return max(settle, line.lease_extension(expiry, time_scale) + expiry / 6)
+
+
 def run_end(requests: int, rate: float, faults: tuple[Fault, ...], settle: float = SETTLE_S) -> float:
     """When a run stops: the last request's params reach D and its notification reaches P, plus settle."""
     last = 0.0
@@ -266,7 +276,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     `settle` seconds after the last request's notification: expiries still to come count as held. time_scale: the
     run's slow motion (Options.scaled: the lengths given are already stretched; only the lease extension's whole
     seconds need it)."""
-    expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
+    expiry = line.lease(lease)
     free = list(range(pool))
     owner: dict[int, int] = {}
     gen = [0] * pool

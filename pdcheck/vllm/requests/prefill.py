@@ -129,6 +129,16 @@ class RequestsP(RequestsRole):
                 free.extend(h.blocks)
             out.add(rm.ReqFreed(i, how, time.time(), log))
 
+        def expire_due(now: float) -> None:
+            nonlocal next_expiry
+            if now < next_expiry or dead:
+                return
+            for i in [i for i, h in held.items() if now >= h.deadline]:
+                rid = next((k for k, v in by_id.items() if v == i), str(i))
+                # the consumers' done notifications this worker got for it (consumer_notification_counts_by_req)
+                release(i, "expired", line.expiry_log.format(req=rid, n=counts.pop(rid, 0), s=expiry or 0))
+            next_expiry = min((h.deadline for h in held.values()), default=float("inf"))
+
         rid_inc = self.spec.incarnation  # a replaced TP worker names requests as the scheduler does (rm.ReqAdopt)
         generation = 0  # the corrected path after one TP worker's restart: the engine's generation (rm.ReqReplaced)
 
@@ -148,8 +158,7 @@ class RequestsP(RequestsRole):
                 line = line_of(msg.line)
                 release_name = msg.release or msg.line
                 scale = msg.time_scale
-                expiry = None if line.expiry == "none" else (msg.lease_s if msg.lease_s is not None
-                                                             else line.expiry_s)
+                expiry = line.lease(msg.lease_s)
                 per_req = msg.blocks_per_request
                 epoch += 1
                 free = deque(range(n))
@@ -192,6 +201,9 @@ class RequestsP(RequestsRole):
                 if d_side is not None:  # a handshake with D still running ends first (within its timeout)
                     for i in d_side.finish(held, notif_faults, pending, errors):
                         release(i, "written")
+                # Leases due by now expire before the count, not on the loop's next turn: the parent ends the line
+                # after every due expiry (the model's horizon), and a count taken first would race it.
+                expire_due(time.time())
                 out.send(rm.ReqAccount(sorted(held), list(waiting), late, beats, errors,
                                       *(d_side.take() if d_side is not None else ())))
                 held.clear()  # the line is over: nothing more expires or is admitted until the next ReqBegin
@@ -267,12 +279,7 @@ class RequestsP(RequestsRole):
             for when, agent, note in [x for x in pending if x[0] <= now]:
                 pending.remove((when, agent, note))
                 self.agent.send_notif(agent, note)
-            if now >= next_expiry and not dead:
-                for i in [i for i, h in held.items() if now >= h.deadline]:
-                    rid = next((k for k, v in by_id.items() if v == i), str(i))
-                    # the consumers' done notifications this worker got for it (consumer_notification_counts_by_req)
-                    release(i, "expired", line.expiry_log.format(req=rid, n=counts.pop(rid, 0), s=expiry or 0))
-                next_expiry = min((h.deadline for h in held.values()), default=float("inf"))
+            expire_due(now)
             if waiting and free:
                 admit()
             out.flush()

@@ -322,7 +322,7 @@ def simulate(line: Lifecycle, requests: int, rate: float, blocks_per_request: in
     when the WRITE is done (a failed WRITE: at the lease); the completion notification (dropped or delayed by
     drop-notif / delay-notif) tells D. An abort after the PUSH_REG frees D's blocks at once (kept on the corrected
     path). The corrected path's D gives up at the lease after its registration and recomputes."""
-    expiry = None if line.expiry == "none" else (lease if lease is not None else line.expiry_s)
+    expiry = line.lease(lease)
     free, d_size = list(range(pool)), d_pool(requests, blocks_per_request, pool)
     d_used: set[int] = set()  # D's blocks held by requests waiting for P's WRITE
     gen = [0] * pool

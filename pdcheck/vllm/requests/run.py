@@ -36,6 +36,7 @@ from pdcheck.vllm.requests.model import (
     apply_bad,
     hang_detail,
     held_for,
+    line_settle,
     run_end,
     simulate,
     simulate_shape,
@@ -495,9 +496,10 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
     heapq.heapify(due)
     seq = n
     restarting = any(f.name == "restart-p" for f in opts.faults)
-    expiry = None if line.expiry == "none" else (opts.lease_s if opts.lease_s is not None else line.expiry_s)
+    expiry = line.lease(opts.lease_s)
     # push: the corrected D gives up a lease after its PUSH_REG; the run waits for that
-    end = t0 + run_end(n, opts.rate, opts.faults, opts.settle_s) + ((expiry or 0.0) if push else 0.0)
+    settle = line_settle(line, opts.settle_s, expiry, opts.lease_scale)
+    end = t0 + run_end(n, opts.rate, opts.faults, settle) + ((expiry or 0.0) if push else 0.0)
     registered: set[int] = set()  # push: D sent PUSH_REG (its outcome comes later, or never: a hang)
     sync_sent = False  # the ReqSync round trip with every P rank, sent once the schedule's end is reached
     last_answer = t0
@@ -524,7 +526,7 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
         for k, box in enumerate(to_ds):
             box.send_all(to_dd.get(k, []))
         # Settle after the last answer too: its notification (sent just before) must reach P before P counts.
-        if now >= max(end, last_answer + opts.settle_s) and len(decoded.keys() | registered) >= len(prefilled) \
+        if now >= max(end, last_answer + settle) and len(decoded.keys() | registered) >= len(prefilled) \
                 and not due:
             # ... and every prefill sent to P was taken: a P the machine stalled past the end has not answered one
             # yet, and the run would call it a hang (P answers a ReqSync after everything before it)
@@ -536,7 +538,7 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
                     sl.box.send(rm.ReqSync())
         if now > hard:
             raise HarnessError(f"vLLM {name}: requests still open {hard - t0:.0f} s after the run began")
-        stop = max(end, last_answer + opts.settle_s)
+        stop = max(end, last_answer + settle)
         wake = min(due[0][0] if due else stop, stop if now < stop else now + 0.05)
         ranks_now = [*(sl.rank for sl in slots), *ds]
         for rank, got_msg in lau.events(ranks_now, time.monotonic() + max(0.001, wake - time.time())):
@@ -613,7 +615,7 @@ def _line(lau: Any, slots: list[_PSlot], ds: list[Any], to_ds: list[_Outbox], na
                     if expiry is not None:
                         # the corrected D gives up a lease after this PUSH_REG: a late one (D's first handshake
                         # on a loaded machine) moves that past the schedule's end, which then waits for it
-                        end = max(end, last_answer + expiry + opts.settle_s)
+                        end = max(end, last_answer + expiry + settle)
                         hard = max(hard, end + 30.0)
                 else:
                     st.take_other(rank, msg)
@@ -686,13 +688,15 @@ def expected(line: Lifecycle, opts: Options) -> tuple[list[Outcome], Accounting]
     """The model's verdict per request (per D TP rank on a shape) and P's accounting for one release line: what
     the real ranks' outcomes are compared with."""
     sh, push = opts.shape, opts.mode == "push"
+    expiry = line.lease(opts.lease_s)
+    settle = line_settle(line, opts.settle_s, expiry, opts.lease_scale)
     if sh.single:
         return (push_simulate if push else simulate)(
             line, opts.requests, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, P_ENGINE,
-            opts.settle_s, time_scale=opts.lease_scale)
+            settle, time_scale=opts.lease_scale)
     return (push_simulate_shape if push else simulate_shape)(
         line, opts.requests, opts.rate, opts.blocks_per_request, opts.pool, opts.lease_s, opts.faults, sh, P_ENGINE,
-        opts.settle_s, opts.lease_scale)
+        settle, opts.lease_scale)
 
 
 def _merged(accts: list[rm.ReqAccount]) -> rm.ReqAccount:
