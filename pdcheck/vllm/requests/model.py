@@ -231,13 +231,15 @@ def hang_detail(line: Lifecycle, pool: int, engine_died: bool = False) -> str:
 
 
 def line_settle(line: Lifecycle, settle: float, expiry: float | None, time_scale: float = 1.0) -> float:
-    """How long a line runs past D's last answer: `settle`, and where D's heartbeats renew leases, one heartbeat
-    interval past the renewal D sends with its last READ (a heartbeat goes after the step's READs, before the
-    scheduler hears the request finished): a lease renewed then expires inside the run, never on its last instant,
-    where P's count would race the end (docs/requests.md, "Heartbeats and handshakes")."""
+    """How long a line runs past D's last answer: `settle`; but where D's heartbeats renew a lease by about that
+    long (within one heartbeat interval), one interval past the renewal D sends with its last READ (a heartbeat
+    goes after the step's READs, before the scheduler hears the request finished): that lease then expires inside
+    the run, never on its last instant, where P's count would race the end (docs/requests.md, "Heartbeats and
+    handshakes"). A renewal far longer than settle stays held, far shorter expires, either way by a margin."""
     if not line.heartbeat or expiry is None:
         return settle
-    return max(settle, line.lease_extension(expiry, time_scale) + expiry / 6)
+    ext, interval = line.lease_extension(expiry, time_scale), expiry / 6
+    return ext + interval if abs(ext - settle) < interval else settle
 
 
 def run_end(requests: int, rate: float, faults: tuple[Fault, ...], settle: float = SETTLE_S) -> float:
