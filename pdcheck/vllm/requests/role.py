@@ -134,3 +134,12 @@ def forget_remote(agent: Any, dlist: Any, name: str) -> None:
         agent.remove_remote(name)
     except NixlCallError:
         pass  # its process is gone; forgetting it is all that is left to do
+
+
+class Hold:
+    """A request D's scheduler has but reads (pull) or registers (push) later: `hold` / `heartbeat-loss`."""
+
+    __slots__ = ("msg", "next_hb", "read_at", "rid")
+
+    def __init__(self, msg: rm.ReqDecode, rid: str, read_at: float, next_hb: float) -> None:
+        self.msg, self.rid, self.read_at, self.next_hb = msg, rid, read_at, next_hb
