@@ -2,6 +2,9 @@
 
 A fresh interpreter per rank would pay the imports 16 times on 2 cores; a forked child pays nothing.
 Every child is reaped on success, on error and on Ctrl-C (close() is idempotent and always runs).
+
+Over the ~500 lines a module keeps to: the forkserver, the Launcher and its reaping, and the UCX shared-memory
+segments a killed rank leaves are one concern (a rank's whole life on this host); Ray's placement is raylaunch.py.
 """
 
 from __future__ import annotations

@@ -191,14 +191,17 @@ class Hostile:
         assert got, line + self.proc.communicate(timeout=30)[1]
         return int(got[1])
 
-    def close(self) -> None:
+    def close(self) -> str:
+        """Stop it; what it printed, for a failure's detail (the other end's side of the story)."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.communicate()
+        out, err = self.proc.communicate()
+        return f"the hostile end (exit {self.proc.returncode}) said: {(out + err)[-2000:]}"
 
 
-def contract(r: Done, subject: Subject, code: int, *, within_s: float, says: str | None = None) -> None:
-    detail = f"exit {r.code}, {r.wall_s:.1f} s, {r.rss_mb:.0f} MB; stderr: {r.err[-3000:]}"
+def contract(r: Done, subject: Subject, code: int, *, within_s: float, says: str | None = None,
+             other: str = "") -> None:
+    detail = f"exit {r.code}, {r.wall_s:.1f} s, {r.rss_mb:.0f} MB; stderr: {r.err[-3000:]}; {other}"
     assert r.code == code, detail
     assert "Traceback" not in r.err + r.out, detail
     errors = [ln for ln in r.lines if ln.startswith("pdcheck: error:")]
@@ -262,10 +265,10 @@ def test_listener_against_a_hostile_peer(tmp: Path, mutation: dict, code: int, s
         try:
             r = lis.wait(180)
         finally:
-            peer.close()
+            other = peer.close()
     finally:
         lis.kill()
-    contract(r, lis, code, within_s=180, says=says)
+    contract(r, lis, code, within_s=180, says=says, other=other)
     if code == 0:  # the peer's words are in the table, made safe and cut with a mark of what was cut
         assert "… (68 more)" in r.out and SHOWN in r.out, r.out[-3000:]
 
@@ -297,8 +300,8 @@ def test_peer_against_a_hostile_listener(tmp: Path, mutation: dict, code: int, s
         peer = Subject(tmp, *_peer_args(port, "8" if "__exit_before__" in mutation else "20"))
         r = peer.wait(180)
     finally:
-        lis.close()
-    contract(r, peer, code, within_s=180, says=says)
+        other = lis.close()
+    contract(r, peer, code, within_s=180, says=says, other=other)
     if code == 0:
         assert "… (8 more)" in r.out and SHOWN in r.out, r.out[-3000:]
 

@@ -56,14 +56,19 @@ def render(body: Any, con: Any, what: str | None = None) -> None:
     from rich.table import Table
 
     if what in (None, "scenarios"):
-        t = Table(title="Bundled scenarios (run one by name: pdcheck <phase> NAME)", title_justify="left",
-                  box=box.SIMPLE_HEAD, pad_edge=False, highlight=False)
-        for col in ("name", "framework", "phase"):
-            t.add_column(col, no_wrap=True)
-        t.add_column("what it reproduces", overflow="fold")
+        # One table per framework and phase, two columns: a third and fourth column beside a 42-character name
+        # left the description a few characters on an 80-column terminal, cut mid-word.
+        groups: dict[tuple[str, str], list[Any]] = {}
         for s in body.scenarios:
-            t.add_row(s.name, s.framework, s.phase, s.description)
-        con.print(t)
+            groups.setdefault((s.framework, s.phase), []).append(s)
+        for (framework, phase), rows in groups.items():
+            t = Table(title=f"{framework} {phase} scenarios ({len(rows)}; run one: pdcheck {phase} NAME)",
+                      title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, highlight=False)
+            t.add_column("name", no_wrap=True)
+            t.add_column("what it reproduces", overflow="fold", ratio=1)
+            for s in rows:
+                t.add_row(s.name, s.description)
+            con.print(t)
     if what in (None, "releases"):
         t = Table(title="Modelled releases and the line each runs",
                   title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, highlight=False)

@@ -10,6 +10,9 @@ exchange has one deadline (pdcheck.netio); anything a peer does wrong is a PeerE
 A listener started with --keep-listening serves one session after another: a --peer's pair, or a matrix
 coordinator's requests (pdcheck.doctor.matrix): be the prefill end of a pair (Serve), or its decode end
 (Dial: run the --peer side against another listener and report the Leg).
+
+Over the ~500 lines a module keeps to: the listener's and the peer's halves of one protocol, each step beside
+the step it answers; the wire is doctor/wire.py, the matrix doctor/matrix.py.
 """
 
 from __future__ import annotations

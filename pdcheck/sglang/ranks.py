@@ -8,6 +8,10 @@ release's completion signal (NIXL notification, or ZMQ KV_STATUS in 0.5.23).
 D: discovers P over GET /route with the release's queries and checks, PUSHes the release's frames, waits for
 completion the release's way, then checks every written page by coordinate against what a correct transfer
 would have put there.
+
+Over the ~500 lines a module keeps to: P and D are the two ends of one exchange (the bootstrap route, the
+frames, the WRITEs and the completion signal) and read best side by side; the release rules stay in
+pdcheck.sglang.releases, the wire in pdcheck.sglang.wire.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ What each release line prints, as read from the release wheels (no vLLM code is 
   concurrency and only approximates num_blocks * block_size).
 * Worker prefixes: `(VllmWorker rank=R pid=P)` (0.9.x, 0.10.0), `(VllmWorker TP3 pid=P)` (0.10.1, 0.10.2),
   `(Worker_DP1_TP3 pid=P)` (0.11+); engine cores `(EngineCore_DP1 pid=P)`; prefixes are wrapped in ANSI colour.
+
+Over the ~500 lines a module keeps to, on purpose: one reader per log line above, each next to the release
+range it was read from; they fill one facts struct, and the scenario it becomes is written at the end.
 """
 
 from __future__ import annotations

@@ -2,7 +2,10 @@
 (pdcheck.vllm.requests.model.decide), handshake with P over its side channel, heartbeat, READ the blocks with the done
 notification riding on each READ (the one Agent, real NIXL; many in flight on a ring of D's blocks), check every
 block by coordinate and generation (kvcache.check_blocks) and answer; in push mode register with P and wait for
-its WRITEs (pdcheck.vllm.requests.push_decode)."""
+its WRITEs (pdcheck.vllm.requests.push_decode).
+
+Over the ~500 lines a module keeps to: D's pull path is one state machine (params, handshake, heartbeats,
+READs in flight, checks, answers) over one event loop; the push side is push_decode.py."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class ReqDecode(Msg):
     read_fail: bool = False
     abort: bool = False  # abort-d: the client aborts while the READ is in flight
     alone: bool = False  # a fault touches it: D reads it alone, after every READ before it (none beside it)
-    crash: bool = False  # test hook: D raises an exception it does not expect as it takes the request
+    crash: bool = False  # test hook: D (TP rank 0) raises an exception it does not expect as it takes the request
 
 class ReqDecoded(Msg):
     request: int

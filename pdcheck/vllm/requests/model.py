@@ -7,6 +7,9 @@ Verdicts: delivered (every block verified), wrong (another request's KV arrived:
 blocks before D read them; the bytes were not yet overwritten), hang (named timeout), error (the release's
 exception or failure log), recomputed (failure policy, refused or missing params), aborted (D's client went away
 mid-transfer: no answer to judge; what matters is whether D freed its blocks under the READ).
+
+Over the ~500 lines a module keeps to, on purpose: the one home of the request path's rules, which the real
+run and the expected verdicts both call; split, a rule and the simulator step that applies it would drift.
 """
 
 from __future__ import annotations

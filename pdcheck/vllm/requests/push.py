@@ -50,6 +50,9 @@ The faults, from the same code:
 * abort-d (the client aborts after PUSH_REG): push request_finished on D returns (False, None) for a request
   that is not P-side, so D's scheduler frees its blocks at once; P is never told and WRITEs into them when the
   registration reaches it, then frees its own blocks on its WRITE as usual.
+
+Over the ~500 lines a module keeps to, on purpose: push mode's codec and its simulator read the same
+release facts (above), and the simulator's expected verdicts must move with the codec's fields in one review.
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ the kv_transfer_params P hands out, applies the router's faults and forwards the
 and collects what each side reports. Each release line runs in turn on the same two ranks (P empties its blocks
 between lines), the corrected request path last. The parent names each request's verdict from real outcomes:
 D's check of every block by coordinate and generation, P's frees, the order of the two.
+
+Over the ~500 lines a module keeps to: the router is one loop (arrivals, faults, forwarding, outcomes) and the
+void-and-rerun of a line under load; the rules it applies live in model.py, the ranks in prefill.py/decode.py.
 """
 
 from __future__ import annotations
@@ -752,7 +755,7 @@ def _route(prefilled: dict[int, rm.ReqPrefilled], i: int, opts: Options, d_rank:
     pf = prefilled[i]
     if opts.crash == ("router", i):
         raise RuntimeError("an exception injected by the test hook Options.crash")
-    crash = opts.crash == ("D", i)
+    crash = opts.crash == ("D", i) and d_rank == 0  # one D worker raises, so the error line names one rank
     params: dict[str, Any] | msgspec.Raw | None = pf.params  # forwarded as P encoded them
     bad = pick(opts.faults, "bad-params", i)
     if bad is not None:
