@@ -29,6 +29,9 @@ MAX_FRAMES = 4  # frames in one reply: eras send 1 (A-G) or 2 (H)
 MAX_REPLY_BYTES = 32 << 20  # all frames of one reply together
 MAX_HTTP_HEADER = 64 << 10  # status line and headers of one HTTP response
 MAX_HTTP_BODY = 64 << 10  # default body cap; GET /version answers ~20 bytes
+# A server's last reply before it closes (doctor's listener: the Evidence, a Refused) must still reach the peer
+# that waits for it: the closing socket lingers this long at most (a gone peer costs no more than this).
+FLUSH_LINGER_MS = 2000
 WAITING_SLICE_MS = 5  # request_reply's while_waiting: how often it runs while the reply is awaited
 
 

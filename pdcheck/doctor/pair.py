@@ -60,7 +60,7 @@ from pdcheck.doctor.wire import (
     judge_transfer,
 )
 from pdcheck.errors import BadInput, HarnessError, RankFailed
-from pdcheck.netio import MAX_FRAME_BYTES, PeerError, bounded_socket, request_reply
+from pdcheck.netio import FLUSH_LINGER_MS, MAX_FRAME_BYTES, PeerError, bounded_socket, request_reply
 
 
 class PairResult(msgspec.Struct):
@@ -265,7 +265,11 @@ class Listener:
     def __init__(self, where: Endpoint, timeout: float, advertise: str | None, expect: list[str]) -> None:
         self.where, self.timeout, self.expect = where, timeout, expect
         self.advertise_flag = advertise
-        self.sock = bounded_socket(zmq.Context.instance(), zmq.REP, where.ip)
+        # Its own context, so that close() can wait (ctx.term) for the last reply to leave: closed with linger 0
+        # in a process about to exit, an Evidence of a few hundred kB was dropped under load and the peer waited
+        # out its --timeout for it.
+        self.ctx = zmq.Context()
+        self.sock = bounded_socket(self.ctx, zmq.REP, where.ip)
         self.owes_reply = False
         self.port = where.port
         self.adv = self.adv_label = ""
@@ -327,7 +331,10 @@ class Listener:
                 self.owes_reply = False
 
     def close(self) -> None:
-        self.sock.close(0)
+        """Close, delivering the last reply first (at most FLUSH_LINGER_MS when the peer is gone)."""
+        if not self.ctx.closed:
+            self.sock.close(linger=FLUSH_LINGER_MS)
+            self.ctx.term()
 
     def serve_pair(self, pair: _Pair, hello: Hello, seen: str, expect: list[str]) -> Served:
         """One pair on this end (the prefill end): Offer, Fill, the peer's Result; its evidence both ways."""
