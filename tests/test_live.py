@@ -66,7 +66,8 @@ class Served:
 
     @property
     def endpoint(self) -> str:
-        return f"{self.doc['host']}:{self.doc['base_port']}"
+        """Where a client reaches it: TensorRT-LLM's info endpoint, else vLLM's side channel."""
+        return self.doc.get("info_endpoint") or f"{self.doc['host']}:{self.doc['base_port']}"
 
 
 @contextmanager

@@ -264,6 +264,7 @@ def test_serve_and_prefill_endpoint(tmp_path) -> None:
     try:
         ready = json.loads(proc.stdout.readline())
         assert ready["framework"] == "sglang" and ready["p_ranks"] == 2
+        assert ready["event"] == "ready" and ready["pid"] == proc.pid  # the ready shape every framework shares
         from pdcheck.sglang.probe import parse_url
         from pdcheck.sglang.scenario import load
 

@@ -11,53 +11,20 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
 import zmq
 from test_hostile import contract, run
-from test_live import _alive, _descendants, _readline
+from test_live import Served, _alive, _descendants, serve
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class Served:
-    def __init__(self, proc: subprocess.Popen[bytes], doc: dict) -> None:
-        self.proc, self.doc = proc, doc
-        self.err = b""
-
-    @property
-    def endpoint(self) -> str:
-        return self.doc["info_endpoint"]
-
-
-@contextmanager
-def serve(*args: str, timeout: float = 90) -> Iterator[Served]:
-    proc = subprocess.Popen([sys.executable, "-m", "pdcheck", "serve", *args, "--json"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    served: Served | None = None
-    try:
-        line = _readline(proc, timeout)
-        assert line, f"serve printed no ready line: {proc.stderr.read().decode() if proc.poll() is not None else ''}"
-        served = Served(proc, json.loads(line))
-        yield served
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            _out, err = proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            _out, err = proc.communicate()
-        if served is not None:
-            served.err = err
-
-
 @pytest.fixture(scope="module")
 def tp2() -> Iterator[Served]:
-    with serve("trt-tp2-to-tp1", "--trtllm", "W3") as s:
+    with serve("trt-tp2-to-tp1", "--trtllm", "W3", timeout=90) as s:
         yield s
 
 
@@ -69,6 +36,7 @@ def pdcheck(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str
 def test_serve_ready_document(tp2):
     doc = tp2.doc
     assert (doc["command"], doc["framework"], doc["exit_code"], doc["era"]) == ("serve", "trtllm", None, "W3")
+    assert doc["event"] == "ready" and doc["pid"] > 0  # the shape vLLM's and SGLang's ready documents share
     assert doc["info_endpoint"].startswith("tcp://127.0.0.1:") and (doc["tp_size"], doc["ctx_ranks"]) == (2, 2)
 
 
@@ -139,7 +107,7 @@ def test_a_w1b_gen_against_a_w3_ctx_fails_at_the_info_reply(tp2):
 
 
 def test_a_dtype_skew_against_serve_is_silent():
-    with serve("trt-dtype-fp16-bf16", "--trtllm", "W3") as s:
+    with serve("trt-dtype-fp16-bf16", "--trtllm", "W3", timeout=90) as s:
         r = pdcheck("handshake", "trt-dtype-fp16-bf16", "--trtllm", "W3", "--prefill-endpoint", s.endpoint,
                     "--json")
     doc = json.loads(r.stdout)
@@ -148,7 +116,7 @@ def test_a_dtype_skew_against_serve_is_silent():
 
 
 def test_serve_stops_on_sigterm_and_reaps_every_rank():
-    with serve("--trtllm", "W2b", "--prefill-tp", "4") as s:
+    with serve("--trtllm", "W2b", "--prefill-tp", "4", timeout=90) as s:
         kids = _descendants(s.proc.pid)
         assert len(kids) >= 4
         s.proc.send_signal(signal.SIGTERM)

@@ -5,6 +5,7 @@ own page size needs for the tokens of D's pages (D's page size: the scenario's [
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -31,6 +32,8 @@ class Served(msgspec.Struct):
     p_ranks: int
     page_size: int
     kv_cache_dtype: str
+    event: str = "ready"  # as vLLM's ready document: a script waits for one shape, whatever the framework
+    pid: int = 0  # the serving process (signal it to stop)
 
 
 def command(scenario: Any, release: str, port: int | None, duration_s: float | None, json_out: bool) -> int:
@@ -57,7 +60,7 @@ def command(scenario: Any, release: str, port: int | None, duration_s: float | N
                 r, rel.name, p, server.port, [], SERVE_TAG, serve=True, d_page_size=d_page_size))) for r in range(p.tp_size)]
             orch.await_ready(lau, ranks, 60.0)
             doc = Served("sglang", rel.name, f"http://127.0.0.1:{server.port}", p.tp_size, p.page_size,
-                         p.kv_cache_dtype)
+                         p.kv_cache_dtype, pid=os.getpid())
             if json_out:
                 write("serve", "sglang", None, doc)
             else:

@@ -6,6 +6,7 @@ its request id (a real ctx serves the session its prefill made)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import time
@@ -40,6 +41,8 @@ class Served(msgspec.Struct):
     head_dim: int
     tokens_per_block: int
     dtype: str
+    event: str = "ready"  # as vLLM's ready document: a script waits for one shape, whatever the framework
+    pid: int = 0  # the serving process (signal it to stop)
 
 
 def _port_free(port: int) -> None:
@@ -82,7 +85,7 @@ def command(scenario: Path | None, releases: str | None, overrides: dict[str, An
                                                                   _stage("to open", 60.0)).items()}
         orch.send_all(ranks, TrtPeers([ups[r].sender for r in range(side.world)], ups[0].info))
         doc = Served("trtllm", line.name, ups[0].info, side.world, side.tp_size, side.pp_size, side.layers,
-                     side.kv_heads, side.head_dim, side.tokens_per_block, side.dtype)
+                     side.kv_heads, side.head_dim, side.tokens_per_block, side.dtype, pid=os.getpid())
         if json_out:
             write("serve", "trtllm", None, doc)
         else:
