@@ -6,7 +6,7 @@ rules (params, registration, matching, the watchdog) are pdcheck.vllm.requests.p
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -18,8 +18,21 @@ from pdcheck.vllm.requests import push
 from pdcheck.vllm.requests.lines import CORRECTED, Lifecycle
 from pdcheck.vllm.requests.role import Hold
 
-if TYPE_CHECKING:
-    from pdcheck.vllm.requests.decode import RequestsD
+
+class DRank(Protocol):
+    """What push mode uses of the D rank (pdcheck.vllm.requests.decode.RequestsD), named here so that this module
+    does not import the one that imports it."""
+
+    agent: Any  # its NIXL agent (pdcheck.nixlagent.Agent)
+    kv: Any  # its KV cache (pdcheck.kvcache.KVCache)
+    own: Any  # its own side channel, where P handshakes with D
+    spec: Any  # its rank spec (engine_id, tp_size)
+    p_geom: Any  # P's geometry
+    plan: Any  # each P rank's part of D's blocks
+    cur: Any  # the P ranks of the engine D handshook with
+    peer: rm.ReqReady | None
+
+    def rehandshake(self) -> None: ...
 
 
 class PushWaiter:
@@ -29,7 +42,7 @@ class PushWaiter:
     corrected D gives up at the lease and recomputes. An abort after PUSH_REG frees D's blocks at once (the
     corrected D keeps them until the completion or the lease)."""
 
-    def __init__(self, role: RequestsD) -> None:
+    def __init__(self, role: DRank) -> None:
         self.role = role
         self.mode = "pull"
         self.expiry_s: float | None = None
