@@ -81,3 +81,19 @@ def test_one_nixl_build_is_declared() -> None:
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     nixl = [d for d in deps if d.lower().startswith("nixl")]
     assert len(nixl) == 1 and nixl[0].split(">")[0].split("=")[0].strip() in ("nixl-cu12", "nixl-cu13"), nixl
+
+
+def test_xdist_groups_hold_with_the_installed_pytest(tmp_path) -> None:
+    """The suite's `--dist loadgroup` keeps each xdist_group on one worker (one Ray cluster at a time, one smoke run
+    for every snapshot): pytest 9.2 with pytest-xdist 3.8 silently spread them (pyproject.toml pins pytest)."""
+    (tmp_path / "test_grouped.py").write_text(
+        "import os\nimport pytest\n\npytestmark = pytest.mark.xdist_group('one')\n\n\n"
+        "@pytest.mark.parametrize('i', range(8))\ndef test_x(i):\n"
+        "    with open(f'worker-{i}', 'w') as f:\n        f.write(os.environ['PYTEST_XDIST_WORKER'])\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "4", "--dist", "loadgroup", "-p", "no:randomly",
+                          "-p", "no:cacheprovider", "test_grouped.py"], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    workers = {(tmp_path / f"worker-{i}").read_text() for i in range(8)}
+    assert len(workers) == 1, f"one group ran on {sorted(workers)}"
