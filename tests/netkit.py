@@ -46,7 +46,7 @@ def _env(**extra: str) -> dict[str, str]:
     # (Ray's default, 30 s). Beside a second copy of the suite a worker node took longer and gave up with "GCS
     # cannot find the node ... Try increase the RAY_raylet_start_wait_time_s config." (docs/performance.md).
     return dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=_RAY_TMP["dir"],
-                RAY_raylet_start_wait_time_s="120", TMPDIR=actor_tmp(), **extra)
+                RAY_raylet_start_wait_time_s=str(RAY_START_WAIT_S), TMPDIR=actor_tmp(), **extra)
 
 
 def actor_tmp() -> str:
@@ -54,9 +54,15 @@ def actor_tmp() -> str:
     return os.path.join(_RAY_TMP["dir"], "tmp")
 
 
+# Ray's own wait for its node to register (RAY_raylet_start_wait_time_s, set above); a node that has not started
+# after it and a margin has failed. Our wait was 90 s, under Ray's own 120 s: beside a second copy of the suite
+# (load 12-15) a head still starting at 90 s was called dead.
+RAY_START_WAIT_S = 120
+
+
 @contextmanager
 def _ray_node(args: list[str], netns: str | None = None, env: dict[str, str] | None = None,
-              timeout: float = 90) -> Iterator[subprocess.Popen[str]]:
+              timeout: float = RAY_START_WAIT_S + 30) -> Iterator[subprocess.Popen[str]]:
     """One Ray node (`ray start --block`), in a network namespace when given; stopped on exit."""
     cmd = [*(["ip", "netns", "exec", netns] if netns else []), RAY, "start", "--block", "--disable-usage-stats",
            "--num-cpus=1", *(["--include-dashboard=false"] if "--head" in args else []), *args]
